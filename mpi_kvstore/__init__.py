@@ -1,0 +1,31 @@
+"""mpi_kvstore: an MPI KVStore for Apache MXNet, embedded in MXNet's dependency engine.
+
+    import mpi_kvstore
+    kv = mpi_kvstore.create('dist_mpi', design='funneled')
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {...}, kvstore=kv)
+
+After ``import mpi_kvstore``, ``mx.kv.create('dist_mpi')`` returns the same kind
+of store, configured from ``MPI_KVSTORE_*`` environment variables.
+"""
+from mxnet.kvstore import KVStoreBase
+
+from .config import DESIGNS, Config, ConfigError, options_table
+from .contract import UnknownKeyError
+from .errors import CollectiveError, MPIKVStoreError, RankMismatchError, ThreadLevelError
+from .store import MPIKVStore
+
+__all__ = ['create', 'MPIKVStore', 'DESIGNS', 'Config', 'ConfigError', 'options_table',
+           'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError', 'CollectiveError',
+           'UnknownKeyError']
+
+__version__ = '0.1.0'
+
+# mx.kv.create(name) looks the lower-cased name up here and calls the class
+# with no arguments; register() would key it by the class name instead.
+for _name in MPIKVStore.NAMES:
+    KVStoreBase.kv_registry[_name] = MPIKVStore
+
+
+def create(name='dist_mpi', comm=None, **options):
+    """Create an :class:`MPIKVStore`; options as in :mod:`mpi_kvstore.config`."""
+    return MPIKVStore(name, comm=comm, **options)

@@ -1,0 +1,150 @@
+"""Every knob of mpi_kvstore, in one place.
+
+A value comes from the explicit argument, then the ``MPI_KVSTORE_*`` environment
+variable, then the default. A bad value raises :class:`ConfigError` naming the
+variable. Nothing else in the package reads ``os.environ``.
+"""
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+__all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive']
+
+DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the option and variable."""
+
+
+def _parse_bool(text):
+    low = str(text).strip().lower()
+    if low in ('1', 'true', 'yes', 'on'):
+        return True
+    if low in ('0', 'false', 'no', 'off', ''):
+        return False
+    raise ValueError('expected one of 1/0/true/false/yes/no/on/off')
+
+
+def _parse_bytes(text):
+    """'64M', '1024', '4K', '1G' -> int bytes."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().upper().rstrip('B')
+    scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}.get(s[-1:], 1)
+    if scale != 1:
+        s = s[:-1]
+    return int(float(s) * scale)
+
+
+def _nonneg(v):
+    if v < 0:
+        raise ValueError('must be >= 0')
+    return v
+
+
+def _positive(v):
+    if v < 1:
+        raise ValueError('must be >= 1')
+    return v
+
+
+def _design(v):
+    v = str(v).strip().lower()
+    if v not in DESIGNS:
+        raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(DESIGNS)))
+    return v
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    unit: str
+    doc: str
+    check: Optional[Callable[[Any], Any]] = None
+
+    @property
+    def env(self):
+        return 'MPI_KVSTORE_' + self.name.upper()
+
+    def resolve(self, explicit, environ):
+        """Explicit argument, else environment, else default; validated."""
+        if explicit is not None:
+            raw, origin = explicit, 'argument %s=' % self.name
+        elif self.env in environ:
+            raw, origin = environ[self.env], 'environment variable %s=' % self.env
+        else:
+            return self.default
+        try:
+            value = self.parse(raw)
+            return self.check(value) if self.check else value
+        except (TypeError, ValueError) as err:
+            raise ConfigError('invalid %s%r: %s' % (origin, raw, err)) from None
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option('design', _design, 'funneled', 'name',
+           'Scheduling design: funneled, concurrent, chained, or blocking (baseline).'),
+    Option('fusion_threshold', _parse_bytes, 64 << 20, 'bytes',
+           'Largest fused buffer; gradients ready together travel in one collective. '
+           '0 disables fusion.', _nonneg),
+    Option('lanes', int, 2, 'threads',
+           'Number of communication threads (each with its own communicator) '
+           'of the concurrent design.', _positive),
+    Option('window', int, 1024, 'collectives',
+           'How many pending collectives one negotiation round can cover.', _positive),
+    Option('average', _parse_bool, False, 'bool',
+           'Divide reductions by the number of workers (Horovod style); default is SUM, '
+           'as MXNet stores do.'),
+    Option('zero_copy', _parse_bool, True, 'bool',
+           'Reduce a single in-place array directly in its own memory (no staging copy).'),
+    Option('timeline', str, '', 'path',
+           'Write a Chrome trace of every collective to this path (rank suffix added).'),
+    Option('poll_us', float, 50.0, 'microseconds',
+           'Longest sleep between polls while waiting for other ranks in a negotiation.',
+           _nonneg),
+)
+
+_BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def engine_is_naive(environ=None):
+    """MXNet's NaiveEngine runs every op synchronously in the pushing thread."""
+    environ = os.environ if environ is None else environ
+    return environ.get('MXNET_ENGINE_TYPE', '') == 'NaiveEngine'
+
+
+class Config:
+    """Resolved options, read-only attributes named as in :data:`OPTIONS`."""
+
+    def __init__(self, environ=None, **explicit):
+        unknown = set(explicit) - set(_BY_NAME)
+        if unknown:
+            raise ConfigError('unknown option(s) %s; known: %s'
+                              % (', '.join(sorted(unknown)), ', '.join(_BY_NAME)))
+        environ = os.environ if environ is None else environ
+        self._values = {o.name: o.resolve(explicit.get(o.name), environ) for o in OPTIONS}
+        self.naive_engine = engine_is_naive(environ)
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__['_values'][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def as_dict(self):
+        return dict(self._values, naive_engine=self.naive_engine)
+
+    def __repr__(self):
+        return 'Config(%s)' % ', '.join('%s=%r' % kv for kv in self._values.items())
+
+
+def options_table():
+    """Markdown table of every knob, for the README."""
+    rows = ['| option | environment variable | unit | default | meaning |',
+            '|---|---|---|---|---|']
+    for o in OPTIONS:
+        rows.append('| `%s` | `%s` | %s | `%r` | %s |' % (o.name, o.env, o.unit, o.default, o.doc))
+    return '\n'.join(rows)

@@ -1,0 +1,203 @@
+"""The only file that pushes work into MXNet's dependency engine through ctypes.
+
+An op is a Python callable ``run(completion)`` pushed with the NDArrays it reads
+(const) and writes (mutable). The engine calls it once every const array is
+readable and every mutable array writable, on one of its worker threads, and
+holds later readers of the mutable arrays back until ``completion.done()`` is
+called, from any thread, exactly once.
+
+Nothing escapes a ctypes callback: an exception is handed to the op's
+``on_error`` and the op completes, so the engine never stalls.
+"""
+import ctypes
+import itertools
+import logging
+import threading
+import time
+
+from mxnet.base import _LIB
+
+__all__ = ['Completion', 'push', 'array_pointer', 'ArrayLayoutError']
+
+log = logging.getLogger(__name__)
+
+# FnProperty values of include/mxnet/engine.h: Horovod and BytePS push their
+# collectives as kCPUPrioritized on the CPU context, so the engine's priority
+# queue honours the priorities gluon.Trainer and Module pass.
+CPU_PRIORITIZED = 3
+_CPU = 1
+
+_ASYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_ENGINE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class _CallbackOnComplete(ctypes.Structure):
+    # Lives only while the async function runs: copy the three fields.
+    _fields_ = [('callback', ctypes.c_void_p), ('engine', ctypes.c_void_p),
+                ('param', ctypes.c_void_p)]
+
+
+class _Context(ctypes.Structure):
+    _fields_ = [('dev_type', ctypes.c_int32), ('dev_id', ctypes.c_int32)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [('data', ctypes.c_void_p), ('device_type', ctypes.c_int32),
+                ('device_id', ctypes.c_int32), ('ndim', ctypes.c_int32),
+                ('code', ctypes.c_uint8), ('bits', ctypes.c_uint8), ('lanes', ctypes.c_uint16),
+                ('shape', ctypes.POINTER(ctypes.c_int64)),
+                ('strides', ctypes.POINTER(ctypes.c_int64)), ('byte_offset', ctypes.c_uint64)]
+
+
+class ArrayLayoutError(RuntimeError):
+    """The array's bytes are not in row-major order (an MKLDNN layout)."""
+
+
+_push_async = _LIB.MXEnginePushAsyncND
+_push_async.restype = ctypes.c_int
+_push_async.argtypes = [_ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                        ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_bool]
+_to_dlpack = _LIB.MXNDArrayToDLPack
+_to_dlpack.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+_dlpack_delete = _LIB.MXNDArrayCallDLPackDeleter
+_dlpack_delete.argtypes = [ctypes.c_void_p]
+
+_live = {}             # op id -> _Op, until the engine runs it
+_active = [0]          # engine threads inside _trampoline
+_active_lock = threading.Lock()
+_ids = itertools.count(1)
+_callbacks = {}        # engine callback address -> ctypes function, built once
+_cpu_context = _Context(_CPU, 0)
+_cpu_prioritized = ctypes.c_int(CPU_PRIORITIZED)
+_naive = [False]
+
+
+class Completion:
+    """Completes one engine op exactly once, from any thread."""
+
+    __slots__ = ('_fn', '_engine', '_param', '_lock', '_done', '_event')
+
+    def __init__(self, record, wait_inline):
+        fn = _callbacks.get(record.callback)
+        if fn is None:
+            fn = _callbacks.setdefault(record.callback, _ENGINE_CALLBACK(record.callback))
+        self._fn, self._engine, self._param = fn, record.engine, record.param
+        self._lock = threading.Lock()
+        self._done = False
+        self._event = threading.Event() if wait_inline else None
+
+    def done(self):
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._fn(self._engine, self._param, None)
+        if self._event is not None:
+            self._event.set()
+
+    def wait(self):
+        if self._event is not None:
+            self._event.wait()
+
+
+class _Op:
+    __slots__ = ('run', 'on_error', 'keep')
+
+    def __init__(self, run, on_error, keep):
+        self.run, self.on_error, self.keep = run, on_error, keep
+
+
+@_ASYNC_FN
+def _trampoline(_run_ctx, on_complete, param):
+    with _active_lock:
+        _active[0] += 1
+    try:
+        # The op runs exactly once: dropping it here needs no Python deleter,
+        # which the engine could call during interpreter shutdown.
+        op = _live.pop(param)
+        record = ctypes.cast(on_complete, ctypes.POINTER(_CallbackOnComplete)).contents
+        completion = Completion(record, _naive[0])
+        try:
+            op.run(completion)
+        except BaseException as err:  # nothing may escape into C
+            _report(op, err)
+            completion.done()
+        # NaiveEngine checks, right after this returns, that the op completed.
+        completion.wait()
+    finally:
+        with _active_lock:
+            _active[0] -= 1
+
+
+def quiesce(timeout=10.0):
+    """Wait until no engine thread runs Python code of ours.
+
+    A foreign (engine) thread that needs the GIL after the interpreter began
+    finalizing is killed with pthread_exit, which aborts a C++ thread; so at
+    exit, after waitall, let every op's epilogue finish first.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with _active_lock:
+            if _active[0] == 0:
+                return True
+        time.sleep(1e-3)
+    return False
+
+
+def _report(op, err):
+    try:
+        op.on_error(err)
+    except BaseException:  # the error sink itself failed: log, never raise into C
+        log.exception('mpi_kvstore: error while reporting an engine-op failure')
+
+
+def set_naive(flag):
+    """Under NaiveEngine an async op must complete before its function returns."""
+    _naive[0] = bool(flag)
+
+
+def _handles(arrays):
+    return (ctypes.c_void_p * max(1, len(arrays)))(*[a.handle.value for a in arrays])
+
+
+def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=None):
+    """Push ``run(completion)`` as an async engine op on the CPU priority queue."""
+    const, mutable = list(const), list(mutable)
+    op_id = next(_ids)
+    _live[op_id] = _Op(run, on_error or _log_error, (const, mutable))
+    ret = _push_async(_trampoline, op_id, None, ctypes.addressof(_cpu_context),
+                      _handles(const), len(const), _handles(mutable), len(mutable),
+                      ctypes.addressof(_cpu_prioritized), int(priority),
+                      name.encode(), False)
+    if ret != 0:
+        _live.pop(op_id, None)
+        raise RuntimeError('MXEnginePushAsyncND failed: ' + _LIB.MXGetLastError().decode())
+
+
+def _log_error(err):
+    log.error('mpi_kvstore engine op failed: %r', err)
+
+
+_LIB.MXGetLastError.restype = ctypes.c_char_p
+
+
+def array_pointer(array):
+    """(address, device_type, device_id) of an NDArray's row-major data.
+
+    Safe inside an op that holds the array: it neither waits on the engine nor
+    reorders. An MKLDNN-layout array raises :class:`ArrayLayoutError`, because its
+    bytes are not row-major and reading them raw would give a wrong sum.
+    """
+    managed = ctypes.c_void_p()
+    if _to_dlpack(array.handle, ctypes.byref(managed)) != 0:
+        msg = _LIB.MXGetLastError().decode()
+        raise ArrayLayoutError('array of shape %s cannot be read in place: %s'
+                               % (array.shape, msg.strip().splitlines()[-1]))
+    try:
+        t = ctypes.cast(managed, ctypes.POINTER(_DLTensor)).contents
+        return t.data + t.byte_offset, t.device_type, t.device_id
+    finally:
+        _dlpack_delete(managed)

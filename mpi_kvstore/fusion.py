@@ -1,0 +1,42 @@
+"""Fusion planning: pure, no MPI, no engine.
+
+Every rank calls :func:`plan` with the same agreed requests in the same order,
+so every rank derives the same buckets.
+"""
+
+__all__ = ['plan', 'fusable']
+
+
+def fusable(req, threshold):
+    return req.kind == 'allreduce' and 0 < req.nbytes <= threshold and threshold > 0
+
+
+def _compatible(a, b):
+    return a.dtype == b.dtype and a.average == b.average and _device(a) == _device(b)
+
+
+def _device(req):
+    return getattr(req.buffer(), 'device', 'host') if req.view is not None else 'host'
+
+
+def plan(requests, threshold):
+    """Group requests, sorted by seq, into buckets of at most ``threshold`` bytes.
+
+    Consecutive compatible allreduces share a bucket; anything else travels alone.
+    """
+    buckets, current, size = [], [], 0
+    for req in sorted(requests, key=lambda r: r.seq):
+        if not fusable(req, threshold):
+            if current:
+                buckets.append(current)
+                current, size = [], 0
+            buckets.append([req])
+            continue
+        if current and (size + req.nbytes > threshold or not _compatible(current[0], req)):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(req)
+        size += req.nbytes
+    if current:
+        buckets.append(current)
+    return buckets

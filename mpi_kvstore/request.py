@@ -1,0 +1,59 @@
+"""One collective as the schedulers see it: what it is, and where it is in the sequence."""
+import threading
+import zlib
+
+__all__ = ['Request', 'signature', 'SIG_LIMIT']
+
+# Signatures travel in an int32 negotiation message with +1 and complement
+# encodings (see negotiation.py), so they stay below 2**30.
+SIG_LIMIT = 1 << 30
+
+KINDS = ('allreduce', 'bcast', 'barrier', 'custom')
+
+
+def signature(kind, key, dtype, shape, root):
+    """Rank-independent fingerprint; Python's hash() is salted per process."""
+    text = '%s|%r|%s|%s|%d' % (kind, key, dtype, tuple(shape), root)
+    return zlib.crc32(text.encode()) % SIG_LIMIT
+
+
+class Request:
+    """A collective with its place in the push sequence.
+
+    ``seq`` is assigned on the user's thread in call order, so it is the same on
+    every rank; schedulers derive the collective order from it, never from the
+    order in which the engine finds data ready.
+    """
+
+    __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
+                 'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
+                 'average', 'finished', 'priority')
+
+    def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
+                 average=False, priority=0):
+        assert kind in KINDS
+        self.seq = -1
+        self.kind, self.key, self.root, self.fn = kind, key, root, fn
+        self.dtype, self.shape, self.array = dtype, tuple(shape), array
+        size = 1
+        for d in self.shape:
+            size *= d
+        self.nbytes = size * dtype.itemsize if dtype is not None else 0
+        self.sig = signature(kind, key, dtype, self.shape, root)
+        self.view = self.scratch = self.completion = self.result = self.error = None
+        self.average = average
+        self.priority = priority
+        self.finished = threading.Event()
+
+    def describe(self):
+        return ('collective #%d (%s of key %r, shape %s, dtype %s)'
+                % (self.seq, self.kind, self.key, self.shape, self.dtype))
+
+    def buffer(self):
+        """The memory MPI reads and writes: the array's view, or scratch after a failure."""
+        return self.scratch if self.scratch is not None else self.view
+
+    def complete(self):
+        if self.completion is not None:
+            self.completion.done()
+        self.finished.set()

@@ -1,0 +1,31 @@
+"""Scheduling designs, picked by name."""
+from ..comm import provided_thread_level, thread_level_name
+from ..config import ConfigError
+from ..errors import ThreadLevelError
+from .blocking import Blocking
+from .chained import Chained
+from .concurrent import Concurrent
+from .funneled import Funneled
+
+__all__ = ['REGISTRY', 'get_design', 'check_thread_level']
+
+REGISTRY = {cls.name: cls for cls in (Funneled, Concurrent, Chained, Blocking)}
+
+
+def get_design(name):
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError('unknown design %r; choose one of %s'
+                          % (name, ', '.join(REGISTRY))) from None
+
+
+def check_thread_level(cls):
+    """Refuse a design whose MPI thread level this MPI was not initialised with."""
+    provided = provided_thread_level()
+    if provided < cls.thread_level:
+        raise ThreadLevelError(
+            'design %r needs %s but MPI provides %s; initialise MPI with a higher level '
+            '(mpi4py.rc.thread_level = "multiple" before "from mpi4py import MPI"), '
+            'or choose another design' % (cls.name, thread_level_name(cls.thread_level),
+                                          thread_level_name(provided)))

@@ -1,0 +1,47 @@
+"""The blocking baseline."""
+from ..comm import MPI, Comm
+from .base import Scheduler, group_check_message, group_mismatch
+
+__all__ = ['Blocking']
+
+
+class Blocking(Scheduler):
+    """Synchronous, outside the engine: what a first port to MPI looks like.
+
+    Thread level: MPI_THREAD_FUNNELED when the store is used from the main thread
+    (MPI is only called from the caller's thread).
+
+    Order: each call waits for its inputs (``asnumpy``), reduces host copies and
+    writes the results back before returning, so collectives run in call order
+    and nothing overlaps. It is here to measure the engine-embedded designs
+    against.
+    """
+
+    name = 'blocking'
+    thread_level = MPI.THREAD_FUNNELED
+
+    def __init__(self, comm, config, sink, timeline=None):
+        super().__init__(comm, config, sink, timeline)
+        self._comm = Comm(comm)
+
+    def _submit(self, reqs, priority):
+        for req in reqs:
+            if req.array is not None:
+                req.view = req.array.asnumpy().reshape(-1)
+            if self.timeline:
+                self.timeline.ready(req)
+        if self.size > 1:
+            msg = group_check_message(reqs)
+            self._comm.check_min(msg)
+            if group_mismatch(msg):
+                for req in reqs:
+                    self.mismatch(req)
+                    req.complete()
+                return
+        self.execute_all(reqs, self._comm)
+        for req in reqs:
+            if req.array is not None and req.error is None:
+                req.array[:] = req.view.reshape(req.shape)
+
+    def close(self):
+        self._comm.free()

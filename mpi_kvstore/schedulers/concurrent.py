@@ -1,0 +1,61 @@
+"""The concurrent design."""
+import queue
+import threading
+
+from ..comm import MPI, Comm
+from ..fusion import plan
+from .negotiated import NegotiatedScheduler
+
+__all__ = ['Concurrent']
+
+_STOP = object()
+
+
+class Concurrent(NegotiatedScheduler):
+    """Several collectives in flight at once, from several threads.
+
+    Thread level: MPI_THREAD_MULTIPLE. The negotiation thread and ``lanes``
+    worker threads call MPI at the same time, each on its own duplicated
+    communicator.
+
+    Order: the negotiation thread agrees with the other ranks on what is ready
+    (see negotiated.py) and cuts it into buckets; bucket number b goes to lane
+    b mod lanes on every rank. Within a lane buckets run in that order, and lanes
+    share no communicator, so each communicator sees one order on every rank.
+    No deadlock: no lane waits on another, and no engine worker is blocked.
+    """
+
+    name = 'concurrent'
+    thread_level = MPI.THREAD_MULTIPLE
+
+    def __init__(self, comm, config, sink, timeline=None):
+        self._lanes = []
+        for i in range(config.lanes):
+            lane = (Comm(comm), queue.SimpleQueue())
+            worker = threading.Thread(target=self._serve, args=lane,
+                                      name='mpi_kvstore-lane%d' % i, daemon=True)
+            self._lanes.append(lane + (worker,))
+            worker.start()
+        self._bucket = 0
+        super().__init__(comm, config, sink, timeline)
+
+    def dispatch(self, agreed):
+        for bucket in plan(agreed, self.config.fusion_threshold):
+            comm, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
+            self._bucket += 1
+            jobs.put(bucket)
+
+    def _serve(self, comm, jobs):
+        while True:
+            bucket = jobs.get()
+            if bucket is _STOP:
+                return
+            self.execute(bucket, comm)
+
+    def close(self):
+        super().close()
+        for comm, jobs, worker in self._lanes:
+            jobs.put(_STOP)
+            worker.join(timeout=10)
+            if not worker.is_alive():
+                comm.free()

@@ -1,0 +1,135 @@
+"""Readiness negotiation, shared by the funneled and concurrent designs.
+
+The engine finds gradients ready in an order that differs between ranks, and
+the push order (gluon.Trainer pushes the first layer first) is the reverse of
+the order backward produces them. So the collective order comes from an
+agreement: in each round every rank offers the pending requests that are ready
+locally, one int32 MIN-allreduce finds those ready on every rank, and every
+rank runs exactly those, sorted by sequence number, in the same fused buckets.
+
+The message holds, per request of the window [base, base + window), ``sig + 1``
+and ``SIG_LIMIT - sig`` (0 when not ready): the MIN of the first is zero unless
+every rank is ready, and the two MINs give the smallest and largest signature,
+which differ when ranks pushed different keys, shapes or dtypes at that position.
+
+No deadlock: a rank takes part in a round whenever it has a ready request in
+the window, and each round is one collective every such rank joins. A request
+at ``base`` depends only on work pushed before it, so it becomes ready on every
+rank and the next round that sees it agrees on it; ``base`` is the lowest
+sequence number not yet executed, identical everywhere because rounds agree.
+"""
+import functools
+import threading
+
+import numpy as np
+
+from .. import engine
+from ..comm import Comm, wait_polling
+from ..request import SIG_LIMIT
+from .base import Scheduler
+
+__all__ = ['NegotiatedScheduler']
+
+
+class NegotiatedScheduler(Scheduler):
+    """Engine ops mark requests ready; one negotiation thread decides what runs."""
+
+    def __init__(self, comm, config, sink, timeline=None):
+        super().__init__(comm, config, sink, timeline)
+        self._control = Comm(comm)
+        self._cond = threading.Condition()
+        self._ready = {}
+        self._executed = set()
+        self._base = 0
+        self._stop = False
+        window = config.window
+        self._msg = np.zeros(2 * window, dtype=np.int32)
+        self._thread = threading.Thread(target=self._loop, name='mpi_kvstore-' + self.name,
+                                        daemon=True)
+        self._thread.start()
+
+    def _submit(self, reqs, priority):
+        for req in reqs:
+            if req.array is None:
+                self._mark_ready(req)
+            else:
+                engine.push(functools.partial(self._on_engine, req), mutable=[req.array],
+                            priority=priority, name='mpi_kvstore.%s' % req.kind,
+                            on_error=functools.partial(self.fail, req))
+
+    def _on_engine(self, req, completion):
+        req.completion = completion
+        self.attach(req)
+        self._mark_ready(req)
+
+    def _mark_ready(self, req):
+        if self.timeline:
+            self.timeline.ready(req)
+        with self._cond:
+            self._ready[req.seq] = req
+            self._cond.notify()
+
+    def _has_work(self):
+        limit = self._base + self.config.window
+        return any(seq < limit for seq in self._ready)
+
+    def _loop(self):
+        backoff = 0.0
+        poll = self.config.poll_us * 1e-6
+        while True:
+            with self._cond:
+                if backoff:
+                    self._cond.wait(backoff)  # news may come; go on regardless
+                while not self._has_work():
+                    if self._stop:
+                        return
+                    self._cond.wait()
+                limit = self._base + self.config.window
+                offer = {s: r for s, r in self._ready.items() if s < limit}
+            agreed, bad = self._negotiate(offer)
+            if not agreed and not bad:
+                backoff = min(max(2 * backoff, 1e-5), max(poll, 1e-5))
+                continue
+            backoff = 0.0
+            self._retire(agreed + bad)
+            for req in bad:
+                self.mismatch(req)
+                req.complete()
+            self.dispatch(agreed)
+
+    def _negotiate(self, offer):
+        if self.size == 1:
+            return sorted(offer.values(), key=lambda r: r.seq), []
+        window, msg, base = self.config.window, self._msg, self._base
+        msg[:] = 0
+        for seq, req in offer.items():
+            msg[seq - base] = req.sig + 1
+            msg[window + seq - base] = SIG_LIMIT - req.sig
+        wait_polling(self._control.start_min(msg), self.config.poll_us)
+        agreed, bad = [], []
+        for i in np.flatnonzero((msg[:window] > 0) & (msg[window:] > 0)):
+            req = offer[base + int(i)]
+            same = msg[i] - 1 == SIG_LIMIT - msg[window + i]
+            (agreed if same else bad).append(req)
+        return agreed, bad
+
+    def _retire(self, reqs):
+        with self._cond:
+            for req in reqs:
+                del self._ready[req.seq]
+                self._executed.add(req.seq)
+            while self._base in self._executed:
+                self._executed.discard(self._base)
+                self._base += 1
+
+    def dispatch(self, agreed):
+        raise NotImplementedError
+
+    def close(self):
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            return
+        self._control.free()

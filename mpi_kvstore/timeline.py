@@ -1,0 +1,84 @@
+"""A Chrome trace (chrome://tracing, Perfetto) of every collective, per rank.
+
+Phases per request: QUEUED (pushed until its data is ready in the engine),
+NEGOTIATE (ready until its collective starts) and the collective itself
+(ALLREDUCE, BROADCAST, BARRIER, CUSTOM), all on one row per key.
+"""
+import json
+import os
+import threading
+import time
+
+__all__ = ['Timeline', 'trace_path']
+
+_PHASE_NAMES = {'allreduce': 'ALLREDUCE', 'bcast': 'BROADCAST', 'barrier': 'BARRIER',
+                'custom': 'CUSTOM'}
+
+
+def trace_path(path, rank, size):
+    """'trace.json' -> 'trace.rank1.json' when there is more than one rank."""
+    if size == 1:
+        return path
+    root, ext = os.path.splitext(path)
+    return '%s.rank%d%s' % (root, rank, ext or '.json')
+
+
+class Timeline:
+    def __init__(self, path, rank, size):
+        self.path = trace_path(path, rank, size)
+        self.rank = rank
+        self._t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._marks = {}
+        self._events = []
+        self._rows = {}
+
+    def _now(self):
+        return (time.perf_counter() - self._t0) * 1e6
+
+    def _mark(self, req, what):
+        with self._lock:
+            self._marks.setdefault(req.seq, {})[what] = self._now()
+
+    def pushed(self, req):
+        self._mark(req, 'pushed')
+
+    def ready(self, req):
+        self._mark(req, 'ready')
+
+    def started(self, bucket):
+        for req in bucket:
+            self._mark(req, 'started')
+
+    def finished(self, bucket):
+        end = self._now()
+        with self._lock:
+            for req in bucket:
+                marks = self._marks.pop(req.seq, {})
+                self._emit(req, marks, end, len(bucket))
+
+    def _row(self, key):
+        return self._rows.setdefault(repr(key), len(self._rows) + 1)
+
+    def _emit(self, req, marks, end, bucket_size):
+        pushed = marks.get('pushed', end)
+        ready = marks.get('ready', pushed)
+        started = marks.get('started', ready)
+        args = {'seq': req.seq, 'key': repr(req.key), 'bytes': req.nbytes,
+                'bucket_requests': bucket_size}
+        tid = self._row(req.key)
+        for name, t0, t1 in (('QUEUED', pushed, ready), ('NEGOTIATE', ready, started),
+                             (_PHASE_NAMES[req.kind], started, end)):
+            self._events.append({'name': name, 'cat': 'mpi_kvstore', 'ph': 'X', 'ts': t0,
+                                 'dur': max(t1 - t0, 0.0), 'pid': self.rank, 'tid': tid,
+                                 'args': args})
+
+    def write(self):
+        meta = [{'name': 'process_name', 'ph': 'M', 'pid': self.rank,
+                 'args': {'name': 'rank %d' % self.rank}}]
+        meta += [{'name': 'thread_name', 'ph': 'M', 'pid': self.rank, 'tid': tid,
+                  'args': {'name': 'key %s' % key}} for key, tid in self._rows.items()]
+        with self._lock:
+            payload = {'traceEvents': meta + self._events, 'displayTimeUnit': 'ms'}
+        with open(self.path, 'w') as fh:
+            json.dump(payload, fh)

@@ -1,0 +1,50 @@
+"""Packaging for mpi_kvstore: an MPI KVStore for Apache MXNet 1.9.1."""
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _long_description():
+    # The README is written alongside the code; build even before it exists.
+    path = os.path.join(HERE, 'README.md')
+    if not os.path.exists(path):
+        return ''
+    with open(path, encoding='utf-8') as f:
+        return f.read()
+
+
+setup(
+    name='mpi_kvstore',
+    version='0.1.0',
+    description=('An MPI KVStore for Apache MXNet 1.9.1: mpi4py collectives '
+                 "pushed into MXNet's dependency engine"),
+    long_description=_long_description(),
+    long_description_content_type='text/markdown',
+    license='Apache-2.0',
+    packages=find_packages(include=['mpi_kvstore', 'mpi_kvstore.*']),
+    python_requires='>=3.8',
+    install_requires=[
+        'mxnet==1.9.1',
+        # mxnet 1.9.1 still uses aliases (np.bool, ...) that numpy 1.24 removed.
+        'numpy<1.24',
+        'mpi4py>=3.1',
+    ],
+    extras_require={
+        # The PyPI 'mpich' wheel gives a working mpiexec without root or a system MPI.
+        'mpich': ['mpich'],
+        'examples': ['tqdm'],
+        'bench': ['matplotlib'],
+        'test': ['pytest'],
+        # GPU users bring their own mxnet-cuXXX build; cupy gives device buffers.
+        'gpu': ['cupy'],
+    },
+    classifiers=[
+        'License :: OSI Approved :: Apache Software License',
+        'Programming Language :: Python :: 3',
+        'Operating System :: POSIX :: Linux',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+        'Topic :: System :: Distributed Computing',
+    ],
+)

@@ -1,0 +1,275 @@
+"""Launch multi-process MPI scenarios from pytest, with a hard timeout.
+
+Every rank runs as ``python -m mpi4py SCRIPT``, so an uncaught exception on
+any rank calls MPI_Abort and ends the whole job instead of leaving the other
+ranks waiting for it. The timeout covers what an abort cannot: a rank that
+hangs. Either way the test fails with the tail of the job's output, and no
+rank is left running afterwards.
+
+    from mpi_harness import mpi_sizes, run_mpi
+
+    @mpi_sizes
+    def test_something(nprocs, mpi_available):
+        out = run_mpi(nprocs, 'my_scenario.py', '--flag')
+"""
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+SCENARIOS_DIR = os.path.join(TESTS_DIR, 'scenarios')
+
+MPI_SIZES = (1, 2, 3)
+DEFAULT_TIMEOUT = 180      # seconds for one whole job, launch to exit
+OUTPUT_TAIL_CHARS = 4000   # how much of the output a failure message quotes
+KILL_GRACE = 5.0           # seconds mpiexec gets after SIGTERM to end its ranks
+LEFTOVER_GRACE = 1.0       # seconds ranks get to exit after mpiexec has
+
+# Every process of one job inherits this variable with a fresh value, which
+# finds ranks that left mpiexec's process group (hydra starts each rank in a
+# session of its own, so killpg alone does not reach them).
+_RUN_ID_VAR = 'MPI_HARNESS_RUN_ID'
+
+MISSING_MPIEXEC = (
+    'mpiexec not found next to %s nor on PATH; install an MPI, for example '
+    "pip install -e '.[mpich]'" % sys.executable)
+
+
+def parametrize_sizes(sizes=MPI_SIZES, argname='nprocs'):
+    """A pytest parametrize mark over process counts, with ids np1, np2, ..."""
+    return pytest.mark.parametrize(argname, sizes, ids=lambda n: 'np%d' % n)
+
+
+mpi_sizes = parametrize_sizes()
+
+
+class MPIRunError(AssertionError):
+    """An MPI job failed; the message ends with the tail of its output.
+
+    An AssertionError, so an unexpected one reads as a plain test failure.
+    """
+
+    def __init__(self, message, returncode, output, timed_out=False):
+        super().__init__(message)
+        self.returncode = returncode
+        self.output = output
+        self.timed_out = timed_out
+
+
+class MPITimeout(MPIRunError):
+    """An MPI job ran past its timeout and was killed."""
+
+
+def find_mpiexec():
+    """Path of mpiexec, or None.
+
+    The one next to the interpreter comes first: the 'mpich' extra installs it
+    into the venv, and it matches the MPI library that mpi4py loads there.
+    """
+    beside = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return beside
+    return shutil.which('mpiexec')
+
+
+def require_mpiexec():
+    """Path of mpiexec; fails the test (never skips): CI installs MPI."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.fail(MISSING_MPIEXEC, pytrace=False)
+    return mpiexec
+
+
+@functools.lru_cache(maxsize=None)
+def launcher_flags(mpiexec):
+    """Extra mpiexec flags this MPI needs to run N ranks on a small machine.
+
+    MPICH's hydra oversubscribes cores without being asked and forks local
+    ranks itself (no ssh involved), so it needs nothing. Open MPI refuses more
+    ranks than cores, and refuses to run as root (CI runs as root).
+    """
+    try:
+        version = subprocess.run(
+            [mpiexec, '--version'], stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if 'Open MPI' not in version and 'OpenRTE' not in version:
+        return ()
+    flags = ['--oversubscribe']
+    if os.geteuid() == 0:
+        flags.append('--allow-run-as-root')
+    return tuple(flags)
+
+
+def resolve_script(script):
+    """A scenario path as given, else under tests/scenarios/, else the repo root."""
+    for candidate in (script, os.path.join(SCENARIOS_DIR, script),
+                      os.path.join(REPO_ROOT, script)):
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    pytest.fail('MPI scenario not found: %s' % script, pytrace=False)
+
+
+def mpi_command(nprocs, script, args=()):
+    """The argv that runs SCRIPT on NPROCS ranks."""
+    mpiexec = require_mpiexec()
+    return ([mpiexec, *launcher_flags(mpiexec), '-n', str(nprocs),
+             sys.executable, '-m', 'mpi4py', resolve_script(script)]
+            + [str(arg) for arg in args])
+
+
+def child_env(env=None, run_id=''):
+    """The ranks' environment: ours, plus the harness settings, plus ENV.
+
+    MXNET_* variables pass through untouched; ENV overrides anything, and a
+    value of None removes that variable.
+    """
+    child = dict(os.environ)
+    child['OMP_NUM_THREADS'] = '1'  # 2 cores shared by all ranks
+    child['PYTHONUNBUFFERED'] = '1'  # a killed job still shows what it printed
+    old_path = child.get('PYTHONPATH')
+    child['PYTHONPATH'] = os.pathsep.join(
+        [REPO_ROOT] + ([old_path] if old_path else []))
+    for name, value in (env or {}).items():
+        if value is None:
+            child.pop(name, None)
+        else:
+            child[name] = str(value)
+    child[_RUN_ID_VAR] = run_id
+    return child
+
+
+def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None):
+    """Run SCRIPT on NPROCS ranks; return the job's stdout and stderr as text.
+
+    Raises MPIRunError (with the output tail) when the job exits non-zero, and
+    MPITimeout when it runs past TIMEOUT seconds, after killing every rank.
+    """
+    cmd = mpi_command(nprocs, script, args)
+    run_id = uuid.uuid4().hex
+    start = time.monotonic()
+    # A file, not a pipe: a rank that outlived mpiexec would keep a pipe open
+    # and block the read forever.
+    with tempfile.TemporaryFile() as log:
+        returncode, timed_out = _wait_for_job(
+            cmd, child_env(env, run_id), log, timeout)
+        killed = kill_leftovers(run_id)
+        log.seek(0)
+        output = log.read().decode('utf-8', 'replace')
+    if killed:
+        output += '\n[mpi_harness] killed %d leftover process(es)\n' % killed
+    elapsed = time.monotonic() - start
+    if timed_out:
+        _raise_failure(MPITimeout, cmd, 'timed out after %g s' % timeout,
+                       returncode, output)
+    if returncode != 0:
+        _raise_failure(MPIRunError, cmd, 'exited with code %d after %.1f s'
+                       % (returncode, elapsed), returncode, output)
+    return output
+
+
+def _wait_for_job(cmd, env, log, timeout):
+    """Start the job in its own session; return (returncode, timed_out)."""
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        env=env, cwd=REPO_ROOT, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout), False
+    except subprocess.TimeoutExpired:
+        return stop_job(proc), True
+    except BaseException:
+        # Ctrl-C or a pytest-level interrupt: leave nothing running behind us.
+        stop_job(proc)
+        raise
+
+
+def stop_job(proc):
+    """End mpiexec's process group: politely first, then by force."""
+    # On SIGTERM both hydra and Open MPI's launcher tear down their ranks
+    # and say which ones were still running; that text is worth keeping.
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        return proc.wait(timeout=KILL_GRACE)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_leftovers(run_id, grace=LEFTOVER_GRACE):
+    """SIGKILL every process still carrying RUN_ID; return how many."""
+    # After an abort, mpiexec may exit while its ranks are still dying from
+    # the signal it sent them; give them a moment before counting them.
+    deadline = time.monotonic() + grace
+    pids = processes_of_run(run_id)
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = processes_of_run(run_id)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(pids)
+
+
+def processes_of_run(run_id):
+    """Live pids whose environment holds this job's run id (Linux /proc)."""
+    marker = ('%s=%s' % (_RUN_ID_VAR, run_id)).encode()
+    try:
+        entries = os.listdir('/proc')
+    except OSError:
+        return []  # no /proc: the process-group kill is all we can do
+    return [int(entry) for entry in entries
+            if entry.isdigit() and _environ_has(entry, marker)
+            and process_alive(int(entry))]
+
+
+def _environ_has(pid, marker):
+    try:
+        with open('/proc/%s/environ' % pid, 'rb') as f:
+            return marker in f.read().split(b'\0')
+    except OSError:
+        return False
+
+
+def process_alive(pid):
+    """True while PID runs; a zombie (exited, not yet reaped) counts as dead."""
+    try:
+        with open('/proc/%d/stat' % pid, 'rb') as f:
+            # The state letter follows the parenthesised command name.
+            return f.read().rsplit(b')', 1)[1].split()[0] != b'Z'
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _raise_failure(kind, cmd, what, returncode, output):
+    tail = output[-OUTPUT_TAIL_CHARS:]
+    message = '%s %s\n--- last %d chars of output ---\n%s' % (
+        ' '.join(cmd), what, len(tail), tail)
+    raise kind(message, returncode, output, timed_out=kind is MPITimeout)
