@@ -12,11 +12,17 @@ from mxnet.kvstore import KVStoreBase
 from .config import DESIGNS, Config, ConfigError, options_table
 from .contract import UnknownKeyError
 from .errors import CollectiveError, MPIKVStoreError, RankMismatchError, ThreadLevelError
+from .collectives import (allgather, allgather_object, allreduce, allreduce_, broadcast,
+                          broadcast_, broadcast_object, default_store, local_rank, local_size,
+                          rank, size)
+from .gluon import DistributedTrainer, broadcast_parameters
 from .store import MPIKVStore
 
 __all__ = ['create', 'MPIKVStore', 'DESIGNS', 'Config', 'ConfigError', 'options_table',
            'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError', 'CollectiveError',
-           'UnknownKeyError']
+           'UnknownKeyError', 'DistributedTrainer', 'broadcast_parameters', 'default_store',
+           'allreduce', 'allreduce_', 'allgather', 'allgather_object', 'broadcast', 'broadcast_',
+           'broadcast_object', 'rank', 'size', 'local_rank', 'local_size']
 
 __version__ = '0.1.0'
 

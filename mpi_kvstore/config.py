@@ -148,3 +148,21 @@ def options_table():
     for o in OPTIONS:
         rows.append('| `%s` | `%s` | %s | `%r` | %s |' % (o.name, o.env, o.unit, o.default, o.doc))
     return '\n'.join(rows)
+
+
+# Launchers announce the node-local rank; reading them needs no collective.
+_LOCAL_RANK_VARS = (('MPI_LOCALRANKID', 'MPI_LOCALNRANKS'),                       # MPICH hydra
+                    ('OMPI_COMM_WORLD_LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_SIZE'),  # Open MPI
+                    ('SLURM_LOCALID', 'SLURM_NTASKS_PER_NODE'))                    # srun
+
+
+def launcher_local_rank(environ=None):
+    """(local_rank, local_size) from the launcher's environment, or None."""
+    environ = os.environ if environ is None else environ
+    for rank_var, size_var in _LOCAL_RANK_VARS:
+        if rank_var in environ and size_var in environ:
+            try:
+                return int(environ[rank_var]), int(environ[size_var].split('(')[0])
+            except ValueError:
+                continue
+    return None

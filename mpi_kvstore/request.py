@@ -33,12 +33,13 @@ class Request:
                  average=False, priority=0):
         assert kind in KINDS
         self.seq = -1
-        self.kind, self.key, self.root, self.fn = kind, key, root, fn
+        self.kind, self.key, self.fn = kind, key, fn
         self.dtype, self.shape, self.array = dtype, tuple(shape), array
         size = 1
         for d in self.shape:
             size *= d
         self.nbytes = size * dtype.itemsize if dtype is not None else 0
+        self.root = root
         self.sig = signature(kind, key, dtype, self.shape, root)
         self.view = self.scratch = self.completion = self.result = self.error = None
         self.average = average

@@ -165,8 +165,8 @@ class MPIKVStore(KVStoreBase):
         if self._config.naive_engine:
             self._raise_pending()
 
-    def _request(self, kind, state, array):
-        return Request(kind, state.key, state.dtype, state.shape, array=array,
+    def _request(self, kind, state, array, root=0):
+        return Request(kind, state.key, state.dtype, state.shape, array=array, root=root,
                        average=self._config.average and kind == 'allreduce')
 
     # -- the contract ---------------------------------------------------------------
@@ -188,17 +188,26 @@ class MPIKVStore(KVStoreBase):
                 self._keys[k].check(vals, 'value')
         self._broadcast(entries, priority)
 
-    def _broadcast(self, entries, priority):
+    def _broadcast(self, entries, priority, root=0):
         reqs, states = [], []
         for k, vals, _ in entries:
             state = self._register(k, vals[0])
             vals[0].copyto(state.data)
-            reqs.append(self._request('bcast', state, state.data))
+            reqs.append(self._request('bcast', state, state.data, root))
             states.append(state)
         self._submit(reqs, priority)
         for state, (_, _, outs) in zip(states, entries):
             for out in outs or ():
                 state.data.copyto(out)
+
+    def broadcast_from(self, key, value, out=None, root=0, priority=0):
+        """Like broadcast, from any root rank (out=None: in place)."""
+        self._raise_pending()
+        if not 0 <= root < self._size:
+            raise ValueError('root %d is not a rank of a %d-process store' % (root, self._size))
+        entries = normalize(key, value, out)
+        entries = [(k, vals, vals if outs is None else outs) for k, vals, outs in entries]
+        self._broadcast(entries, priority, root)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Sum value over devices and ranks into out (in place when out is None)."""

@@ -56,7 +56,7 @@ class Scheduler:
         self.rank = comm.Get_rank()
         self._sink = sink
         self._seq = itertools.count()
-        self._pool = FusionPool()
+        self._pools = {}  # one per communicator: lanes of the concurrent design run at once
         self.timeline = timeline
 
     # -- called on the user's thread ---------------------------------------
@@ -132,7 +132,8 @@ class Scheduler:
             self._average(bucket[0], buf)
             return
         views = [r.buffer() for r in bucket]
-        flat = self._pool.get(views[0], sum(v.size for v in views))
+        pool = self._pools.setdefault(id(comm), FusionPool())
+        flat = pool.get(views[0], sum(v.size for v in views))
         _xp(flat).concatenate(views, out=flat)
         comm.allreduce(flat)
         self._average(bucket[0], flat)

@@ -1,0 +1,47 @@
+"""Shared by the store scenarios: expected values come from (rank, size) alone."""
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+def design_arg(default='funneled'):
+    return sys.argv[1] if len(sys.argv) > 1 else default
+
+
+def close(actual, expected, what, rtol=1e-5, atol=1e-6):
+    actual = np.asarray(actual)
+    expected = np.broadcast_to(np.asarray(expected, dtype=np.float64), actual.shape)
+    if not np.allclose(actual.astype(np.float64), expected, rtol=rtol, atol=atol):
+        raise AssertionError('rank %d: %s: got %s, expected %s'
+                             % (RANK, what, actual.ravel()[:6], expected.ravel()[:6]))
+
+
+def same_on_all_ranks(array, what):
+    """Every rank holds bitwise the same array as rank 0."""
+    mine = np.ascontiguousarray(array)
+    ref = mine.copy()
+    WORLD.Bcast(ref, root=0)
+    if not np.array_equal(mine, ref):
+        raise AssertionError('rank %d: %s differs from rank 0 (max diff %g)'
+                             % (RANK, what, np.abs(mine.astype(np.float64) - ref).max()))
+
+
+def expect_raises(exc_type, fn, *args, contains=None, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc_type as err:
+        if contains and contains not in str(err):
+            raise AssertionError('%s raised, but %r is not in its message: %s'
+                                 % (exc_type.__name__, contains, err))
+        return err
+    raise AssertionError('%s was not raised by %s' % (exc_type.__name__, fn.__name__))
+
+
+def done(name):
+    WORLD.Barrier()
+    if RANK == 0:
+        print('%s: OK at %d ranks' % (name, SIZE), flush=True)
