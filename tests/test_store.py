@@ -1,0 +1,72 @@
+"""The store under mpiexec at 1, 2 and 3 ranks, for every design.
+
+Each scenario checks its numbers against values derived from (rank, size) or
+against a single-process run, on every rank; a failing rank aborts the job.
+"""
+import pytest
+
+from mpi_harness import MPI_SIZES, run_mpi
+
+DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
+ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')  # the ones that push engine ops
+
+
+def _ok(output, name):
+    assert '%s: OK' % name in output, output[-2000:]
+
+
+@pytest.mark.parametrize('nprocs', MPI_SIZES)
+@pytest.mark.parametrize('design', DESIGNS)
+def test_key_value_forms(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_forms.py', design, timeout=240), 'kv_forms[%s]' % design)
+
+
+@pytest.mark.parametrize('nprocs', MPI_SIZES)
+@pytest.mark.parametrize('design', DESIGNS)
+def test_gluon_training_matches_single_process(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_gluon.py', design, timeout=240), 'kv_gluon[%s]' % design)
+
+
+@pytest.mark.parametrize('update_on_kvstore', ['0', '1'])
+@pytest.mark.parametrize('design', DESIGNS)
+def test_module_fit_matches_single_process(design, update_on_kvstore):
+    out = run_mpi(2, 'kv_module.py', design, update_on_kvstore, timeout=240,
+                  env={'MXNET_UPDATE_ON_KVSTORE': update_on_kvstore})
+    _ok(out, 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s]' % (design, update_on_kvstore))
+
+
+def test_module_fit_three_ranks():
+    _ok(run_mpi(3, 'kv_module.py', 'funneled', '1', timeout=240),
+        'kv_module[funneled, MXNET_UPDATE_ON_KVSTORE=1]')
+
+
+@pytest.mark.parametrize('nprocs', [2, 3])
+@pytest.mark.parametrize('design', DESIGNS)
+def test_readiness_skew_between_ranks(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_skew.py', design, timeout=240), 'kv_skew[%s]' % design)
+
+
+@pytest.mark.parametrize('nprocs', MPI_SIZES)
+@pytest.mark.parametrize('design', DESIGNS)
+def test_bad_input_raises_clearly(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_errors.py', design, timeout=240), 'kv_errors[%s]' % design)
+
+
+@pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
+@pytest.mark.parametrize('design', ENGINE_DESIGNS)
+def test_naive_engine(design, scenario):
+    out = run_mpi(2, scenario + '.py', design, timeout=240,
+                  env={'MXNET_ENGINE_TYPE': 'NaiveEngine'})
+    _ok(out, '%s[%s]' % (scenario, design))
+
+
+@pytest.mark.parametrize('design', DESIGNS)
+def test_exit_with_collectives_in_flight(design):
+    out = run_mpi(3, 'kv_exit.py', design, timeout=120)
+    assert 'leaving with work in flight' in out
+
+
+def test_thread_level_too_low_is_refused():
+    out = run_mpi(2, 'kv_thread_level.py', timeout=120,
+                  env={'MPI4PY_RC_THREAD_LEVEL': 'serialized'})
+    _ok(out, 'kv_thread_level')

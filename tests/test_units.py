@@ -1,0 +1,92 @@
+"""Pure-Python parts: configuration, fusion planning, the key/value grammar."""
+import numpy as np
+import pytest
+
+from mpi_kvstore import config as cfg
+from mpi_kvstore.fusion import plan
+from mpi_kvstore.request import Request, signature
+
+
+def test_config_precedence_argument_env_default():
+    env = {'MPI_KVSTORE_DESIGN': 'chained', 'MPI_KVSTORE_FUSION_THRESHOLD': '4M'}
+    assert cfg.Config(environ={}).design == 'funneled'
+    assert cfg.Config(environ=env).design == 'chained'
+    assert cfg.Config(environ=env, design='concurrent').design == 'concurrent'
+    assert cfg.Config(environ=env).fusion_threshold == 4 << 20
+    assert cfg.Config(environ={'MPI_KVSTORE_AVERAGE': 'yes'}).average is True
+
+
+@pytest.mark.parametrize('env, needle', [
+    ({'MPI_KVSTORE_DESIGN': 'ring'}, 'MPI_KVSTORE_DESIGN'),
+    ({'MPI_KVSTORE_FUSION_THRESHOLD': '-1'}, 'MPI_KVSTORE_FUSION_THRESHOLD'),
+    ({'MPI_KVSTORE_LANES': '0'}, 'MPI_KVSTORE_LANES'),
+    ({'MPI_KVSTORE_AVERAGE': 'maybe'}, 'MPI_KVSTORE_AVERAGE'),
+])
+def test_bad_environment_value_names_the_variable(env, needle):
+    with pytest.raises(cfg.ConfigError, match=needle):
+        cfg.Config(environ=env)
+
+
+def test_bad_argument_and_unknown_option():
+    with pytest.raises(cfg.ConfigError, match='argument design'):
+        cfg.Config(environ={}, design='nope')
+    with pytest.raises(cfg.ConfigError, match='unknown option'):
+        cfg.Config(environ={}, fusion=1)
+
+
+def test_options_table_lists_every_knob():
+    table = cfg.options_table()
+    for option in cfg.OPTIONS:
+        assert '`%s`' % option.env in table
+
+
+def _req(seq, nbytes, dtype='float32', kind='allreduce'):
+    dt = np.dtype(dtype)
+    req = Request(kind, 'k%d' % seq, dt, (nbytes // dt.itemsize,))
+    req.seq = seq
+    return req
+
+
+def _seqs(buckets):
+    return [[r.seq for r in b] for b in buckets]
+
+
+def test_plan_fuses_neighbours_up_to_threshold_in_seq_order():
+    reqs = [_req(s, 400) for s in (5, 1, 3, 2, 4)]
+    assert _seqs(plan(reqs, 1000)) == [[1, 2], [3, 4], [5]]
+
+
+def test_plan_large_and_other_kinds_travel_alone():
+    reqs = [_req(0, 100), _req(1, 5000), _req(2, 100), _req(3, 100, kind='bcast'), _req(4, 100)]
+    assert _seqs(plan(reqs, 1000)) == [[0], [1], [2], [3], [4]]
+
+
+def test_plan_splits_on_dtype_and_threshold_zero_disables():
+    reqs = [_req(0, 64), _req(1, 64, 'float64'), _req(2, 64, 'float64')]
+    assert _seqs(plan(reqs, 1000)) == [[0], [1, 2]]
+    assert _seqs(plan(reqs, 0)) == [[0], [1], [2]]
+
+
+def test_plan_is_independent_of_arrival_order():
+    reqs = [_req(s, 300) for s in range(20)]
+    shuffled = list(reqs)
+    np.random.RandomState(0).shuffle(shuffled)
+    assert _seqs(plan(reqs, 1000)) == _seqs(plan(shuffled, 1000))
+
+
+def test_signature_is_stable_and_discriminating():
+    f32 = np.dtype('float32')
+    a = signature('allreduce', 'w', f32, (3, 4), 0)
+    assert a == signature('allreduce', 'w', f32, (3, 4), 0)
+    assert len({a, signature('allreduce', 'w', f32, (4, 3), 0),
+                signature('allreduce', 'v', f32, (3, 4), 0),
+                signature('bcast', 'w', f32, (3, 4), 0),
+                signature('allreduce', 'w', np.dtype('float64'), (3, 4), 0)}) == 5
+    assert 0 <= a < (1 << 30)
+
+
+def test_launcher_local_rank():
+    assert cfg.launcher_local_rank({'MPI_LOCALRANKID': '1', 'MPI_LOCALNRANKS': '4'}) == (1, 4)
+    assert cfg.launcher_local_rank({'OMPI_COMM_WORLD_LOCAL_RANK': '0',
+                                    'OMPI_COMM_WORLD_LOCAL_SIZE': '2'}) == (0, 2)
+    assert cfg.launcher_local_rank({}) is None
