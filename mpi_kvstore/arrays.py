@@ -24,8 +24,21 @@ def require_cupy():
     return cupy
 
 
+_views = {}        # (address, nbytes, dtype) -> numpy view; arrays are reused every step
+_MAX_VIEWS = 4096
+
+
 def host_view(address, nbytes, dtype):
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=dtype)
+    """A numpy view of host memory. Building a ctypes array type costs more than
+    the rest of a small collective's Python path, so views are cached by address."""
+    key = (address, nbytes, dtype)
+    view = _views.get(key)
+    if view is None:
+        if len(_views) >= _MAX_VIEWS:
+            _views.clear()
+        view = np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=dtype)
+        _views[key] = view
+    return view
 
 
 def device_view(address, nbytes, dtype, device_id, owner):

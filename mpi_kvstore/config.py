@@ -93,7 +93,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option('lanes', int, 2, 'threads',
            'Number of communication threads (each with its own communicator) '
            'of the concurrent design.', _positive),
-    Option('window', int, 1024, 'collectives',
+    Option('window', int, 256, 'collectives',
            'How many pending collectives one negotiation round can cover.', _positive),
     Option('average', _parse_bool, False, 'bool',
            'Divide reductions by the number of workers (Horovod style); default is SUM, '

@@ -8,7 +8,8 @@ out   : the same grammar; None means in place into value
 import numpy as np
 import mxnet as mx
 
-__all__ = ['normalize', 'check_dense', 'SUPPORTED_DTYPES', 'UnknownKeyError']
+__all__ = ['normalize', 'normalize_out', 'check_dense', 'Entry', 'SUPPORTED_DTYPES',
+           'UnknownKeyError']
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
                          ('float32', 'float64', 'float16', 'int32', 'int64', 'int8', 'uint8'))
@@ -61,49 +62,58 @@ def _describe(obj):
     return type(obj).__name__
 
 
+def _meta(arr):
+    """(shape, dtype, stype): each is a call into libmxnet, so ask once per array."""
+    return arr.shape, np.dtype(arr.dtype), arr.stype
+
+
 def check_dense(key, arrays, what):
-    """Same shape and dtype across devices, dense, and a dtype MPI can sum."""
-    first = arrays[0]
-    for arr in arrays:
-        if arr.stype != 'default':
+    """Same shape and dtype across devices, dense, and a dtype MPI can sum -> (shape, dtype)."""
+    metas = [_meta(arr) for arr in arrays]
+    shape, dtype, _ = metas[0]
+    for other_shape, other_dtype, stype in metas:
+        if stype != 'default':
             raise TypeError('%s for key %r is %s; mpi_kvstore reduces dense arrays only'
-                            % (what, key, arr.stype))
-        if arr.shape != first.shape or arr.dtype != first.dtype:
+                            % (what, key, stype))
+        if other_shape != shape or other_dtype != dtype:
             raise ValueError('%s arrays for key %r differ between devices: %s %s vs %s %s'
-                             % (what, key, first.shape, np.dtype(first.dtype).name,
-                                arr.shape, np.dtype(arr.dtype).name))
-    if np.dtype(first.dtype) not in SUPPORTED_DTYPES:
+                             % (what, key, shape, dtype.name, other_shape, other_dtype.name))
+    if dtype not in SUPPORTED_DTYPES:
         raise TypeError('%s for key %r has dtype %s, which mpi_kvstore cannot reduce; '
-                        'supported: %s' % (what, key, np.dtype(first.dtype).name,
+                        'supported: %s' % (what, key, dtype.name,
                                            ', '.join(d.name for d in SUPPORTED_DTYPES)))
+    return shape, dtype
 
 
-def check_same(key, values, outs):
-    ref = values[0]
-    for out in outs:
-        if out.shape != ref.shape or out.dtype != ref.dtype:
+class Entry:
+    """One key of a call: its arrays, and the shape and dtype they share."""
+
+    __slots__ = ('key', 'values', 'outs', 'shape', 'dtype')
+
+    def __init__(self, key, values, outs, shape, dtype):
+        self.key, self.values, self.outs, self.shape, self.dtype = key, values, outs, shape, dtype
+
+
+def _entry(key, values, outs):
+    shape, dtype = check_dense(key, values, 'value')
+    if outs is not None:
+        out_shape, out_dtype = check_dense(key, outs, 'out')
+        if (out_shape, out_dtype) != (shape, dtype):
             raise ValueError('out for key %r has shape %s and dtype %s, but value has shape %s '
-                             'and dtype %s' % (key, out.shape, np.dtype(out.dtype).name,
-                                               ref.shape, np.dtype(ref.dtype).name))
+                             'and dtype %s' % (key, out_shape, out_dtype.name, shape, dtype.name))
+    return Entry(key, values, outs, shape, dtype)
 
 
 def normalize(key, value, out=None):
-    """-> list of (key, [value arrays], [out arrays] or None), validated."""
+    """-> list of validated :class:`Entry` (outs None means in place)."""
     keys, single = _keys(key)
     values = _per_key(value, keys, single, 'value')
     outs = _per_key(out, keys, single, 'out') if out is not None else [None] * len(keys)
-    for k, vals, outs_k in zip(keys, values, outs):
-        check_dense(k, vals, 'value')
-        if outs_k is not None:
-            check_dense(k, outs_k, 'out')
-            check_same(k, vals, outs_k)
-    return list(zip(keys, values, outs))
+    return [_entry(k, v, o) for k, v, o in zip(keys, values, outs)]
 
 
 def normalize_out(key, out):
-    """For pull: -> list of (key, [out arrays])."""
+    """For pull: -> list of validated :class:`Entry` whose values are the outs."""
     keys, single = _keys(key)
     outs = _per_key(out, keys, single, 'out')
-    for k, outs_k in zip(keys, outs):
-        check_dense(k, outs_k, 'out')
-    return list(zip(keys, outs))
+    return [Entry(k, o, o, *check_dense(k, o, 'out')) for k, o in zip(keys, outs)]

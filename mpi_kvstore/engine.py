@@ -17,7 +17,7 @@ import time
 
 from mxnet.base import _LIB
 
-__all__ = ['Completion', 'push', 'array_pointer', 'ArrayLayoutError']
+__all__ = ['Completion', 'Countdown', 'push', 'array_pointer', 'ArrayLayoutError', 'quiesce']
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,23 @@ class Completion:
     def wait(self):
         if self._event is not None:
             self._event.wait()
+
+
+class Countdown:
+    """Completes one engine op after ``count`` parts of it are done."""
+
+    __slots__ = ('_completion', '_left', '_lock')
+
+    def __init__(self, completion, count):
+        self._completion, self._left = completion, count
+        self._lock = threading.Lock()
+
+    def done(self):
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._completion.done()
 
 
 class _Op:

@@ -30,17 +30,19 @@ class Request:
                  'average', 'finished', 'priority')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
-                 average=False, priority=0):
+                 average=False, priority=0, nbytes=None, sig=None):
         assert kind in KINDS
         self.seq = -1
         self.kind, self.key, self.fn = kind, key, fn
         self.dtype, self.shape, self.array = dtype, tuple(shape), array
-        size = 1
-        for d in self.shape:
-            size *= d
-        self.nbytes = size * dtype.itemsize if dtype is not None else 0
+        if nbytes is None:
+            size = 1
+            for d in self.shape:
+                size *= d
+            nbytes = size * dtype.itemsize if dtype is not None else 0
+        self.nbytes = nbytes
         self.root = root
-        self.sig = signature(kind, key, dtype, self.shape, root)
+        self.sig = signature(kind, key, dtype, self.shape, root) if sig is None else sig
         self.view = self.scratch = self.completion = self.result = self.error = None
         self.average = average
         self.priority = priority

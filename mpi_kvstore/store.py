@@ -14,7 +14,7 @@ from .comm import MPI
 from .config import Config
 from .contract import UnknownKeyError, normalize, normalize_out
 from .errors import CollectiveError, MPIKVStoreError
-from .request import Request
+from .request import Request, signature
 from .schedulers import check_thread_level, get_design
 from .timeline import Timeline
 
@@ -26,26 +26,34 @@ log = logging.getLogger(__name__)
 class _Key:
     """What the store knows of one key: its shape, dtype, stored value, staging buffer."""
 
-    __slots__ = ('key', 'shape', 'dtype', 'ctx', 'data', '_staging')
+    __slots__ = ('key', 'shape', 'dtype', 'ctx', 'data', 'nbytes', '_staging', '_sigs')
 
-    def __init__(self, key, like):
-        self.key, self.shape, self.ctx = key, like.shape, like.context
-        self.dtype = np.dtype(like.dtype)
+    def __init__(self, entry):
+        self.key, self.shape, self.dtype = entry.key, entry.shape, entry.dtype
+        self.ctx = entry.values[0].context
         self.data = mx.nd.zeros(self.shape, ctx=self.ctx, dtype=self.dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self._staging = None
+        self._sigs = {}
 
     def staging(self):
         if self._staging is None:
             self._staging = mx.nd.zeros(self.shape, ctx=self.ctx, dtype=self.dtype)
         return self._staging
 
-    def check(self, arrays, what):
-        for arr in arrays:
-            if arr.shape != self.shape or np.dtype(arr.dtype) != self.dtype:
-                raise ValueError('%s for key %r has shape %s and dtype %s, but the key was '
-                                 'initialised with shape %s and dtype %s'
-                                 % (what, self.key, arr.shape, np.dtype(arr.dtype).name,
-                                    self.shape, self.dtype.name))
+    def signature(self, kind, root):
+        sig = self._sigs.get((kind, root))
+        if sig is None:
+            sig = self._sigs[(kind, root)] = signature(kind, self.key, self.dtype, self.shape,
+                                                       root)
+        return sig
+
+    def check(self, entry, what):
+        if entry.shape != self.shape or entry.dtype != self.dtype:
+            raise ValueError('%s for key %r has shape %s and dtype %s, but the key was '
+                             'initialised with shape %s and dtype %s'
+                             % (what, self.key, entry.shape, entry.dtype.name,
+                                self.shape, self.dtype.name))
 
 
 def _same(a, b):
@@ -148,10 +156,10 @@ class MPIKVStore(KVStoreBase):
             raise UnknownKeyError('key %r was never initialised: call init() or broadcast() '
                                   'for it first' % (key,)) from None
 
-    def _register(self, key, like):
-        state = self._keys.get(key)
+    def _register(self, entry):
+        state = self._keys.get(entry.key)
         if state is None:
-            state = self._keys[key] = _Key(key, like)
+            state = self._keys[entry.key] = _Key(entry)
         return state
 
     # -- submission ---------------------------------------------------------------
@@ -167,38 +175,23 @@ class MPIKVStore(KVStoreBase):
 
     def _request(self, kind, state, array, root=0):
         return Request(kind, state.key, state.dtype, state.shape, array=array, root=root,
-                       average=self._config.average and kind == 'allreduce')
+                       average=self._config.average and kind == 'allreduce',
+                       nbytes=state.nbytes, sig=state.signature(kind, root))
 
     # -- the contract ---------------------------------------------------------------
     def init(self, key, value):
         """Register keys with rank 0's values."""
         self._raise_pending()
         entries = normalize(key, value)
-        for k, _, _ in entries:
-            if k in self._keys:
-                raise ValueError('key %r is already initialised' % (k,))
+        for entry in entries:
+            if entry.key in self._keys:
+                raise ValueError('key %r is already initialised' % (entry.key,))
         self._broadcast(entries, 0)
 
     def broadcast(self, key, value, out, priority=0):
         """Rank 0's value lands in every out on every rank (and in the store)."""
         self._raise_pending()
-        entries = normalize(key, value, out)
-        for k, vals, _ in entries:
-            if k in self._keys:
-                self._keys[k].check(vals, 'value')
-        self._broadcast(entries, priority)
-
-    def _broadcast(self, entries, priority, root=0):
-        reqs, states = [], []
-        for k, vals, _ in entries:
-            state = self._register(k, vals[0])
-            vals[0].copyto(state.data)
-            reqs.append(self._request('bcast', state, state.data, root))
-            states.append(state)
-        self._submit(reqs, priority)
-        for state, (_, _, outs) in zip(states, entries):
-            for out in outs or ():
-                state.data.copyto(out)
+        self._broadcast(normalize(key, value, out), priority)
 
     def broadcast_from(self, key, value, out=None, root=0, priority=0):
         """Like broadcast, from any root rank (out=None: in place)."""
@@ -206,22 +199,35 @@ class MPIKVStore(KVStoreBase):
         if not 0 <= root < self._size:
             raise ValueError('root %d is not a rank of a %d-process store' % (root, self._size))
         entries = normalize(key, value, out)
-        entries = [(k, vals, vals if outs is None else outs) for k, vals, outs in entries]
+        for entry in entries:
+            entry.outs = entry.values if entry.outs is None else entry.outs
         self._broadcast(entries, priority, root)
+
+    def _broadcast(self, entries, priority, root=0):
+        for entry in entries:
+            if entry.key in self._keys:
+                self._keys[entry.key].check(entry, 'value')
+        states = [self._register(entry) for entry in entries]
+        for state, entry in zip(states, entries):
+            entry.values[0].copyto(state.data)
+        self._submit([self._request('bcast', st, st.data, root) for st in states], priority)
+        for state, entry in zip(states, entries):
+            for out in entry.outs or ():
+                state.data.copyto(out)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Sum value over devices and ranks into out (in place when out is None)."""
         self._raise_pending()
-        plans = [self._plan(k, vals, outs) for k, vals, outs in normalize(key, value, out)]
-        self._submit([p[1] for p in plans], priority)
+        plans = [self._plan(entry, in_place_ok=True) for entry in normalize(key, value, out)]
+        self._submit([req for _, req, _ in plans], priority)
         for state, req, targets in plans:
             self._deliver(state, req.array, targets)
 
     def push(self, key, value, priority=0):
         """Sum value over devices and ranks into the store (through the optimizer if set)."""
         self._raise_pending()
-        plans = [self._plan(k, vals, ()) for k, vals, _ in normalize(key, value)]
-        self._submit([p[1] for p in plans], priority)
+        plans = [self._plan(entry, in_place_ok=False) for entry in normalize(key, value)]
+        self._submit([req for _, req, _ in plans], priority)
         for state, req, _ in plans:
             self._deliver(state, req.array, ())
 
@@ -229,27 +235,29 @@ class MPIKVStore(KVStoreBase):
         """Copy the stored value of each key into out."""
         self._raise_pending()
         entries = normalize_out(key, out)
-        states = [self._state(k) for k, _ in entries]
-        for state, (_, outs) in zip(states, entries):
-            state.check(outs, 'out')
-            for arr in outs:
+        states = [self._state(entry.key) for entry in entries]
+        for state, entry in zip(states, entries):
+            state.check(entry, 'out')
+        for state, entry in zip(states, entries):
+            for arr in entry.outs:
                 state.data.copyto(arr)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         raise TypeError('mpi_kvstore reduces dense arrays only; row_sparse_pull is not supported')
 
-    def _plan(self, key, values, outs):
-        state = self._state(key)
-        state.check(values, 'value')
-        targets = values if outs is None else outs
-        in_place = (self._config.zero_copy and self._updater is None and len(values) == 1
-                    and bool(targets) and all(_same(t, values[0]) for t in targets))
+    def _plan(self, entry, in_place_ok):
+        state = self._state(entry.key)
+        state.check(entry, 'value')
+        values = entry.values
+        targets = values if entry.outs is None else entry.outs
+        in_place = (in_place_ok and self._config.zero_copy and self._updater is None
+                    and len(values) == 1 and all(_same(t, values[0]) for t in targets))
         if in_place:
             work = values[0]
         else:
             work = state.staging()
             _reduce_into(values, work)
-        return state, self._request('allreduce', state, work), targets
+        return state, self._request('allreduce', state, work), targets if in_place_ok else ()
 
     def _deliver(self, state, work, targets):
         source = work

@@ -90,3 +90,14 @@ def test_launcher_local_rank():
     assert cfg.launcher_local_rank({'OMPI_COMM_WORLD_LOCAL_RANK': '0',
                                     'OMPI_COMM_WORLD_LOCAL_SIZE': '2'}) == (0, 2)
     assert cfg.launcher_local_rank({}) is None
+
+
+def test_readme_options_table_is_generated_from_config():
+    import os
+    import re
+    readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
+    block = re.search(r'<!-- options-table:start -->\n(.*)\n<!-- options-table:end -->', readme,
+                      re.S)
+    assert block, 'README lost its options-table markers'
+    assert block.group(1) == cfg.options_table(), (
+        'README options table is stale: regenerate with python -m mpi_kvstore --options-table')

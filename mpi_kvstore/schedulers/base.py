@@ -82,12 +82,17 @@ class Scheduler:
         try:
             req.view = flat_view(req.array, req.nbytes, req.dtype)
         except Exception as err:  # keep this rank in step with the others: reduce zeros
-            req.scratch = np.zeros(req.nbytes // req.dtype.itemsize, dtype=req.dtype)
-            self.fail(req, err)
+            self.fail_all([req], err)
 
     def fail(self, req, err):
         req.error = err
         self._sink(req, err)
+
+    def fail_all(self, reqs, err):
+        for req in reqs:
+            if req.view is None and req.array is not None:
+                req.scratch = np.zeros(req.nbytes // req.dtype.itemsize, dtype=req.dtype)
+            self.fail(req, err)
 
     def mismatch(self, req):
         self.fail(req, RankMismatchError(

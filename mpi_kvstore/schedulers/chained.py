@@ -39,7 +39,7 @@ class Chained(Scheduler):
         arrays = [r.array for r in reqs if r.array is not None]
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name='mpi_kvstore.chained',
-                    on_error=functools.partial(self._fail_all, reqs))
+                    on_error=functools.partial(self._failed_in_engine, reqs))
 
     def _run(self, reqs, completion):
         try:
@@ -63,9 +63,9 @@ class Chained(Scheduler):
         self._comm.check_min(msg)
         return not group_mismatch(msg)
 
-    def _fail_all(self, reqs, err):
+    def _failed_in_engine(self, reqs, err):
+        self.fail_all(reqs, err)
         for req in reqs:
-            self.fail(req, err)
             req.finished.set()
 
     def close(self):

@@ -49,24 +49,34 @@ class NegotiatedScheduler(Scheduler):
         self._thread.start()
 
     def _submit(self, reqs, priority):
+        arrays = [r.array for r in reqs if r.array is not None]
+        if not arrays:
+            self._mark_ready(reqs)
+            return
+        # One engine op per call: a list of keys costs one trampoline, not one each.
+        engine.push(functools.partial(self._on_engine, reqs), mutable=arrays,
+                    priority=priority, name='mpi_kvstore.%s' % reqs[0].kind,
+                    on_error=functools.partial(self._failed_in_engine, reqs))
+
+    def _on_engine(self, reqs, completion):
+        countdown = engine.Countdown(completion, len(reqs)) if len(reqs) > 1 else completion
         for req in reqs:
-            if req.array is None:
-                self._mark_ready(req)
-            else:
-                engine.push(functools.partial(self._on_engine, req), mutable=[req.array],
-                            priority=priority, name='mpi_kvstore.%s' % req.kind,
-                            on_error=functools.partial(self.fail, req))
+            req.completion = countdown
+            self.attach(req)
+        self._mark_ready(reqs)
 
-    def _on_engine(self, req, completion):
-        req.completion = completion
-        self.attach(req)
-        self._mark_ready(req)
+    def _failed_in_engine(self, reqs, err):
+        # Still offer them (on scratch memory): the other ranks wait for these.
+        self.fail_all(reqs, err)
+        self._mark_ready([r for r in reqs if r.seq not in self._ready])
 
-    def _mark_ready(self, req):
+    def _mark_ready(self, reqs):
         if self.timeline:
-            self.timeline.ready(req)
+            for req in reqs:
+                self.timeline.ready(req)
         with self._cond:
-            self._ready[req.seq] = req
+            for req in reqs:
+                self._ready[req.seq] = req
             self._cond.notify()
 
     def _has_work(self):
