@@ -19,13 +19,19 @@ def _device(req):
     return getattr(req.buffer(), 'device', 'host') if req.view is not None else 'host'
 
 
-def plan(requests, threshold):
-    """Group requests, sorted by seq, into buckets of at most ``threshold`` bytes.
+def order(req):
+    """Higher priority first (gluon passes -index: the first layer is needed first), then
+    push order. Both are the same on every rank, so the order is too."""
+    return -req.priority, req.seq
 
-    Consecutive compatible allreduces share a bucket; anything else travels alone.
+
+def plan(requests, threshold):
+    """Group requests, in :func:`order`, into buckets of at most ``threshold`` bytes.
+
+    Neighbouring compatible allreduces share a bucket; anything else travels alone.
     """
     buckets, current, size = [], [], 0
-    for req in sorted(requests, key=lambda r: r.seq):
+    for req in sorted(requests, key=order):
         if not fusable(req, threshold):
             if current:
                 buckets.append(current)

@@ -67,6 +67,13 @@ def test_plan_splits_on_dtype_and_threshold_zero_disables():
     assert _seqs(plan(reqs, 0)) == [[0], [1], [2]]
 
 
+def test_plan_runs_higher_priority_first_then_push_order():
+    reqs = [_req(s, 400) for s in range(4)]
+    for req, prio in zip(reqs, (0, -5, 3, 0)):
+        req.priority = prio
+    assert _seqs(plan(reqs, 1000)) == [[2, 0], [3, 1]]
+
+
 def test_plan_is_independent_of_arrival_order():
     reqs = [_req(s, 300) for s in range(20)]
     shuffled = list(reqs)

@@ -64,6 +64,9 @@ class Scheduler:
         """Number the requests in call order, then hand them to the design."""
         for req in reqs:
             req.seq = next(self._seq)
+            # Within a round, collectives run by priority: every rank must pass the same.
+            req.priority = priority
+            req.sig = (req.sig * 31 + priority) % SIG_LIMIT
             if self.timeline:
                 self.timeline.pushed(req)
         self._submit(reqs, priority)
