@@ -1,18 +1,21 @@
 """A Chrome trace (chrome://tracing, Perfetto) of every collective, per rank.
 
-Phases per request: QUEUED (pushed until its data is ready in the engine),
-NEGOTIATE (ready until its collective starts) and the collective itself
-(ALLREDUCE, BROADCAST, BARRIER, CUSTOM), all on one row per key.
+Phases per request, on one row per key: QUEUED (pushed until the engine found
+its data ready), NEGOTIATE (ready until its collective started: agreement with
+the other ranks and waiting for earlier buckets) and the collective itself,
+named as the engine op that carries it (``mpi_kvstore.allreduce``...), which is
+also the name MXNet's profiler shows for that op.
 """
 import json
 import os
 import threading
 import time
 
-__all__ = ['Timeline', 'trace_path']
+__all__ = ['Timeline', 'trace_path', 'op_name']
 
-_PHASE_NAMES = {'allreduce': 'ALLREDUCE', 'bcast': 'BROADCAST', 'barrier': 'BARRIER',
-                'custom': 'CUSTOM'}
+def op_name(kind):
+    """The engine op name of a collective kind, shared with engine.push."""
+    return 'mpi_kvstore.' + kind
 
 
 def trace_path(path, rank, size):
@@ -68,7 +71,7 @@ class Timeline:
                 'bucket_requests': bucket_size}
         tid = self._row(req.key)
         for name, t0, t1 in (('QUEUED', pushed, ready), ('NEGOTIATE', ready, started),
-                             (_PHASE_NAMES[req.kind], started, end)):
+                             (op_name(req.kind), started, end)):
             self._events.append({'name': name, 'cat': 'mpi_kvstore', 'ph': 'X', 'ts': t0,
                                  'dur': max(t1 - t0, 0.0), 'pid': self.rank, 'tid': tid,
                                  'args': args})

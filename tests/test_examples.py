@@ -4,8 +4,12 @@ Each job runs on 2 ranks with a hard timeout; the checks read rank 0's epoch lin
     epoch 1/1: loss=2.2951 acc=0.1250 val_loss=... val_acc=... images/s=52.3 time=4.1s
 """
 import math
+import pickle
 import re
+import struct
+import zlib
 
+import numpy as np
 import pytest
 
 from mpi_harness import run_mpi
@@ -68,11 +72,27 @@ def test_cifar10_learns_synthetic_set(mpi_available):
     assert second['acc'] > 0.4 and second['val_acc'] > 0.5, second
 
 
+def write_cifar10(folder, per_file=40):
+    """A tiny folder in CIFAR-10's python format: pickled dicts of uint8 rows and labels."""
+    rng = np.random.default_rng(0)
+    for name in ['data_batch_%d' % i for i in range(1, 6)] + ['test_batch']:
+        batch = {b'data': rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+                 b'labels': [int(v) for v in rng.integers(0, 10, per_file)]}
+        with open(folder / name, 'wb') as f:
+            pickle.dump(batch, f)
+
+
+@pytest.mark.parametrize('script', ['train_cifar10.py', 'train_module.py'])
+def test_reads_cifar10_folder(script, tmp_path, mpi_available):
+    write_cifar10(tmp_path)
+    out = run_mpi(NPROCS, 'examples/' + script, '--data', tmp_path, '--steps', 3,
+                  '--epochs', 1, '--width', 4, '--batch-size', 8, timeout=180)
+    assert '3 steps/epoch' in out, out[-3000:]
+    check_epochs(out, 1)
+
+
 def _png(pixels):
     """A minimal RGB PNG (no OpenCV or PIL in the test environment)."""
-    import struct
-    import zlib
-
     def chunk(kind, data):
         crc = zlib.crc32(kind + data) & 0xffffffff
         return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', crc)
@@ -85,8 +105,7 @@ def _png(pixels):
 
 def write_rec(path, count, classes):
     """A small indexed RecordIO file of random images, like im2rec writes."""
-    import mxnet as mx
-    import numpy as np
+    import mxnet as mx  # here, so collecting the other tests does not pay for it
     rng = np.random.default_rng(0)
     writer = mx.recordio.MXIndexedRecordIO(str(path)[:-4] + '.idx', str(path), 'w')
     for i in range(count):

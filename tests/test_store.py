@@ -70,3 +70,9 @@ def test_thread_level_too_low_is_refused():
     out = run_mpi(2, 'kv_thread_level.py', timeout=120,
                   env={'MPI4PY_RC_THREAD_LEVEL': 'serialized'})
     _ok(out, 'kv_thread_level')
+
+
+@pytest.mark.parametrize('design', DESIGNS)
+def test_timeline_trace_is_valid(design, tmp_path):
+    out = run_mpi(2, 'kv_timeline.py', design, str(tmp_path / 'trace.json'), timeout=120)
+    _ok(out, 'kv_timeline[%s]' % design)

@@ -5,6 +5,7 @@ import mxnet as mx
 
 from .. import engine
 from ..comm import MPI, Comm
+from ..timeline import op_name
 from .base import Scheduler, group_check_message, group_mismatch
 
 __all__ = ['Chained']
@@ -38,7 +39,7 @@ class Chained(Scheduler):
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
-                    priority=priority, name='mpi_kvstore.chained',
+                    priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
 
     def _run(self, reqs, completion):

@@ -26,6 +26,7 @@ import numpy as np
 from .. import engine
 from ..comm import Comm, wait_polling
 from ..request import SIG_LIMIT
+from ..timeline import op_name
 from .base import Scheduler
 
 __all__ = ['NegotiatedScheduler']
@@ -55,7 +56,7 @@ class NegotiatedScheduler(Scheduler):
             return
         # One engine op per call: a list of keys costs one trampoline, not one each.
         engine.push(functools.partial(self._on_engine, reqs), mutable=arrays,
-                    priority=priority, name='mpi_kvstore.%s' % reqs[0].kind,
+                    priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
 
     def _on_engine(self, reqs, completion):
