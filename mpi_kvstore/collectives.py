@@ -33,11 +33,30 @@ def _store(store):
     return store if store is not None else default_store()
 
 
-def _array_request(store, kind, name, array, root=0, average=False):
+def _staging(store, name, tensor):
+    """A buffer the store owns, reused per (name, shape, dtype, context)."""
+    buffers = store.__dict__.setdefault('_helper_buffers', {})
+    key = (name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
+    buf = buffers.get(key)
+    if buf is None:
+        buf = buffers[key] = mx.nd.zeros(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
+    return buf
+
+
+def _array_request(store, kind, name, tensor, root=0, average=False):
+    """Run one collective on ``tensor`` in place.
+
+    The data travels through a staging buffer written and read by MXNet's own
+    copy operator: user arrays (weights after an inference forward) may sit in
+    an MKLDNN layout whose bytes are not row-major, which only MXNet can read.
+    """
     store._raise_pending()
-    req = Request(kind, name, np.dtype(array.dtype), array.shape, array=array, root=root,
+    buf = _staging(store, name, tensor)
+    tensor.copyto(buf)
+    req = Request(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
                   average=average)
     store._submit([req], 0)
+    buf.copyto(tensor)
 
 
 def allreduce_(tensor, average=False, name='allreduce', store=None):

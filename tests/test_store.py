@@ -76,3 +76,9 @@ def test_thread_level_too_low_is_refused():
 def test_timeline_trace_is_valid(design, tmp_path):
     out = run_mpi(2, 'kv_timeline.py', design, str(tmp_path / 'trace.json'), timeout=120)
     _ok(out, 'kv_timeline[%s]' % design)
+
+
+@pytest.mark.parametrize('nprocs', MPI_SIZES)
+@pytest.mark.parametrize('design', ['funneled', 'chained'])
+def test_helpers(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_helpers.py', design, timeout=240), 'kv_helpers[%s]' % design)

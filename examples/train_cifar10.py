@@ -1,0 +1,101 @@
+"""Train a CIFAR-10 ResNet with Gluon across MPI ranks through mpi_kvstore.
+
+    mpirun -n 2 python examples/train_cifar10.py --steps 100 --epochs 1
+    mpirun -n 4 python examples/train_cifar10.py --data ~/cifar-10-batches-py --epochs 30
+
+--data names a folder holding CIFAR-10's python batches (data_batch_1..5, test_batch);
+without it the example trains on an embedded synthetic set of ten learnable classes,
+so it runs anywhere and never downloads anything.
+"""
+import os
+import sys
+
+from mxnet.gluon import nn
+from mxnet.gluon.model_zoo import vision
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (lives beside this script)
+
+ZOO_MODELS = ('resnet18_v1', 'resnet34_v1', 'resnet18_v2', 'resnet34_v2')
+SYNTHETIC_TRAIN, SYNTHETIC_TEST = 10000, 2000
+
+
+class BasicBlock(nn.HybridBlock):
+    """Two 3x3 convolutions and a shortcut (a strided 1x1 conv where the shape changes)."""
+
+    def __init__(self, channels, stride, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.body = nn.HybridSequential()
+            self.body.add(nn.Conv2D(channels, 3, stride, 1, use_bias=False), nn.BatchNorm(),
+                          nn.Activation('relu'),
+                          nn.Conv2D(channels, 3, 1, 1, use_bias=False), nn.BatchNorm())
+            self.shortcut = None
+            if stride != 1:
+                self.shortcut = nn.HybridSequential()
+                self.shortcut.add(nn.Conv2D(channels, 1, stride, use_bias=False),
+                                  nn.BatchNorm())
+
+    def hybrid_forward(self, F, x):
+        skip = x if self.shortcut is None else self.shortcut(x)
+        return F.relu(self.body(x) + skip)
+
+
+def resnet20(classes=10, width=16, blocks=3):
+    """He et al.'s CIFAR ResNet (6n+2 layers, n=3): three stages of width, 2x, 4x channels."""
+    net = nn.HybridSequential()
+    with net.name_scope():
+        net.add(nn.Conv2D(width, 3, 1, 1, use_bias=False), nn.BatchNorm(), nn.Activation('relu'))
+        for stage in range(3):
+            for block in range(blocks):
+                stride = 2 if stage > 0 and block == 0 else 1
+                net.add(BasicBlock(width << stage, stride))
+        net.add(nn.GlobalAvgPool2D(), nn.Dense(classes))
+    return net
+
+
+def build_model(args):
+    if args.model == 'resnet20':
+        return resnet20(width=args.width)
+    # thumbnail: a 3x3 stem without max-pooling, for 32x32 inputs.
+    return vision.get_model(args.model, classes=10, thumbnail=True)
+
+
+def load_data(args, kv):
+    """This rank's train and test batches: real CIFAR-10 from --data, else synthetic."""
+    if args.data:
+        train_x, train_y, test_x, test_y = common.load_cifar10(args.data)
+    else:
+        train_x, train_y, test_x, test_y = common.synthetic_dataset(
+            SYNTHETIC_TRAIN, SYNTHETIC_TEST, seed=args.data_seed)
+    rank, size = kv.rank, kv.num_workers
+    shard = [common.shard(a, rank, size) for a in (train_x, train_y, test_x, test_y)]
+    stats = common.CIFAR_MEAN, common.CIFAR_STD
+    train = common.ArrayBatches(shard[0], shard[1], args.batch_size, args.steps,
+                                args.seed, *stats, augment=bool(args.data))
+    test = common.ArrayBatches(shard[2], shard[3], args.batch_size, args.steps,
+                               args.seed, *stats)
+    return train, test
+
+
+def parse_args():
+    p = common.parser(__doc__.splitlines()[0], batch_size=32, lr=0.1)
+    p.add_argument('--data', help='folder with CIFAR-10 python batches; default: synthetic')
+    p.add_argument('--data-seed', type=int, default=0, help='seed of the synthetic set')
+    p.add_argument('--model', default='resnet20', choices=('resnet20',) + ZOO_MODELS)
+    p.add_argument('--width', type=int, default=16, help='resnet20 first-stage channels')
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    kv = common.setup(args)
+    train, test = load_data(args, kv)
+    common.banner(kv, 'train_cifar10', args, len(train), args.model)
+    net = build_model(args)
+    common.init_net(net, kv, (3, 32, 32))
+    common.fit_gluon(net, kv, args, train, test)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,95 @@
+"""Horovod-style helpers: collectives on arrays and objects, broadcast_parameters
+(also after an inference forward, and for deferred initialisation), DistributedTrainer.
+
+usage: kv_helpers.py DESIGN
+"""
+import os
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import mpi_kvstore
+from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
+
+kv = mpi_kvstore.create('dist_mpi', design=design_arg())
+RANKSUM = SIZE * (SIZE + 1) / 2
+
+
+def check_array_collectives():
+    x = mx.nd.full((5, 3), RANK + 1)
+    close(mpi_kvstore.allreduce(x, store=kv).asnumpy(), RANKSUM, 'allreduce')
+    close(x.asnumpy(), RANK + 1, 'allreduce leaves its input')
+    close(mpi_kvstore.allreduce(x, average=True, store=kv).asnumpy(), RANKSUM / SIZE, 'mean')
+    mpi_kvstore.allreduce_(x, store=kv)
+    close(x.asnumpy(), RANKSUM, 'allreduce_ in place')
+    y = mx.nd.full((4,), 10 * RANK, dtype='int32')
+    close(mpi_kvstore.broadcast(y, root=SIZE - 1, store=kv).asnumpy(), 10 * (SIZE - 1), 'bcast')
+    parts = mx.nd.full((RANK + 1, 2), RANK)             # first dimension differs per rank
+    gathered = mpi_kvstore.allgather(parts, store=kv).asnumpy()
+    expected = np.concatenate([np.full((r + 1, 2), r) for r in range(SIZE)])
+    close(gathered, expected, 'allgather')
+
+
+def check_objects():
+    got = mpi_kvstore.broadcast_object({'rank': RANK, 'list': [1, 2]}, root=0, store=kv)
+    assert got == {'rank': 0, 'list': [1, 2]}, got
+    assert mpi_kvstore.allgather_object(RANK * 3, store=kv) == [r * 3 for r in range(SIZE)]
+    assert mpi_kvstore.rank() == RANK and mpi_kvstore.size() == SIZE
+    assert 0 <= mpi_kvstore.local_rank() < mpi_kvstore.local_size() <= SIZE
+
+
+def conv_net():
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(8, 3, in_channels=3), gluon.nn.Flatten(),
+            gluon.nn.Dense(4, in_units=8 * 6 * 6))
+    return net
+
+
+def check_broadcast_after_inference_forward():
+    """An inference forward leaves conv weights in an MKLDNN layout."""
+    mx.random.seed(RANK)
+    net = conv_net()
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 8, 8)))
+    mpi_kvstore.broadcast_parameters(net.collect_params(), store=kv)
+    kv.wait()
+    for name, p in net.collect_params().items():
+        same_on_all_ranks(p.data().asnumpy(), name + ' after inference forward')
+
+
+def check_deferred_initialisation():
+    """Shapes unknown until the first forward: broadcast before that forward uses them."""
+    mx.random.seed(100 + RANK)
+    net = gluon.nn.Dense(3)                  # in_units deferred
+    net.initialize()
+    mpi_kvstore.broadcast_parameters(net.collect_params(), store=kv)
+    out = net(mx.nd.ones((2, 5))).asnumpy()  # same input everywhere: same output iff same weights
+    same_on_all_ranks(out, 'first forward output of a deferred layer')
+    same_on_all_ranks(net.weight.data().asnumpy(), 'deferred weight')
+
+
+def check_distributed_trainer():
+    mx.random.seed(RANK)                      # different starts: the trainer must broadcast
+    net = conv_net()
+    net.initialize()
+    trainer = mpi_kvstore.DistributedTrainer(net.collect_params(), 'sgd',
+                                             {'learning_rate': 0.1}, store=kv)
+    loss_fn = gluon.loss.L2Loss()
+    for step in range(3):
+        data = mx.nd.full((2, 3, 8, 8), RANK + step)
+        with autograd.record():
+            loss = loss_fn(net(data), mx.nd.zeros((2, 4)))
+        loss.backward()
+        trainer.step(2 * SIZE)
+    for name, p in net.collect_params().items():
+        same_on_all_ranks(p.data().asnumpy(), name + ' after DistributedTrainer steps')
+
+
+check_array_collectives()
+check_objects()
+check_broadcast_after_inference_forward()
+check_deferred_initialisation()
+check_distributed_trainer()
+kv.wait()
+done('kv_helpers[%s]' % design_arg())
