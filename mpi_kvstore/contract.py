@@ -8,6 +8,8 @@ out   : the same grammar; None means in place into value
 import numpy as np
 import mxnet as mx
 
+from .engine import array_meta
+
 __all__ = ['normalize', 'normalize_out', 'check_dense', 'Entry', 'SUPPORTED_DTYPES',
            'UnknownKeyError']
 
@@ -64,7 +66,11 @@ def _describe(obj):
 
 def _meta(arr):
     """(shape, dtype, stype): each is a call into libmxnet, so ask once per array."""
-    return arr.shape, np.dtype(arr.dtype), arr.stype
+    shape, dtype, stype = array_meta(arr)
+    if dtype is None:
+        raise TypeError('array of shape %s has a dtype numpy cannot represent (%s)'
+                        % (shape, arr.dtype))
+    return shape, dtype, stype
 
 
 def check_dense(key, arrays, what):

@@ -15,9 +15,12 @@ import logging
 import threading
 import time
 
+import numpy as np
 from mxnet.base import _LIB
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 
-__all__ = ['Completion', 'Countdown', 'push', 'array_pointer', 'ArrayLayoutError', 'quiesce']
+__all__ = ['Completion', 'Countdown', 'push', 'array_pointer', 'ArrayLayoutError', 'quiesce',
+           'array_meta']
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +62,24 @@ _push_async.argtypes = [_ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_vo
                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                         ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_bool]
-_to_dlpack = _LIB.MXNDArrayToDLPack
-_to_dlpack.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
-_dlpack_delete = _LIB.MXNDArrayCallDLPackDeleter
-_dlpack_delete.argtypes = [ctypes.c_void_p]
+# Quick, non-blocking queries are bound through PyDLL, which keeps the GIL across
+# the call: through CDLL every call gives the GIL up and queues to get it back
+# behind the engine and communication threads, which costs more than the call.
+_QUICK = ctypes.PyDLL(_LIB._name)
+
+
+def _quick(name, *argtypes):
+    fn = getattr(_QUICK, name)
+    fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
+    return fn
+
+
+_to_dlpack = _quick('MXNDArrayToDLPack', ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+_get_shape = _quick('MXNDArrayGetShapeEx', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                    ctypes.POINTER(ctypes.POINTER(ctypes.c_int)))
+_get_dtype = _quick('MXNDArrayGetDType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_get_stype = _quick('MXNDArrayGetStorageType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_dlpack_delete = _quick('MXNDArrayCallDLPackDeleter', ctypes.c_void_p)
 
 _live = {}             # op id -> _Op, until the engine runs it
 _active = [0]          # engine threads inside _trampoline
@@ -199,6 +216,25 @@ def _log_error(err):
 
 
 _LIB.MXGetLastError.restype = ctypes.c_char_p
+
+
+_NP_DTYPES = {code: np.dtype(t) for code, t in _DTYPE_MX_TO_NP.items() if t is not None}
+
+
+def array_meta(array):
+    """(shape, numpy dtype, storage type name) in three direct calls.
+
+    The NDArray properties cost several times more, and a pushpull asks for
+    them for every array it gets.
+    """
+    handle = array.handle
+    ndim, dims, code, stype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int(), \
+        ctypes.c_int()
+    if (_get_shape(handle, ctypes.byref(ndim), ctypes.byref(dims)) or
+            _get_dtype(handle, ctypes.byref(code)) or _get_stype(handle, ctypes.byref(stype))):
+        raise RuntimeError(_LIB.MXGetLastError().decode())
+    shape = tuple(dims[:ndim.value]) if ndim.value > 0 else ()
+    return shape, _NP_DTYPES.get(code.value), _STORAGE_TYPE_ID_TO_STR.get(stype.value, 'unknown')
 
 
 def array_pointer(array):

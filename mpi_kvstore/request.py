@@ -27,7 +27,7 @@ class Request:
 
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'finished', 'priority')
+                 'average', 'done', 'priority')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None):
@@ -46,7 +46,7 @@ class Request:
         self.view = self.scratch = self.completion = self.result = self.error = None
         self.average = average
         self.priority = priority
-        self.finished = threading.Event()
+        self.done = False
 
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'
@@ -59,4 +59,19 @@ class Request:
     def complete(self):
         if self.completion is not None:
             self.completion.done()
-        self.finished.set()
+        self.finish()
+
+    def finish(self):
+        with _FINISHED:
+            self.done = True
+            _FINISHED.notify_all()
+
+    def wait(self, timeout=None):
+        """Block until the collective ran (or failed); False if ``timeout`` passed first."""
+        with _FINISHED:
+            return _FINISHED.wait_for(lambda: self.done, timeout)
+
+
+# One condition for every request: an Event per request (a Condition and its
+# locks each) cost more than the rest of a small pushpull's Python path.
+_FINISHED = threading.Condition()

@@ -166,7 +166,7 @@ class MPIKVStore(KVStoreBase):
     def _submit(self, reqs, priority):
         if self._closed:
             raise MPIKVStoreError('the store is closed')
-        while self._pending and self._pending[0].finished.is_set():
+        while self._pending and self._pending[0].done:
             self._pending.popleft()
         self._pending.extend(reqs)
         self._scheduler.submit(reqs, priority)
@@ -299,7 +299,7 @@ class MPIKVStore(KVStoreBase):
     def wait(self):
         """Block until every collective pushed so far finished; raise what failed."""
         while self._pending:
-            self._pending[0].finished.wait()
+            self._pending[0].wait()
             self._pending.popleft()
         self._raise_pending()
 
@@ -307,7 +307,7 @@ class MPIKVStore(KVStoreBase):
         self.wait()
         req = Request('barrier', '__barrier__')
         self._submit([req], 0)
-        req.finished.wait()
+        req.wait()
         self._raise_pending()
 
     def run_collective(self, fn, name='custom'):
@@ -315,7 +315,7 @@ class MPIKVStore(KVStoreBase):
         self._raise_pending()
         req = Request('custom', '__%s__' % name, fn=fn)
         self._submit([req], 0)
-        req.finished.wait()
+        req.wait()
         self._raise_pending()
         return req.result
 
@@ -326,7 +326,7 @@ class MPIKVStore(KVStoreBase):
         mx.nd.waitall()
         engine.quiesce()
         for req in list(self._pending):
-            req.finished.wait(timeout=60)
+            req.wait(timeout=60)
         self._closed = True
         self._scheduler.close()
         if self._timeline:

@@ -67,7 +67,7 @@ class Chained(Scheduler):
     def _failed_in_engine(self, reqs, err):
         self.fail_all(reqs, err)
         for req in reqs:
-            req.finished.set()
+            req.finish()
 
     def close(self):
         self._comm.free()
