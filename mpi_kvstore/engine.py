@@ -56,12 +56,6 @@ class ArrayLayoutError(RuntimeError):
     """The array's bytes are not in row-major order (an MKLDNN layout)."""
 
 
-_push_async = _LIB.MXEnginePushAsyncND
-_push_async.restype = ctypes.c_int
-_push_async.argtypes = [_ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                        ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_bool]
 # Quick, non-blocking queries are bound through PyDLL, which keeps the GIL across
 # the call: through CDLL every call gives the GIL up and queues to get it back
 # behind the engine and communication threads, which costs more than the call.
@@ -80,6 +74,14 @@ _get_shape = _quick('MXNDArrayGetShapeEx', ctypes.c_void_p, ctypes.POINTER(ctype
 _get_dtype = _quick('MXNDArrayGetDType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
 _get_stype = _quick('MXNDArrayGetStorageType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
 _dlpack_delete = _quick('MXNDArrayCallDLPackDeleter', ctypes.c_void_p)
+# Pushing never waits either, and keeping the GIL means the engine worker that
+# picks the op up cannot take it from us half-way through a pushpull call. The
+# engine runs ops without holding its own locks, so no lock order inverts; under
+# NaiveEngine the op runs inline on this thread, which re-enters the GIL.
+_push_async = _quick('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p,
+                     ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_void_p,
+                     ctypes.c_int, ctypes.c_char_p, ctypes.c_bool)
 
 _live = {}             # op id -> _Op, until the engine runs it
 _active = [0]          # engine threads inside _trampoline
