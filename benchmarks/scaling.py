@@ -1,0 +1,601 @@
+"""Training throughput on synthetic data: every mpi_kvstore design against no exchange at all.
+
+    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/scaling.py --quick
+    OMP_NUM_THREADS=1 mpiexec -n N python benchmarks/scaling.py [--models resnet20,resnet18_v1]
+        [--batch-size B] [--warmup-steps W] [--steps S] [--designs funneled,chained]
+        [--no-dist-sync] [--timeout S] [--out DIR]
+
+Per model (resnet20 and resnet18_v1 on 32x32 CIFAR-10 shaped batches, resnet50_v1 on 224x224
+ImageNet shaped ones), in one run, on one net whose weights every config shares:
+  single                 rank 0 alone, no store (the others wait without using a core);
+  none                   N ranks, each on its own batch, no gradient exchange: the ceiling
+                         that a perfectly hidden exchange would reach;
+  mpi_kvstore:D          gluon.Trainer(kvstore=store of design D, update_on_kvstore=False);
+  DistributedTrainer:D   mpi_kvstore.DistributedTrainer (one grouped pushpull per step);
+  horovod                horovod.mxnet.DistributedTrainer, when it imports;
+  dist_sync              MXNet's ps-lite store (scheduler and one server on 127.0.0.1).
+A step is forward, backward, trainer.step, then mx.nd.waitall(); its time is the slowest rank's.
+Steps are interleaved: round r runs one step of every config, so a machine whose load drifts
+slows every config alike; a config's step time is its median over rounds. Then each store's
+exchange is timed alone (trainer.allreduce_grads() then waitall) to tell how much of it
+training hides. Run one rank per core, with OMP_NUM_THREADS=1.
+"""
+import argparse
+import gc
+import os
+import time
+import weakref
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+
+common.use_checkout()
+import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
+from mxnet import autograd, gluon  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
+from mxnet.gluon.model_zoo import vision  # noqa: E402
+from mxnet.kvstore import KVStoreBase  # noqa: E402
+
+import mpi_kvstore  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+TARGET_VS_NONE = 0.9          # the best design should reach 90% of the no-exchange ceiling
+TARGET_OVERHEAD = 15.0        # ... which is at most 15% more time per step
+KEY_STRIDE = 100000           # dist_sync key range per model (see ShiftedKeys)
+PSLITE_LIFETIME = 6 * 3600    # s; a safety net only: ps-lite children die with rank 0 anyway
+OPTIMIZER = ('sgd', {'learning_rate': 0.01, 'momentum': 0.9, 'wd': 1e-4})
+
+
+# ---------------------------------------------------------------- models
+
+class BasicBlock(nn.HybridBlock):
+    """Two 3x3 convolutions and a shortcut (a strided 1x1 convolution where the shape changes)."""
+
+    def __init__(self, channels, stride, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.body = nn.HybridSequential()
+            self.body.add(nn.Conv2D(channels, 3, stride, 1, use_bias=False), nn.BatchNorm(),
+                          nn.Activation('relu'), nn.Conv2D(channels, 3, 1, 1, use_bias=False),
+                          nn.BatchNorm())
+            self.shortcut = None
+            if stride != 1:
+                self.shortcut = nn.HybridSequential()
+                self.shortcut.add(nn.Conv2D(channels, 1, stride, use_bias=False), nn.BatchNorm())
+
+    def hybrid_forward(self, F, x):
+        skip = x if self.shortcut is None else self.shortcut(x)
+        return F.relu(self.body(x) + skip)
+
+
+def resnet20(classes=10):
+    """He et al.'s CIFAR ResNet-20: a 3x3 stem, 3 stages x 3 basic blocks of 16/32/64 channels."""
+    net = nn.HybridSequential()
+    with net.name_scope():
+        net.add(nn.Conv2D(16, 3, 1, 1, use_bias=False), nn.BatchNorm(), nn.Activation('relu'))
+        for stage, channels in enumerate((16, 32, 64)):
+            for block in range(3):
+                net.add(BasicBlock(channels, 2 if stage and not block else 1))
+        net.add(nn.GlobalAvgPool2D(), nn.Dense(classes))
+    return net
+
+
+class Spec:
+    """A model to measure: how to build it, its input side and classes, its default batch."""
+
+    def __init__(self, build, image, classes, batch):
+        self.build, self.image, self.classes, self.batch = build, image, classes, batch
+
+
+# resnet18_v1 keeps its ImageNet stem (7x7/2 and max-pooling) at 32x32: little compute for
+# 45 MB of gradients, the communication-bound case; resnet20 is the compute-bound one.
+MODELS = {'resnet20': Spec(resnet20, 32, 10, 32),
+          'resnet18_v1': Spec(lambda: vision.resnet18_v1(classes=10), 32, 10, 32),
+          'resnet50_v1': Spec(vision.resnet50_v1, 224, 1000, 4)}
+QUICK_MODELS, QUICK_BATCH, QUICK_WARMUPS, QUICK_STEPS = 'resnet20,resnet18_v1', 16, 1, 3
+
+
+# ---------------------------------------------------------------- arguments
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    common.add_common_args(parser, sizes=False)
+    _rehelp(parser, '--quick', f'a smoke run: {QUICK_WARMUPS} warmup and {QUICK_STEPS} timed steps, '
+                               f'models {QUICK_MODELS}, batch {QUICK_BATCH}')
+    _rehelp(parser, '--warmups', 'untimed rounds (one step of every config each; default 2)')
+    _rehelp(parser, '--trials', 'timed rounds (one step of every config each; default 10)')
+    _rehelp(parser, '--timeout', 'seconds one step of one config may take before the job is '
+                                 'ended (default 600)')
+    parser.add_argument('--warmup-steps', dest='warmups', type=int, help='the same as --warmups')
+    parser.add_argument('--steps', dest='trials', type=int, help='the same as --trials')
+    parser.add_argument('--models', default=None,
+                        help=f'comma-separated, from {",".join(MODELS)} '
+                             f'(default: all; quick: {QUICK_MODELS})')
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='images per rank per step for every model (default: 32 for the '
+                             f'32x32 models, 4 for resnet50_v1; quick {QUICK_BATCH})')
+    parser.add_argument('--designs', default=None,
+                        help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
+    parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
+    parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
+    return resolve(parser.parse_args(argv))
+
+
+def _rehelp(parser, option, text):
+    """The shared options speak of sizes and trials; here they mean steps."""
+    parser._option_string_actions[option].help = text
+
+
+def resolve(args):
+    """Defaults that depend on --quick; explicit options always win."""
+    args.warmups = args.warmups if args.warmups is not None else QUICK_WARMUPS if args.quick else 2
+    args.trials = args.trials if args.trials is not None else QUICK_STEPS if args.quick else 10
+    if args.quick and args.batch_size is None:
+        args.batch_size = QUICK_BATCH
+    args.models = [m for m in (args.models or (QUICK_MODELS if args.quick else ','.join(MODELS)))
+                   .split(',') if m]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        raise SystemExit(f'unknown model(s) {",".join(unknown)}: choose from {",".join(MODELS)}')
+    if args.warmups < 0 or args.trials < 1 or (args.batch_size or 1) < 1:
+        raise SystemExit('--warmup-steps must be >= 0, --steps and --batch-size >= 1')
+    return args
+
+
+# ---------------------------------------------------------------- one model's state
+
+class Model:
+    """A net initialised alike on every rank (the weights every config trains) and this
+    rank's synthetic batch."""
+
+    def __init__(self, name, args, store):
+        spec = MODELS[name]
+        self.name, self.batch = name, args.batch_size or spec.batch
+        self.shape = (self.batch, 3, spec.image, spec.image)
+        mx.random.seed(args.seed)          # the same initial weights on every rank ...
+        self.net = spec.build()
+        self.net.initialize(mx.init.Xavier(rnd_type='gaussian', factor_type='in', magnitude=2))
+        # A forward ends deferred initialisation. In inference mode, as users do: it leaves
+        # convolution weights in an MKLDNN layout, which the broadcasts below must handle.
+        self.net(mx.nd.zeros((1,) + self.shape[1:]))
+        # Not static_alloc: see examples/common.py (BatchNorm statistics race in 1.9.1).
+        self.net.hybridize()
+        self.params = self.net.collect_params()
+        # ... and rank 0's, to be certain (mpi_kvstore's helper, as a user would call it).
+        mpi_kvstore.broadcast_parameters(self.params, store=store)
+        check_same_weights(self.params, name)
+        rng = np.random.default_rng([args.seed, COMM.rank])   # ... but each rank its own data
+        self.x = mx.nd.array(rng.standard_normal(self.shape, np.float32))
+        self.y = mx.nd.array(rng.integers(0, spec.classes, self.batch), dtype=np.float32)
+        grads = [p for p in self.params.values() if p.grad_req != 'null']
+        self.grad_arrays = len(grads)
+        self.grad_bytes = sum(p.data().size * 4 for p in grads)
+
+    def info(self):
+        return {'batch_per_rank': self.batch, 'global_batch': self.batch * COMM.size,
+                'input_shape': list(self.shape), 'gradient_arrays': self.grad_arrays,
+                'gradient_bytes': self.grad_bytes}
+
+    def all_finite(self):
+        return all(np.isfinite(p.data().asnumpy()).all() for p in self.params.values())
+
+
+def check_same_weights(params, name):
+    """Every rank must start from rank 0's weights: a checksum per parameter, compared."""
+    sums = np.array([float(p.data().abs().sum().asscalar()) for _, p in sorted(params.items())])
+    if not all(np.array_equal(sums, other) for other in COMM.allgather(sums)):
+        raise RuntimeError(f'{name}: ranks hold different weights after broadcast_parameters')
+
+
+def step_op(model, trainer, normalise_by):
+    """One training step, finished: waitall at the boundary, so queued work is counted."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def op():
+        with autograd.record():
+            loss = loss_fn(model.net(model.x), model.y)
+        loss.backward()
+        trainer.step(normalise_by)
+        mx.nd.waitall()
+    return op
+
+
+def exchange_op(trainer):
+    """The trainer's gradient exchange alone, on the gradients the last step left."""
+    def op():
+        trainer.allreduce_grads()
+        mx.nd.waitall()
+    return op
+
+
+def sgd_trainer(model, kvstore):
+    return gluon.Trainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), kvstore=kvstore,
+                         update_on_kvstore=False if kvstore is not None else None)
+
+
+# ---------------------------------------------------------------- the configs
+
+class Config:
+    """One way to train the model, ready to time: a step, the exchange alone (for a store),
+    how many ranks work, and what to release afterwards."""
+
+    def __init__(self, name, step, exchange=None, ranks=None, close=None):
+        self.name, self.step, self.exchange = name, step, exchange
+        self.ranks = ranks or COMM.size
+        self.close = close or (lambda: None)
+
+
+def _agree(error):
+    """Collective: every rank's error (or None) -> the first one, the same on all ranks."""
+    return next((e for e in COMM.allgather(error) if e), None)
+
+
+def _create_store(design, timeout):
+    """Collective: (store, None) on every rank, or (None, why) on every rank."""
+    with common.deadline(timeout, f'creating mpi_kvstore design {design or "default"!r}'):
+        try:
+            options = {'design': design} if design else {}
+            kv, why = mpi_kvstore.create('dist_mpi', **options), None
+        except Exception as exc:    # e.g. a design not written yet: measure the others
+            kv, why = None, f'{type(exc).__name__}: {exc}'
+        why = _agree(why)
+    return (None, why) if why else (kv, None)
+
+
+def _closer(run, kv):
+    def close():
+        with common.deadline(run.args.timeout, f'closing {kv!r}'):
+            kv.wait()       # re-raises any error the store deferred
+            kv.close()
+    return close
+
+
+def _trained(name, model, trainer, normalise_by, close=None):
+    return Config(name, step_op(model, trainer, normalise_by), exchange_op(trainer), close=close)
+
+
+def store_config(run, model, design):
+    """gluon.Trainer on a store of one design: one pushpull per parameter, as Gluon does."""
+    kv, why = _create_store(design, run.args.timeout)
+    if why:
+        return run.skip(f'mpi_kvstore:{design}', why)
+    return _trained(f'mpi_kvstore:{design}', model, sgd_trainer(model, kv),
+                    model.batch * COMM.size, _closer(run, kv))    # the store sums over ranks
+
+
+def distributed_trainer_config(run, model):
+    """The grouped exchange, on a store of the default design (MPI_KVSTORE_DESIGN or funneled)."""
+    kv, why = _create_store(None, run.args.timeout)
+    if why:
+        return run.skip('DistributedTrainer', why)
+    trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv)
+    return _trained(f'DistributedTrainer:{kv.design}', model, trainer, model.batch * COMM.size,
+                    _closer(run, kv))
+
+
+def horovod_config(run, model):
+    try:
+        import horovod.mxnet as hvd
+        hvd.init()
+        why = None
+    except Exception as exc:     # not installed (the usual case here): nothing to compare
+        why = f'horovod.mxnet does not import ({type(exc).__name__}: {exc})'
+    why = _agree(why)
+    if why:
+        return None if 'horovod' in run.skipped else run.skip('horovod', why)
+    trainer = hvd.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]))
+    return _trained('horovod', model, trainer, model.batch)     # Horovod averages over ranks
+
+
+def make_configs(run, model, dist_sync, index):
+    """Every config of one model; the stores they hold stay open until the model is done."""
+    configs = [Config('single', step_op(model, sgd_trainer(model, None), model.batch), ranks=1),
+               Config('none', step_op(model, sgd_trainer(model, None), model.batch))]
+    configs += [store_config(run, model, design) for design in _designs(run)]
+    configs += [distributed_trainer_config(run, model), horovod_config(run, model)]
+    if dist_sync.kv is not None:
+        configs.append(_trained('dist_sync', model, sgd_trainer(model, dist_sync.view(index)),
+                                model.batch * COMM.size))
+    return [c for c in configs if c is not None]
+
+
+def _designs(run):
+    if run.args.designs:
+        return [d for d in run.args.designs.split(',') if d]
+    return list(mpi_kvstore.DESIGNS)
+
+
+# ---------------------------------------------------------------- timing
+
+def wait_idle(comm, poll=0.005):
+    """A barrier that sleeps instead of spinning: a rank waiting here leaves its core to the
+    rank that works (MPICH's blocking Barrier polls at full speed)."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll)
+
+
+def time_once(run, what, op, ranks):
+    """Seconds of one run of op on the slowest of `ranks` ranks (1: rank 0, others idle)."""
+    with common.deadline(run.args.timeout, what, run.on_expire):
+        if ranks == COMM.size:
+            return common.measure(COMM, op, 0, 1)[0]
+        seconds = common.measure(MPI.COMM_SELF, op, 0, 1)[0] if COMM.rank == 0 else None
+        wait_idle(COMM)
+        return COMM.bcast(seconds, root=0)
+
+
+def rounds(run, model, jobs, phase):
+    """{name: [seconds]} of `trials` timed rounds after `warmups` untimed ones; round r runs
+    every job once, starting at job r mod len(jobs), so that no job always follows the same
+    one and load that drifts over the run slows every job alike."""
+    times = {name: [] for name, _, _ in jobs}
+    for r in range(run.args.warmups + run.args.trials):
+        for name, op, ranks in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
+            seconds = time_once(run, f'{model.name} {name} ({phase})', op, ranks)
+            if r >= run.args.warmups:
+                times[name].append(seconds)
+    return times
+
+
+def bench_model(run, model, dist_sync, index):
+    configs = make_configs(run, model, dist_sync, index)
+    common.rank0_print(f'measuring {model.name}: {len(configs)} configs, batch {model.batch} per '
+                       f'rank, {run.args.warmups} + {run.args.trials} rounds ...')
+    steps = rounds(run, model, [(c.name, c.step, c.ranks) for c in configs], 'training')
+    alone = rounds(run, model, [(c.name, c.exchange, COMM.size) for c in configs if c.exchange],
+                   'exchange alone')
+    for config in configs:
+        config.close()
+        run.add(model, config, steps[config.name], alone.get(config.name))
+    if not model.all_finite():     # NaN or inf arithmetic runs at other speeds
+        common.rank0_print(f'  warning: {model.name} has non-finite weights after training')
+    gc.collect()
+
+
+# ---------------------------------------------------------------- dist_sync
+
+class ShiftedKeys(KVStoreBase):
+    """One model's view of the shared dist_sync store. ps-lite allows one store per process,
+    so every model uses the same one, but each Trainer numbers its parameters from 0: give
+    each model a key range of its own. One Python call per key; nothing else changes."""
+
+    def __init__(self, kv, offset):
+        self._kv, self._offset = kv, offset
+
+    def _shift(self, key):
+        return [k + self._offset for k in key] if isinstance(key, (list, tuple)) else key + self._offset
+
+    def broadcast(self, key, value, out, priority=0):
+        self._kv.broadcast(self._shift(key), value, out, priority)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        self._kv.pushpull(self._shift(key), value, out, priority)
+
+    @staticmethod
+    def is_capable(capability):
+        return False        # the optimizer runs in the Trainer, as with the other configs
+
+    @property
+    def type(self):
+        return self._kv.type
+
+    @property
+    def rank(self):
+        return self._kv.rank
+
+    @property
+    def num_workers(self):
+        return self._kv.num_workers
+
+
+class DistSync:
+    """MXNet's dist_sync store for the whole run (ps-lite starts once per process), with its
+    scheduler and server; stop() always stops them."""
+
+    def __init__(self, run):
+        self.run, self.kv, self.pslite = run, None, None
+
+    def start(self):
+        """Collective; None, or why there is no dist_sync baseline."""
+        if self.run.args.no_dist_sync:
+            return '--no-dist-sync'
+        self.pslite = common.PsLite(COMM, lifetime=PSLITE_LIFETIME)
+        error = self.pslite.start()
+        if error:
+            return f'ps-lite did not start: {error}'
+        self.run.on_expire = self.pslite.kill
+        # On one host the handshake takes about a second; minutes mean it will never finish.
+        with common.deadline(min(self.run.args.timeout, 120), 'creating the dist_sync store',
+                             self.pslite.kill):
+            self.kv = mx.kv.create('dist_sync')
+        return None
+
+    def view(self, index):
+        return ShiftedKeys(self.kv, index * KEY_STRIDE)
+
+    def stop(self):
+        """Collective. The store's destructor tells the servers to leave; a store still
+        referenced would instead hang at exit, talking to servers that were killed."""
+        if self.kv is None:
+            return
+        with common.deadline(self.run.args.timeout, 'shutting down dist_sync', self.pslite.kill):
+            mx.nd.waitall()
+            COMM.Barrier()
+            alive = weakref.ref(self.kv)
+            self.kv = None
+            gc.collect()
+            if alive() is not None:
+                raise RuntimeError('the dist_sync store is still referenced: cannot stop ps-lite')
+            self.pslite.stop()
+        self.run.on_expire = None
+
+
+# ---------------------------------------------------------------- one run's bookkeeping
+
+class Run:
+    """Results so far; saved after every model so a killed job still leaves them."""
+
+    def __init__(self, args):
+        self.args, self.models, self.skipped, self.on_expire = args, {}, {}, None
+        base = os.path.join(args.out, f'scaling_n{COMM.size}')
+        self.json_path, self.png_path = base + '.json', base + '.png'
+
+    def add(self, model, config, step_times, alone_times=None):
+        entry = self.models.setdefault(model.name, {'info': model.info(), 'rows': []})
+        entry['rows'].append({'config': config.name, 'ranks': config.ranks,
+                              'images_per_step': model.batch * config.ranks,
+                              'step_times_s': step_times, 'exchange_alone_times_s': alone_times})
+        self.save()
+
+    def skip(self, config, why):
+        self.skipped[config] = why
+        common.rank0_print(f'  skipped {config}: {why}')
+
+    def config(self):
+        return dict(vars(self.args), script='benchmarks/scaling.py', nranks=COMM.size,
+                    optimizer=OPTIMIZER)
+
+    def save(self):
+        for entry in self.models.values():
+            derive(entry['rows'])
+        payload = {'benchmark': 'scaling', 'models': self.models, 'skipped': self.skipped,
+                   'definitions': DEFINITIONS}
+        common.write_json(self.json_path, payload, self.config())
+
+
+# ---------------------------------------------------------------- report
+
+DEFINITIONS = {
+    'step_ms': "median over timed rounds of the slowest rank's step (forward, backward, "
+               'trainer.step, mx.nd.waitall)',
+    'spread_pct': 'interquartile range of the step times / their median: the noise',
+    'images_per_s': 'images per step of all working ranks together / step time',
+    'scaling_efficiency': 'images/s of N ranks / (N x images/s of `single`, one process alone)',
+    'vs_none': 'images/s / images/s of `none` (N ranks, no exchange: the ceiling)',
+    'overhead_pct': '100 x (step time / step time of `none` - 1)',
+    'exchange_alone_ms': "the same trainer's exchange timed by itself, after training: "
+                         'trainer.allreduce_grads() then mx.nd.waitall(), median of the slowest rank',
+    'hidden': '1 - (step time - step time of `none`) / exchange alone: the share of the exchange '
+              'that training hid (1: all of it; 0: none, the exchange adds its whole time; '
+              '< 0: inside training it costs more than alone)',
+}
+
+
+def _stats(times):
+    q1, med, q3 = np.percentile(times, [25, 50, 75])
+    return med, 100 * (q3 - q1) / med
+
+
+def derive(rows):
+    """Fill the figures of DEFINITIONS into every row."""
+    by_name = {r['config']: r for r in rows}
+    single, none = by_name.get('single'), by_name.get('none')
+    single_rate = single and single['images_per_step'] / _stats(single['step_times_s'])[0]
+    none_step = none and _stats(none['step_times_s'])[0]
+    for row in rows:
+        step, spread = _stats(row['step_times_s'])
+        alone = row['exchange_alone_times_s']
+        row.update(step_ms=step * 1e3, spread_pct=spread, images_per_s=row['images_per_step'] / step,
+                   exchange_alone_ms=_stats(alone)[0] * 1e3 if alone else None)
+        row['scaling_efficiency'] = (row['images_per_s'] / (row['ranks'] * single_rate)
+                                     if single_rate else None)
+        row['vs_none'] = none_step / step if none_step else None
+        row['overhead_pct'] = 100 * (step / none_step - 1) if none_step else None
+        row['hidden'] = (1 - (step - none_step) / _stats(alone)[0]
+                         if none_step and alone and row['ranks'] > 1 else None)
+
+
+def _cell(value, spec, width, suffix=''):
+    text = '-' if value is None else format(value, spec) + suffix
+    return text.rjust(width)
+
+
+def _model_header(name, entry, run):
+    info = entry['info']
+    return (f'\n{name}: input {"x".join(map(str, info["input_shape"][1:]))}, batch '
+            f'{info["batch_per_rank"]} per rank ({info["global_batch"]} global), '
+            f'{info["gradient_arrays"]} gradient arrays, {common.format_size(info["gradient_bytes"])} '
+            f'in all; {info["global_batch"] // info["batch_per_rank"]} ranks, median of '
+            f'{run.args.trials} interleaved rounds '
+            f'(each step the slowest rank)')
+
+
+def _row_text(row):
+    return (f'{row["config"]:<28}{row["step_ms"]:9.1f}{_cell(row["spread_pct"], ".0f", 8, "%")}'
+            f'{row["images_per_s"]:9.1f}{_cell(row["scaling_efficiency"], ".2f", 12)}'
+            f'{_cell(row["vs_none"], ".2f", 8)}{_cell(row["overhead_pct"], "+.1f", 9, "%")}'
+            f'{_cell(row["exchange_alone_ms"], ".1f", 15)}{_cell(row["hidden"], ".2f", 7)}')
+
+
+def print_model(run, name):
+    entry = run.models[name]
+    derive(entry['rows'])
+    common.rank0_print(_model_header(name, entry, run))
+    common.rank0_print(f'{"config":<28}{"step(ms)":>9}{"spread":>8}{"images/s":>9}{"scaling eff":>12}'
+                       f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
+    for row in entry['rows']:
+        common.rank0_print(_row_text(row))
+    _print_verdict(entry['rows'])
+
+
+def _print_verdict(rows):
+    ours = [r for r in rows if r['config'].startswith(('mpi_kvstore:', 'DistributedTrainer'))]
+    if not ours or COMM.size == 1 or ours[0]['vs_none'] is None:
+        return
+    best = max(ours, key=lambda r: r['images_per_s'])
+    ok = best['vs_none'] >= TARGET_VS_NONE and best['overhead_pct'] <= TARGET_OVERHEAD
+    common.rank0_print(f'best mpi_kvstore config: {best["config"]}, {best["vs_none"]:.2f}x of none, '
+                       f'{best["overhead_pct"]:+.1f}% step time (target >= {TARGET_VS_NONE:g}x and '
+                       f'<= {TARGET_OVERHEAD:+g}%): {"met" if ok else "NOT met"}')
+
+
+def print_definitions():
+    common.rank0_print('\nhow to read the tables:')
+    for key, text in DEFINITIONS.items():
+        common.rank0_print(f'  {key}: {text}')
+
+
+def plot(run):
+    panels = {name: {r['config']: r['images_per_s'] for r in entry['rows']}
+              for name, entry in run.models.items()}
+    title = f'training throughput, {COMM.size} ranks, synthetic data (higher is better)'
+    return common.plot_bars(run.png_path, panels, 'images/s', title)
+
+
+def _omp_note():
+    threads = os.environ.get('OMP_NUM_THREADS')
+    if threads is None:
+        return 'OMP_NUM_THREADS is not set: set it to 1 when each rank has one core'
+    return f'OMP_NUM_THREADS={threads}'
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run = Run(args)
+    common.rank0_print(f'scaling benchmark: {COMM.size} ranks, models {",".join(args.models)}, '
+                       f'{args.warmups} warmup + {args.trials} timed rounds; {_omp_note()}')
+    dist_sync = DistSync(run)
+    why = dist_sync.start()
+    if why:
+        run.skip('dist_sync', why)
+    # A store of the blocking design (no threads) for the first broadcast of every model.
+    setup, why = _create_store('blocking', args.timeout)
+    if why:
+        raise RuntimeError(f'cannot create an mpi_kvstore store: {why}')
+    for index, name in enumerate(args.models):
+        bench_model(run, Model(name, args, setup), dist_sync, index)
+    _closer(run, setup)()
+    dist_sync.stop()
+    for name in run.models:
+        print_model(run, name)
+    print_definitions()
+    run.save()
+    if COMM.rank == 0:
+        print(f'\nresults written to {run.json_path}\n{plot(run)}', flush=True)
+
+
+if __name__ == '__main__':
+    common.run_main(main)
