@@ -8,7 +8,11 @@ Measured in one run, on the same float32 arrays:
   raw_mpi        comm.Allreduce(send, recv) on numpy buffers: the reference for busbw/raw;
   raw_mpi:in_place  comm.Allreduce(IN_PLACE, buf): the ceiling for a store that sums in place;
   mpi_kvstore:D  kv.pushpull(key, arr) in place, then arr.wait_to_read(), for each design D;
-  dist_sync      MXNet's own ps-lite store, scheduler and one server on 127.0.0.1.
+  dist_sync      MXNet's own ps-lite store, scheduler and one server on 127.0.0.1;
+  engine_floor   no MPI: the same arrays moved by MXNet's own copyto, then waited for. One
+                 engine round trip, which any engine-embedded collective also pays, so
+                 raw_mpi + engine_floor is the best a pushpull-then-wait can do (column
+                 'vs floor'; the MXNet engine's thread hand-offs cost ~100 us on some VMs).
 The fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer does, and compares
 the total with one raw Allreduce of the same 1.6 MB.
 """
@@ -74,6 +78,21 @@ def raw_in_place_op(nbytes):
     op()
     _check(buf, COMM.size, 'raw MPI Allreduce(IN_PLACE)')
     buf[:] = 0      # repeated in-place sums of zeros cannot overflow
+    return op
+
+
+def engine_floor_op(nbytes, count=1):
+    """`count` MXNet copyto engine ops (one per key), then wait for all: no MPI at all."""
+    sources = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in range(count)]
+    targets = [mx.nd.zeros((nbytes // 4,), dtype='float32') for _ in range(count)]
+
+    def op():
+        for source, target in zip(sources, targets):
+            source.copyto(target)
+        for target in targets:
+            target.wait_to_read()
+    op()
+    _check(targets[-1].asnumpy(), 1, 'engine copyto')
     return op
 
 
@@ -150,6 +169,10 @@ def bench_raw(run):
     keys, size = run.args.fusion_keys, run.args.fusion_size
     run.time('raw_mpi', 'fusion_reference', size * keys, lambda: raw_op(size * keys))
     run.time('raw_mpi', 'fusion', size, lambda: raw_op(size, keys), keys=keys)
+    common.rank0_print('measuring engine_floor ...')
+    for nbytes in run.args.sizes:
+        run.time('engine_floor', 'allreduce', nbytes, lambda: engine_floor_op(nbytes))
+    run.time('engine_floor', 'fusion', size, lambda: engine_floor_op(size, keys), keys=keys)
     run.save()
 
 
@@ -235,10 +258,14 @@ def derive(rows):
     def latency_of(method):
         return {(r['case'], r['bytes']): r['latency_us'] for r in rows if r['method'] == method}
     raw, dist = latency_of('raw_mpi'), latency_of('dist_sync')
+    floor = latency_of('engine_floor')
     one_op = next((r['latency_us'] for r in rows if r['case'] == 'fusion_reference'), None)
     for row in rows:
         key = (row['case'], row['bytes'])
         row['busbw_vs_raw'] = raw[key] / row['latency_us'] if key in raw else None
+        row['vs_floor'] = ((raw[key] + floor[key]) / row['latency_us']
+                           if key in raw and key in floor and row['method'] != 'engine_floor'
+                           else None)
         row['speedup_vs_dist_sync'] = dist[key] / row['latency_us'] if key in dist else None
         if row['case'] == 'fusion' and one_op:
             row['vs_one_raw_allreduce'] = row['latency_us'] / one_op
@@ -252,13 +279,14 @@ def print_sizes(run):
     common.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, median of {run.args.trials} trials '
                        f'(max over ranks), GB = 1e9 bytes')
     common.rank0_print(f'{"size":>8}  {"method":<24}{"latency(us)":>12}{"algbw(GB/s)":>13}'
-                       f'{"busbw(GB/s)":>13}{"busbw/raw":>11}{"vs dist_sync":>14}')
+                       f'{"busbw(GB/s)":>13}{"busbw/raw":>11}{"vs floor":>10}{"vs dist_sync":>14}')
     derive(run.rows)
     for nbytes in run.args.sizes:
         for row in (r for r in run.rows if r['case'] == 'allreduce' and r['bytes'] == nbytes):
             common.rank0_print(f'{common.format_size(nbytes):>8}  {row["method"]:<24}'
                                f'{row["latency_us"]:12.1f}{row["algbw_GBps"]:13.3f}{row["busbw_GBps"]:13.3f}'
-                               f'{_ratio(row["busbw_vs_raw"]):>11}{_ratio(row["speedup_vs_dist_sync"]):>14}')
+                               f'{_ratio(row["busbw_vs_raw"]):>11}{_ratio(row["vs_floor"]):>10}'
+                               f'{_ratio(row["speedup_vs_dist_sync"]):>14}')
         common.rank0_print()
 
 
@@ -270,21 +298,26 @@ def print_fusion(run):
     common.rank0_print(f'fusion: {keys} keys x {common.format_size(size)}, one pushpull each, then wait; '
                        f'vs one raw Allreduce of {common.format_size(keys * size)} '
                        f'({reference["latency_us"]:.1f} us); target <= {TARGET_FUSION_RATIO:g}x')
-    common.rank0_print(f'{"method":<24}{"total(us)":>12}{"x raw 1 op":>12}{"vs dist_sync":>14}')
+    common.rank0_print(f'{"method":<24}{"total(us)":>12}{"x raw 1 op":>12}{"vs floor":>10}'
+                       f'{"vs dist_sync":>14}')
     derive(run.rows)
     for row in (r for r in run.rows if r['case'] == 'fusion'):
         ratio = row['vs_one_raw_allreduce']
         verdict = '  ok' if ratio <= TARGET_FUSION_RATIO else '  over target'
-        verdict = '' if row['method'] == 'raw_mpi' else verdict
+        verdict = '' if row['method'] in ('raw_mpi', 'engine_floor') else verdict
         common.rank0_print(f'{row["method"]:<24}{row["latency_us"]:12.1f}{ratio:11.2f}x'
-                           f'{_ratio(row["speedup_vs_dist_sync"]):>14}{verdict}')
+                           f'{_ratio(row["vs_floor"]):>10}{_ratio(row["speedup_vs_dist_sync"]):>14}'
+                           f'{verdict}')
+    common.rank0_print("vs floor: (raw_mpi + engine_floor) / total, the share of what an op inside "
+                       "MXNet's engine can reach")
 
 
 def plot(run):
     """busbw against size per method; with one rank busbw is 0 by definition, so algbw then."""
     field = 'busbw_GBps' if COMM.size > 1 else 'algbw_GBps'
     series = {}
-    for row in (r for r in run.rows if r['case'] == 'allreduce'):
+    # engine_floor moves no data between ranks: a bandwidth line for it would mislead.
+    for row in (r for r in run.rows if r['case'] == 'allreduce' and r['method'] != 'engine_floor'):
         xs, ys = series.setdefault(row['method'], ([], []))
         xs.append(row['bytes'])
         ys.append(max(row[field], 1e-6))
