@@ -29,8 +29,9 @@ import common
 common.use_checkout()
 import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
 
+import mpi_kvstore  # noqa: E402
+
 COMM = MPI.COMM_WORLD
-ALL_DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
 FUSION_KEY0 = 1000       # fusion keys sit apart from the size sweep's keys 0, 1, ...
 TARGET_FUSION_RATIO = 3.0
 
@@ -176,44 +177,10 @@ def bench_raw(run):
     run.save()
 
 
-def _agree(error):
-    """Collective: every rank's error (or None) -> the first one, the same on all ranks."""
-    return next((e for e in COMM.allgather(error) if e), None)
-
-
-def _load_mpi_kvstore():
-    try:
-        import mpi_kvstore
-    except Exception as exc:     # not written yet, or broken: the baselines still run
-        return None, f'cannot import mpi_kvstore ({type(exc).__name__}: {exc})'
-    if not callable(getattr(mpi_kvstore, 'create', None)):
-        return None, 'mpi_kvstore has no create() yet'
-    return mpi_kvstore, None
-
-
-def _create_mpi_store(mpi_kvstore, design, timeout):
-    """Collective: (store, None) on every rank, or (None, why) on every rank."""
-    with common.deadline(timeout, f'creating mpi_kvstore design {design!r}'):
-        try:
-            kv, why = mpi_kvstore.create('dist_mpi', design=design), None
-        except Exception as exc:    # e.g. a design not written yet: measure the others
-            kv, why = None, f'{type(exc).__name__}: {exc}'
-        why = _agree(why)
-    return (None, why) if why else (kv, None)
-
-
-def _designs(run, module):
-    if run.args.designs:
-        return [d for d in run.args.designs.split(',') if d]
-    return list(getattr(module, 'DESIGNS', ALL_DESIGNS))
-
-
 def bench_mpi_kvstore(run):
-    module, error = _load_mpi_kvstore()
-    error = _agree(error)
-    for design in _designs(run, module):
+    for design in common.designs(run.args.designs):
         method = f'mpi_kvstore:{design}'
-        kv, why = (None, error) if error else _create_mpi_store(module, design, run.args.timeout)
+        kv, why = common.create_store(design, run.args.timeout)
         if why:
             run.skip(method, why)
             continue

@@ -152,6 +152,31 @@ def summarize(times, nbytes, nranks):
 
 # ---------------------------------------------------------------- output
 
+def agree(error, comm=MPI.COMM_WORLD):
+    """Collective: every rank's error (or None) -> the first one, the same on all ranks."""
+    return next((e for e in comm.allgather(error) if e), None)
+
+
+def designs(text):
+    """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has."""
+    import mpi_kvstore
+    return [d for d in text.split(',') if d] if text else list(mpi_kvstore.DESIGNS)
+
+
+def create_store(design, timeout):
+    """Collective: (mpi_kvstore store, None) on every rank, or (None, why) on every rank.
+    design None takes the default (MPI_KVSTORE_DESIGN, else funneled)."""
+    import mpi_kvstore   # after use_checkout(): the checkout's package
+    with deadline(timeout, f'creating mpi_kvstore design {design or "default"!r}'):
+        try:
+            options = {'design': design} if design else {}
+            kv, why = mpi_kvstore.create('dist_mpi', **options), None
+        except Exception as exc:    # e.g. a design this MPI's thread level refuses
+            kv, why = None, f'{type(exc).__name__}: {exc}'
+        why = agree(why)
+    return (None, why) if why else (kv, None)
+
+
 def rank0_print(*args, comm=MPI.COMM_WORLD, **kwargs):
     if comm.rank == 0:
         print(*args, flush=True, **kwargs)

@@ -23,6 +23,7 @@ training hides. Run one rank per core, with OMP_NUM_THREADS=1.
 import argparse
 import gc
 import os
+import sys
 import time
 import weakref
 
@@ -34,11 +35,13 @@ import common
 common.use_checkout()
 import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
 from mxnet import autograd, gluon  # noqa: E402
-from mxnet.gluon import nn  # noqa: E402
 from mxnet.gluon.model_zoo import vision  # noqa: E402
 from mxnet.kvstore import KVStoreBase  # noqa: E402
 
 import mpi_kvstore  # noqa: E402
+
+sys.path.insert(0, os.path.join(common.REPO_ROOT, 'examples'))
+from cifar_resnet import resnet20  # noqa: E402  (the net examples/train_cifar10.py trains)
 
 COMM = MPI.COMM_WORLD
 TARGET_VS_NONE = 0.9          # the best design should reach 90% of the no-exchange ceiling
@@ -49,38 +52,6 @@ OPTIMIZER = ('sgd', {'learning_rate': 0.01, 'momentum': 0.9, 'wd': 1e-4})
 
 
 # ---------------------------------------------------------------- models
-
-class BasicBlock(nn.HybridBlock):
-    """Two 3x3 convolutions and a shortcut (a strided 1x1 convolution where the shape changes)."""
-
-    def __init__(self, channels, stride, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.body = nn.HybridSequential()
-            self.body.add(nn.Conv2D(channels, 3, stride, 1, use_bias=False), nn.BatchNorm(),
-                          nn.Activation('relu'), nn.Conv2D(channels, 3, 1, 1, use_bias=False),
-                          nn.BatchNorm())
-            self.shortcut = None
-            if stride != 1:
-                self.shortcut = nn.HybridSequential()
-                self.shortcut.add(nn.Conv2D(channels, 1, stride, use_bias=False), nn.BatchNorm())
-
-    def hybrid_forward(self, F, x):
-        skip = x if self.shortcut is None else self.shortcut(x)
-        return F.relu(self.body(x) + skip)
-
-
-def resnet20(classes=10):
-    """He et al.'s CIFAR ResNet-20: a 3x3 stem, 3 stages x 3 basic blocks of 16/32/64 channels."""
-    net = nn.HybridSequential()
-    with net.name_scope():
-        net.add(nn.Conv2D(16, 3, 1, 1, use_bias=False), nn.BatchNorm(), nn.Activation('relu'))
-        for stage, channels in enumerate((16, 32, 64)):
-            for block in range(3):
-                net.add(BasicBlock(channels, 2 if stage and not block else 1))
-        net.add(nn.GlobalAvgPool2D(), nn.Dense(classes))
-    return net
-
 
 class Spec:
     """A model to measure: how to build it, its input side and classes, its default batch."""
@@ -227,23 +198,6 @@ class Config:
         self.close = close or (lambda: None)
 
 
-def _agree(error):
-    """Collective: every rank's error (or None) -> the first one, the same on all ranks."""
-    return next((e for e in COMM.allgather(error) if e), None)
-
-
-def _create_store(design, timeout):
-    """Collective: (store, None) on every rank, or (None, why) on every rank."""
-    with common.deadline(timeout, f'creating mpi_kvstore design {design or "default"!r}'):
-        try:
-            options = {'design': design} if design else {}
-            kv, why = mpi_kvstore.create('dist_mpi', **options), None
-        except Exception as exc:    # e.g. a design not written yet: measure the others
-            kv, why = None, f'{type(exc).__name__}: {exc}'
-        why = _agree(why)
-    return (None, why) if why else (kv, None)
-
-
 def _closer(run, kv):
     def close():
         with common.deadline(run.args.timeout, f'closing {kv!r}'):
@@ -258,7 +212,7 @@ def _trained(name, model, trainer, normalise_by, close=None):
 
 def store_config(run, model, design):
     """gluon.Trainer on a store of one design: one pushpull per parameter, as Gluon does."""
-    kv, why = _create_store(design, run.args.timeout)
+    kv, why = common.create_store(design, run.args.timeout)
     if why:
         return run.skip(f'mpi_kvstore:{design}', why)
     return _trained(f'mpi_kvstore:{design}', model, sgd_trainer(model, kv),
@@ -267,7 +221,7 @@ def store_config(run, model, design):
 
 def distributed_trainer_config(run, model):
     """The grouped exchange, on a store of the default design (MPI_KVSTORE_DESIGN or funneled)."""
-    kv, why = _create_store(None, run.args.timeout)
+    kv, why = common.create_store(None, run.args.timeout)
     if why:
         return run.skip('DistributedTrainer', why)
     trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv)
@@ -282,7 +236,7 @@ def horovod_config(run, model):
         why = None
     except Exception as exc:     # not installed (the usual case here): nothing to compare
         why = f'horovod.mxnet does not import ({type(exc).__name__}: {exc})'
-    why = _agree(why)
+    why = common.agree(why)
     if why:
         return None if 'horovod' in run.skipped else run.skip('horovod', why)
     trainer = hvd.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]))
@@ -293,18 +247,12 @@ def make_configs(run, model, dist_sync, index):
     """Every config of one model; the stores they hold stay open until the model is done."""
     configs = [Config('single', step_op(model, sgd_trainer(model, None), model.batch), ranks=1),
                Config('none', step_op(model, sgd_trainer(model, None), model.batch))]
-    configs += [store_config(run, model, design) for design in _designs(run)]
+    configs += [store_config(run, model, design) for design in common.designs(run.args.designs)]
     configs += [distributed_trainer_config(run, model), horovod_config(run, model)]
     if dist_sync.kv is not None:
         configs.append(_trained('dist_sync', model, sgd_trainer(model, dist_sync.view(index)),
                                 model.batch * COMM.size))
     return [c for c in configs if c is not None]
-
-
-def _designs(run):
-    if run.args.designs:
-        return [d for d in run.args.designs.split(',') if d]
-    return list(mpi_kvstore.DESIGNS)
 
 
 # ---------------------------------------------------------------- timing
@@ -582,7 +530,7 @@ def main(argv=None):
     if why:
         run.skip('dist_sync', why)
     # A store of the blocking design (no threads) for the first broadcast of every model.
-    setup, why = _create_store('blocking', args.timeout)
+    setup, why = common.create_store('blocking', args.timeout)
     if why:
         raise RuntimeError(f'cannot create an mpi_kvstore store: {why}')
     for index, name in enumerate(args.models):

@@ -10,48 +10,14 @@ so it runs anywhere and never downloads anything.
 import os
 import sys
 
-from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (lives beside this script)
+from cifar_resnet import resnet20  # noqa: E402
 
 ZOO_MODELS = ('resnet18_v1', 'resnet34_v1', 'resnet18_v2', 'resnet34_v2')
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 10000, 2000
-
-
-class BasicBlock(nn.HybridBlock):
-    """Two 3x3 convolutions and a shortcut (a strided 1x1 conv where the shape changes)."""
-
-    def __init__(self, channels, stride, **kwargs):
-        super().__init__(**kwargs)
-        with self.name_scope():
-            self.body = nn.HybridSequential()
-            self.body.add(nn.Conv2D(channels, 3, stride, 1, use_bias=False), nn.BatchNorm(),
-                          nn.Activation('relu'),
-                          nn.Conv2D(channels, 3, 1, 1, use_bias=False), nn.BatchNorm())
-            self.shortcut = None
-            if stride != 1:
-                self.shortcut = nn.HybridSequential()
-                self.shortcut.add(nn.Conv2D(channels, 1, stride, use_bias=False),
-                                  nn.BatchNorm())
-
-    def hybrid_forward(self, F, x):
-        skip = x if self.shortcut is None else self.shortcut(x)
-        return F.relu(self.body(x) + skip)
-
-
-def resnet20(classes=10, width=16, blocks=3):
-    """He et al.'s CIFAR ResNet (6n+2 layers, n=3): three stages of width, 2x, 4x channels."""
-    net = nn.HybridSequential()
-    with net.name_scope():
-        net.add(nn.Conv2D(width, 3, 1, 1, use_bias=False), nn.BatchNorm(), nn.Activation('relu'))
-        for stage in range(3):
-            for block in range(blocks):
-                stride = 2 if stage > 0 and block == 0 else 1
-                net.add(BasicBlock(width << stage, stride))
-        net.add(nn.GlobalAvgPool2D(), nn.Dense(classes))
-    return net
 
 
 def build_model(args):
