@@ -23,6 +23,12 @@ def test_key_value_forms(design, nprocs):
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
+def test_sub_communicator_and_optimizer_states(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_contract.py', design, timeout=240), 'kv_contract[%s]' % design)
+
+
+@pytest.mark.parametrize('nprocs', MPI_SIZES)
+@pytest.mark.parametrize('design', DESIGNS)
 def test_gluon_training_matches_single_process(design, nprocs):
     _ok(run_mpi(nprocs, 'kv_gluon.py', design, timeout=240), 'kv_gluon[%s]' % design)
 
