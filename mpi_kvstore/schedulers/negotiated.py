@@ -55,9 +55,11 @@ class NegotiatedScheduler(Scheduler):
             self._mark_ready(reqs)
             return
         # One engine op per call: a list of keys costs one trampoline, not one each.
+        # It only marks requests ready, so it may run inline when the data is ready.
         engine.push(functools.partial(self._on_engine, reqs), mutable=arrays,
                     priority=priority, name=op_name(reqs[0].kind),
-                    on_error=functools.partial(self._failed_in_engine, reqs))
+                    on_error=functools.partial(self._failed_in_engine, reqs),
+                    inline_when_ready=True)
 
     def _on_engine(self, reqs, completion):
         countdown = engine.Countdown(completion, len(reqs)) if len(reqs) > 1 else completion
