@@ -165,7 +165,7 @@ class MPIKVStore(KVStoreBase):
     # -- submission ---------------------------------------------------------------
     def _submit(self, reqs, priority):
         if self._closed:
-            raise MPIKVStoreError('the store is closed')
+            raise MPIKVStoreError('the store is closed: create a new one to go on')
         while self._pending and self._pending[0].done:
             self._pending.popleft()
         self._pending.extend(reqs)
@@ -332,6 +332,12 @@ class MPIKVStore(KVStoreBase):
         if self._timeline:
             self._timeline.write()
         _LIVE.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
 
     def __repr__(self):
         return '<MPIKVStore design=%s rank=%d/%d>' % (self.design, self._rank, self._size)

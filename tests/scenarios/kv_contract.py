@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from common import RANK, SIZE, WORLD, close, design_arg, done
+from common import RANK, SIZE, WORLD, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()
 LR, MOMENTUM = 0.1, 0.9
@@ -21,16 +21,17 @@ def check_sub_communicator():
     color = RANK % 2
     sub = WORLD.Split(color, RANK)
     group = [r for r in range(SIZE) if r % 2 == color]
-    kv = mpi_kvstore.create('dist_mpi', comm=sub, design=DESIGN)
-    assert kv.rank == group.index(RANK) and kv.num_workers == len(group), (kv.rank, group)
-    kv.init('g', mx.nd.full((6,), 100 + RANK))            # the group's first rank wins
-    out = mx.nd.zeros((6,))
-    kv.pull('g', out=out)
-    close(out.asnumpy(), 100 + group[0], 'init on a sub-communicator')
-    val = mx.nd.full((6,), RANK + 1)
-    kv.pushpull('g', val)
-    close(val.asnumpy(), sum(r + 1 for r in group), 'pushpull sums over the group only')
-    kv.close()
+    with mpi_kvstore.create('dist_mpi', comm=sub, design=DESIGN) as kv:
+        assert kv.rank == group.index(RANK) and kv.num_workers == len(group), (kv.rank, group)
+        kv.init('g', mx.nd.full((6,), 100 + RANK))        # the group's first rank wins
+        out = mx.nd.zeros((6,))
+        kv.pull('g', out=out)
+        close(out.asnumpy(), 100 + group[0], 'init on a sub-communicator')
+        val = mx.nd.full((6,), RANK + 1)
+        kv.pushpull('g', val)
+        close(val.asnumpy(), sum(r + 1 for r in group), 'pushpull sums over the group only')
+    # Leaving the with-block closed the store: it refuses work, clearly.
+    expect_raises(mpi_kvstore.MPIKVStoreError, kv.pushpull, 'g', val, contains='closed')
     sub.Free()                                            # the store used its own duplicate
 
 
