@@ -206,11 +206,13 @@ def _handles(arrays):
 
 def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=None,
          inline_when_ready=False):
-    """Push ``run(completion)`` as an async engine op on the CPU priority queue.
+    """Push ``run(completion)`` as an async engine op on the CPU priority queue
+    (kCPUPrioritized: the engine runs ready ops by ``priority``).
 
     ``inline_when_ready``: run it on this thread when its arrays are ready now (kAsync),
-    which saves waking an engine worker, ~100 us on a VM. Only for a ``run`` that
-    returns at once: it would otherwise block the caller, or the compute worker.
+    which saves waking an engine worker, ~100 us on a VM; otherwise it queues, in
+    push order, on the normal CPU worker. Only for a ``run`` that returns at once: it
+    would otherwise block the caller, or the compute worker.
     """
     prop = _properties[ASYNC if inline_when_ready else CPU_PRIORITIZED]
     const, mutable = list(const), list(mutable)

@@ -56,6 +56,8 @@ class NegotiatedScheduler(Scheduler):
             return
         # One engine op per call: a list of keys costs one trampoline, not one each.
         # It only marks requests ready, so it may run inline when the data is ready.
+        # Priorities take effect where the order is decided: each round runs its agreed
+        # requests by priority, then push order (fusion.order).
         engine.push(functools.partial(self._on_engine, reqs), mutable=arrays,
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs),
