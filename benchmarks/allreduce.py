@@ -193,27 +193,14 @@ def bench_mpi_kvstore(run):
 
 def bench_dist_sync(run):
     """Last: ps-lite allows one worker per process, and a hang here is the likeliest."""
-    if run.args.no_dist_sync:
-        run.skip('dist_sync', '--no-dist-sync')
-        return
     # Each case is bounded by --timeout; the servers' own alarm bounds all of them together.
-    pslite = common.PsLite(COMM, lifetime=run.args.timeout * (len(run.args.sizes) + 3))
-    run.on_expire = pslite.kill
-    error = pslite.start()
-    if error:
-        run.skip('dist_sync', f'ps-lite did not start: {error}')
+    dist_sync = common.DistSync(run, lifetime=run.args.timeout * (len(run.args.sizes) + 3))
+    why = dist_sync.start()
+    if why:
+        run.skip('dist_sync', why)
         return
-    # On one host the handshake takes about a second; minutes mean it will never finish.
-    with common.deadline(min(run.args.timeout, 120), 'creating the dist_sync store', pslite.kill):
-        kv = mx.kv.create('dist_sync')
-    time_store(run, 'dist_sync', kv)
-    with common.deadline(run.args.timeout, 'shutting down dist_sync', pslite.kill):
-        mx.nd.waitall()
-        COMM.Barrier()
-        del kv
-        gc.collect()      # the store's destructor: ps-lite barrier, stop the servers, finalize
-        pslite.stop()
-    run.on_expire = None
+    time_store(run, 'dist_sync', dist_sync.kv)
+    dist_sync.stop()
     run.save()
 
 

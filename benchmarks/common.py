@@ -6,6 +6,7 @@ float32 data; bandwidths are in GB/s with GB = 1e9 bytes, as nccl-tests reports 
 import argparse
 import atexit
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -427,3 +429,51 @@ class PsLite:
             with open(self.log.name) as handle:
                 return handle.read()[-chars:].strip()
         return ''
+
+
+class DistSync:
+    """MXNet's dist_sync store behind its ps-lite processes, for one run of a script.
+
+        dist_sync = DistSync(run, lifetime)   # run: .args.timeout, .args.no_dist_sync, .on_expire
+        why = dist_sync.start()               # collective; None, or why there is no baseline
+        ... dist_sync.kv ...
+        dist_sync.stop()                      # collective; always stops ps-lite
+
+    ps-lite starts once per process: one DistSync per run. `lifetime` (s) is the servers' own
+    alarm, a safety net should the script die without stopping them.
+    """
+
+    def __init__(self, run, lifetime):
+        self.run, self.lifetime, self.kv, self.pslite = run, lifetime, None, None
+
+    def start(self):
+        import mxnet as mx
+        if self.run.args.no_dist_sync:
+            return '--no-dist-sync'
+        self.pslite = PsLite(MPI.COMM_WORLD, lifetime=self.lifetime)
+        error = self.pslite.start()
+        if error:
+            return f'ps-lite did not start: {error}'
+        self.run.on_expire = self.pslite.kill
+        # On one host the handshake takes about a second; minutes mean it will never finish.
+        with deadline(min(self.run.args.timeout, 120), 'creating the dist_sync store',
+                      self.pslite.kill):
+            self.kv = mx.kv.create('dist_sync')
+        return None
+
+    def stop(self):
+        """The store's destructor tells the servers to leave; a store still referenced
+        would instead hang at exit, talking to servers that were killed."""
+        import mxnet as mx
+        if self.kv is None:
+            return
+        with deadline(self.run.args.timeout, 'shutting down dist_sync', self.pslite.kill):
+            mx.nd.waitall()
+            MPI.COMM_WORLD.Barrier()
+            alive = weakref.ref(self.kv)
+            self.kv = None
+            gc.collect()
+            if alive() is not None:
+                raise RuntimeError('the dist_sync store is still referenced: cannot stop ps-lite')
+            self.pslite.stop()
+        self.run.on_expire = None

@@ -25,7 +25,6 @@ import gc
 import os
 import sys
 import time
-import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -250,7 +249,8 @@ def make_configs(run, model, dist_sync, index):
     configs += [store_config(run, model, design) for design in common.designs(run.args.designs)]
     configs += [distributed_trainer_config(run, model), horovod_config(run, model)]
     if dist_sync.kv is not None:
-        configs.append(_trained('dist_sync', model, sgd_trainer(model, dist_sync.view(index)),
+        configs.append(_trained('dist_sync', model,
+                                sgd_trainer(model, ShiftedKeys(dist_sync.kv, index * KEY_STRIDE)),
                                 model.batch * COMM.size))
     return [c for c in configs if c is not None]
 
@@ -337,48 +337,6 @@ class ShiftedKeys(KVStoreBase):
     @property
     def num_workers(self):
         return self._kv.num_workers
-
-
-class DistSync:
-    """MXNet's dist_sync store for the whole run (ps-lite starts once per process), with its
-    scheduler and server; stop() always stops them."""
-
-    def __init__(self, run):
-        self.run, self.kv, self.pslite = run, None, None
-
-    def start(self):
-        """Collective; None, or why there is no dist_sync baseline."""
-        if self.run.args.no_dist_sync:
-            return '--no-dist-sync'
-        self.pslite = common.PsLite(COMM, lifetime=PSLITE_LIFETIME)
-        error = self.pslite.start()
-        if error:
-            return f'ps-lite did not start: {error}'
-        self.run.on_expire = self.pslite.kill
-        # On one host the handshake takes about a second; minutes mean it will never finish.
-        with common.deadline(min(self.run.args.timeout, 120), 'creating the dist_sync store',
-                             self.pslite.kill):
-            self.kv = mx.kv.create('dist_sync')
-        return None
-
-    def view(self, index):
-        return ShiftedKeys(self.kv, index * KEY_STRIDE)
-
-    def stop(self):
-        """Collective. The store's destructor tells the servers to leave; a store still
-        referenced would instead hang at exit, talking to servers that were killed."""
-        if self.kv is None:
-            return
-        with common.deadline(self.run.args.timeout, 'shutting down dist_sync', self.pslite.kill):
-            mx.nd.waitall()
-            COMM.Barrier()
-            alive = weakref.ref(self.kv)
-            self.kv = None
-            gc.collect()
-            if alive() is not None:
-                raise RuntimeError('the dist_sync store is still referenced: cannot stop ps-lite')
-            self.pslite.stop()
-        self.run.on_expire = None
 
 
 # ---------------------------------------------------------------- one run's bookkeeping
@@ -525,7 +483,7 @@ def main(argv=None):
     run = Run(args)
     common.rank0_print(f'scaling benchmark: {COMM.size} ranks, models {",".join(args.models)}, '
                        f'{args.warmups} warmup + {args.trials} timed rounds; {_omp_note()}')
-    dist_sync = DistSync(run)
+    dist_sync = common.DistSync(run, lifetime=PSLITE_LIFETIME)
     why = dist_sync.start()
     if why:
         run.skip('dist_sync', why)
