@@ -9,9 +9,9 @@ of store, configured from ``MPI_KVSTORE_*`` environment variables.
 """
 from mxnet.kvstore import KVStoreBase
 
-from .config import DESIGNS, Config, ConfigError, options_table
-from .contract import UnknownKeyError
-from .errors import CollectiveError, MPIKVStoreError, RankMismatchError, ThreadLevelError
+from .config import DESIGNS, Config, options_table
+from .errors import (ArrayLayoutError, CollectiveError, ConfigError, JoinError, MPIKVStoreError,
+                     RankMismatchError, ThreadLevelError, UnknownKeyError)
 from .collectives import (allgather, allgather_object, allreduce, allreduce_, broadcast,
                           broadcast_, broadcast_object, default_store, local_rank, local_size,
                           rank, size)
@@ -20,7 +20,8 @@ from .store import MPIKVStore
 
 __all__ = ['create', 'MPIKVStore', 'DESIGNS', 'Config', 'ConfigError', 'options_table',
            'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError', 'CollectiveError',
-           'UnknownKeyError', 'DistributedTrainer', 'broadcast_parameters', 'default_store',
+           'UnknownKeyError', 'ArrayLayoutError', 'JoinError', 'DistributedTrainer',
+           'broadcast_parameters', 'default_store',
            'allreduce', 'allreduce_', 'allgather', 'allgather_object', 'broadcast', 'broadcast_',
            'broadcast_object', 'rank', 'size', 'local_rank', 'local_size']
 

@@ -8,13 +8,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .errors import ConfigError
+
 __all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive']
 
 DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the option and variable."""
 
 
 def _parse_bool(text):

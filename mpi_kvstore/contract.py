@@ -10,18 +10,24 @@ import mxnet as mx
 
 from .engine import array_meta
 
-__all__ = ['normalize', 'normalize_out', 'check_dense', 'Entry', 'SUPPORTED_DTYPES',
-           'UnknownKeyError']
+__all__ = ['normalize', 'normalize_out', 'check_dense', 'check_priority', 'Entry',
+           'SUPPORTED_DTYPES']
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
                          ('float32', 'float64', 'float16', 'int32', 'int64', 'int8', 'uint8'))
 
 
-class UnknownKeyError(KeyError):
-    """A key was used before init() or broadcast() registered it."""
+# Priorities travel in the collective's signature and order rounds: keep them small ints.
+_PRIORITY_LIMIT = 1 << 30
 
-    def __str__(self):
-        return str(self.args[0]) if self.args else ''
+
+def check_priority(priority):
+    """priority: an int (gluon and Module pass -index), not a bool, a str or a float."""
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise TypeError('priority must be an int, not %r (%s)'
+                        % (priority, type(priority).__name__))
+    if not -_PRIORITY_LIMIT < priority < _PRIORITY_LIMIT:
+        raise ValueError('priority must lie between -2**30 and 2**30, not %d' % priority)
 
 
 def _is_array(obj):

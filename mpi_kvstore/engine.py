@@ -10,7 +10,9 @@ called, from any thread, exactly once.
 Nothing escapes a ctypes callback: an exception is handed to the op's
 ``on_error`` and the op completes, so the engine never stalls.
 """
+import collections
 import ctypes
+import ctypes.util
 import itertools
 import logging
 import threading
@@ -20,7 +22,9 @@ import numpy as np
 from mxnet.base import _LIB
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 
-__all__ = ['Completion', 'Countdown', 'push', 'array_pointer', 'ArrayLayoutError', 'quiesce',
+from .errors import ArrayLayoutError
+
+__all__ = ['Completion', 'Countdown', 'push', 'array_pointer', 'consume_raised', 'quiesce',
            'array_meta']
 
 log = logging.getLogger(__name__)
@@ -55,10 +59,6 @@ class _DLTensor(ctypes.Structure):
                 ('code', ctypes.c_uint8), ('bits', ctypes.c_uint8), ('lanes', ctypes.c_uint16),
                 ('shape', ctypes.POINTER(ctypes.c_int64)),
                 ('strides', ctypes.POINTER(ctypes.c_int64)), ('byte_offset', ctypes.c_uint64)]
-
-
-class ArrayLayoutError(RuntimeError):
-    """The array's bytes are not in row-major order (an MKLDNN layout)."""
 
 
 # Quick, non-blocking queries are bound through PyDLL, which keeps the GIL across
@@ -98,12 +98,57 @@ _properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC)}
 _naive = [False]
 
 
+class _EngineError:
+    """A C++ ``std::runtime_error`` for the engine's completion callback.
+
+    ThreadedEngine copies the error it is given (as a dmlc::Error, which adds
+    nothing to runtime_error) into the op's exception, sets it on every array
+    the op writes, and rethrows it at the next WaitToRead of those arrays: so
+    ``asnumpy()`` of a failed collective's output raises MXNetError. Python
+    cannot build a C++ object itself; libstdc++ (which libmxnet links) can.
+    """
+
+    _SIZE = 64  # sizeof(std::runtime_error) is 16 on x86-64 and aarch64
+    _ctor = _dtor = None
+
+    @classmethod
+    def _bind(cls):
+        if cls._ctor is None:
+            lib = ctypes.CDLL(ctypes.util.find_library('stdc++') or 'libstdc++.so.6')
+            cls._ctor = lib._ZNSt13runtime_errorC1EPKc
+            cls._ctor.argtypes, cls._ctor.restype = [ctypes.c_void_p, ctypes.c_char_p], None
+            cls._dtor = lib._ZNSt13runtime_errorD1Ev
+            cls._dtor.argtypes, cls._dtor.restype = [ctypes.c_void_p], None
+
+    @classmethod
+    def complete(cls, fn, engine, param, message):
+        """Call the engine's callback with an error saying ``message``."""
+        try:
+            cls._bind()
+        except (OSError, AttributeError):  # no libstdc++ symbols: complete plainly
+            log.debug('no std::runtime_error to hand to the engine', exc_info=True)
+            fn(engine, param, None)
+            return
+        obj = ctypes.create_string_buffer(cls._SIZE)
+        cls._ctor(ctypes.addressof(obj), message.encode('utf-8', 'replace'))
+        try:
+            fn(engine, param, ctypes.addressof(obj))  # the engine copies it
+        finally:
+            cls._dtor(ctypes.addressof(obj))
+
+
+# Arrays written by an op completed with an error. The engine keeps that error
+# on them until someone reads them, and skips every later op that touches them
+# (the store's own next collective too): consume_raised() reads it off.
+_raised = collections.deque()
+
+
 class Completion:
     """Completes one engine op exactly once, from any thread."""
 
-    __slots__ = ('_fn', '_engine', '_param', '_lock', '_done', '_event')
+    __slots__ = ('_fn', '_engine', '_param', '_lock', '_done', '_event', 'arrays')
 
-    def __init__(self, record, wait_inline):
+    def __init__(self, record, wait_inline, arrays=()):
         fn = _callbacks.get(record.callback)
         if fn is None:
             fn = _callbacks.setdefault(record.callback, _ENGINE_CALLBACK(record.callback))
@@ -111,13 +156,22 @@ class Completion:
         self._lock = threading.Lock()
         self._done = False
         self._event = threading.Event() if wait_inline else None
+        self.arrays = arrays
 
-    def done(self):
+    def done(self, error=None):
+        """Complete the op; with ``error`` (a message), readers of its outputs raise it.
+
+        NaiveEngine ignores errors; the store raises them on the user's thread anyway.
+        """
         with self._lock:
             if self._done:
                 return
             self._done = True
-        self._fn(self._engine, self._param, None)
+        if error is None or _naive[0]:
+            self._fn(self._engine, self._param, None)
+        else:
+            _raised.extend(self.arrays)
+            _EngineError.complete(self._fn, self._engine, self._param, str(error))
         if self._event is not None:
             self._event.set()
 
@@ -127,20 +181,38 @@ class Completion:
 
 
 class Countdown:
-    """Completes one engine op after ``count`` parts of it are done."""
+    """Completes one engine op after ``count`` parts of it are done (with the first error)."""
 
-    __slots__ = ('_completion', '_left', '_lock')
+    __slots__ = ('_completion', '_left', '_lock', '_error', '_forward')
 
-    def __init__(self, completion, count):
+    def __init__(self, completion, count, forward_errors=True):
         self._completion, self._left = completion, count
         self._lock = threading.Lock()
+        self._error = None
+        self._forward = forward_errors
 
-    def done(self):
+    def done(self, error=None):
         with self._lock:
             self._left -= 1
             last = self._left == 0
+            if self._error is None and self._forward:
+                self._error = error
         if last:
-            self._completion.done()
+            self._completion.done(self._error)
+
+
+def consume_raised():
+    """Read the engine's error off every array whose op failed, so later ops run again.
+
+    Only arrays whose op already completed are listed, so this never waits on MPI.
+    """
+    from mxnet.base import MXNetError  # noqa: WPS433 (mxnet is loaded; keep the top light)
+    while _raised:
+        array = _raised.popleft()
+        try:
+            array.wait_to_read()
+        except MXNetError:
+            pass
 
 
 class _Op:
@@ -159,7 +231,7 @@ def _trampoline(_run_ctx, on_complete, param):
         # which the engine could call during interpreter shutdown.
         op = _live.pop(param)
         record = ctypes.cast(on_complete, ctypes.POINTER(_CallbackOnComplete)).contents
-        completion = Completion(record, _naive[0])
+        completion = Completion(record, _naive[0], op.keep[1])
         try:
             op.run(completion)
         except BaseException as err:  # nothing may escape into C

@@ -2,6 +2,8 @@
 import threading
 import zlib
 
+from .deferred import poison
+
 __all__ = ['Request', 'signature', 'SIG_LIMIT']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
@@ -27,7 +29,7 @@ class Request:
 
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'done', 'priority')
+                 'average', 'done', 'priority', 'in_place')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None):
@@ -46,6 +48,7 @@ class Request:
         self.view = self.scratch = self.completion = self.result = self.error = None
         self.average = average
         self.priority = priority
+        self.in_place = False  # the array is the user's output: a failure may raise on its read
         self.done = False
 
     def describe(self):
@@ -57,8 +60,12 @@ class Request:
         return self.scratch if self.scratch is not None else self.view
 
     def complete(self):
+        """Poison the output of a failed collective, then complete its engine op."""
+        if self.error is not None:
+            poison(self.view)
         if self.completion is not None:
-            self.completion.done()
+            self.completion.done(None if self.error is None
+                                 else 'mpi_kvstore: %s failed: %s' % (self.describe(), self.error))
         self.finish()
 
     def finish(self):

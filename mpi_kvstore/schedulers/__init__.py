@@ -1,7 +1,6 @@
 """Scheduling designs, picked by name."""
 from ..comm import provided_thread_level, thread_level_name
-from ..config import ConfigError
-from ..errors import ThreadLevelError
+from ..errors import ConfigError, ThreadLevelError
 from .blocking import Blocking
 from .chained import Chained
 from .concurrent import Concurrent

@@ -56,6 +56,7 @@ class Scheduler:
         self.rank = comm.Get_rank()
         self._sink = sink
         self._seq = itertools.count()
+        self.pushed = 0  # collectives numbered so far (read by the stall inspector)
         self._pools = {}  # one per communicator: lanes of the concurrent design run at once
         self.timeline = timeline
 
@@ -64,6 +65,7 @@ class Scheduler:
         """Number the requests in call order, then hand them to the design."""
         for req in reqs:
             req.seq = next(self._seq)
+            self.pushed = req.seq + 1
             # Within a round, collectives run by priority: every rank must pass the same.
             req.priority = priority
             req.sig = (req.sig * 31 + priority) % SIG_LIMIT
@@ -73,6 +75,11 @@ class Scheduler:
 
     def _submit(self, reqs, priority):
         raise NotImplementedError
+
+    @property
+    def synchronous(self):
+        """True when a call returns only after its collectives ran (errors are known)."""
+        return self.config.naive_engine
 
     def close(self):
         """Stop threads; the caller has already waited for every request."""
@@ -92,22 +99,50 @@ class Scheduler:
         self._sink(req, err)
 
     def fail_all(self, reqs, err):
+        """Fail requests that still take part: those without memory get zeros to send."""
         for req in reqs:
             if req.view is None and req.array is not None:
                 req.scratch = np.zeros(req.nbytes // req.dtype.itemsize, dtype=req.dtype)
-            self.fail(req, err)
+            if req.error is None:
+                self.fail(req, err)
 
     def mismatch(self, req):
         self.fail(req, RankMismatchError(
             'ranks disagree on %s: every rank must issue the same keys, shapes and dtypes '
             'in the same order' % req.describe()))
 
+    def reject(self, reqs):
+        """Ranks agreed that these do not match: fail and complete them, run nothing."""
+        for req in reqs:
+            self.mismatch(req)
+            req.complete()
+
+    def agree(self, reqs, comm):
+        """One MIN-allreduce of a fingerprint of ``reqs``: True when every rank issued them."""
+        if self.size == 1:
+            return True
+        msg = group_check_message(reqs)
+        comm.check_min(msg)
+        return not group_mismatch(msg)
+
+    def agree_and_execute(self, reqs, comm):
+        if self.agree(reqs, comm):
+            self.execute_all(reqs, comm)
+        else:
+            self.reject(reqs)
+
     def execute_all(self, reqs, comm):
         for bucket in plan(reqs, self.config.fusion_threshold):
             self.execute(bucket, comm)
 
     def execute(self, bucket, comm):
-        """Run one bucket's collective and complete its requests, whatever happens."""
+        """Run one bucket's collective and complete its requests, whatever happens.
+
+        A failure of this rank's own steps before the MPI call (attaching, fusing)
+        still makes the call, on zeros of the agreed size: the other ranks are in
+        it, and skipping it would pair this rank's next collective with their
+        current one.
+        """
         if self.timeline:
             self.timeline.started(bucket)
         try:
@@ -115,7 +150,8 @@ class Scheduler:
         except Exception as err:
             log.error('collective failed: %s: %s', bucket[0].describe(), err)
             for req in bucket:
-                self.fail(req, err)
+                if req.error is None:
+                    self.fail(req, err)
         finally:
             if self.timeline:
                 self.timeline.finished(bucket)
@@ -139,16 +175,27 @@ class Scheduler:
             comm.allreduce(buf)
             self._average(bucket[0], buf)
             return
-        views = [r.buffer() for r in bucket]
-        pool = self._pools.setdefault(id(comm), FusionPool())
-        flat = pool.get(views[0], sum(v.size for v in views))
-        _xp(flat).concatenate(views, out=flat)
+        flat = self._fuse(bucket, comm)
         comm.allreduce(flat)
         self._average(bucket[0], flat)
         offset = 0
-        for view in views:
+        for req in bucket:
+            view = req.buffer()
             view[...] = flat[offset:offset + view.size]
             offset += view.size
+
+    def _fuse(self, bucket, comm):
+        """The bucket's data in one flat buffer; zeros of the agreed size if that fails here."""
+        count = sum(r.nbytes for r in bucket) // bucket[0].dtype.itemsize
+        try:
+            views = [r.buffer() for r in bucket]
+            pool = self._pools.setdefault(id(comm), FusionPool())
+            flat = pool.get(views[0], count)
+            _xp(flat).concatenate(views, out=flat)
+            return flat
+        except Exception as err:
+            self.fail_all(bucket, err)
+            return np.zeros(count, dtype=bucket[0].dtype)
 
     def _average(self, req, buf):
         if not req.average or self.size == 1:

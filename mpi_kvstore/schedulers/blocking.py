@@ -1,6 +1,6 @@
 """The blocking baseline."""
 from ..comm import MPI, Comm
-from .base import Scheduler, group_check_message, group_mismatch
+from .base import Scheduler
 
 __all__ = ['Blocking']
 
@@ -20,6 +20,8 @@ class Blocking(Scheduler):
     name = 'blocking'
     thread_level = MPI.THREAD_FUNNELED
 
+    synchronous = True
+
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
         self._comm = Comm(comm)
@@ -30,17 +32,9 @@ class Blocking(Scheduler):
                 req.view = req.array.asnumpy().reshape(-1)
             if self.timeline:
                 self.timeline.ready(req)
-        if self.size > 1:
-            msg = group_check_message(reqs)
-            self._comm.check_min(msg)
-            if group_mismatch(msg):
-                for req in reqs:
-                    self.mismatch(req)
-                    req.complete()
-                return
-        self.execute_all(reqs, self._comm)
-        for req in reqs:
-            if req.array is not None and req.error is None:
+        self.agree_and_execute(reqs, self._comm)
+        for req in reqs:  # a failed one's view is poisoned: write it back too
+            if req.array is not None and req.view is not None:
                 req.array[:] = req.view.reshape(req.shape)
 
     def close(self):

@@ -6,7 +6,7 @@ import mxnet as mx
 from .. import engine
 from ..comm import MPI, Comm
 from ..timeline import op_name
-from .base import Scheduler, group_check_message, group_mismatch
+from .base import Scheduler
 
 __all__ = ['Chained']
 
@@ -48,21 +48,11 @@ class Chained(Scheduler):
                 if self.timeline:
                     self.timeline.ready(req)
                 self.attach(req)
-            if self._agree(reqs):
-                self.execute_all(reqs, self._comm)
-            else:
-                for req in reqs:
-                    self.mismatch(req)
-                    req.complete()
+            self.agree_and_execute(reqs, self._comm)
         finally:
+            # Never with an error: the engine would set it on the chain variable
+            # too and skip every later collective of this rank (see deferred.py).
             completion.done()
-
-    def _agree(self, reqs):
-        if self.size == 1:
-            return True
-        msg = group_check_message(reqs)
-        self._comm.check_min(msg)
-        return not group_mismatch(msg)
 
     def _failed_in_engine(self, reqs, err):
         self.fail_all(reqs, err)

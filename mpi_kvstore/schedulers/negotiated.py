@@ -64,7 +64,15 @@ class NegotiatedScheduler(Scheduler):
                     inline_when_ready=True)
 
     def _on_engine(self, reqs, completion):
-        countdown = engine.Countdown(completion, len(reqs)) if len(reqs) > 1 else completion
+        # An error may reach the engine (and raise at the read of the op's arrays)
+        # only when every array of the op is a user output: a staging buffer's
+        # error would make the engine skip the copy that delivers its poison.
+        if not all(r.in_place for r in reqs):
+            countdown = engine.Countdown(completion, len(reqs), forward_errors=False)
+        elif len(reqs) > 1:
+            countdown = engine.Countdown(completion, len(reqs))
+        else:
+            countdown = completion
         for req in reqs:
             req.completion = countdown
             self.attach(req)
@@ -107,9 +115,7 @@ class NegotiatedScheduler(Scheduler):
                 continue
             backoff = 0.0
             self._retire(agreed + bad)
-            for req in bad:
-                self.mismatch(req)
-                req.complete()
+            self.reject(bad)
             self.dispatch(agreed)
 
     def _negotiate(self, offer):

@@ -1,0 +1,79 @@
+"""Errors of collectives that failed inside the engine, and what they leave behind.
+
+A collective fails on a thread that is not the user's (an engine worker or a
+communication thread). Three things then happen, in this order:
+
+1. its output memory is *poisoned* before the engine op completes, so that no
+   read returns a plausible wrong value: floating dtypes become NaN; signed
+   integers the most negative value of the dtype; unsigned integers the largest
+   (int32 -2147483648, uint8 255), never a sum of small gradients;
+2. where the design's op writes only the collective's outputs (funneled,
+   concurrent), the op completes with an error, so MXNet's own read of the
+   output (``asnumpy``, ``wait_to_read``) raises it;
+3. the error waits in a :class:`DeferredErrors` queue and is raised on the
+   user's thread by the next store call, ``wait()`` or ``close()``; a process
+   that exits with one never raised ends with a non-zero status (store.py).
+"""
+import collections
+import logging
+
+import numpy as np
+
+from . import engine
+from .errors import CollectiveError, MPIKVStoreError
+
+__all__ = ['DeferredErrors', 'poison', 'poison_value']
+
+log = logging.getLogger(__name__)
+
+
+def poison_value(dtype):
+    """The value a failed collective leaves in its output, by dtype."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == 'f':
+        return np.nan
+    if dtype.kind == 'i':
+        return np.iinfo(dtype).min
+    if dtype.kind == 'u':
+        return np.iinfo(dtype).max
+    raise TypeError('no poison value for dtype %s' % dtype)
+
+
+def poison(buf):
+    """Fill a numpy or CuPy buffer with :func:`poison_value` of its dtype (None: nothing)."""
+    if buf is not None:
+        buf.fill(poison_value(buf.dtype))
+
+
+class DeferredErrors:
+    """Failed collectives, kept until the user's thread can raise them."""
+
+    def __init__(self):
+        self._queue = collections.deque()  # appended by other threads, drained by the user's
+
+    def __bool__(self):
+        return bool(self._queue)
+
+    def record(self, req, err):
+        log.error('mpi_kvstore: %s failed: %s', req.describe(), err)
+        self._queue.append((req.describe(), err))
+
+    def take(self):
+        """The exception that stands for every error recorded so far (None if none)."""
+        errors = []
+        while self._queue:
+            errors.append(self._queue.popleft())
+        if not errors:
+            return None
+        engine.consume_raised()
+        where, err = errors[0]
+        more = ' (and %d more failed collectives)' % (len(errors) - 1) if len(errors) > 1 else ''
+        cls = type(err) if isinstance(err, MPIKVStoreError) else CollectiveError
+        exc = cls('%s failed: %s%s' % (where, err, more))
+        exc.__cause__ = err
+        return exc
+
+    def raise_pending(self):
+        exc = self.take()
+        if exc is not None:
+            raise exc
