@@ -32,13 +32,17 @@ class KeyState:
     pushpull (an allreduce) defines the key's shape but stores nothing.
     """
 
-    __slots__ = ('key', 'shape', 'dtype', 'ctx', 'nbytes', 'value', '_staging', '_sigs')
+    __slots__ = ('key', 'shape', 'dtype', 'ctx', 'nbytes', 'value', 'weights', '_staging',
+                 '_sigs')
 
     def __init__(self, entry):
         self.key, self.shape, self.dtype = entry.key, entry.shape, entry.dtype
         self.ctx = entry.values[0].context
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.value = None
+        # The arrays the store last wrote this key's value into (broadcast, pull, or
+        # the optimizer's pushpull): Trainer's and Module's weights. join() syncs them.
+        self.weights = ()
         self._staging = None
         self._sigs = {}
 
@@ -136,6 +140,8 @@ class KeyTable:
         if self.updater is not None:
             self.updater(state.key, work, state.value)
             source = state.value
+            if not state.weights:  # those of the broadcast that gave the weights come first
+                state.weights = tuple(targets)
         elif not targets:
             work.copyto(state.stored())
             return

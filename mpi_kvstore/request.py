@@ -29,7 +29,7 @@ class Request:
 
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'done', 'priority', 'in_place')
+                 'average', 'done', 'priority', 'in_place', 'mirror')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None):
@@ -49,6 +49,7 @@ class Request:
         self.average = average
         self.priority = priority
         self.in_place = False  # the array is the user's output: a failure may raise on its read
+        self.mirror = False    # a joined rank's stand-in for another rank's collective
         self.done = False
 
     def describe(self):

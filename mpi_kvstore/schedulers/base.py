@@ -1,17 +1,18 @@
 """What every scheduler shares: sequence numbers, execution of buckets, errors."""
 import itertools
 import logging
-import zlib
 
 import numpy as np
 
+from .. import agreement
 from ..arrays import flat_view
 from ..comm import MPI
-from ..errors import RankMismatchError
+from ..errors import JoinError, RankMismatchError
 from ..fusion import plan
 from ..request import SIG_LIMIT
+from . import join
 
-__all__ = ['Scheduler', 'FusionPool', 'group_check_message', 'group_mismatch']
+__all__ = ['Scheduler', 'FusionPool']
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +33,6 @@ class FusionPool:
         return buf[:count]
 
 
-def group_check_message(reqs):
-    """Fixed-size int32 message whose elementwise MIN across ranks shows any disagreement."""
-    digest = zlib.crc32(b''.join(b'%d,' % r.sig for r in reqs)) % SIG_LIMIT
-    return np.array([digest + 1, SIG_LIMIT - digest, len(reqs), -len(reqs)], dtype=np.int32)
-
-
-def group_mismatch(msg):
-    lo, hi = msg[0] - 1, SIG_LIMIT - msg[1]
-    return lo != hi or msg[2] != -msg[3]
-
-
 class Scheduler:
     """Base of the designs. Subclasses define ``_submit`` and say in their docstring
     which MPI thread level they need and how they keep one collective order."""
@@ -57,6 +47,7 @@ class Scheduler:
         self._sink = sink
         self._seq = itertools.count()
         self.pushed = 0  # collectives numbered so far (read by the stall inspector)
+        self.joined = False  # this rank called join() and mirrors the others' collectives
         self._pools = {}  # one per communicator: lanes of the concurrent design run at once
         self.timeline = timeline
 
@@ -96,7 +87,8 @@ class Scheduler:
 
     def fail(self, req, err):
         req.error = err
-        self._sink(req, err)
+        if not req.mirror:  # a mirror's failure is the active ranks' to report
+            self._sink(req, err)
 
     def fail_all(self, reqs, err):
         """Fail requests that still take part: those without memory get zeros to send."""
@@ -117,19 +109,75 @@ class Scheduler:
             self.mismatch(req)
             req.complete()
 
-    def agree(self, reqs, comm):
-        """One MIN-allreduce of a fingerprint of ``reqs``: True when every rank issued them."""
-        if self.size == 1:
-            return True
-        msg = group_check_message(reqs)
-        comm.check_min(msg)
-        return not group_mismatch(msg)
-
     def agree_and_execute(self, reqs, comm):
-        if self.agree(reqs, comm):
+        """Check with one MIN-allreduce that every active rank issued ``reqs``, then run them."""
+        if self.size == 1:
             self.execute_all(reqs, comm)
-        else:
+            return
+        msg = agreement.group_message([r.sig for r in reqs], rank=self.rank)
+        comm.check_min(msg)
+        if agreement.group_mismatch(msg):
             self.reject(reqs)
+            return
+        head = agreement.read_header(msg)
+        if head.someone_joined:
+            reqs, joined = self.exchange_with_joined(comm, head, reqs)
+            reqs = self.refuse(reqs, joined)
+        self.execute_all(reqs, comm)
+
+    # -- join ------------------------------------------------------------------
+    def join(self):
+        """This rank has no more collectives: mirror the others' until every rank joined.
+
+        Called on the user's thread once this rank's own requests finished; blocks.
+        Returns the last rank to join. The negotiated designs override it.
+        """
+        self.joined = True
+        comm = self.join_comm
+        while True:
+            msg = agreement.group_message((), joined=True)
+            comm.check_min(msg)
+            head = agreement.read_header(msg)
+            if head.all_joined:
+                return self.finish_join(comm)
+            if not agreement.group_mismatch(msg):   # mismatched: the active ranks run nothing
+                mirrors, joined = self.exchange_with_joined(comm, head, None)
+                self.execute_all(self.refuse(mirrors, joined), comm)
+
+    def exchange_with_joined(self, comm, head, mine):
+        """Some rank joined: all learn which, and the lowest active rank says what runs.
+
+        ``mine``: this active rank's requests, or None on a joined rank.
+        -> (this rank's requests or their mirrors, joined flag of every rank)
+        """
+        joined = comm.mpi.allgather(self.joined)
+        meta = [join.describe(r) for r in mine] if self.rank == head.lowest_active else None
+        meta = comm.mpi.bcast(meta, root=head.lowest_active)
+        return (mine if mine is not None else [join.mirror(m) for m in meta]), joined
+
+    def refuse(self, reqs, joined):
+        """Fail (on every rank alike) what a joined rank cannot take part in; -> the rest."""
+        runnable = []
+        for req in reqs:
+            why = join.refusal(req, joined)
+            if why is None:
+                runnable.append(req)
+            else:
+                self.fail(req, JoinError(why))
+                req.complete()
+        return runnable
+
+    def finish_join(self, comm):
+        """Every rank joined: agree on where the sequence goes on, and who joined last.
+
+        The last rank to join is the one that had issued the most collectives
+        (ties: the highest rank). Every rank numbers its next collective after it.
+        """
+        top = comm.mpi.allreduce(self.pushed * self.size + self.rank, op=MPI.MAX)
+        self.pushed = top // self.size
+        self._seq = itertools.count(self.pushed)
+        self.joined = False
+        return top % self.size
 
     def execute_all(self, reqs, comm):
         for bucket in plan(reqs, self.config.fusion_threshold):

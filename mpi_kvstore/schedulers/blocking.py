@@ -24,7 +24,7 @@ class Blocking(Scheduler):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = Comm(comm)
+        self._comm = self.join_comm = Comm(comm)
 
     def _submit(self, reqs, priority):
         for req in reqs:

@@ -33,7 +33,7 @@ class Chained(Scheduler):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = Comm(comm)
+        self._comm = self.join_comm = Comm(comm)
         self._chain = mx.nd.zeros((1,))
 
     def _submit(self, reqs, priority):

@@ -7,10 +7,14 @@ agreement: in each round every rank offers the pending requests that are ready
 locally, one int32 MIN-allreduce finds those ready on every rank, and every
 rank runs exactly those, sorted by sequence number, in the same fused buckets.
 
-The message holds, per request of the window [base, base + window), ``sig + 1``
-and ``SIG_LIMIT - sig`` (0 when not ready): the MIN of the first is zero unless
-every rank is ready, and the two MINs give the smallest and largest signature,
-which differ when ranks pushed different keys, shapes or dtypes at that position.
+The message (agreement.window_message) holds, per request of the window
+[base, base + window), two encodings of its signature (0 when not ready): a
+request runs when it is ready on every rank, and fails on every rank when ranks
+pushed different keys, shapes or dtypes at that position.
+
+A rank that called join() offers a wildcard for the whole window and takes
+part in every round, mirroring what the active ranks agreed (join.py); the
+round in which every rank offers a wildcard ends the join everywhere.
 
 No deadlock: a rank takes part in a round whenever it has a ready request in
 the window, and each round is one collective every such rank joins. A request
@@ -25,7 +29,7 @@ import numpy as np
 
 from .. import engine
 from ..comm import Comm, wait_polling
-from ..request import SIG_LIMIT
+from .. import agreement
 from ..timeline import op_name
 from .base import Scheduler
 
@@ -43,8 +47,9 @@ class NegotiatedScheduler(Scheduler):
         self._executed = set()
         self._base = 0
         self._stop = False
-        window = config.window
-        self._msg = np.zeros(2 * window, dtype=np.int32)
+        self._msg = np.zeros(agreement.HEADER + 2 * config.window, dtype=np.int32)
+        self._join_done = threading.Event()
+        self._last_joined = None
         self._thread = threading.Thread(target=self._loop, name='mpi_kvstore-' + self.name,
                                         daemon=True)
         self._thread.start()
@@ -93,8 +98,19 @@ class NegotiatedScheduler(Scheduler):
             self._cond.notify()
 
     def _has_work(self):
+        if self.joined:  # every round of the others needs this rank too
+            return True
         limit = self._base + self.config.window
         return any(seq < limit for seq in self._ready)
+
+    def join(self):
+        """Mirror the others' collectives from the negotiation thread until all joined."""
+        with self._cond:
+            self._join_done.clear()
+            self.joined = True
+            self._cond.notify()
+        self._join_done.wait()
+        return self._last_joined
 
     def _loop(self):
         backoff = 0.0
@@ -110,6 +126,10 @@ class NegotiatedScheduler(Scheduler):
                 limit = self._base + self.config.window
                 offer = {s: r for s, r in self._ready.items() if s < limit}
             agreed, bad = self._negotiate(offer)
+            if agreed is None:  # every rank has joined
+                self._last_joined = self.finish_join(self._control)
+                self._join_done.set()
+                continue
             if not agreed and not bad:
                 backoff = min(max(2 * backoff, 1e-5), max(poll, 1e-5))
                 continue
@@ -119,25 +139,30 @@ class NegotiatedScheduler(Scheduler):
             self.dispatch(agreed)
 
     def _negotiate(self, offer):
+        """One round -> (agreed, mismatched) requests, or (None, None) once all ranks joined."""
         if self.size == 1:
             return sorted(offer.values(), key=lambda r: r.seq), []
-        window, msg, base = self.config.window, self._msg, self._base
-        msg[:] = 0
-        for seq, req in offer.items():
-            msg[seq - base] = req.sig + 1
-            msg[window + seq - base] = SIG_LIMIT - req.sig
+        msg, base = self._msg, self._base
+        agreement.window_message(msg, {s: r.sig for s, r in offer.items()}, base,
+                                 self.joined, self.rank)
         wait_polling(self._control.start_min(msg), self.config.poll_us)
-        agreed, bad = [], []
-        for i in np.flatnonzero((msg[:window] > 0) & (msg[window:] > 0)):
-            req = offer[base + int(i)]
-            same = msg[i] - 1 == SIG_LIMIT - msg[window + i]
-            (agreed if same else bad).append(req)
-        return agreed, bad
+        head = agreement.read_header(msg)
+        if head.all_joined:
+            return None, None
+        agreed, bad = agreement.window_result(msg)
+        seqs = [base + i for i in agreed + bad]
+        if not head.someone_joined:
+            return [offer[s] for s in seqs[:len(agreed)]], [offer[s] for s in seqs[len(agreed):]]
+        mine = None if self.joined else [offer[s] for s in seqs]
+        reqs, joined = self.exchange_with_joined(self._control, head, mine)
+        runnable = self.refuse(reqs[:len(agreed)], joined)
+        self._retire([r for r in reqs[:len(agreed)] if r not in runnable])
+        return runnable, reqs[len(agreed):]
 
     def _retire(self, reqs):
         with self._cond:
             for req in reqs:
-                del self._ready[req.seq]
+                self._ready.pop(req.seq, None)  # a joined rank's mirrors were never ready here
                 self._executed.add(req.seq)
             while self._base in self._executed:
                 self._executed.discard(self._base)

@@ -1,0 +1,86 @@
+"""The agreement between ranks: int32 messages whose elementwise MIN over ranks
+says what every rank issued. Pure functions: no MPI, no engine.
+
+Every message starts with a two-int header:
+
+- ``0`` from a rank that called ``join()`` (it has run out of data), else ``1``:
+  the MIN is 0 when some rank has joined;
+- ``WILDCARD`` from a joined rank, else its rank: the MIN is the lowest rank
+  still active, and ``WILDCARD`` once every rank has joined.
+
+A joined rank sends ``WILDCARD`` for everything after the header, which no MIN
+sees, so the active ranks agree among themselves as if it were not there.
+
+Group message (blocking, chained: one call's requests, checked before they run):
+``[digest + 1, SIG_LIMIT - digest, n, -n]`` of the requests' signatures; the
+MIN of each pair gives the smallest and the largest value over active ranks,
+which differ exactly when ranks disagree.
+
+Window message (funneled, concurrent): per slot ``i`` of the window
+``[base, base + window)``, ``sig + 1`` at ``i`` and ``SIG_LIMIT - sig`` at
+``window + i`` for a request ready here, 0 for one not ready: the slot is ready
+everywhere when both MINs are positive, and agreed when they decode to one sig.
+"""
+import collections
+import zlib
+
+import numpy as np
+
+from .request import SIG_LIMIT
+
+__all__ = ['WILDCARD', 'HEADER', 'Header', 'read_header', 'group_message', 'group_mismatch',
+           'window_message', 'window_result']
+
+WILDCARD = int(np.iinfo(np.int32).max)
+HEADER = 2
+
+Header = collections.namedtuple('Header', 'someone_joined lowest_active all_joined')
+
+
+def _header(joined, rank):
+    return (0, WILDCARD) if joined else (1, rank)
+
+
+def read_header(msg):
+    lowest = int(msg[1])
+    return Header(int(msg[0]) == 0, lowest, lowest == WILDCARD)
+
+
+def group_message(sigs, joined=False, rank=0):
+    """The group message of requests with signatures ``sigs``."""
+    if joined:
+        body = (WILDCARD,) * 4
+    else:
+        digest = zlib.crc32(b''.join(b'%d,' % s for s in sigs)) % SIG_LIMIT
+        body = (digest + 1, SIG_LIMIT - digest, len(sigs), -len(sigs))
+    return np.array(_header(joined, rank) + body, dtype=np.int32)
+
+
+def group_mismatch(msg):
+    """After the MIN: did the active ranks issue different requests?"""
+    lo, hi = msg[HEADER] - 1, SIG_LIMIT - msg[HEADER + 1]
+    return bool(lo != hi or msg[HEADER + 2] != -msg[HEADER + 3])
+
+
+def window_message(msg, offer, base, joined=False, rank=0):
+    """Fill ``msg`` (int32, HEADER + 2 * window) with the ready requests ``{seq: sig}``."""
+    window = (len(msg) - HEADER) // 2
+    msg[:HEADER] = _header(joined, rank)
+    if joined:
+        msg[HEADER:] = WILDCARD
+        return msg
+    msg[HEADER:] = 0
+    for seq, sig in offer.items():
+        msg[HEADER + seq - base] = sig + 1
+        msg[HEADER + window + seq - base] = SIG_LIMIT - sig
+    return msg
+
+
+def window_result(msg):
+    """After the MIN: (agreed slots, mismatched slots), as offsets from the base."""
+    window = (len(msg) - HEADER) // 2
+    lo, hi = msg[HEADER:HEADER + window], msg[HEADER + window:]
+    agreed, bad = [], []
+    for i in np.flatnonzero((lo > 0) & (hi > 0) & (lo != WILDCARD)):
+        (agreed if lo[i] - 1 == SIG_LIMIT - hi[i] else bad).append(int(i))
+    return agreed, bad

@@ -1,0 +1,47 @@
+"""What a rank that called ``join()`` needs to take part in the others' collectives.
+
+A joined rank has no requests of its own. When the agreement shows that some
+rank joined, every rank learns which ranks joined (an allgather), and the
+lowest active rank sends what the agreed collectives are (a bcast of
+:func:`describe` tuples). A joined rank runs a :func:`mirror` of each: an
+allreduce on zeros of the agreed size (its result is dropped), a broadcast into
+scratch memory. Both sides refuse the same collectives (:func:`refusal`), so
+ranks stay paired.
+"""
+import numpy as np
+
+from ..request import Request
+
+__all__ = ['describe', 'mirror', 'refusal']
+
+
+def describe(req):
+    """Everything a joined rank needs to run the same collective and plan the same buckets."""
+    dtype = req.dtype.str if req.dtype is not None else ''
+    return (req.seq, req.kind, req.key, dtype, req.shape, req.nbytes, req.root, req.average,
+            req.priority, req.sig)
+
+
+def mirror(meta):
+    """A joined rank's stand-in for an active rank's request."""
+    seq, kind, key, dtype, shape, nbytes, root, average, priority, sig = meta
+    dtype = np.dtype(dtype) if dtype else None
+    req = Request(kind, key, dtype, shape, root=root, average=average, priority=priority,
+                  nbytes=nbytes, sig=sig)
+    req.seq, req.mirror = seq, True
+    if dtype is not None:
+        req.view = np.zeros(nbytes // dtype.itemsize, dtype=dtype)
+    return req
+
+
+def refusal(req, joined):
+    """Why no joined rank can take part in ``req`` (None when it can). ``joined[r]``: rank r joined."""
+    ranks = [r for r, j in enumerate(joined) if j]
+    if req.kind == 'custom':
+        return ('rank(s) %s called join(), and %s runs a Python function that a joined rank '
+                'cannot mirror (broadcast_object, allgather_object, run_collective): call it '
+                'before join()' % (ranks, req.describe()))
+    if req.kind == 'bcast' and joined[req.root]:
+        return ('%s broadcasts from rank %d, which called join() and has no value to send'
+                % (req.describe(), req.root))
+    return None
