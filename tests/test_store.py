@@ -88,3 +88,28 @@ def test_timeline_trace_is_valid(design, tmp_path):
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_helpers(design, nprocs):
     _ok(run_mpi(nprocs, 'kv_helpers.py', design, timeout=240), 'kv_helpers[%s]' % design)
+
+
+@pytest.mark.parametrize('nprocs', MPI_SIZES)
+@pytest.mark.parametrize('design', DESIGNS)
+def test_pushpull_is_an_allreduce_without_init(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_allreduce.py', design, timeout=240), 'kv_allreduce[%s]' % design)
+
+
+@pytest.mark.parametrize('nprocs', [2, 3])
+@pytest.mark.parametrize('design', DESIGNS)
+def test_join_uneven_data_direct(design, nprocs):
+    _ok(run_mpi(nprocs, 'kv_join.py', design, 'direct', timeout=240),
+        'kv_join[%s, direct]' % design)
+
+
+@pytest.mark.parametrize('mode', ['trainer', 'trainer_on_kv', 'distributed', 'module'])
+@pytest.mark.parametrize('design', DESIGNS)
+def test_join_uneven_data_training(design, mode):
+    _ok(run_mpi(2, 'kv_join.py', design, mode, timeout=240), 'kv_join[%s, %s]' % (design, mode))
+
+
+@pytest.mark.parametrize('design', ENGINE_DESIGNS)
+def test_join_naive_engine(design):
+    _ok(run_mpi(2, 'kv_join.py', design, 'direct', timeout=240,
+                env={'MXNET_ENGINE_TYPE': 'NaiveEngine'}), 'kv_join[%s, direct]' % design)

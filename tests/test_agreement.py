@@ -1,0 +1,71 @@
+"""The agreement messages (mpi_kvstore.agreement), with the MPI MIN done by numpy."""
+import numpy as np
+import pytest
+
+from mpi_kvstore import agreement as ag
+from mpi_kvstore.request import SIG_LIMIT
+
+
+def _min(*msgs):
+    return np.minimum.reduce([np.array(m) for m in msgs])
+
+
+def test_group_same_requests_agree():
+    msg = _min(ag.group_message([5, 9], rank=0), ag.group_message([5, 9], rank=1))
+    assert not ag.group_mismatch(msg)
+    assert ag.read_header(msg) == ag.Header(False, 0, False)
+
+
+@pytest.mark.parametrize('other', [[9, 5], [5], [5, 9, 9], [5, 10]])
+def test_group_any_difference_is_a_mismatch(other):
+    msg = _min(ag.group_message([5, 9], rank=0), ag.group_message(other, rank=1))
+    assert ag.group_mismatch(msg)
+
+
+def test_group_joined_rank_is_invisible_and_reported():
+    msg = _min(ag.group_message([7], rank=2), ag.group_message((), joined=True),
+               ag.group_message([7], rank=1))
+    assert not ag.group_mismatch(msg)
+    assert ag.read_header(msg) == ag.Header(True, 1, False)
+    mismatch = _min(ag.group_message([7], rank=2), ag.group_message((), joined=True),
+                    ag.group_message([8], rank=1))
+    assert ag.group_mismatch(mismatch)
+
+
+def test_group_all_joined():
+    msg = _min(ag.group_message((), joined=True), ag.group_message((), joined=True))
+    assert ag.read_header(msg).all_joined
+
+
+def _window(offer, base=10, window=8, joined=False, rank=0):
+    msg = np.full(ag.HEADER + 2 * window, -5, dtype=np.int32)   # stale content is overwritten
+    return ag.window_message(msg, offer, base, joined, rank)
+
+
+def test_window_ready_everywhere_agreed_only():
+    a = _window({10: 3, 11: 4, 13: 6})
+    b = _window({10: 3, 12: 5, 13: 6}, rank=1)
+    agreed, bad = ag.window_result(_min(a, b))
+    assert (agreed, bad) == ([0, 3], [])
+
+
+def test_window_different_signatures_at_one_slot():
+    agreed, bad = ag.window_result(_min(_window({10: 3, 11: 4}), _window({10: 3, 11: 9})))
+    assert (agreed, bad) == ([0], [1])
+
+
+def test_window_joined_rank_offers_a_wildcard_everywhere():
+    joined = _window({}, joined=True, rank=1)
+    assert (joined[ag.HEADER:] == ag.WILDCARD).all()
+    msg = _min(_window({10: 3, 12: 5}), joined, _window({10: 3, 12: 5, 13: 1}, rank=2))
+    assert ag.window_result(msg) == ([0, 2], [])
+    assert ag.read_header(msg) == ag.Header(True, 0, False)
+    assert ag.read_header(_min(joined, _window({}, joined=True))).all_joined
+
+
+def test_signature_limits_fit_the_encoding():
+    # sig + 1 and SIG_LIMIT - sig stay positive int32 below the wildcard
+    for sig in (0, SIG_LIMIT - 1):
+        msg = _window({10: sig})
+        assert 0 < msg[ag.HEADER] < ag.WILDCARD and 0 < msg[ag.HEADER + 8] < ag.WILDCARD
+        assert ag.window_result(msg) == ([0], [])
