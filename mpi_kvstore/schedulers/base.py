@@ -91,17 +91,27 @@ class Scheduler:
             self._sink(req, err)
 
     def fail_all(self, reqs, err):
-        """Fail requests that still take part: those without memory get zeros to send."""
+        """Fail requests on this rank alone. Those without memory get zeros to send.
+
+        Before the agreement this also changes their signature, so every rank sees a
+        mismatch and none runs them: the others would otherwise get a sum without this
+        rank's part and no error. After it (a failed fusion), the collective runs with
+        this rank's zeros, since the other ranks are already in it.
+        """
         for req in reqs:
             if req.view is None and req.array is not None:
                 req.scratch = np.zeros(req.nbytes // req.dtype.itemsize, dtype=req.dtype)
+            req.sig = (req.sig + SIG_LIMIT // 2) % SIG_LIMIT
             if req.error is None:
                 self.fail(req, err)
 
     def mismatch(self, req):
+        if req.error is not None:  # this rank failed it first: that error says why
+            return
         self.fail(req, RankMismatchError(
             'ranks disagree on %s: every rank must issue the same keys, shapes and dtypes '
-            'in the same order' % req.describe()))
+            'in the same order (or a rank could not read its array: its own error says '
+            'why)' % req.describe()))
 
     def reject(self, reqs):
         """Ranks agreed that these do not match: fail and complete them, run nothing."""
