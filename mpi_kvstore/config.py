@@ -106,6 +106,14 @@ OPTIONS: Tuple[Option, ...] = (
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg),
+    # Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS is 60 too: long enough that a slow first
+    # step (graph building, a large model's backward) never reads as a stall.
+    Option('stall_warning', float, 60.0, 'seconds',
+           'Log which collectives have waited this long for other ranks, and which ranks '
+           'have not pushed them; repeated while the stall lasts. 0 disables.', _nonneg),
+    Option('stall_abort', float, 0.0, 'seconds',
+           'Abort the whole job (MPI_Abort) once a collective has waited this long. '
+           '0 (default) never aborts.', _nonneg),
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -8,6 +8,7 @@ import threading
 import weakref
 
 import mxnet as mx
+import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import engine
@@ -16,7 +17,8 @@ from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
 from .errors import MPIKVStoreError
-from .keys import KeyTable, request
+from .faults import StallInspector, install_abort_hook
+from .keys import KeyTable, request, same_array
 from .request import Request
 from .schedulers import check_thread_level, get_design
 from .timeline import Timeline
@@ -60,6 +62,9 @@ class MPIKVStore(KVStoreBase):
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
         self._scheduler = design(comm, self._config, self._errors.record, self._timeline)
+        install_abort_hook()  # a rank that raises must end the job, not hang the others
+        self._inspector = StallInspector(comm, self._config, self._scheduler,
+                                         lambda: list(self._pending))
         _LIVE.add(self)
 
     # -- identity -------------------------------------------------------------
@@ -155,6 +160,11 @@ class MPIKVStore(KVStoreBase):
         for state, entry in zip(states, entries):
             for out in entry.outs or ():
                 state.value.copyto(out)
+            if entry.outs:
+                # Module broadcasts its cached _arg_params into the executors' arrays:
+                # a join must update both, the arrays in use first.
+                state.weights = tuple(entry.outs) + tuple(
+                    v for v in entry.values if not any(same_array(v, o) for o in entry.outs))
 
     def pushpull(self, key, value, out=None, priority=0):
         """Sum value over devices and ranks into out (in place when out is None).
@@ -190,6 +200,58 @@ class MPIKVStore(KVStoreBase):
         for state, entry in zip(states, entries):
             for arr in entry.outs:
                 state.value.copyto(arr)
+            state.weights = tuple(entry.outs)
+
+    def join(self):
+        """This rank has run out of data: until every rank has joined, take part in
+        the others' collectives with zeros. Returns, on every rank, the last rank to
+        join (the one that issued the most collectives; ties: the highest rank).
+
+        Sums then cover the batches that exist: a joined rank adds nothing. Once all
+        joined, the last rank's weights (the arrays Trainer and Module handed the
+        store through broadcast, pull, or pushpull with the store's optimizer) and
+        the store's optimizer states are broadcast to every rank, so training goes
+        on from identical weights. A joined rank cannot mirror broadcasts from
+        itself or Python-object collectives: those fail with JoinError everywhere.
+        """
+        self._begin()
+        self.wait()
+        if self._size == 1:
+            return 0
+        last = self._scheduler.join()
+        self._sync_from(last)
+        return last
+
+    def _sync_from(self, root):
+        """Every rank takes ``root``'s weights and optimizer states (after a join)."""
+        mine = [(st.key, st.shape, st.dtype.str) for st in self._keys
+                if st.weights or st.value is not None]
+        keys, has_updater = self.run_collective(
+            lambda comm: comm.bcast((mine, self._updater is not None), root=root), 'join_keys')
+        reqs, deliveries = [], []
+        for key, shape, dtype in keys:
+            state = self._keys.get(key)
+            if state is not None and (state.shape, state.dtype.str) == (shape, dtype):
+                buf, outs = state.stored(), state.weights
+                if outs:
+                    outs[0].copyto(buf)
+            else:  # a key this rank never held: take part, keep nothing
+                buf, outs = mx.nd.zeros(shape, dtype=dtype), ()
+            reqs.append(Request('bcast', ('join', key), np.dtype(dtype), shape, array=buf,
+                                root=root))
+            deliveries.append((buf, outs))
+        if reqs:
+            self._submit(reqs, 0)
+        for buf, outs in deliveries:
+            for out in outs:
+                buf.copyto(out)
+        if has_updater:
+            states = self.run_collective(lambda comm: comm.bcast(
+                self._updater.get_states(False) if self._rank == root else None, root=root),
+                'join_optimizer')
+            if self._updater is not None and self._rank != root:
+                self._updater.set_states(states)
+        self.wait()
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         raise TypeError('mpi_kvstore reduces dense arrays only; row_sparse_pull is not supported')
@@ -252,6 +314,7 @@ class MPIKVStore(KVStoreBase):
             return
         self._quiesce()
         self._closed = True
+        self._inspector.stop()
         self._scheduler.close()
         if self._timeline:
             self._timeline.write()

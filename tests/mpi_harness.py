@@ -2,9 +2,11 @@
 
 Every rank runs as ``python -m mpi4py SCRIPT``, so an uncaught exception on
 any rank calls MPI_Abort and ends the whole job instead of leaving the other
-ranks waiting for it. The timeout covers what an abort cannot: a rank that
-hangs. Either way the test fails with the tail of the job's output, and no
-rank is left running afterwards.
+ranks waiting for it; ``module_launch=False`` runs ``python SCRIPT`` instead,
+as users launch, for tests of what the library itself does when a rank
+fails. The timeout covers what an abort cannot: a rank that hangs. Either
+way the test fails with the tail of the job's output, and no rank is left
+running afterwards.
 
     from mpi_harness import mpi_sizes, run_mpi
 
@@ -120,12 +122,12 @@ def resolve_script(script):
     pytest.fail('MPI scenario not found: %s' % script, pytrace=False)
 
 
-def mpi_command(nprocs, script, args=()):
-    """The argv that runs SCRIPT on NPROCS ranks."""
+def mpi_command(nprocs, script, args=(), module_launch=True):
+    """The argv that runs SCRIPT on NPROCS ranks (under ``-m mpi4py`` unless told not to)."""
     mpiexec = require_mpiexec()
-    return ([mpiexec, *launcher_flags(mpiexec), '-n', str(nprocs),
-             sys.executable, '-m', 'mpi4py', resolve_script(script)]
-            + [str(arg) for arg in args])
+    python = [sys.executable, '-m', 'mpi4py'] if module_launch else [sys.executable]
+    return ([mpiexec, *launcher_flags(mpiexec), '-n', str(nprocs), *python,
+             resolve_script(script)] + [str(arg) for arg in args])
 
 
 def child_env(env=None, run_id=''):
@@ -149,13 +151,14 @@ def child_env(env=None, run_id=''):
     return child
 
 
-def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None):
+def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None, module_launch=True):
     """Run SCRIPT on NPROCS ranks; return the job's stdout and stderr as text.
 
     Raises MPIRunError (with the output tail) when the job exits non-zero, and
     MPITimeout when it runs past TIMEOUT seconds, after killing every rank.
+    ``module_launch=False`` starts ranks as plain ``python SCRIPT``.
     """
-    cmd = mpi_command(nprocs, script, args)
+    cmd = mpi_command(nprocs, script, args, module_launch)
     run_id = uuid.uuid4().hex
     start = time.monotonic()
     # A file, not a pipe: a rank that outlived mpiexec would keep a pipe open
