@@ -331,8 +331,14 @@ class MPIKVStore(KVStoreBase):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the exception in flight says more than a collective that failed after it
+            self.close()
+        except MPIKVStoreError as err:
+            log.error('mpi_kvstore: while leaving the store on %s: %s', exc_type.__name__, err)
 
     def __repr__(self):
         return '<MPIKVStore design=%s rank=%d/%d>' % (self.design, self._rank, self._size)

@@ -1,0 +1,250 @@
+"""RSS growth over many pushpulls: does a long run's memory stay flat?
+
+    mpiexec -n 1 python benchmarks/memory.py --quick
+    mpiexec -n N python benchmarks/memory.py [--calls 1000000] [--keys 10] [--kbytes 16]
+        [--designs funneled,concurrent,chained] [--ready] [--timeout S] [--out DIR]
+
+Each method runs a warm-up of 5% of --calls, then --calls measured calls, in steps of
+--keys calls, one per key on float32 arrays of --kbytes KB each; RSS (/proc/self/statm) is
+sampled after the warm-up and at every tenth of the measured calls. Methods, in one run:
+  raw_mpi        comm.Allreduce(IN_PLACE, buf) on numpy buffers of the same sizes: the
+                 baseline, what MPI itself costs in memory;
+  engine_op      an engine op that only completes, pushed on each array (kCPUPrioritized,
+                 so it runs on an engine worker), then wait_to_read: no MPI call at all;
+  mpi_kvstore:D  kv.pushpull(key, arr) for every key, then kv.wait(), for each design D.
+By default each step first holds the arrays behind one engine op, as backward holds the
+gradients it writes, and releases it after the pushpulls are pushed: so every pushpull's
+engine op runs on an engine worker thread, as in training (one extra engine op per step).
+With --ready the arrays are ready at push time and funneled and concurrent run their
+engine op inline on this thread instead.
+
+Reported per method: growth in MB (largest over ranks), bytes per call, growth
+extrapolated to 1,000,000 calls (target: under 2 MB), and us per call.
+"""
+import argparse
+import gc
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+
+common.use_checkout()
+import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
+
+import mpi_kvstore  # noqa: E402
+from mpi_kvstore import engine  # noqa: E402
+from memory_probe import Gate, rss_mb  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')   # the designs that push engine ops
+TARGET_MB_PER_MILLION = 2.0
+SAMPLES = 10
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--quick', action='store_true',
+                        help='100,000 calls instead of 1,000,000 (a few seconds per method)')
+    parser.add_argument('--calls', type=int, default=None,
+                        help='measured calls per method, after the warm-up (default 1000000)')
+    parser.add_argument('--keys', type=int, default=10, help='keys (arrays) per step (default 10)')
+    parser.add_argument('--kbytes', type=int, default=16, help='KB of float32 per key (default 16)')
+    parser.add_argument('--designs', '--design', default=','.join(ENGINE_DESIGNS),
+                        help='comma-separated mpi_kvstore designs (default: the engine designs, '
+                             + ','.join(ENGINE_DESIGNS) + ')')
+    parser.add_argument('--ready', action='store_true',
+                        help='push arrays that are ready (no gate op): funneled and concurrent '
+                             'then run their engine op inline on the calling thread')
+    parser.add_argument('--warmup-fraction', type=float, default=0.05,
+                        help='warm-up calls as a fraction of --calls (default 0.05)')
+    parser.add_argument('--timeout', type=float, default=3600.0,
+                        help='seconds one method may take before the job is ended (default 3600)')
+    parser.add_argument('--out', default=common.DEFAULT_OUT, help='folder for the JSON results')
+    args = parser.parse_args(argv)
+    if args.calls is None:
+        args.calls = 100000 if args.quick else 1000000
+    if args.calls < args.keys or args.keys < 1 or args.kbytes < 1 or args.warmup_fraction < 0:
+        raise SystemExit('need --calls >= --keys >= 1, --kbytes >= 1, --warmup-fraction >= 0')
+    return args
+
+
+# ---------------------------------------------------------------- measuring
+
+def measure(step, args, sync=None):
+    """Run step() for the warm-up, then for the measured calls; RSS at SAMPLES points.
+
+    step() makes args.keys calls. Returns the row stored in the JSON; growth and time are the
+    largest over ranks."""
+    steps = args.calls // args.keys
+    warm_steps = int(steps * args.warmup_fraction)
+    for _ in range(warm_steps):
+        step()
+    if sync:
+        sync()
+    gc.collect()
+    COMM.Barrier()
+    samples = [rss_mb()]
+    with common.Timer() as timer:
+        for i in range(SAMPLES):
+            for _ in range(steps * (i + 1) // SAMPLES - steps * i // SAMPLES):
+                step()
+            if sync:
+                sync()
+            samples.append(rss_mb())
+    calls = steps * args.keys
+    growth = COMM.allreduce(samples[-1] - samples[0], op=MPI.MAX)
+    seconds = COMM.allreduce(timer.elapsed, op=MPI.MAX)
+    return {'calls': calls, 'warmup_calls': warm_steps * args.keys,
+            'rss_before_MB': samples[0], 'rss_after_MB': samples[-1], 'rss_samples_MB': samples,
+            'growth_MB': growth, 'bytes_per_call': growth * 2 ** 20 / calls,
+            'MB_per_million': growth * 1e6 / calls, 'us_per_call': seconds / calls * 1e6}
+
+
+def _check(values, expected, what):
+    """The first result must be the sum over ranks: measuring a wrong answer is worthless."""
+    if not np.allclose(values, expected):
+        raise RuntimeError(f'{what}: got {np.unique(values)[:5]}, expected {expected}')
+
+
+# ---------------------------------------------------------------- the methods
+
+def bench_raw(args):
+    buffers = [np.ones(args.kbytes * 256, dtype=np.float32) for _ in range(args.keys)]
+    for buf in buffers:
+        COMM.Allreduce(MPI.IN_PLACE, buf)
+    _check(buffers[0], COMM.size, 'raw MPI Allreduce(IN_PLACE)')
+    for buf in buffers:
+        buf[:] = 0      # sums of zeros stay zero: the loop needs no reset
+
+    def step():
+        for buf in buffers:
+            COMM.Allreduce(MPI.IN_PLACE, buf)
+    return measure(step, args)
+
+
+def _arrays(args, value=0.0):
+    return [mx.nd.full((args.kbytes * 256,), value, dtype='float32') for _ in range(args.keys)]
+
+
+def bench_engine_op(args):
+    arrays = _arrays(args)
+
+    def complete(completion):
+        completion.done()
+
+    def step():
+        for array in arrays:
+            engine.push(complete, mutable=[array], name='memory_engine_op')
+        for array in arrays:
+            array.wait_to_read()
+    return measure(step, args, sync=mx.nd.waitall)
+
+
+def bench_store(args, design, kv):
+    keys = list(range(args.keys))
+    arrays = _arrays(args, 1.0)
+    kv.init(keys, arrays)
+    # NaiveEngine runs every op inline and waits for it: a gate would never open.
+    naive = os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine'
+    gate = Gate(arrays) if design in ENGINE_DESIGNS and not (args.ready or naive) else None
+
+    def step():
+        if gate:
+            gate.close()
+        for key, array in zip(keys, arrays):
+            kv.pushpull(key, array)
+        if gate:
+            gate.open()
+        kv.wait()
+    step()
+    _check(arrays[0].asnumpy(), COMM.size, f'mpi_kvstore:{design} pushpull')
+    for array in arrays:
+        array[:] = 0
+    mx.nd.waitall()
+    return measure(step, args, sync=mx.nd.waitall)
+
+
+# ---------------------------------------------------------------- one run
+
+class Run:
+    """Rows so far; saved after every method so a killed job still leaves them."""
+
+    def __init__(self, args):
+        self.args, self.rows, self.skipped = args, [], {}
+        self.json_path = os.path.join(args.out, f'memory_n{COMM.size}.json')
+
+    def method(self, name, bench, *bench_args):
+        common.rank0_print(f'measuring {name} ...')
+        with common.deadline(self.args.timeout, f'{name} over {self.args.calls} calls'):
+            row = bench(self.args, *bench_args)
+        self.rows.append({'method': name, **row})
+        common.rank0_print(f'  {format_row(self.rows[-1], self.baseline())}')
+        self.save()
+
+    def skip(self, name, why):
+        self.skipped[name] = why
+        common.rank0_print(f'  skipped {name}: {why}')
+
+    def baseline(self):
+        return next((r for r in self.rows if r['method'] == 'raw_mpi'), None)
+
+    def save(self):
+        config = dict(vars(self.args), script='benchmarks/memory.py', nranks=COMM.size,
+                      pattern='ready' if self.args.ready else 'gated (engine ops on workers)',
+                      target_MB_per_million=TARGET_MB_PER_MILLION)
+        payload = {'benchmark': 'memory', 'results': self.rows, 'skipped': self.skipped}
+        common.write_json(self.json_path, payload, config)
+
+
+def format_row(row, baseline):
+    """One table line; 'x raw' is growth / raw_mpi's growth ('-' while raw_mpi grew nothing)."""
+    extra, ratio = '-', '-'
+    if baseline is not None and row is not baseline:
+        extra = f'{row["growth_MB"] - baseline["growth_MB"]:+.2f}'
+        if baseline['growth_MB'] > 0:
+            ratio = f'{row["growth_MB"] / baseline["growth_MB"]:.1f}x'
+    verdict = 'ok' if row['MB_per_million'] < TARGET_MB_PER_MILLION else 'OVER TARGET'
+    return (f'{row["method"]:<24}{row["calls"]:>9}{row["rss_before_MB"]:>10.1f}'
+            f'{row["rss_after_MB"]:>10.1f}{row["growth_MB"]:>10.2f}{extra:>10}{ratio:>8}'
+            f'{row["bytes_per_call"]:>9.1f}{row["MB_per_million"]:>9.2f}'
+            f'{row["us_per_call"]:>9.1f}  {verdict}')
+
+
+HEADER = (f'{"method":<24}{"calls":>9}{"RSS0(MB)":>10}{"RSS1(MB)":>10}{"grow(MB)":>10}'
+          f'{"-raw(MB)":>10}{"x raw":>8}{"B/call":>9}{"MB/1M":>9}{"us/call":>9}')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run = Run(args)
+    common.rank0_print(f'memory benchmark: {COMM.size} ranks, {args.calls} calls per method after '
+                       f'{args.warmup_fraction:.0%} warm-up, {args.keys} keys x {args.kbytes} KB '
+                       f'float32, {"ready arrays" if args.ready else "engine ops on workers"}')
+    common.rank0_print(HEADER)
+    run.method('raw_mpi', bench_raw)
+    run.method('engine_op', bench_engine_op)
+    for design in common.designs(args.designs):
+        name = f'mpi_kvstore:{design}'
+        kv, why = common.create_store(design, args.timeout)
+        if why:
+            run.skip(name, why)
+            continue
+        run.method(name, bench_store, design, kv)
+        kv.close()
+        del kv
+        gc.collect()
+    common.rank0_print(f'\nRSS growth after the warm-up, largest over ranks; -raw = growth minus '
+                       f'raw_mpi\'s, x raw = the ratio; MB/1M = growth per 1,000,000 calls '
+                       f'(target < {TARGET_MB_PER_MILLION:g})')
+    common.rank0_print(HEADER)
+    baseline = run.baseline()
+    for row in run.rows:
+        common.rank0_print(format_row(row, baseline))
+    run.save()
+    common.rank0_print(f'\nresults written to {run.json_path}')
+
+
+if __name__ == '__main__':
+    common.run_main(main)

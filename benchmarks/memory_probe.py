@@ -1,0 +1,42 @@
+"""What benchmarks/memory.py and the CI memory test both need: RSS, and a gate that
+sends every pushpull's engine op to an engine worker thread.
+
+An op whose arrays are ready runs inline on the pushing thread (kAsync), which
+never showed the leak; gradients still being written by backward are not ready.
+Holding the arrays behind a gate op reproduces that in every design.
+"""
+import os
+import threading
+
+from mpi_kvstore import engine
+
+__all__ = ['rss_mb', 'Gate']
+
+_PAGE = os.sysconf('SC_PAGE_SIZE')
+
+
+def rss_mb():
+    """Resident set size of this process, in MB (2**20 bytes)."""
+    with open('/proc/self/statm') as statm:
+        return int(statm.read().split()[1]) * _PAGE / 2 ** 20
+
+
+class Gate:
+    """An engine op that writes ``arrays`` and completes only when opened, from this thread."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+        self._held = threading.Event()
+        self._completion = None
+
+    def close(self):
+        self._held.clear()
+        engine.push(self._hold, mutable=self.arrays, name='memory_gate')
+
+    def _hold(self, completion):
+        self._completion = completion
+        self._held.set()
+
+    def open(self):
+        self._held.wait()
+        self._completion.done()
