@@ -35,7 +35,7 @@ import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
 
 import mpi_kvstore  # noqa: E402
 from mpi_kvstore import engine  # noqa: E402
-from memory_probe import Gate, rss_mb  # noqa: E402
+from memory_probe import Gate, gated_step, rss_mb  # noqa: E402
 
 COMM = MPI.COMM_WORLD
 ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')   # the designs that push engine ops
@@ -151,13 +151,7 @@ def bench_store(args, design, kv):
     gate = Gate(arrays) if design in ENGINE_DESIGNS and not (args.ready or naive) else None
 
     def step():
-        if gate:
-            gate.close()
-        for key, array in zip(keys, arrays):
-            kv.pushpull(key, array)
-        if gate:
-            gate.open()
-        kv.wait()
+        gated_step(kv, keys, arrays, gate)
     step()
     _check(arrays[0].asnumpy(), COMM.size, f'mpi_kvstore:{design} pushpull')
     for array in arrays:

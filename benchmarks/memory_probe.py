@@ -10,7 +10,7 @@ import threading
 
 from mpi_kvstore import engine
 
-__all__ = ['rss_mb', 'Gate']
+__all__ = ['rss_mb', 'Gate', 'gated_step']
 
 _PAGE = os.sysconf('SC_PAGE_SIZE')
 
@@ -40,3 +40,14 @@ class Gate:
     def open(self):
         self._held.wait()
         self._completion.done()
+
+
+def gated_step(kv, keys, arrays, gate=None):
+    """One pushpull of every key behind ``gate`` (None: as they come), then a wait."""
+    if gate:
+        gate.close()
+    for key, array in zip(keys, arrays):
+        kv.pushpull(key, array)
+    if gate:
+        gate.open()
+    kv.wait()

@@ -21,7 +21,7 @@ from common import RANK, SIZE, WORLD, close, design_arg, done
 # One gate and one RSS probe for this test and benchmarks/memory.py.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..',
                                 'benchmarks'))
-from memory_probe import Gate, rss_mb  # noqa: E402
+from memory_probe import Gate, gated_step, rss_mb  # noqa: E402
 
 def main():
     design = design_arg()
@@ -40,13 +40,7 @@ def main():
 
     def steps(count):
         for _ in range(count):
-            if gate:
-                gate.close()
-            for key, array in zip(keys, arrays):
-                kv.pushpull(key, array)
-            if gate:
-                gate.open()
-            kv.wait()
+            gated_step(kv, keys, arrays, gate)
 
     # Arrays of zeros stay zero whatever the sum, so the loop checks itself cheaply.
     arrays[0][:] = 1
