@@ -36,7 +36,7 @@ setup(
         'mpich': ['mpich'],
         'examples': ['tqdm'],
         'bench': ['matplotlib'],
-        'test': ['pytest'],
+        'test': ['pytest', 'hypothesis'],
         # GPU users bring their own mxnet-cuXXX build; cupy gives device buffers.
         'gpu': ['cupy'],
     },
