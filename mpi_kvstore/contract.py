@@ -83,6 +83,9 @@ def check_dense(key, arrays, what):
     """Same shape and dtype across devices, dense, and a dtype MPI can sum -> (shape, dtype)."""
     metas = [_meta(arr) for arr in arrays]
     shape, dtype, _ = metas[0]
+    if not shape:
+        raise TypeError('%s for key %r is a 0-d array (shape ()), which MXNet 1.9.1 cannot '
+                        'allocate buffers for: reshape it to (1,)' % (what, key))
     for other_shape, other_dtype, stype in metas:
         if stype != 'default':
             raise TypeError('%s for key %r is %s; mpi_kvstore reduces dense arrays only'

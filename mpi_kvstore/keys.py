@@ -65,6 +65,25 @@ class KeyState:
         return sig
 
 
+def _check_once(entries, writes_values):
+    keys, written = set(), {}
+    for entry in entries:
+        if entry.key in keys:
+            raise ValueError('key %r appears more than once in one call; give each key once '
+                             '(sum its values first, or make separate calls)' % (entry.key,))
+        keys.add(entry.key)
+        targets = entry.outs if entry.outs is not None else (
+            entry.values if writes_values else ())
+        for arr in targets:
+            other = written.setdefault(arr.handle.value, entry.key)
+            if other != entry.key:
+                raise ValueError('the same array is an output of keys %r and %r in one call; '
+                                 'give each key its own array' % (other, entry.key))
+            if sum(same_array(arr, t) for t in targets) > 1:
+                raise ValueError('the same array is given twice as an output of key %r'
+                                 % (entry.key,))
+
+
 def _conflict(entry, shape, dtype, what, since):
     return ValueError('%s for key %r has shape %s and dtype %s, but the key has shape %s and '
                       'dtype %s (%s)' % (what, entry.key, entry.shape, entry.dtype.name,
@@ -94,9 +113,15 @@ class KeyTable:
         return state
 
     # -- validation: no state changes -------------------------------------------
-    def validate(self, entries, what='value', need_weights=False, fresh=False):
-        """Check a whole call against the known keys and against itself."""
-        seen = {}
+    def validate(self, entries, what='value', need_weights=False, fresh=False,
+                 writes_values=False):
+        """Check a whole call against the known keys and against itself.
+
+        A key may appear once per call, and an array the call writes (an out, or a
+        value reduced in place when ``writes_values``) once: MXNet's engine cannot run
+        an op that lists one array twice, and two results for one array are ambiguous.
+        """
+        _check_once(entries, writes_values)
         for entry in entries:
             state = self._keys.get(entry.key)
             if fresh and state is not None and state.value is not None:
@@ -108,10 +133,6 @@ class KeyTable:
                     'gradients for it' % (entry.key,))
             if state is not None and (entry.shape, entry.dtype) != (state.shape, state.dtype):
                 raise _conflict(entry, state.shape, state.dtype, what, 'from its first use')
-            first = seen.setdefault(entry.key, entry)
-            if (first.shape, first.dtype) != (entry.shape, entry.dtype):
-                raise _conflict(entry, first.shape, first.dtype, what,
-                                'from earlier in the same call')
 
     # -- the data path (after validation) ----------------------------------------
     def register(self, entry):

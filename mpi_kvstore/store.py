@@ -147,7 +147,7 @@ class MPIKVStore(KVStoreBase):
             raise ValueError('root must be a rank of this %d-process store (0..%d), not %r'
                              % (self._size, self._size - 1, root))
         entries = normalize(key, value, out)
-        self._keys.validate(entries)
+        self._keys.validate(entries, writes_values=True)
         for entry in entries:
             entry.outs = entry.values if entry.outs is None else entry.outs
         self._broadcast(entries, priority, root)
@@ -173,7 +173,7 @@ class MPIKVStore(KVStoreBase):
         """
         self._begin(priority)
         entries = normalize(key, value, out)
-        self._keys.validate(entries, need_weights=self._updater is not None)
+        self._keys.validate(entries, need_weights=self._updater is not None, writes_values=True)
         self._exchange(entries, priority, in_place_ok=True)
 
     def push(self, key, value, priority=0):

@@ -29,8 +29,17 @@ def local_errors(kv):
                   out=mx.nd.zeros((4,), dtype='float64'), contains='float64')
     expect_raises(ValueError, kv.pushpull, 'k', mx.nd.zeros((3,)), contains='key has shape (4,)')
     expect_raises(ValueError, kv.pushpull, ['n1', 'n1'], [mx.nd.zeros((3,)), mx.nd.zeros((2,))],
-                  contains='earlier in the same call')
+                  contains='more than once')
     expect_raises(KeyError, kv.pull, 'n1', out=mx.nd.zeros((3,)), contains="'n1'")
+    # one array or one key twice in a call: the engine cannot list an array twice (it hung)
+    x = mx.nd.ones((3,))
+    expect_raises(ValueError, kv.pushpull, ['t1', 't2'], [x, x], contains='output of keys')
+    expect_raises(ValueError, kv.push, ['t1', 't1'], [x, x], contains='more than once')
+    expect_raises(ValueError, kv.pushpull, 't1', x, out=[x, x], contains='given twice')
+    expect_raises(TypeError, kv.pushpull, 't0', mx.nd.array(np.array(3.0, dtype='float32')),
+                  contains='0-d array')
+    kv.pushpull(['t1', 't2'], [x, mx.nd.ones((3,))])        # nothing above registered them
+    close(x.asnumpy(), SIZE, 'keys after rejected repeats')
     expect_raises(ValueError, kv.pushpull, 'k', [mx.nd.zeros((4,)), mx.nd.zeros((2,))],
                   contains='differ between devices')
     expect_raises(TypeError, kv.pushpull, 'k', mx.nd.zeros((4,), dtype='bool'),

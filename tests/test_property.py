@@ -1,0 +1,18 @@
+"""Hypothesis property test of the store at 2 ranks, for every design.
+
+Random sequences of valid and invalid calls (scenarios/kv_property.py): every
+result equals numpy's, every rejected call raises a clear error and leaves no
+trace, and the store stays usable. 150 examples per design: 7-30 s a job on
+the 2-core VM.
+"""
+import pytest
+
+from mpi_harness import run_mpi
+
+DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
+
+
+@pytest.mark.parametrize('design', DESIGNS)
+def test_random_calls_match_numpy_and_rejections_leave_no_trace(design):
+    out = run_mpi(2, 'kv_property.py', design, timeout=240)
+    assert 'kv_property[%s]: OK' % design in out, out[-2000:]
