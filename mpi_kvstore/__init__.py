@@ -9,7 +9,8 @@ of store, configured from ``MPI_KVSTORE_*`` environment variables.
 """
 from mxnet.kvstore import KVStoreBase
 
-from .config import DESIGNS, Config, options_table
+from .config import Config, options_table
+from .designs import NAMES as DESIGNS
 from .errors import (ArrayLayoutError, CollectiveError, ConfigError, JoinError, MPIKVStoreError,
                      RankMismatchError, ThreadLevelError, UnknownKeyError)
 from .collectives import (allgather, allgather_object, allreduce, allreduce_, broadcast,

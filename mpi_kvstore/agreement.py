@@ -26,7 +26,7 @@ import zlib
 
 import numpy as np
 
-from .request import SIG_LIMIT
+from .collective import SIG_LIMIT
 
 __all__ = ['WILDCARD', 'HEADER', 'Header', 'read_header', 'group_message', 'group_mismatch',
            'window_message', 'window_result']

@@ -1,4 +1,5 @@
-"""NDArray memory seen as numpy (host) or CuPy (GPU) arrays, without copies.
+"""NDArray metadata, and NDArray memory seen as numpy (host) or CuPy (GPU) arrays,
+without copies.
 
 Called inside an engine op that holds the array, so nothing here may wait on
 the engine. CuPy is imported lazily, only when a GPU array shows up.
@@ -6,13 +7,69 @@ the engine. CuPy is imported lazily, only when a GPU array shows up.
 import ctypes
 
 import numpy as np
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 
-from .engine import array_pointer
+from .errors import ArrayLayoutError
+from .libmxnet import bind, last_error
 
-__all__ = ['flat_view', 'require_cupy']
+__all__ = ['flat_view', 'require_cupy', 'array_meta', 'array_pointer']
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [('data', ctypes.c_void_p), ('device_type', ctypes.c_int32),
+                ('device_id', ctypes.c_int32), ('ndim', ctypes.c_int32),
+                ('code', ctypes.c_uint8), ('bits', ctypes.c_uint8), ('lanes', ctypes.c_uint16),
+                ('shape', ctypes.POINTER(ctypes.c_int64)),
+                ('strides', ctypes.POINTER(ctypes.c_int64)), ('byte_offset', ctypes.c_uint64)]
+
+
+_to_dlpack = bind('MXNDArrayToDLPack', ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+_get_shape = bind('MXNDArrayGetShapeEx', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                  ctypes.POINTER(ctypes.POINTER(ctypes.c_int)))
+_get_dtype = bind('MXNDArrayGetDType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_get_stype = bind('MXNDArrayGetStorageType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_dlpack_delete = bind('MXNDArrayCallDLPackDeleter', ctypes.c_void_p)
+
+
+_NP_DTYPES = {code: np.dtype(t) for code, t in _DTYPE_MX_TO_NP.items() if t is not None}
+
+
+def array_meta(array):
+    """(shape, numpy dtype, storage type name) in three direct calls.
+
+    The NDArray properties cost several times more, and a pushpull asks for
+    them for every array it gets.
+    """
+    handle = array.handle
+    ndim, dims, code, stype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int(), \
+        ctypes.c_int()
+    if (_get_shape(handle, ctypes.byref(ndim), ctypes.byref(dims)) or
+            _get_dtype(handle, ctypes.byref(code)) or _get_stype(handle, ctypes.byref(stype))):
+        raise RuntimeError(last_error())
+    shape = tuple(dims[:ndim.value]) if ndim.value > 0 else ()
+    return shape, _NP_DTYPES.get(code.value), _STORAGE_TYPE_ID_TO_STR.get(stype.value, 'unknown')
+
+
+def array_pointer(array):
+    """(address, device_type, device_id) of an NDArray's row-major data.
+
+    Safe inside an op that holds the array: it neither waits on the engine nor
+    reorders. An MKLDNN-layout array raises :class:`ArrayLayoutError`, because its
+    bytes are not row-major and reading them raw would give a wrong sum.
+    """
+    managed = ctypes.c_void_p()
+    if _to_dlpack(array.handle, ctypes.byref(managed)) != 0:
+        msg = last_error()
+        raise ArrayLayoutError('array of shape %s cannot be read in place: %s'
+                               % (array.shape, msg.strip().splitlines()[-1]))
+    try:
+        t = ctypes.cast(managed, ctypes.POINTER(_DLTensor)).contents
+        return t.data + t.byte_offset, t.device_type, t.device_id
+    finally:
+        _dlpack_delete(managed)
 
 
 def require_cupy():

@@ -11,7 +11,7 @@ import numpy as np
 
 from .comm import MPI
 from .config import launcher_local_rank
-from .request import Request
+from .collective import Collective
 from .store import MPIKVStore
 
 __all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'broadcast', 'broadcast_',
@@ -53,7 +53,7 @@ def _array_request(store, kind, name, tensor, root=0, average=False):
     store._raise_pending()
     buf = _staging(store, name, tensor)
     tensor.copyto(buf)
-    req = Request(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
+    req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
                   average=average)
     store._submit([req], 0)
     buf.copyto(tensor)

@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .designs import REGISTRY
 from .errors import ConfigError
 
 __all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive']
 
-DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
 
 
 def _parse_bool(text):
@@ -49,8 +49,8 @@ def _positive(v):
 
 def _design(v):
     v = str(v).strip().lower()
-    if v not in DESIGNS:
-        raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(DESIGNS)))
+    if v not in REGISTRY:
+        raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(REGISTRY)))
     return v
 
 

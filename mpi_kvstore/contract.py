@@ -8,7 +8,7 @@ out   : the same grammar; None means in place into value
 import numpy as np
 import mxnet as mx
 
-from .engine import array_meta
+from .arrays import array_meta
 
 __all__ = ['normalize', 'normalize_out', 'check_dense', 'check_priority', 'Entry',
            'SUPPORTED_DTYPES']

@@ -1,4 +1,5 @@
-"""The only file that pushes work into MXNet's dependency engine through ctypes.
+"""The only file that pushes work into MXNet's dependency engine through ctypes
+(NDArray queries live in arrays.py).
 
 An op is a Python callable ``run(completion)`` pushed with the NDArrays it reads
 (const) and writes (mutable). The engine calls it once every const array is
@@ -18,14 +19,9 @@ import logging
 import threading
 import time
 
-import numpy as np
-from mxnet.base import _LIB
-from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
+from .libmxnet import bind, last_error
 
-from .errors import ArrayLayoutError
-
-__all__ = ['Completion', 'Countdown', 'push', 'array_pointer', 'consume_raised', 'quiesce',
-           'array_meta']
+__all__ = ['Completion', 'Countdown', 'push', 'consume_raised', 'quiesce']
 
 log = logging.getLogger(__name__)
 
@@ -53,37 +49,11 @@ class _Context(ctypes.Structure):
     _fields_ = [('dev_type', ctypes.c_int32), ('dev_id', ctypes.c_int32)]
 
 
-class _DLTensor(ctypes.Structure):
-    _fields_ = [('data', ctypes.c_void_p), ('device_type', ctypes.c_int32),
-                ('device_id', ctypes.c_int32), ('ndim', ctypes.c_int32),
-                ('code', ctypes.c_uint8), ('bits', ctypes.c_uint8), ('lanes', ctypes.c_uint16),
-                ('shape', ctypes.POINTER(ctypes.c_int64)),
-                ('strides', ctypes.POINTER(ctypes.c_int64)), ('byte_offset', ctypes.c_uint64)]
-
-
-# Quick, non-blocking queries are bound through PyDLL, which keeps the GIL across
-# the call: through CDLL every call gives the GIL up and queues to get it back
-# behind the engine and communication threads, which costs more than the call.
-_QUICK = ctypes.PyDLL(_LIB._name)
-
-
-def _quick(name, *argtypes):
-    fn = getattr(_QUICK, name)
-    fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
-    return fn
-
-
-_to_dlpack = _quick('MXNDArrayToDLPack', ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
-_get_shape = _quick('MXNDArrayGetShapeEx', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
-                    ctypes.POINTER(ctypes.POINTER(ctypes.c_int)))
-_get_dtype = _quick('MXNDArrayGetDType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
-_get_stype = _quick('MXNDArrayGetStorageType', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
-_dlpack_delete = _quick('MXNDArrayCallDLPackDeleter', ctypes.c_void_p)
 # Pushing never waits either, and keeping the GIL means the engine worker that
 # picks the op up cannot take it from us half-way through a pushpull call. The
 # engine runs ops without holding its own locks, so no lock order inverts; under
 # NaiveEngine the op runs inline on this thread, which re-enters the GIL.
-_push_async = _quick('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p,
+_push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p,
                      ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_void_p,
                      ctypes.c_int, ctypes.c_char_p, ctypes.c_bool)
@@ -323,49 +293,10 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
                       name.encode(), False)
     if ret != 0:
         _live.pop(op_id, None)
-        raise RuntimeError('MXEnginePushAsyncND failed: ' + _LIB.MXGetLastError().decode())
+        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 
 def _log_error(err):
     log.error('mpi_kvstore engine op failed: %r', err)
 
 
-_LIB.MXGetLastError.restype = ctypes.c_char_p
-
-
-_NP_DTYPES = {code: np.dtype(t) for code, t in _DTYPE_MX_TO_NP.items() if t is not None}
-
-
-def array_meta(array):
-    """(shape, numpy dtype, storage type name) in three direct calls.
-
-    The NDArray properties cost several times more, and a pushpull asks for
-    them for every array it gets.
-    """
-    handle = array.handle
-    ndim, dims, code, stype = ctypes.c_int(), ctypes.POINTER(ctypes.c_int)(), ctypes.c_int(), \
-        ctypes.c_int()
-    if (_get_shape(handle, ctypes.byref(ndim), ctypes.byref(dims)) or
-            _get_dtype(handle, ctypes.byref(code)) or _get_stype(handle, ctypes.byref(stype))):
-        raise RuntimeError(_LIB.MXGetLastError().decode())
-    shape = tuple(dims[:ndim.value]) if ndim.value > 0 else ()
-    return shape, _NP_DTYPES.get(code.value), _STORAGE_TYPE_ID_TO_STR.get(stype.value, 'unknown')
-
-
-def array_pointer(array):
-    """(address, device_type, device_id) of an NDArray's row-major data.
-
-    Safe inside an op that holds the array: it neither waits on the engine nor
-    reorders. An MKLDNN-layout array raises :class:`ArrayLayoutError`, because its
-    bytes are not row-major and reading them raw would give a wrong sum.
-    """
-    managed = ctypes.c_void_p()
-    if _to_dlpack(array.handle, ctypes.byref(managed)) != 0:
-        msg = _LIB.MXGetLastError().decode()
-        raise ArrayLayoutError('array of shape %s cannot be read in place: %s'
-                               % (array.shape, msg.strip().splitlines()[-1]))
-    try:
-        t = ctypes.cast(managed, ctypes.POINTER(_DLTensor)).contents
-        return t.data + t.byte_offset, t.device_type, t.device_id
-    finally:
-        _dlpack_delete(managed)

@@ -231,7 +231,7 @@ class PendingAges:
 
     def update(self, requests, now):
         """Take a snapshot of the store's pending requests, seen at NOW."""
-        # seq is -1 between the store listing a request and the scheduler numbering it.
+        # seq is -1 between the store listing a collective and its design numbering it.
         self._requests = sorted((r for r in requests if r.seq >= 0 and not r.done),
                                 key=lambda r: r.seq)
         seen = self._first_seen
@@ -246,12 +246,12 @@ class StallInspector:
     """Watches one store's pending collectives from a daemon thread; see the module docstring.
 
     ``pending()`` returns a list of the store's requests not yet known to be done;
-    ``scheduler.pushed`` counts the collectives numbered so far.
+    ``design.pushed`` counts the collectives numbered so far.
     """
 
-    def __init__(self, comm, config, scheduler, pending):
+    def __init__(self, comm, config, design, pending):
         self._warn, self._abort = config.stall_warning, config.stall_abort
-        self._scheduler, self._pending = scheduler, pending
+        self._design, self._pending = design, pending
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._ages = PendingAges()
         self._stop = threading.Event()
@@ -333,7 +333,7 @@ class StallInspector:
     def _state(self):
         """(collectives pushed, [(seq, description, seconds pending)]) of this rank."""
         ages = self._ages.ages(time.monotonic())[:MAX_LISTED]
-        return self._scheduler.pushed, [(r.seq, r.describe(), age) for r, age in ages]
+        return self._design.pushed, [(r.seq, r.describe(), age) for r, age in ages]
 
     # -- talking to the other ranks' inspectors ---------------------------------------
     def _gather(self):

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .errors import UnknownKeyError
-from .request import Request, signature
+from .collective import Collective, signature
 
 __all__ = ['KeyState', 'KeyTable', 'same_array', 'request']
 
@@ -173,7 +173,7 @@ class KeyTable:
 
 def request(kind, state, array, average=False, root=0, in_place=False):
     """The collective of one key."""
-    req = Request(kind, state.key, state.dtype, state.shape, array=array, root=root,
+    req = Collective(kind, state.key, state.dtype, state.shape, array=array, root=root,
                   average=average, nbytes=state.nbytes, sig=state.signature(kind, root))
     req.in_place = in_place
     return req

@@ -1,4 +1,4 @@
-"""MPIKVStore: MXNet's KVStore contract on top of the schedulers."""
+"""MPIKVStore: MXNet's KVStore contract on top of the designs."""
 import atexit
 import collections
 import logging
@@ -19,8 +19,8 @@ from .deferred import DeferredErrors
 from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
 from .keys import KeyTable, request, same_array
-from .request import Request
-from .schedulers import check_thread_level, get_design
+from .collective import Collective
+from .designs import check_thread_level, get_design
 from .timeline import Timeline
 
 __all__ = ['MPIKVStore']
@@ -61,9 +61,9 @@ class MPIKVStore(KVStoreBase):
         self._closed = False
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
-        self._scheduler = design(comm, self._config, self._errors.record, self._timeline)
+        self._design = design(comm, self._config, self._errors.record, self._timeline)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
-        self._inspector = StallInspector(comm, self._config, self._scheduler,
+        self._inspector = StallInspector(comm, self._config, self._design,
                                          lambda: list(self._pending))
         _LIVE.add(self)
 
@@ -84,7 +84,7 @@ class MPIKVStore(KVStoreBase):
 
     @property
     def design(self):
-        return self._scheduler.name
+        return self._design.name
 
     @property
     def config(self):
@@ -117,8 +117,8 @@ class MPIKVStore(KVStoreBase):
         while self._pending and self._pending[0].done:
             self._pending.popleft()
         self._pending.extend(reqs)
-        self._scheduler.submit(reqs, priority)
-        if self._scheduler.synchronous:
+        self._design.submit(reqs, priority)
+        if self._design.synchronous:
             self._errors.raise_pending()
 
     def _request(self, kind, state, array, root=0, in_place=False):
@@ -218,7 +218,7 @@ class MPIKVStore(KVStoreBase):
         self.wait()
         if self._size == 1:
             return 0
-        last = self._scheduler.join()
+        last = self._design.join()
         self._sync_from(last)
         return last
 
@@ -237,7 +237,7 @@ class MPIKVStore(KVStoreBase):
                     outs[0].copyto(buf)
             else:  # a key this rank never held: take part, keep nothing
                 buf, outs = mx.nd.zeros(shape, dtype=dtype), ()
-            reqs.append(Request('bcast', ('join', key), np.dtype(dtype), shape, array=buf,
+            reqs.append(Collective('bcast', ('join', key), np.dtype(dtype), shape, array=buf,
                                 root=root))
             deliveries.append((buf, outs))
         if reqs:
@@ -291,7 +291,7 @@ class MPIKVStore(KVStoreBase):
     def _barrier(self):
         self._begin()
         self.wait()
-        req = Request('barrier', '__barrier__')
+        req = Collective('barrier', '__barrier__')
         self._submit([req], 0)
         req.wait()
         self._raise_pending()
@@ -299,7 +299,7 @@ class MPIKVStore(KVStoreBase):
     def run_collective(self, fn, name='custom'):
         """Run ``fn(mpi_comm)`` in collective order on the store's communicator; return its result."""
         self._begin()
-        req = Request('custom', '__%s__' % name, fn=fn)
+        req = Collective('custom', '__%s__' % name, fn=fn)
         self._submit([req], 0)
         req.wait()
         self._raise_pending()
@@ -315,7 +315,7 @@ class MPIKVStore(KVStoreBase):
         self._quiesce()
         self._closed = True
         self._inspector.stop()
-        self._scheduler.close()
+        self._design.close()
         if self._timeline:
             self._timeline.write()
         _LIVE.discard(self)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from mpi_kvstore import agreement as ag
-from mpi_kvstore.request import SIG_LIMIT
+from mpi_kvstore.collective import SIG_LIMIT
 
 
 def _min(*msgs):

@@ -17,6 +17,7 @@ from mpi_harness import MPIRunError, run_mpi
 from mpi_kvstore import faults
 from mpi_kvstore.comm import MPI
 from mpi_kvstore.config import Config, ConfigError
+from mpi_kvstore.designs import ENGINE_NAMES
 
 EXCEPTION_EXIT_S = 30   # the other ranks are gone this soon after one raised
 KILL_EXIT_S = 10        # ... after one was killed
@@ -120,10 +121,8 @@ def test_stall_is_named_repeated_and_aborted(nprocs, design, mode, env, mpi_avai
         assert 'rank 1 has pushed %s collectives and waits on none' % seq in out
 
 
-# -- pure parts -----------------------------------------------------------------------
-
 @pytest.mark.parametrize('dtype', ['float32', 'int32', 'uint8'])
-@pytest.mark.parametrize('design', ['funneled', 'concurrent', 'chained'])
+@pytest.mark.parametrize('design', ENGINE_NAMES)
 def test_mismatch_read_is_poisoned_and_the_exit_fails(design, dtype, mpi_available):
     """Shapes (6,4) and (4,6) at one position: no rank reads its own unsummed values, and a
     script that exits without another store call does not exit 0."""
@@ -143,6 +142,8 @@ def test_mismatch_read_blocking_raises_in_the_call(mpi_available):
                   module_launch=False)
     assert out.count('call raised RankMismatchError') == 2 and out.count('output poisoned') == 2
 
+
+# -- pure parts -----------------------------------------------------------------------
 
 def test_rank_list_is_short():
     assert faults.rank_list([]) == 'no rank'

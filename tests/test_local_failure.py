@@ -6,7 +6,7 @@ import pytest
 
 from mpi_harness import run_mpi
 
-ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')
+from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
 
 
 def _ok(output, design):

@@ -9,7 +9,7 @@ import pytest
 
 from mpi_harness import run_mpi
 
-DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
+from mpi_kvstore.designs import NAMES as DESIGNS
 
 
 @pytest.mark.parametrize('design', DESIGNS)

@@ -7,8 +7,7 @@ import pytest
 
 from mpi_harness import MPI_SIZES, run_mpi
 
-DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
-ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')  # the ones that push engine ops
+from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS, NAMES as DESIGNS
 
 
 def _ok(output, name):

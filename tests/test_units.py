@@ -4,7 +4,7 @@ import pytest
 
 from mpi_kvstore import config as cfg
 from mpi_kvstore.fusion import plan
-from mpi_kvstore.request import Request, signature
+from mpi_kvstore.collective import Collective, signature
 
 
 def test_config_precedence_argument_env_default():
@@ -42,7 +42,7 @@ def test_options_table_lists_every_knob():
 
 def _req(seq, nbytes, dtype='float32', kind='allreduce'):
     dt = np.dtype(dtype)
-    req = Request(kind, 'k%d' % seq, dt, (nbytes // dt.itemsize,))
+    req = Collective(kind, 'k%d' % seq, dt, (nbytes // dt.itemsize,))
     req.seq = seq
     return req
 

@@ -31,7 +31,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from mpi_kvstore.schedulers import base
+from mpi_kvstore.designs import base
 from common import RANK, SIZE, WORLD, close, design_arg, done
 
 DESIGN = design_arg()
@@ -52,7 +52,7 @@ class Injected(RuntimeError):
 
 # -- the injected failures (armed on the failing rank only) ---------------------------------
 class _FailingConcatenate:
-    """Stands in for numpy in Scheduler._fuse: its concatenate raises once for a bucket
+    """Stands in for numpy in Design._fuse: its concatenate raises once for a bucket
     of ``count`` elements, then hands everything to numpy again."""
 
     def __init__(self, count):

@@ -8,19 +8,19 @@ import numpy as np
 
 from mpi_kvstore.comm import Comm, cuda_aware
 from mpi_kvstore.config import Config
-from mpi_kvstore.request import Request
-from mpi_kvstore.schedulers.base import Scheduler
+from mpi_kvstore.collective import Collective
+from mpi_kvstore.designs.base import Design
 from common import RANK, SIZE, WORLD, close, done
 
 cupy.cuda.Device(RANK % cupy.cuda.runtime.getDeviceCount()).use()
 comm = Comm(WORLD)
 errors = []
-sched = Scheduler(WORLD, Config(environ={}), lambda req, err: errors.append(err))
+sched = Design(WORLD, Config(environ={}), lambda req, err: errors.append(err))
 
 
 def device_request(seq, n, value, dtype='float32'):
     buf = cupy.full((n,), value, dtype=dtype)
-    req = Request('allreduce', 'g%d' % seq, np.dtype(dtype), (n,))
+    req = Collective('allreduce', 'g%d' % seq, np.dtype(dtype), (n,))
     req.seq, req.view = seq, buf
     return req, buf
 

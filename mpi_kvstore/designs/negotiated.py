@@ -31,12 +31,12 @@ from .. import engine
 from ..comm import Comm, wait_polling
 from .. import agreement
 from ..timeline import op_name
-from .base import Scheduler
+from .base import Design
 
-__all__ = ['NegotiatedScheduler']
+__all__ = ['Negotiated']
 
 
-class NegotiatedScheduler(Scheduler):
+class Negotiated(Design):
     """Engine ops mark requests ready; one negotiation thread decides what runs."""
 
     def __init__(self, comm, config, sink, timeline=None):

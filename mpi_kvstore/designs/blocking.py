@@ -1,11 +1,11 @@
 """The blocking baseline."""
 from ..comm import MPI, Comm
-from .base import Scheduler
+from .base import Design
 
 __all__ = ['Blocking']
 
 
-class Blocking(Scheduler):
+class Blocking(Design):
     """Synchronous, outside the engine: what a first port to MPI looks like.
 
     Thread level: MPI_THREAD_FUNNELED when the store is used from the main thread
@@ -21,6 +21,7 @@ class Blocking(Scheduler):
     thread_level = MPI.THREAD_FUNNELED
 
     synchronous = True
+    in_engine = False
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)

@@ -1,10 +1,10 @@
-"""One collective as the schedulers see it: what it is, and where it is in the sequence."""
+"""One collective as the designs see it: what it is, and where it is in the sequence."""
 import threading
 import zlib
 
 from .deferred import poison
 
-__all__ = ['Request', 'signature', 'SIG_LIMIT']
+__all__ = ['Collective', 'signature', 'SIG_LIMIT']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
 # encodings (see negotiation.py), so they stay below 2**30.
@@ -19,11 +19,11 @@ def signature(kind, key, dtype, shape, root):
     return zlib.crc32(text.encode()) % SIG_LIMIT
 
 
-class Request:
+class Collective:
     """A collective with its place in the push sequence.
 
     ``seq`` is assigned on the user's thread in call order, so it is the same on
-    every rank; schedulers derive the collective order from it, never from the
+    every rank; designs derive the collective order from it, never from the
     order in which the engine finds data ready.
     """
 

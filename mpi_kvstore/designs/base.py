@@ -1,4 +1,4 @@
-"""What every scheduler shares: sequence numbers, execution of buckets, errors."""
+"""What every design shares: sequence numbers, execution of buckets, errors, join."""
 import itertools
 import logging
 
@@ -9,10 +9,10 @@ from ..arrays import flat_view
 from ..comm import MPI
 from ..errors import JoinError, RankMismatchError
 from ..fusion import plan
-from ..request import SIG_LIMIT
+from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Scheduler', 'FusionPool']
+__all__ = ['Design', 'FusionPool']
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,13 @@ class FusionPool:
         return buf[:count]
 
 
-class Scheduler:
+class Design:
     """Base of the designs. Subclasses define ``_submit`` and say in their docstring
     which MPI thread level they need and how they keep one collective order."""
 
     name = ''
     thread_level = MPI.THREAD_SERIALIZED
+    in_engine = True  # its collectives are MXNet engine ops
 
     def __init__(self, comm, config, sink, timeline=None):
         self.config = config

@@ -4,14 +4,14 @@ import threading
 
 from ..comm import MPI, Comm
 from ..fusion import plan
-from .negotiated import NegotiatedScheduler
+from .negotiated import Negotiated
 
 __all__ = ['Concurrent']
 
 _STOP = object()
 
 
-class Concurrent(NegotiatedScheduler):
+class Concurrent(Negotiated):
     """Several collectives in flight at once, from several threads.
 
     Thread level: MPI_THREAD_MULTIPLE. The negotiation thread and ``lanes``

@@ -1,4 +1,8 @@
-"""Scheduling designs, picked by name."""
+"""The designs that schedule collectives, picked by name: the one list of them.
+
+config.py validates ``design`` against :data:`REGISTRY`, and the tests take
+their parameters from :data:`NAMES` and :data:`ENGINE_NAMES`.
+"""
 from ..comm import provided_thread_level, thread_level_name
 from ..errors import ConfigError, ThreadLevelError
 from .blocking import Blocking
@@ -6,9 +10,12 @@ from .chained import Chained
 from .concurrent import Concurrent
 from .funneled import Funneled
 
-__all__ = ['REGISTRY', 'get_design', 'check_thread_level']
+__all__ = ['REGISTRY', 'NAMES', 'ENGINE_NAMES', 'get_design', 'check_thread_level']
 
 REGISTRY = {cls.name: cls for cls in (Funneled, Concurrent, Chained, Blocking)}
+NAMES = tuple(REGISTRY)
+# The designs whose collectives run inside MXNet's engine (blocking runs on the caller).
+ENGINE_NAMES = tuple(name for name, cls in REGISTRY.items() if cls.in_engine)
 
 
 def get_design(name):

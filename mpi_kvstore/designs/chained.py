@@ -6,12 +6,12 @@ import mxnet as mx
 from .. import engine
 from ..comm import MPI, Comm
 from ..timeline import op_name
-from .base import Scheduler
+from .base import Design
 
 __all__ = ['Chained']
 
 
-class Chained(Scheduler):
+class Chained(Design):
     """An engine dependency orders the collectives.
 
     Thread level: MPI_THREAD_SERIALIZED. Collectives run inside the engine ops,

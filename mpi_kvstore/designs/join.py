@@ -10,7 +10,7 @@ ranks stay paired.
 """
 import numpy as np
 
-from ..request import Request
+from ..collective import Collective
 
 __all__ = ['describe', 'mirror', 'refusal']
 
@@ -26,7 +26,7 @@ def mirror(meta):
     """A joined rank's stand-in for an active rank's request."""
     seq, kind, key, dtype, shape, nbytes, root, average, priority, sig = meta
     dtype = np.dtype(dtype) if dtype else None
-    req = Request(kind, key, dtype, shape, root=root, average=average, priority=priority,
+    req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
                   nbytes=nbytes, sig=sig)
     req.seq, req.mirror = seq, True
     if dtype is not None:

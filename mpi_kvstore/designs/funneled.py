@@ -1,11 +1,11 @@
 """The funneled design."""
 from ..comm import MPI
-from .negotiated import NegotiatedScheduler
+from .negotiated import Negotiated
 
 __all__ = ['Funneled']
 
 
-class Funneled(NegotiatedScheduler):
+class Funneled(Negotiated):
     """One communication thread makes every MPI call.
 
     Thread level: MPI_THREAD_SERIALIZED. Only one thread ever calls MPI, but it

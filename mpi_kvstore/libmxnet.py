@@ -1,0 +1,26 @@
+"""The ctypes handle on libmxnet that engine.py and arrays.py share.
+
+Quick, non-blocking calls are bound through PyDLL, which keeps the GIL across
+the call: through CDLL every call gives the GIL up and queues to get it back
+behind the engine and communication threads, which costs more than the call.
+"""
+import ctypes
+
+from mxnet.base import _LIB
+
+__all__ = ['bind', 'last_error']
+
+_QUICK = ctypes.PyDLL(_LIB._name)
+_LIB.MXGetLastError.restype = ctypes.c_char_p
+
+
+def bind(name, *argtypes):
+    """libmxnet's ``name`` (returning int), called with the GIL held."""
+    fn = getattr(_QUICK, name)
+    fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
+    return fn
+
+
+def last_error():
+    """The message of the last failed libmxnet call on this thread."""
+    return _LIB.MXGetLastError().decode()
