@@ -30,6 +30,9 @@ setup(
         # mxnet 1.9.1 still uses aliases (np.bool, ...) that numpy 1.24 removed.
         'numpy<1.24',
         'mpi4py>=3.1',
+        # Compiles the engine ops that must not run Python (native.py); 0.60 and 0.68
+        # both work beside numpy<1.24.
+        'numba>=0.60',
     ],
     extras_require={
         # The PyPI 'mpich' wheel gives a working mpiexec without root or a system MPI.

@@ -12,7 +12,7 @@ from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 from .errors import ArrayLayoutError
 from .libmxnet import bind, last_error
 
-__all__ = ['flat_view', 'require_cupy', 'array_meta', 'array_pointer']
+__all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer']
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
@@ -107,7 +107,11 @@ def device_view(address, nbytes, dtype, device_id, owner):
 
 def flat_view(array, nbytes, dtype):
     """1-D view of an NDArray's memory: numpy for host memory, CuPy for GPU memory."""
-    address, dev_type, dev_id = array_pointer(array)
+    return view_at(*array_pointer(array), nbytes, dtype, array)
+
+
+def view_at(address, dev_type, dev_id, nbytes, dtype, array):
+    """1-D view of memory at ``address`` (as a DLPack tensor of ``array`` describes it)."""
     if dev_type in (_DL_CPU, _DL_CUDA_HOST):
         return host_view(address, nbytes, dtype)
     if dev_type == _DL_CUDA:

@@ -103,6 +103,9 @@ OPTIONS: Tuple[Option, ...] = (
            'Reduce a single in-place array directly in its own memory (no staging copy).'),
     Option('timeline', str, '', 'path',
            'Write a Chrome trace of every collective to this path (rank suffix added).'),
+    Option('native_ops', _parse_bool, True, 'bool',
+           'Funneled and concurrent mark collectives ready with a compiled engine op (numba), '
+           'so no Python runs on MXNet\'s engine threads; 0 uses a Python callback.'),
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg),

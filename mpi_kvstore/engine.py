@@ -21,7 +21,8 @@ import time
 
 from .libmxnet import bind, last_error
 
-__all__ = ['Completion', 'Countdown', 'push', 'consume_raised', 'quiesce']
+__all__ = ['Completion', 'Countdown', 'push', 'push_native', 'consume_raised', 'quiesce',
+           'trampoline_calls']
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ _push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_v
 
 _live = {}             # op id -> _Op, until the engine runs it
 _active = [0]          # engine threads inside _trampoline
+_entered = [0]         # how often any thread entered _trampoline (tests: native ops never do)
 _active_lock = threading.Lock()
 _ids = itertools.count(1)
 _callbacks = {}        # engine callback address -> ctypes function, built once
@@ -107,6 +109,8 @@ class _EngineError:
             cls._dtor(ctypes.addressof(obj))
 
 
+_NativeRecord = collections.namedtuple('_NativeRecord', 'callback engine param')
+
 # Arrays written by an op completed with an error. The engine keeps that error
 # on them until someone reads them, and skips every later op that touches them
 # (the store's own next collective too): consume_raised() reads it off.
@@ -127,6 +131,11 @@ class Completion:
         self._done = False
         self._event = threading.Event() if wait_inline else None
         self.arrays = arrays
+
+    @classmethod
+    def native(cls, callback, engine, param, arrays):
+        """The completion of a native op, from the record it copied (see native.py)."""
+        return cls(_NativeRecord(callback, engine, param), False, arrays)
 
     def done(self, error=None):
         """Complete the op; with ``error`` (a message), readers of its outputs raise it.
@@ -223,6 +232,7 @@ def _trampoline(_run_ctx, on_complete, param):
     _keep_thread_state()
     with _active_lock:
         _active[0] += 1
+        _entered[0] += 1
     try:
         # The op runs exactly once: dropping it here needs no Python deleter,
         # which the engine could call during interpreter shutdown.
@@ -239,6 +249,11 @@ def _trampoline(_run_ctx, on_complete, param):
     finally:
         with _active_lock:
             _active[0] -= 1
+
+
+def trampoline_calls():
+    """How many engine ops have run Python code (the ctypes trampoline) in this process."""
+    return _entered[0]
 
 
 def quiesce(timeout=10.0):
@@ -293,6 +308,28 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
                       name.encode(), False)
     if ret != 0:
         _live.pop(op_id, None)
+        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
+
+
+_native_fns = {}   # C function address -> its ctypes pointer object, built once
+
+
+def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstore',
+                inline_when_ready=False):
+    """Push a C function (``void f(run_ctx, on_complete, param)``) as an async engine op.
+
+    No Python runs when the engine calls it. The caller keeps ``param``'s memory and
+    the arrays alive until it completes the op with :meth:`Completion.native`.
+    """
+    fn = _native_fns.get(fn_address)
+    if fn is None:
+        fn = _native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
+    mutable = list(mutable)
+    prop = _properties[ASYNC if inline_when_ready else CPU_PRIORITIZED]
+    ret = _push_async(fn, param_address, None, ctypes.addressof(_cpu_context), _handles(()), 0,
+                      _handles(mutable), len(mutable), ctypes.addressof(prop), int(priority),
+                      name.encode(), False)
+    if ret != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 

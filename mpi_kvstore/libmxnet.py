@@ -8,7 +8,7 @@ import ctypes
 
 from mxnet.base import _LIB
 
-__all__ = ['bind', 'last_error']
+__all__ = ['bind', 'last_error', 'address_of']
 
 _QUICK = ctypes.PyDLL(_LIB._name)
 _LIB.MXGetLastError.restype = ctypes.c_char_p
@@ -24,3 +24,8 @@ def bind(name, *argtypes):
 def last_error():
     """The message of the last failed libmxnet call on this thread."""
     return _LIB.MXGetLastError().decode()
+
+
+def address_of(name):
+    """The address of libmxnet's C function ``name``, for native code to call."""
+    return ctypes.cast(getattr(_LIB, name), ctypes.c_void_p).value

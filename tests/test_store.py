@@ -112,3 +112,10 @@ def test_join_uneven_data_training(design, mode):
 def test_join_naive_engine(design):
     _ok(run_mpi(2, 'kv_join.py', design, 'direct', timeout=240,
                 env={'MXNET_ENGINE_TYPE': 'NaiveEngine'}), 'kv_join[%s, direct]' % design)
+
+
+@pytest.mark.parametrize('native', ['1', '0'])
+@pytest.mark.parametrize('design', ['funneled', 'concurrent'])
+def test_native_ops_run_no_python_on_engine_threads(design, native):
+    _ok(run_mpi(2, 'kv_native.py', design, native, timeout=180),
+        'kv_native[%s, native=%s]' % (design, native))

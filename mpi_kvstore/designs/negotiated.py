@@ -27,7 +27,9 @@ import threading
 
 import numpy as np
 
-from .. import engine
+from .. import engine, native
+from ..arrays import view_at
+from ..errors import ArrayLayoutError
 from ..comm import Comm, wait_polling
 from .. import agreement
 from ..timeline import op_name
@@ -42,7 +44,12 @@ class Negotiated(Design):
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
         self._control = Comm(comm)
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._waker = native.Waker()      # engine ops, calls and close() wake the thread
+        # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
+        # complete before its function returns (native.py).
+        self._native = config.native_ops and not config.naive_engine
+        self._inflight = []               # native ops pushed, not yet taken up
         self._ready = {}
         self._executed = set()
         self._base = 0
@@ -59,43 +66,74 @@ class Negotiated(Design):
         if not arrays:
             self._mark_ready(reqs)
             return
-        # One engine op per call: a list of keys costs one trampoline, not one each.
-        # It only marks requests ready, so it may run inline when the data is ready.
+        # One engine op per call: a list of keys costs one op, not one each. It only
+        # marks requests ready, so it may run inline when the data is ready.
         # Priorities take effect where the order is decided: each round runs its agreed
         # requests by priority, then push order (fusion.order).
+        if self._native:
+            op = native.NativeOp(arrays, reqs, self._waker.fd)
+            with self._lock:
+                self._inflight.append(op)
+            engine.push_native(native.mark_ready_address(), op.record.ctypes.data, arrays,
+                               priority=priority, name=op_name(reqs[0].kind),
+                               inline_when_ready=True)
+            return
         engine.push(functools.partial(self._on_engine, reqs), mutable=arrays,
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs),
                     inline_when_ready=True)
 
     def _on_engine(self, reqs, completion):
-        # An error may reach the engine (and raise at the read of the op's arrays)
-        # only when every array of the op is a user output: a staging buffer's
-        # error would make the engine skip the copy that delivers its poison.
-        if not all(r.in_place for r in reqs):
-            countdown = engine.Countdown(completion, len(reqs), forward_errors=False)
-        elif len(reqs) > 1:
-            countdown = engine.Countdown(completion, len(reqs))
-        else:
-            countdown = completion
+        countdown = _countdown(reqs, completion)
         for req in reqs:
             req.completion = countdown
             self.attach(req)
         self._mark_ready(reqs)
+
+    def _collect(self):
+        """Take up the native ops that ran: their requests become ready here."""
+        if not self._inflight:
+            return
+        ran, waiting = [], []
+        with self._lock:
+            for op in self._inflight:  # one look per op: it may turn ready meanwhile
+                (ran if op.ready else waiting).append(op)
+            self._inflight = waiting
+        for op in ran:
+            countdown = _countdown(op.reqs, engine.Completion.native(*op.callback(), op.arrays))
+            index = 0
+            for req in op.reqs:
+                req.completion = countdown
+                if req.array is not None:
+                    self._attach_at(req, op.pointer(index))
+                    index += 1
+            self._mark_ready(op.reqs, notify=False)
+
+    def _attach_at(self, req, pointer):
+        """The request's view from the pointer its native op took (None: refused)."""
+        try:
+            if pointer is None:
+                raise ArrayLayoutError(
+                    'array of shape %s cannot be read in place: MXNDArrayToDLPack refused '
+                    'it inside the engine op (an MKLDNN layout)' % (req.shape,))
+            req.view = view_at(*pointer, req.nbytes, req.dtype, req.array)
+        except Exception as err:  # keep this rank in step with the others
+            self.fail_all([req], err)
 
     def _failed_in_engine(self, reqs, err):
         # Still offer them (on scratch memory): the other ranks wait for these.
         self.fail_all(reqs, err)
         self._mark_ready([r for r in reqs if r.seq not in self._ready])
 
-    def _mark_ready(self, reqs):
+    def _mark_ready(self, reqs, notify=True):
         if self.timeline:
             for req in reqs:
                 self.timeline.ready(req)
-        with self._cond:
+        with self._lock:
             for req in reqs:
                 self._ready[req.seq] = req
-            self._cond.notify()
+        if notify:
+            self._waker.notify()
 
     def _has_work(self):
         if self.joined:  # every round of the others needs this rank too
@@ -105,10 +143,10 @@ class Negotiated(Design):
 
     def join(self):
         """Mirror the others' collectives from the negotiation thread until all joined."""
-        with self._cond:
+        with self._lock:
             self._join_done.clear()
             self.joined = True
-            self._cond.notify()
+        self._waker.notify()
         self._join_done.wait()
         return self._last_joined
 
@@ -116,15 +154,19 @@ class Negotiated(Design):
         backoff = 0.0
         poll = self.config.poll_us * 1e-6
         while True:
-            with self._cond:
-                if backoff:
-                    self._cond.wait(backoff)  # news may come; go on regardless
-                while not self._has_work():
-                    if self._stop:
-                        return
-                    self._cond.wait()
-                limit = self._base + self.config.window
-                offer = {s: r for s, r in self._ready.items() if s < limit}
+            if backoff:
+                self._waker.wait(backoff)  # news may come; go on regardless
+            self._collect()
+            with self._lock:
+                busy, stop = self._has_work(), self._stop
+                if busy:
+                    limit = self._base + self.config.window
+                    offer = {s: r for s, r in self._ready.items() if s < limit}
+            if not busy:
+                if stop:
+                    return
+                self._waker.wait()
+                continue
             agreed, bad = self._negotiate(offer)
             if agreed is None:  # every rank has joined
                 self._last_joined = self.finish_join(self._control)
@@ -160,7 +202,7 @@ class Negotiated(Design):
         return runnable, reqs[len(agreed):]
 
     def _retire(self, reqs):
-        with self._cond:
+        with self._lock:
             for req in reqs:
                 self._ready.pop(req.seq, None)  # a joined rank's mirrors were never ready here
                 self._executed.add(req.seq)
@@ -172,10 +214,25 @@ class Negotiated(Design):
         raise NotImplementedError
 
     def close(self):
-        with self._cond:
+        with self._lock:
             self._stop = True
-            self._cond.notify()
+        self._waker.notify()
         self._thread.join(timeout=10)
         if self._thread.is_alive():
             return
         self._control.free()
+        self._waker.close()
+
+
+def _countdown(reqs, completion):
+    """What completes one call's engine op once each of its requests is done.
+
+    An error may reach the engine (and raise at the read of the op's arrays) only
+    when every array of the op is a user output: a staging buffer's error would
+    make the engine skip the copy that delivers its poison.
+    """
+    if not all(r.in_place for r in reqs):
+        return engine.Countdown(completion, len(reqs), forward_errors=False)
+    if len(reqs) > 1:
+        return engine.Countdown(completion, len(reqs))
+    return completion

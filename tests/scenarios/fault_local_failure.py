@@ -31,7 +31,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from mpi_kvstore.designs import base
+from mpi_kvstore.designs import base, negotiated
 from common import RANK, SIZE, WORLD, close, design_arg, done
 
 DESIGN = design_arg()
@@ -75,19 +75,34 @@ def fail_fusion(count):
 
 
 def fail_attach(nbytes):
-    """Arm a failure of the next flat_view of an ``nbytes`` array; returns the disarm."""
-    real = base.flat_view
+    """Arm a failure of the next view of an ``nbytes`` array; returns the disarm.
+
+    The Python op reads arrays through base.flat_view; the native op (funneled and
+    concurrent) takes the pointer in compiled code and the view through
+    negotiated.view_at: both are armed, whichever comes first fails.
+    """
+    real_flat, real_at = base.flat_view, negotiated.view_at
     armed = [RANK == FAILING_RANK]
 
-    def flat_view(array, size, dtype):
+    def check(size):
         if armed[0] and size == nbytes:
             armed[0] = False
             raise Injected('rank %d: injected failure reading an array of %d bytes'
                            % (RANK, size))
-        return real(array, size, dtype)
 
-    base.flat_view = flat_view
-    return lambda: setattr(base, 'flat_view', real)
+    def flat_view(array, size, dtype):
+        check(size)
+        return real_flat(array, size, dtype)
+
+    def view_at(address, dev_type, dev_id, size, dtype, array):
+        check(size)
+        return real_at(address, dev_type, dev_id, size, dtype, array)
+
+    base.flat_view, negotiated.view_at = flat_view, view_at
+
+    def disarm():
+        base.flat_view, negotiated.view_at = real_flat, real_at
+    return disarm
 
 
 # -- one case -------------------------------------------------------------------------------------
