@@ -160,19 +160,30 @@ def agree(error, comm=MPI.COMM_WORLD):
 
 
 def designs(text):
-    """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has."""
+    """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has.
+
+    A design may carry store options after '+': 'funneled+native_ops=0' is the
+    funneled design with the Python engine op, for an A/B in one run.
+    """
     import mpi_kvstore
     return [d for d in text.split(',') if d] if text else list(mpi_kvstore.DESIGNS)
 
 
+def store_options(spec):
+    """'funneled+native_ops=0' -> {'design': 'funneled', 'native_ops': '0'}; None -> {}."""
+    if not spec:
+        return {}
+    name, *pairs = spec.split('+')
+    return dict([('design', name)] + [tuple(p.split('=', 1)) for p in pairs])
+
+
 def create_store(design, timeout):
     """Collective: (mpi_kvstore store, None) on every rank, or (None, why) on every rank.
-    design None takes the default (MPI_KVSTORE_DESIGN, else funneled)."""
+    design None takes the default (MPI_KVSTORE_DESIGN, else funneled); see designs()."""
     import mpi_kvstore   # after use_checkout(): the checkout's package
     with deadline(timeout, f'creating mpi_kvstore design {design or "default"!r}'):
         try:
-            options = {'design': design} if design else {}
-            kv, why = mpi_kvstore.create('dist_mpi', **options), None
+            kv, why = mpi_kvstore.create('dist_mpi', **store_options(design)), None
         except Exception as exc:    # e.g. a design this MPI's thread level refuses
             kv, why = None, f'{type(exc).__name__}: {exc}'
         why = agree(why)
