@@ -50,11 +50,11 @@ def _array_request(store, kind, name, tensor, root=0, average=False):
     copy operator: user arrays (weights after an inference forward) may sit in
     an MKLDNN layout whose bytes are not row-major, which only MXNet can read.
     """
-    store._raise_pending()
+    store._begin()
     buf = _staging(store, name, tensor)
     tensor.copyto(buf)
     req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
-                  average=average)
+                     average=average)
     store._submit([req], 0)
     buf.copyto(tensor)
 

@@ -174,6 +174,6 @@ class KeyTable:
 def request(kind, state, array, average=False, root=0, in_place=False):
     """The collective of one key."""
     req = Collective(kind, state.key, state.dtype, state.shape, array=array, root=root,
-                  average=average, nbytes=state.nbytes, sig=state.signature(kind, root))
+                     average=average, nbytes=state.nbytes, sig=state.signature(kind, root))
     req.in_place = in_place
     return req

@@ -100,20 +100,19 @@ class MPIKVStore(KVStoreBase):
         return self._keys.updater
 
     # -- errors -----------------------------------------------------------------
-    def _raise_pending(self):
-        self._errors.raise_pending()
+    def _check_open(self):
+        if self._closed:
+            raise MPIKVStoreError('the store is closed: create a new one to go on')
 
     def _begin(self, priority=0):
         """What every call checks first: an open store, an int priority, no error pending."""
-        if self._closed:
-            raise MPIKVStoreError('the store is closed: create a new one to go on')
+        self._check_open()
         check_priority(priority)
         self._errors.raise_pending()
 
     # -- submission ---------------------------------------------------------------
     def _submit(self, reqs, priority):
-        if self._closed:
-            raise MPIKVStoreError('the store is closed: create a new one to go on')
+        self._check_open()
         while self._pending and self._pending[0].done:
             self._pending.popleft()
         self._pending.extend(reqs)
@@ -238,7 +237,7 @@ class MPIKVStore(KVStoreBase):
             else:  # a key this rank never held: take part, keep nothing
                 buf, outs = mx.nd.zeros(shape, dtype=dtype), ()
             reqs.append(Collective('bcast', ('join', key), np.dtype(dtype), shape, array=buf,
-                                root=root))
+                                   root=root))
             deliveries.append((buf, outs))
         if reqs:
             self._submit(reqs, 0)
@@ -286,7 +285,7 @@ class MPIKVStore(KVStoreBase):
         while self._pending:
             self._pending[0].wait()
             self._pending.popleft()
-        self._raise_pending()
+        self._errors.raise_pending()
 
     def _barrier(self):
         self._begin()
@@ -294,7 +293,7 @@ class MPIKVStore(KVStoreBase):
         req = Collective('barrier', '__barrier__')
         self._submit([req], 0)
         req.wait()
-        self._raise_pending()
+        self._errors.raise_pending()
 
     def run_collective(self, fn, name='custom'):
         """Run ``fn(mpi_comm)`` in collective order on the store's communicator; return its result."""
@@ -302,7 +301,7 @@ class MPIKVStore(KVStoreBase):
         req = Collective('custom', '__%s__' % name, fn=fn)
         self._submit([req], 0)
         req.wait()
-        self._raise_pending()
+        self._errors.raise_pending()
         return req.result
 
     def close(self):

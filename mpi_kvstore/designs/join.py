@@ -27,7 +27,7 @@ def mirror(meta):
     seq, kind, key, dtype, shape, nbytes, root, average, priority, sig = meta
     dtype = np.dtype(dtype) if dtype else None
     req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
-                  nbytes=nbytes, sig=sig)
+                     nbytes=nbytes, sig=sig)
     req.seq, req.mirror = seq, True
     if dtype is not None:
         req.view = np.zeros(nbytes // dtype.itemsize, dtype=dtype)
@@ -35,7 +35,10 @@ def mirror(meta):
 
 
 def refusal(req, joined):
-    """Why no joined rank can take part in ``req`` (None when it can). ``joined[r]``: rank r joined."""
+    """Why no joined rank can take part in ``req`` (None when it can).
+
+    ``joined[r]`` is true when rank r has joined.
+    """
     ranks = [r for r, j in enumerate(joined) if j]
     if req.kind == 'custom':
         return ('rank(s) %s called join(), and %s runs a Python function that a joined rank '
