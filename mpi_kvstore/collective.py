@@ -7,7 +7,7 @@ from .deferred import poison
 __all__ = ['Collective', 'signature', 'SIG_LIMIT']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
-# encodings (see negotiation.py), so they stay below 2**30.
+# encodings (see agreement.py), so they stay below 2**30.
 SIG_LIMIT = 1 << 30
 
 KINDS = ('allreduce', 'bcast', 'barrier', 'custom')

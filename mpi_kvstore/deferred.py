@@ -51,9 +51,6 @@ class DeferredErrors:
     def __init__(self):
         self._queue = collections.deque()  # appended by other threads, drained by the user's
 
-    def __bool__(self):
-        return bool(self._queue)
-
     def record(self, req, err):
         log.error('mpi_kvstore: %s failed: %s', req.describe(), err)
         self._queue.append((req.describe(), err))

@@ -77,13 +77,14 @@ class Design:
         """Stop threads; the caller has already waited for every request."""
 
     # -- called where the collective runs ----------------------------------
-    def attach(self, req):
-        """Point the request at its array's memory, inside the engine op holding it."""
+    def attach(self, req, view=None):
+        """Point the request at its array's memory: read now, inside the engine op holding
+        it, or by ``view()`` from what a native op read there."""
         if req.array is None:
             return
         try:
-            req.view = flat_view(req.array, req.nbytes, req.dtype)
-        except Exception as err:  # keep this rank in step with the others: reduce zeros
+            req.view = view() if view else flat_view(req.array, req.nbytes, req.dtype)
+        except Exception as err:  # keep this rank in step with the others (fail_all)
             self.fail_all([req], err)
 
     def fail(self, req, err):
@@ -197,10 +198,9 @@ class Design:
     def execute(self, bucket, comm):
         """Run one bucket's collective and complete its requests, whatever happens.
 
-        A failure of this rank's own steps before the MPI call (attaching, fusing)
-        still makes the call, on zeros of the agreed size: the other ranks are in
-        it, and skipping it would pair this rank's next collective with their
-        current one.
+        A failure of this rank's own fusion step still makes the MPI call, on zeros
+        of the agreed size: the other ranks are in it, and skipping it would pair
+        this rank's next collective with their current one.
         """
         if self.timeline:
             self.timeline.started(bucket)

@@ -105,20 +105,9 @@ class Negotiated(Design):
             for req in op.reqs:
                 req.completion = countdown
                 if req.array is not None:
-                    self._attach_at(req, op.pointer(index))
+                    self.attach(req, functools.partial(_native_view, req, op.pointer(index)))
                     index += 1
             self._mark_ready(op.reqs, notify=False)
-
-    def _attach_at(self, req, pointer):
-        """The request's view from the pointer its native op took (None: refused)."""
-        try:
-            if pointer is None:
-                raise ArrayLayoutError(
-                    'array of shape %s cannot be read in place: MXNDArrayToDLPack refused '
-                    'it inside the engine op (an MKLDNN layout)' % (req.shape,))
-            req.view = view_at(*pointer, req.nbytes, req.dtype, req.array)
-        except Exception as err:  # keep this rank in step with the others
-            self.fail_all([req], err)
 
     def _failed_in_engine(self, reqs, err):
         # Still offer them (on scratch memory): the other ranks wait for these.
@@ -236,3 +225,12 @@ def _countdown(reqs, completion):
     if len(reqs) > 1:
         return engine.Countdown(completion, len(reqs))
     return completion
+
+
+def _native_view(req, pointer):
+    """The request's view from the pointer its native op took (None: it was refused)."""
+    if pointer is None:
+        raise ArrayLayoutError('array of shape %s cannot be read in place: MXNDArrayToDLPack '
+                               'refused it inside the engine op (an MKLDNN layout)'
+                               % (req.shape,))
+    return view_at(*pointer, req.nbytes, req.dtype, req.array)
