@@ -29,7 +29,7 @@ import numpy as np
 from .collective import SIG_LIMIT
 
 __all__ = ['WILDCARD', 'HEADER', 'Header', 'read_header', 'group_message', 'group_mismatch',
-           'window_message', 'window_result']
+           'runs_as_offered', 'window_message', 'window_result']
 
 WILDCARD = int(np.iinfo(np.int32).max)
 HEADER = 2
@@ -60,6 +60,22 @@ def group_mismatch(msg):
     """After the MIN: did the active ranks issue different requests?"""
     lo, hi = msg[HEADER] - 1, SIG_LIMIT - msg[HEADER + 1]
     return bool(lo != hi or msg[HEADER + 2] != -msg[HEADER + 3])
+
+
+def runs_as_offered(msg, mine):
+    """After the MIN: nobody joined and every rank sent this rank's body ``mine[HEADER:]``.
+
+    The test of the chained design's native op, which compiles this very function
+    (numba): for an active rank it equals ``not read_header(msg).someone_joined and
+    not group_mismatch(msg)``, because the MIN of each pair ``(x + 1, SIG_LIMIT - x)``
+    equals this rank's pair exactly when no rank sent a smaller x and none a larger one.
+    """
+    if msg[0] != 1:
+        return False
+    for i in range(HEADER, len(msg)):
+        if msg[i] != mine[i]:
+            return False
+    return True
 
 
 def window_message(msg, offer, base, joined=False, rank=0):

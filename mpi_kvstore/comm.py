@@ -5,13 +5,16 @@ traffic never mixes with the user's own messages. Host buffers go to MPI as
 they are; GPU (CuPy) buffers go to MPI directly where the MPI is CUDA-aware,
 and are staged through host memory otherwise.
 """
+import ctypes
 import logging
+import os
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ['Comm', 'MPI', 'thread_level_name', 'provided_thread_level', 'cuda_aware']
+__all__ = ['Comm', 'MPI', 'thread_level_name', 'provided_thread_level', 'cuda_aware',
+           'c_api', 'c_datatype']
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,57 @@ def cuda_aware():
         return False
 
 
+class CApi:
+    """MPI's C entry points and constants, from the libmpi that mpi4py loaded, for native
+    ops (native.py) to call without Python. Handles are passed as 64-bit ints: MPICH's
+    are C ints (mpi4py returns them sign-extended; the callee reads the low 32 bits),
+    Open MPI's are pointers."""
+
+    def __init__(self):
+        lib = ctypes.CDLL(_loaded_libmpi())
+        address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        self.allreduce = address(lib.MPI_Allreduce)
+        self.bcast = address(lib.MPI_Bcast)
+        self.barrier = address(lib.MPI_Barrier)
+        self.in_place = int(MPI.IN_PLACE)
+        self.sum = _handle(MPI.SUM)
+        self.min = _handle(MPI.MIN)
+        self.int32 = _handle(MPI.INT)
+
+
+def _handle(obj):
+    """An MPI handle as a signed 64-bit int (mpi4py gives MPICH's sign-extended, unsigned)."""
+    value = MPI._handleof(obj)
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _loaded_libmpi():
+    """Path of the MPI library mapped into this process (mpi4py loads it itself)."""
+    with open('/proc/self/maps') as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith('libmpi') and '.so' in path:
+                return path
+    raise OSError('no libmpi is mapped into this process: native ops need the MPI '
+                  'library that mpi4py loaded')
+
+
+_c_api = []
+
+
+def c_api():
+    """The :class:`CApi` of this process (built on first use)."""
+    if not _c_api:
+        _c_api.append(CApi())
+    return _c_api[0]
+
+
+def c_datatype(dtype):
+    """The MPI datatype handle mpi4py uses for numpy ``dtype`` (None if it has none)."""
+    datatype = MPI._typedict.get(np.dtype(dtype).char)
+    return None if datatype is None else _handle(datatype)
+
+
 def _is_device(buf):
     return not isinstance(buf, np.ndarray)
 
@@ -58,6 +112,7 @@ class Comm:
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
+        self.handle = _handle(self.mpi)   # for native ops
         self._cuda_aware = None
 
     def _prepare(self, buf):

@@ -104,8 +104,9 @@ OPTIONS: Tuple[Option, ...] = (
     Option('timeline', str, '', 'path',
            'Write a Chrome trace of every collective to this path (rank suffix added).'),
     Option('native_ops', _parse_bool, True, 'bool',
-           'Funneled and concurrent mark collectives ready with a compiled engine op (numba), '
-           'so no Python runs on MXNet\'s engine threads; 0 uses a Python callback.'),
+           'Engine ops are compiled code (numba): funneled and concurrent mark collectives '
+           'ready with one, chained runs them in one through MPI\'s C API, so no Python runs '
+           'on MXNet\'s engine threads; 0 uses a Python callback.'),
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg),

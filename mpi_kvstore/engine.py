@@ -21,8 +21,8 @@ import time
 
 from .libmxnet import bind, last_error
 
-__all__ = ['Completion', 'Countdown', 'push', 'push_native', 'consume_raised', 'quiesce',
-           'trampoline_calls']
+__all__ = ['Completion', 'Countdown', 'push', 'push_native', 'python_entry', 'consume_raised',
+           'quiesce', 'trampoline_calls']
 
 log = logging.getLogger(__name__)
 
@@ -251,8 +251,35 @@ def _trampoline(_run_ctx, on_complete, param):
             _active[0] -= 1
 
 
+_ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_int64)
+_entries = []          # the ctypes thunks of python_entry, alive for the process
+
+
+def python_entry(fn):
+    """A C function ``void f(int64)`` that runs ``fn(arg)`` in Python, for a native op's
+    rare paths (native.py). It counts as Python on an engine thread (trampoline_calls),
+    keeps the thread's state like the trampoline, and lets nothing escape into C:
+    ``fn`` must complete its op itself, whatever happens."""
+    def entry(arg):
+        _keep_thread_state()
+        with _active_lock:
+            _active[0] += 1
+            _entered[0] += 1
+        try:
+            fn(arg)
+        except BaseException:  # nothing may escape into C
+            log.exception('mpi_kvstore: a native op\'s Python path failed')
+        finally:
+            with _active_lock:
+                _active[0] -= 1
+    thunk = _ENTRY_FN(entry)
+    _entries.append(thunk)
+    return thunk
+
+
 def trampoline_calls():
-    """How many engine ops have run Python code (the ctypes trampoline) in this process."""
+    """How many engine ops have run Python code (the ctypes trampoline, or a native op's
+    :func:`python_entry`) in this process."""
     return _entered[0]
 
 

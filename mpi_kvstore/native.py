@@ -1,39 +1,78 @@
-"""Engine ops with no Python in them: a numba ``@cfunc`` marks a call's collectives ready.
+"""Engine ops with no Python in them: numba ``@cfunc`` functions that MXNet's engine calls.
 
-The funneled and concurrent designs push one engine op per call whose only job
-is to say "these arrays are ready" and hand over their memory. As a ctypes
-callback that op took the GIL and built a Python thread state on an engine
-worker, where the training loop's backward runs. The ``@cfunc`` here is machine
-code (numba compiles it once per process): it reads the op's completion
-record, takes each array's row-major pointer inside the op with
-``MXNDArrayToDLPack`` (an MKLDNN-layout array is refused there, and recorded),
-marks the record ready and writes an eventfd. The communication thread, which
-waits on that eventfd with the GIL released, reads the record and later
-completes the op by calling the engine's callback itself.
+As ctypes callbacks, the designs' engine ops took the GIL and built a Python
+thread state on an engine worker, where the training loop's backward runs. The
+functions here are machine code (numba compiles them once per process). Both
+take each array's row-major pointer inside the op with ``MXNDArrayToDLPack``:
+an MKLDNN-layout array is refused there, and recorded, so the pointer is never
+one taken before the op ran.
+
+- :func:`mark_ready_address` (funneled, concurrent): marks the record ready and
+  writes an eventfd. The communication thread, waiting on that eventfd with the
+  GIL released, reads the record and later completes the op by calling the
+  engine's callback itself.
+- :func:`run_chained_address` (chained): runs the call's collectives itself
+  through MPI's C entry points (comm.CApi): the agreement (an int32
+  MIN-allreduce, as in agreement.py), then each bucket (fused by memcpy into a
+  buffer Python reserved, reduced, averaged, copied back), then completes the
+  op and writes an eventfd. Whatever it cannot do natively it hands to Python
+  (:func:`on_python`) at a named stage, on the same engine thread, before it
+  completes: an array it could not read in place or that lives on a GPU, an
+  agreement that shows a mismatch or a joined rank, an MPI error. Those are the
+  rare paths; the Python side finishes the collective exactly as its Python op
+  would have, and completes.
 
 A record is an int64 array owned by Python until the op completes::
 
-    [STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, pad, pad,
-     per array: handle, DLManagedTensor* (0: refused), DLTensor (6 words: data,
-                device, ..., byte_offset)]
+    [header (HEADER words: see the names below),
+     per array (SLOT words): handle, DLManagedTensor* (0: refused),
+         DLTensor (6 words: data, device, ..., byte_offset), nbytes,
+     per bucket (BSLOT words, chained only): kind, first array, arrays, count,
+         MPI datatype, root, scale, fusion buffer address]
 
-NaiveEngine checks that an op completed before its function returned, which an op
-completed later by another thread cannot do: there the designs keep the Python op.
+NaiveEngine runs every op inline on the pushing thread, which holds the GIL
+(libmxnet.py) and, for mark_ready, checks that the op completed before its
+function returned: there the designs keep their Python op.
 """
 import ctypes
+import enum
 import os
 import select
 
 import numpy as np
 
+from . import agreement, engine
 from .libmxnet import address_of
 
-__all__ = ['NativeOp', 'Waker', 'mark_ready_address']
+__all__ = ['NativeOp', 'ChainedOp', 'Waker', 'mark_ready_address', 'run_chained_address',
+           'SCALES', 'Stage']
 
-STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE = range(8)
-HEADER, SLOT = 10, 8          # words before the first array; words per array
-_DATA, _DEVICE, _OFFSET = 2, 3, 7   # within a slot: DLTensor.data, .device, .byte_offset
+# Header words. ONE holds 1 (what an eventfd write adds); MSG and MINE hold 6 int32
+# each: the agreement message after the MIN, and this rank's own.
+(STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
+ BUCKET, ERRCODE, MSGLEN) = range(15)
+MSG, MINE, HEADER = 16, 20, 24
+SLOT = 9                              # words per array
+_DATA, _DEVICE, _OFFSET, _NBYTES = 2, 3, 7, 8   # within a slot
+BSLOT = 8                             # words per bucket
+_KIND, _FIRST, _ARRAYS, _COUNT, _DTYPE, _ROOT, _SCALE, _FUSION = range(BSLOT)
 _DL_TENSOR_BYTES = 48
+_DL_CPU, _DL_CUDA_HOST = 1, 3
+
+PENDING, READY, DONE = 0, 1, 2        # STATE
+ALLREDUCE, BCAST, BARRIER = 0, 1, 2   # bucket kinds
+# How an averaged bucket is divided by the number of ranks, by dtype (as Design._average:
+# floats multiply by 1/size in their own precision, integers floor-divide).
+SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3,
+          np.dtype(np.int64): 4}
+
+
+class Stage(enum.IntEnum):
+    """Why a chained op handed its collective to Python (the record's STAGE word)."""
+    READ = 1       # an array was refused by MXNDArrayToDLPack, or is not host memory
+    AGREED = 2     # the agreement found a mismatch or a joined rank; MSG holds it
+    MPI_ERROR = 3  # an MPI call returned ERRCODE at bucket BUCKET (-1: the agreement)
+
 
 _I64 = ctypes.c_int64
 _libc = ctypes.CDLL(None)
@@ -44,17 +83,30 @@ def _c(restype, argtypes, address):
     return ctypes.CFUNCTYPE(restype, *argtypes)(address)
 
 
+def _libc_fn(restype, argtypes, name):
+    return _c(restype, argtypes, ctypes.cast(getattr(_libc, name), ctypes.c_void_p).value)
+
+
 _to_dlpack = _c(ctypes.c_int, (_I64, _I64), address_of('MXNDArrayToDLPack'))
 _dlpack_delete = _c(ctypes.c_int, (_I64,), address_of('MXNDArrayCallDLPackDeleter'))
-_memcpy = _c(_I64, (_I64, _I64, _I64), ctypes.cast(_libc.memcpy, ctypes.c_void_p).value)
-_write = _c(_I64, (ctypes.c_int, _I64, _I64), ctypes.cast(_libc.write, ctypes.c_void_p).value)
+_memcpy = _libc_fn(_I64, (_I64, _I64, _I64), 'memcpy')
+_write = _libc_fn(_I64, (ctypes.c_int, _I64, _I64), 'write')
 
-_compiled = []
+_fallbacks = {}    # record address -> what finishes its op in Python
 
 
-def _compile():
+def _run_in_python(address):
+    _fallbacks.pop(address)()
+
+
+_compiled = {}
+
+
+def _compile_mark_ready():
     import numba  # noqa: WPS433 (compiling takes seconds: only when a store needs it)
     from numba import types
+
+    take_pointers = _pointer_taker()
 
     # Not cache=True: numba cannot cache code that calls ctypes globals. It compiles
     # once per process instead (0.6 s here, measured in the closing note).
@@ -64,40 +116,222 @@ def _compile():
         rec = numba.carray(param, HEADER + SLOT * count, dtype=np.int64)
         done = numba.carray(on_complete, 3, dtype=np.int64)
         rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
-        base = rec[SELF]
-        for i in range(count):
-            slot = HEADER + SLOT * i
-            if _to_dlpack(rec[slot], base + 8 * (slot + 1)) != 0:
-                continue            # refused (MKLDNN layout): its DLManagedTensor* stays 0
-            _memcpy(base + 8 * (slot + 2), rec[slot + 1], _DL_TENSOR_BYTES)
-            _dlpack_delete(rec[slot + 1])
-        rec[STATE] = 1
-        _write(rec[EVENTFD], base + 8 * ONE, 8)   # wakes the communication thread
+        take_pointers(rec, count)
+        rec[STATE] = READY
+        _write(rec[EVENTFD], rec[SELF] + 8 * ONE, 8)   # wakes the communication thread
 
     return mark_ready
 
 
+def _pointer_taker():
+    import numba  # noqa: WPS433
+
+    @numba.njit
+    def take_pointers(rec, count):
+        """Each array's DLTensor into its slot; -> True when all are host memory."""
+        base, host = rec[SELF], True
+        for i in range(count):
+            slot = HEADER + SLOT * i
+            if _to_dlpack(rec[slot], base + 8 * (slot + 1)) != 0:
+                host = False        # refused (MKLDNN layout): its DLManagedTensor* stays 0
+                continue
+            _memcpy(base + 8 * (slot + 2), rec[slot + 1], _DL_TENSOR_BYTES)
+            _dlpack_delete(rec[slot + 1])
+            device_type = rec[slot + _DEVICE] & 0xffffffff
+            if device_type != _DL_CPU and device_type != _DL_CUDA_HOST:
+                host = False
+        return host
+
+    return take_pointers
+
+
+def _typed_pointer(dtype):
+    """An intrinsic that turns an int64 address into a ``dtype`` pointer (for carray)."""
+    from numba.core import types  # noqa: WPS433
+    from numba.extending import intrinsic  # noqa: WPS433
+
+    @intrinsic
+    def pointer(typingctx, address):
+        sig = types.CPointer(dtype)(types.int64)
+
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return sig, codegen
+
+    return pointer
+
+
+def _indirect_call():
+    """An intrinsic ``call(fn, engine, param)``: the engine's completion callback at the
+    address the op was given, ``void fn(Engine*, void* param, const dmlc::Error* error)``,
+    called with no error."""
+    from llvmlite import ir  # noqa: WPS433
+    from numba.core import types  # noqa: WPS433
+    from numba.extending import intrinsic  # noqa: WPS433
+
+    @intrinsic
+    def call(typingctx, fn, engine_, param):
+        sig = types.void(types.int64, types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):
+            voidp = ir.IntType(8).as_pointer()
+            fnty = ir.FunctionType(ir.VoidType(), [voidp, voidp, voidp])
+            target = builder.inttoptr(args[0], fnty.as_pointer())
+            builder.call(target, [builder.inttoptr(args[1], voidp),
+                                  builder.inttoptr(args[2], voidp), ir.Constant(voidp, None)])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    return call
+
+
+def _compile_run_chained():
+    import numba  # noqa: WPS433
+    from numba import types
+
+    from .comm import c_api  # noqa: WPS433 (mpi4py is loaded: a store exists)
+
+    api = c_api()
+    in_place, op_sum, op_min, int32 = api.in_place, api.sum, api.min, api.int32
+    allreduce = _c(ctypes.c_int, (_I64, _I64, ctypes.c_int, _I64, _I64, _I64), api.allreduce)
+    bcast = _c(ctypes.c_int, (_I64, ctypes.c_int, _I64, ctypes.c_int, _I64), api.bcast)
+    barrier = _c(ctypes.c_int, (_I64,), api.barrier)
+    complete = _indirect_call()
+    python = engine.python_entry(_run_in_python)
+    take_pointers = _pointer_taker()
+    offered = numba.njit(agreement.runs_as_offered)
+    f32, f64 = _typed_pointer(types.float32), _typed_pointer(types.float64)
+    i32, i64 = _typed_pointer(types.int32), _typed_pointer(types.int64)
+
+    @numba.njit
+    def address(rec, i):
+        slot = HEADER + SLOT * i
+        return rec[slot + _DATA] + rec[slot + _OFFSET]
+
+    @numba.njit
+    def scale(ptr, count, how, size):
+        if how == 1:
+            a32 = numba.carray(f32(ptr), count)
+            s32 = np.float32(1.0 / size)
+            for i in range(count):
+                a32[i] *= s32
+        elif how == 2:
+            a64 = numba.carray(f64(ptr), count)
+            s64 = 1.0 / size
+            for i in range(count):
+                a64[i] *= s64
+        elif how == 3:
+            n32 = numba.carray(i32(ptr), count)
+            for i in range(count):
+                n32[i] = n32[i] // size
+        elif how == 4:
+            n64 = numba.carray(i64(ptr), count)
+            for i in range(count):
+                n64[i] = n64[i] // size
+
+    @numba.njit
+    def run_bucket(rec, count, b, size, comm):
+        """-> MPI's error code (0: success)."""
+        s = HEADER + SLOT * count + BSLOT * b
+        kind, first, arrays = rec[s + _KIND], rec[s + _FIRST], rec[s + _ARRAYS]
+        if size == 1:                   # no other rank; averaging by 1 changes nothing
+            return 0
+        if kind == BARRIER:
+            return barrier(comm)
+        ptr = address(rec, first)
+        if kind == BCAST:
+            return bcast(ptr, rec[s + _COUNT], rec[s + _DTYPE], rec[s + _ROOT], comm)
+        if arrays > 1:                  # fuse
+            ptr, offset = rec[s + _FUSION], 0
+            for i in range(first, first + arrays):
+                nbytes = rec[HEADER + SLOT * i + _NBYTES]
+                _memcpy(ptr + offset, address(rec, i), nbytes)
+                offset += nbytes
+        err = allreduce(in_place, ptr, rec[s + _COUNT], rec[s + _DTYPE], op_sum, comm)
+        if err != 0:
+            return err
+        scale(ptr, rec[s + _COUNT], rec[s + _SCALE], size)
+        if arrays > 1:                  # unfuse
+            offset = 0
+            for i in range(first, first + arrays):
+                nbytes = rec[HEADER + SLOT * i + _NBYTES]
+                _memcpy(address(rec, i), ptr + offset, nbytes)
+                offset += nbytes
+        return 0
+
+    @numba.njit
+    def hand_over(rec, stage, bucket, err):
+        rec[STAGE], rec[BUCKET], rec[ERRCODE] = stage, bucket, err
+        python(rec[SELF])               # finishes the collective and completes the op
+
+    @numba.cfunc(types.void(types.voidptr, types.voidptr, types.voidptr))
+    def run_chained(run_ctx, on_complete, param):
+        head = numba.carray(param, HEADER, dtype=np.int64)
+        count, nbuckets = head[COUNT], head[NBUCKETS]
+        rec = numba.carray(param, HEADER + SLOT * count + BSLOT * nbuckets, dtype=np.int64)
+        done = numba.carray(on_complete, 3, dtype=np.int64)
+        rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
+        if not take_pointers(rec, count):
+            hand_over(rec, Stage.READ, -1, 0)
+            return
+        comm = rec[COMM]
+        if rec[MSGLEN] > 0:
+            rec[MSG:MSG + 3] = rec[MINE:MINE + 3]
+            err = allreduce(in_place, rec[SELF] + 8 * MSG, rec[MSGLEN], int32, op_min, comm)
+            if err != 0:
+                hand_over(rec, Stage.MPI_ERROR, -1, err)
+                return
+            if not offered(rec[MSG:MSG + 3].view(np.int32), rec[MINE:MINE + 3].view(np.int32)):
+                hand_over(rec, Stage.AGREED, -1, 0)
+                return
+        for b in range(nbuckets):
+            err = run_bucket(rec, count, b, rec[SIZE], comm)
+            if err != 0:
+                hand_over(rec, Stage.MPI_ERROR, b, err)
+                return
+        complete(rec[CALLBACK], rec[ENGINE], rec[PARAM])   # no error
+        rec[STATE] = DONE
+        _write(rec[EVENTFD], rec[SELF] + 8 * ONE, 8)
+
+    return run_chained
+
+
 def mark_ready_address():
-    """The cfunc's address (compiled on first use in this process)."""
-    if not _compiled:
-        _compiled.append(_compile())
-    return _compiled[0].address
+    """The address of the funneled/concurrent op (compiled on first use in this process)."""
+    if 'mark_ready' not in _compiled:
+        _compiled['mark_ready'] = _compile_mark_ready()
+    return _compiled['mark_ready'].address
+
+
+def run_chained_address():
+    """The address of the chained op (compiled on first use in this process)."""
+    if 'run_chained' not in _compiled:
+        _compiled['run_chained'] = _compile_run_chained()
+    return _compiled['run_chained'].address
 
 
 class NativeOp:
-    """The record of one engine op that marks ``arrays`` ready."""
+    """The record of one engine op over ``arrays``, whose requests are ``reqs``."""
 
-    __slots__ = ('record', 'arrays', 'reqs')
+    __slots__ = ('record', 'arrays', 'reqs', 'keep')
 
-    def __init__(self, arrays, reqs, eventfd):
-        rec = np.zeros(HEADER + SLOT * len(arrays), dtype=np.int64)
+    def __init__(self, arrays, reqs, eventfd, extra=0):
+        rec = np.zeros(HEADER + SLOT * len(arrays) + extra, dtype=np.int64)
         rec[COUNT], rec[EVENTFD], rec[SELF], rec[ONE] = len(arrays), eventfd, rec.ctypes.data, 1
-        rec[HEADER::SLOT] = [a.handle.value for a in arrays]
-        self.record, self.arrays, self.reqs = rec, arrays, reqs
+        rec[HEADER:HEADER + SLOT * len(arrays):SLOT] = [a.handle.value for a in arrays]
+        self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, ()
+
+    @property
+    def address(self):
+        return int(self.record[SELF])
 
     @property
     def ready(self):
-        return self.record[STATE] == 1
+        return self.record[STATE] == READY
+
+    @property
+    def done(self):
+        return self.record[STATE] == DONE
 
     def callback(self):
         """(callback, engine, param) of the engine's completion record."""
@@ -112,6 +346,70 @@ class NativeOp:
         device = int(self.record[slot + _DEVICE])
         address = int(self.record[slot + _DATA]) + int(self.record[slot + _OFFSET])
         return address, device & 0xffffffff, device >> 32
+
+
+class ChainedOp(NativeOp):
+    """The record of one chained call: its collectives in ``buckets`` (lists of requests,
+    planned by fusion.plan), run by :func:`run_chained_address`.
+
+    ``message``: this rank's agreement message (agreement.group_message), or None when
+    it runs alone; ``fusion(dtype, count)``: a host buffer for a fused bucket, kept alive
+    with the op; ``on_python(op)``: called on the engine thread when the op hands over
+    (see :class:`Stage`); it must complete the op and call :meth:`finish_in_python`.
+    """
+
+    def __init__(self, buckets, comm, message, eventfd, fusion, on_python):
+        reqs = [r for bucket in buckets for r in bucket]
+        arrays = [r.array for r in reqs if r.array is not None]
+        super().__init__(arrays, reqs, eventfd, extra=BSLOT * len(buckets))
+        rec = self.record
+        rec[COMM], rec[SIZE], rec[NBUCKETS] = comm.handle, comm.size, len(buckets)
+        rec[HEADER + _NBYTES:HEADER + SLOT * len(arrays):SLOT] = [
+            r.nbytes for r in reqs if r.array is not None]
+        if message is not None and comm.size > 1:
+            rec[MSGLEN] = len(message)
+            rec[MINE:MINE + 3].view(np.int32)[:] = message
+        self.buckets, keep, first = buckets, [], 0
+        for b, bucket in enumerate(buckets):
+            head = bucket[0]
+            words = rec[HEADER + SLOT * len(arrays) + BSLOT * b:][:BSLOT]
+            kind = {'allreduce': ALLREDUCE, 'bcast': BCAST, 'barrier': BARRIER}[head.kind]
+            arrays_here = sum(r.array is not None for r in bucket)
+            count = sum(r.nbytes for r in bucket) // head.dtype.itemsize if head.dtype else 0
+            words[_KIND], words[_FIRST], words[_ARRAYS], words[_COUNT] = (
+                kind, first, arrays_here, count)
+            if head.dtype is not None:
+                words[_DTYPE] = _c_datatype(head.dtype)
+            words[_ROOT] = head.root
+            words[_SCALE] = SCALES[head.dtype] if head.average else 0
+            if arrays_here > 1:
+                buf = fusion(head.dtype, count)
+                keep.append(buf)
+                words[_FUSION] = buf.ctypes.data
+            first += arrays_here
+        self.keep = keep
+        _fallbacks[self.address] = lambda: on_python(self)
+
+    @property
+    def stage(self):
+        """(Stage, bucket, MPI error code) of a hand-over."""
+        return int(self.record[STAGE]), int(self.record[BUCKET]), int(self.record[ERRCODE])
+
+    def message(self):
+        """The agreement message after the MIN (int32)."""
+        return self.record[MSG:MSG + 3].view(np.int32).copy()
+
+    def finish_in_python(self):
+        self.record[STATE] = DONE
+        os.eventfd_write(int(self.record[EVENTFD]), 1)
+
+    def forget(self):
+        _fallbacks.pop(self.address, None)
+
+
+def _c_datatype(dtype):
+    from .comm import c_datatype  # noqa: WPS433
+    return c_datatype(dtype)
 
 
 class Waker:

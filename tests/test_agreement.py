@@ -1,6 +1,7 @@
 """The agreement messages (mpi_kvstore.agreement), with the MPI MIN done by numpy."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from mpi_kvstore import agreement as ag
 from mpi_kvstore.collective import SIG_LIMIT
@@ -69,3 +70,31 @@ def test_signature_limits_fit_the_encoding():
         msg = _window({10: sig})
         assert 0 < msg[ag.HEADER] < ag.WILDCARD and 0 < msg[ag.HEADER + 8] < ag.WILDCARD
         assert ag.window_result(msg) == ([0], [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=3)), min_size=1,
+                max_size=4))
+def test_runs_as_offered_is_no_join_and_no_mismatch(offers):
+    """The chained native op's fast test equals the full reading, on every active rank;
+    ``None`` is a rank that joined."""
+    msgs = [ag.group_message((), joined=True) if sigs is None
+            else ag.group_message(sigs, rank=r) for r, sigs in enumerate(offers)]
+    msg = _min(*msgs)
+    head = ag.read_header(msg)
+    for mine, sigs in zip(msgs, offers):
+        if sigs is not None:
+            assert ag.runs_as_offered(msg, mine) == (
+                not head.someone_joined and not ag.group_mismatch(msg))
+
+
+def test_runs_as_offered_compiles_to_the_same_answers():
+    """numba compiles the function the native op uses; it answers as Python does."""
+    import numba  # a dependency of the package
+    compiled = numba.njit(ag.runs_as_offered)
+    mine = ag.group_message([5, 9], rank=1)
+    for other in ([5, 9], [9, 5], [5], None):
+        theirs = (ag.group_message((), joined=True) if other is None
+                  else ag.group_message(other, rank=0))
+        msg = _min(mine, theirs)
+        assert compiled(msg, mine) == ag.runs_as_offered(msg, mine) == (other == [5, 9])

@@ -115,7 +115,7 @@ def test_join_naive_engine(design):
 
 
 @pytest.mark.parametrize('native', ['1', '0'])
-@pytest.mark.parametrize('design', ['funneled', 'concurrent'])
+@pytest.mark.parametrize('design', ENGINE_DESIGNS)
 def test_native_ops_run_no_python_on_engine_threads(design, native):
     _ok(run_mpi(2, 'kv_native.py', design, native, timeout=180),
         'kv_native[%s, native=%s]' % (design, native))

@@ -5,14 +5,14 @@ import logging
 import numpy as np
 
 from .. import agreement
-from ..arrays import flat_view
+from ..arrays import flat_view, view_at
 from ..comm import MPI
-from ..errors import JoinError, RankMismatchError
+from ..errors import ArrayLayoutError, JoinError, RankMismatchError
 from ..fusion import plan
 from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Design', 'FusionPool']
+__all__ = ['Design', 'FusionPool', 'native_view']
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,11 @@ class Design:
             return
         msg = agreement.group_message([r.sig for r in reqs], rank=self.rank)
         comm.check_min(msg)
+        self.run_agreed(reqs, msg, comm)
+
+    def run_agreed(self, reqs, msg, comm):
+        """Run ``reqs`` as the agreement ``msg`` (after the MIN) says: reject them on a
+        mismatch, mirror them to joined ranks, else execute them."""
         if agreement.group_mismatch(msg):
             self.reject(reqs)
             return
@@ -267,3 +272,12 @@ class Design:
 
 def _xp(array):
     return np if isinstance(array, np.ndarray) else __import__(type(array).__module__.split('.')[0])
+
+
+def native_view(req, pointer):
+    """The request's view from the pointer its native op took (None: it was refused)."""
+    if pointer is None:
+        raise ArrayLayoutError('array of shape %s cannot be read in place: MXNDArrayToDLPack '
+                               'refused it inside the engine op (an MKLDNN layout)'
+                               % (req.shape,))
+    return view_at(*pointer, req.nbytes, req.dtype, req.array)

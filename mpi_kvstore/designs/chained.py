@@ -1,14 +1,20 @@
 """The dependency-chained design."""
+import collections
 import functools
+import threading
 
 import mxnet as mx
+import numpy as np
 
-from .. import engine
-from ..comm import MPI, Comm
+from .. import agreement, engine, native
+from ..comm import MPI, Comm, c_datatype
+from ..fusion import plan
 from ..timeline import op_name
-from .base import Design
+from .base import Design, native_view
 
 __all__ = ['Chained']
+
+_INT_MAX = (1 << 31) - 1   # MPI counts are C ints in the native op
 
 
 class Chained(Design):
@@ -26,6 +32,13 @@ class Chained(Design):
     but produced late (gluon pushes the first layer first) holds back the rest.
     Each op first MIN-allreduces a 4-int fingerprint of its requests, so ranks
     that disagree fail loudly instead of summing different keys.
+
+    The op is native (native.run_chained_address): machine code calls MPI, so
+    no Python runs on the engine worker. It hands the rare cases to Python on
+    the same worker (:meth:`_in_python`). One thread of ours (:meth:`_reap`)
+    marks requests done once their op completed. The Python op remains for what
+    the native one does not do: NaiveEngine, the timeline, Python collectives,
+    averages of dtypes it cannot divide, counts beyond a C int.
     """
 
     name = 'chained'
@@ -35,9 +48,32 @@ class Chained(Design):
         super().__init__(comm, config, sink, timeline)
         self._comm = self.join_comm = Comm(comm)
         self._chain = mx.nd.zeros((1,))
+        self._native = config.native_ops and not config.naive_engine and not timeline
+        self._fusion = {}                     # dtype -> host buffer for fused buckets
+        self._inflight = collections.deque()  # native ops, in push (= completion) order
+        self._waker = self._reaper = None
+        self._stop = False
+        if self._native:
+            native.run_chained_address()      # compile now, not in the first step
+            self._waker = native.Waker()
+            self._reaper = threading.Thread(target=self._reap, name='mpi_kvstore-chained',
+                                            daemon=True)
+            self._reaper.start()
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
+        if self._native and _native_can_run(reqs):
+            buckets = plan(reqs, self.config.fusion_threshold)
+            message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
+                       if self.size > 1 else None)
+            op = native.ChainedOp(buckets, self._comm, message, self._waker.fd,
+                                  self._fusion_buffer, self._in_python)
+            self._inflight.append(op)
+            # The arrays in the record are in bucket order; the engine needs them all.
+            engine.push_native(native.run_chained_address(), op.address,
+                               op.arrays + [self._chain], priority=priority,
+                               name=op_name(reqs[0].kind))
+            return
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
@@ -59,5 +95,83 @@ class Chained(Design):
         for req in reqs:
             req.finish()
 
+    # -- the native op's helpers (Python) --------------------------------------
+    def _fusion_buffer(self, dtype, count):
+        """A host buffer for a fused bucket. Ops run one at a time, so they share one per
+        dtype; an op that needs a larger one gets a new one and keeps it alive itself."""
+        buf = self._fusion.get(dtype)
+        if buf is None or buf.size < count:
+            buf = self._fusion[dtype] = np.empty(max(count, 1024), dtype=dtype)
+        return buf
+
+    def _in_python(self, op):
+        """On the engine worker: finish what the native op handed over, then complete it."""
+        stage, failed_bucket, code = op.stage
+        try:
+            self._attach_all(op)   # a refused array fails here, and spoils its signature
+            if stage == native.Stage.READ:
+                self.agree_and_execute(op.reqs, self._comm)
+            elif stage == native.Stage.AGREED:
+                self.run_agreed(op.reqs, op.message(), self._comm)
+            else:
+                self._after_mpi_error(op, failed_bucket, MPI.Exception(code))
+        finally:
+            engine.Completion.native(*op.callback(), op.arrays).done()
+            op.finish_in_python()
+
+    def _attach_all(self, op):
+        index = 0
+        for req in op.reqs:
+            if req.array is not None:
+                self.attach(req, functools.partial(native_view, req, op.pointer(index)))
+                index += 1
+
+    def _after_mpi_error(self, op, failed_bucket, err):
+        """An MPI call of the native op failed at ``failed_bucket`` (-1: the agreement)."""
+        if failed_bucket < 0:
+            for req in op.reqs:
+                self.fail(req, err)
+                req.complete()
+            return
+        for bucket in op.buckets[:failed_bucket]:   # ran natively
+            for req in bucket:
+                req.complete()
+        for req in op.buckets[failed_bucket]:
+            self.fail(req, err)
+            req.complete()
+        for bucket in op.buckets[failed_bucket + 1:]:
+            self.execute(bucket, self._comm)
+
+    def _reap(self):
+        """Our thread: mark the requests of completed native ops done (wait() reads that)."""
+        while True:
+            self._waker.wait()
+            while self._inflight and self._inflight[0].done:
+                op = self._inflight.popleft()
+                op.forget()
+                for req in op.reqs:
+                    req.finish()
+            if self._stop and not self._inflight:
+                return
+
     def close(self):
+        if self._reaper is not None:
+            self._stop = True
+            self._waker.notify()
+            self._reaper.join(timeout=10)
+            if not self._reaper.is_alive():
+                self._waker.close()
         self._comm.free()
+
+
+def _native_can_run(reqs):
+    for req in reqs:
+        if req.kind == 'custom':
+            return False
+        if req.dtype is None:
+            continue
+        if c_datatype(req.dtype) is None or req.nbytes // req.dtype.itemsize > _INT_MAX:
+            return False
+        if req.average and req.dtype not in native.SCALES:
+            return False
+    return True

@@ -28,12 +28,10 @@ import threading
 import numpy as np
 
 from .. import engine, native
-from ..arrays import view_at
-from ..errors import ArrayLayoutError
 from ..comm import Comm, wait_polling
 from .. import agreement
 from ..timeline import op_name
-from .base import Design
+from .base import Design, native_view
 
 __all__ = ['Negotiated']
 
@@ -105,7 +103,7 @@ class Negotiated(Design):
             for req in op.reqs:
                 req.completion = countdown
                 if req.array is not None:
-                    self.attach(req, functools.partial(_native_view, req, op.pointer(index)))
+                    self.attach(req, functools.partial(native_view, req, op.pointer(index)))
                     index += 1
             self._mark_ready(op.reqs, notify=False)
 
@@ -226,11 +224,3 @@ def _countdown(reqs, completion):
         return engine.Countdown(completion, len(reqs))
     return completion
 
-
-def _native_view(req, pointer):
-    """The request's view from the pointer its native op took (None: it was refused)."""
-    if pointer is None:
-        raise ArrayLayoutError('array of shape %s cannot be read in place: MXNDArrayToDLPack '
-                               'refused it inside the engine op (an MKLDNN layout)'
-                               % (req.shape,))
-    return view_at(*pointer, req.nbytes, req.dtype, req.array)

@@ -1,7 +1,10 @@
 """No Python on MXNet's engine threads: funneled and concurrent mark collectives ready
-with a compiled op (numba), so the ctypes trampoline is never entered; with
-MPI_KVSTORE_NATIVE_OPS=0 (the control) it is entered once per call. An MKLDNN-layout
-array still fails loudly, and the sums are right either way.
+with a compiled op (numba), chained runs them in one, so neither the ctypes
+trampoline nor a native op's Python path is entered; with native_ops=0 (the
+control) the trampoline is entered once per call. The sums are right either way,
+also fused, averaged and broadcast. An MKLDNN-layout array on one rank still fails
+loudly there, and the other ranks get RankMismatchError instead of a sum without
+its part.
 
 usage: kv_native.py DESIGN (0|1: native ops)
 """
@@ -35,14 +38,47 @@ def pushpulls(kv):
     close(grads[0].asnumpy(), SIZE, 'queued pushpull')
 
 
+def other_forms(kv):
+    """Fused (several keys of a call), averaged and broadcast collectives, on data ready
+    and not ready, as numpy computes them."""
+    for step in range(CALLS // 20):
+        ints = [mx.nd.full((5 + i,), RANK + step, dtype='int32') for i in range(3)]
+        doubles = [mx.nd.full((9,), 2.0 * (RANK + 1), dtype='float64') for _ in range(2)]
+        kv.pushpull(['i%d' % i for i in range(3)], ints)
+        kv.pushpull(['d%d' % i for i in range(2)], doubles)
+        root_value = mx.nd.full((6,), 10.0 * RANK + step)
+        out = mx.nd.zeros((6,))
+        kv.broadcast('b%d' % step, root_value, out=out)
+        ints_sum = sum(r + step for r in range(SIZE))
+        for i, arr in enumerate(ints):
+            close(arr.asnumpy(), ints_sum, 'fused int32 pushpull %d' % step)
+        for arr in doubles:
+            close(arr.asnumpy(), SIZE * (SIZE + 1), 'fused float64 pushpull %d' % step)
+        close(out.asnumpy(), step, 'broadcast %d' % step)
+    avg = mpi_kvstore.create('dist_mpi', design=DESIGN, native_ops=NATIVE, average=True)
+    for dtype, expected in (('float32', (SIZE + 1) / 2.0), ('int64', (SIZE + 1) // 2)):
+        vals = [mx.nd.full((4 + i,), RANK + 1, dtype=dtype) for i in range(3)]
+        avg.pushpull(['%s%d' % (dtype, i) for i in range(3)], vals)
+        one = mx.nd.full((7,), RANK + 1, dtype=dtype)
+        avg.pushpull(dtype, one)
+        for arr in vals + [one]:
+            close(arr.asnumpy(), expected, 'averaged %s pushpull' % dtype)
+    avg.close()
+
+
 def mkldnn_weight_fails_loudly(kv):
-    """A conv weight after an inference-mode forward sits in an MKLDNN layout."""
+    """A conv weight after an inference-mode forward sits in an MKLDNN layout: on rank 0
+    it is pushed, the others push a plain array of the same shape."""
     net = gluon.nn.Conv2D(8, 3, in_channels=3)
     net.initialize(mx.init.One())
     net(mx.nd.ones((1, 3, 8, 8))).wait_to_read()
-    weight = net.weight.data()
+    weight = net.weight.data() if RANK == 0 else mx.nd.ones(net.weight.shape)
     expect_raises(mpi_kvstore.MPIKVStoreError, lambda: kv.pushpull('w', weight) or kv.wait(),
-                  contains='cannot be read in place')
+                  contains='cannot be read in place' if RANK == 0 or SIZE == 1
+                  else 'ranks disagree')
+    after = mx.nd.ones((3,))
+    kv.pushpull('after', after)
+    close(after.asnumpy(), SIZE, 'the pushpull after the failed one')
 
 
 def main():
@@ -51,6 +87,7 @@ def main():
     kv.wait()
     before = engine.trampoline_calls()
     pushpulls(kv)
+    other_forms(kv)
     entered = engine.trampoline_calls() - before
     if NATIVE:
         assert entered == 0, 'rank %d: %d engine ops ran Python code' % (RANK, entered)
