@@ -29,7 +29,7 @@ class Collective:
 
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'done', 'priority', 'in_place', 'mirror')
+                 'average', 'done', 'priority', 'in_place', 'mirror', 'waiter')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None):
@@ -51,6 +51,7 @@ class Collective:
         self.in_place = False  # the array is the user's output: a failure may raise on its read
         self.mirror = False    # a joined rank's stand-in for another rank's collective
         self.done = False
+        self.waiter = None     # waiter(req, timeout): how to wait when nobody calls finish()
 
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'
@@ -76,6 +77,8 @@ class Collective:
 
     def wait(self, timeout=None):
         """Block until the collective ran (or failed); False if ``timeout`` passed first."""
+        if self.waiter is not None and not self.done:
+            return self.waiter(self, timeout)
         with _FINISHED:
             return _FINISHED.wait_for(lambda: self.done, timeout)
 

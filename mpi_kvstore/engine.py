@@ -21,7 +21,7 @@ import time
 
 from .libmxnet import bind, last_error
 
-__all__ = ['Completion', 'Countdown', 'push', 'push_native', 'python_entry', 'consume_raised',
+__all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'python_entry', 'consume_raised',
            'quiesce', 'trampoline_calls']
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ _ids = itertools.count(1)
 _callbacks = {}        # engine callback address -> ctypes function, built once
 _cpu_context = _Context(_CPU, 0)
 _properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC)}
+_CPU_CONTEXT = ctypes.addressof(_cpu_context)
+_PROPERTY_ADDRESSES = {prop: ctypes.addressof(value) for prop, value in _properties.items()}
 _naive = [False]
 
 
@@ -341,23 +343,49 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
 _native_fns = {}   # C function address -> its ctypes pointer object, built once
 
 
+class Handles:
+    """The engine's array of NDArray handles for ``arrays``, built once for many pushes.
+
+    It holds the handle values only: whoever pushes keeps the arrays alive until the op
+    completes (a handle reused by a new NDArray names that array, which is what a cache
+    keyed by handle values wants)."""
+
+    __slots__ = ('array', 'count')
+
+    def __init__(self, arrays):
+        self.array, self.count = _handles(arrays), len(arrays)
+
+
+_NO_HANDLES = _handles(())
+
+
 def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstore',
                 inline_when_ready=False):
     """Push a C function (``void f(run_ctx, on_complete, param)``) as an async engine op.
 
     No Python runs when the engine calls it. The caller keeps ``param``'s memory and
-    the arrays alive until it completes the op with :meth:`Completion.native`.
+    the arrays alive until the op completes. ``mutable``: arrays, or :class:`Handles`.
     """
     fn = _native_fns.get(fn_address)
     if fn is None:
         fn = _native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
-    mutable = list(mutable)
-    prop = _properties[ASYNC if inline_when_ready else CPU_PRIORITIZED]
-    ret = _push_async(fn, param_address, None, ctypes.addressof(_cpu_context), _handles(()), 0,
-                      _handles(mutable), len(mutable), ctypes.addressof(prop), int(priority),
-                      name.encode(), False)
+    if not isinstance(mutable, Handles):
+        mutable = Handles(list(mutable))
+    prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
+    ret = _push_async(fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0,
+                      mutable.array, mutable.count, prop, priority, _encoded(name), False)
     if ret != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
+
+
+_names = {}
+
+
+def _encoded(name):
+    text = _names.get(name)
+    if text is None:
+        text = _names.setdefault(name, name.encode())
+    return text
 
 
 def _log_error(err):

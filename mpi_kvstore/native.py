@@ -44,7 +44,7 @@ import numpy as np
 from . import agreement, engine
 from .libmxnet import address_of
 
-__all__ = ['NativeOp', 'ChainedOp', 'Waker', 'mark_ready_address', 'run_chained_address',
+__all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'mark_ready_address', 'run_chained_address',
            'SCALES', 'Stage']
 
 # Header words. ONE holds 1 (what an eventfd write adds); MSG and MINE hold 6 int32
@@ -348,28 +348,32 @@ class NativeOp:
         return address, device & 0xffffffff, device >> 32
 
 
-class ChainedOp(NativeOp):
-    """The record of one chained call: its collectives in ``buckets`` (lists of requests,
-    planned by fusion.plan), run by :func:`run_chained_address`.
+class ChainedPlan:
+    """What every call of one shape shares: the record of its op with everything but the
+    addresses filled in, its buckets as spans of the call's requests, and the fusion
+    buffers it reduces in. Built once per shape (the design caches it), so a call copies
+    a record instead of building one.
 
-    ``message``: this rank's agreement message (agreement.group_message), or None when
-    it runs alone; ``fusion(dtype, count)``: a host buffer for a fused bucket, kept alive
-    with the op; ``on_python(op)``: called on the engine thread when the op hands over
-    (see :class:`Stage`); it must complete the op and call :meth:`finish_in_python`.
+    ``buckets``: lists of requests as fusion.plan made them; ``message``: this rank's
+    agreement message (agreement.group_message), or None when it runs alone;
+    ``fusion(dtype, count)``: a host buffer for a fused bucket. Ops run one at a time
+    (the chain), so every op of a plan may share its buffers.
     """
 
-    def __init__(self, buckets, comm, message, eventfd, fusion, on_python):
+    __slots__ = ('record', 'spans', 'keep', 'handles')
+
+    def __init__(self, buckets, comm, message, eventfd, fusion):
         reqs = [r for bucket in buckets for r in bucket]
         arrays = [r.array for r in reqs if r.array is not None]
-        super().__init__(arrays, reqs, eventfd, extra=BSLOT * len(buckets))
-        rec = self.record
+        rec = NativeOp(arrays, reqs, eventfd, extra=BSLOT * len(buckets)).record
+        rec[SELF] = 0
         rec[COMM], rec[SIZE], rec[NBUCKETS] = comm.handle, comm.size, len(buckets)
         rec[HEADER + _NBYTES:HEADER + SLOT * len(arrays):SLOT] = [
             r.nbytes for r in reqs if r.array is not None]
         if message is not None and comm.size > 1:
             rec[MSGLEN] = len(message)
             rec[MINE:MINE + 3].view(np.int32)[:] = message
-        self.buckets, keep, first = buckets, [], 0
+        keep, spans, first, start = [], [], 0, 0
         for b, bucket in enumerate(buckets):
             head = bucket[0]
             words = rec[HEADER + SLOT * len(arrays) + BSLOT * b:][:BSLOT]
@@ -387,7 +391,27 @@ class ChainedOp(NativeOp):
                 keep.append(buf)
                 words[_FUSION] = buf.ctypes.data
             first += arrays_here
-        self.keep = keep
+            spans.append((start, start + len(bucket)))
+            start += len(bucket)
+        self.record, self.spans, self.keep = rec, spans, keep
+        self.handles = None   # the engine's handle array, which the design builds once
+
+
+class ChainedOp(NativeOp):
+    """One chained call, run by :func:`run_chained_address`: a copy of its plan's record.
+
+    ``reqs`` in plan order; ``on_python(op)``: called on the engine thread when the op
+    hands over (see :class:`Stage`); it must complete the op and call
+    :meth:`finish_in_python`.
+    """
+
+    __slots__ = ('buckets',)
+
+    def __init__(self, plan, reqs, arrays, on_python):  # noqa: WPS231 (no super(): a copy)
+        rec = plan.record.copy()
+        rec[SELF] = rec.ctypes.data
+        self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
+        self.buckets = [reqs[a:b] for a, b in plan.spans]
         _fallbacks[self.address] = lambda: on_python(self)
 
     @property
@@ -416,7 +440,7 @@ class Waker:
     """An eventfd: native ops and Python threads write it; one thread waits on it."""
 
     def __init__(self):
-        self.fd = os.eventfd(0)
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK)
 
     def notify(self):
         os.eventfd_write(self.fd, 1)
@@ -424,11 +448,14 @@ class Waker:
     def wait(self, timeout=None):
         """Until written (or ``timeout`` seconds), with the GIL released; drains it.
 
-        One thread waits: a blocking read when there is no timeout (one syscall),
-        else select, then a read that finds the counter non-zero.
+        Non-blocking, so that where two threads wait, the one that finds the counter
+        drained by the other goes back to its caller instead of blocking.
         """
-        if timeout is None or select.select([self.fd], [], [], timeout)[0]:
-            os.eventfd_read(self.fd)
+        if select.select([self.fd], [], [], timeout)[0]:
+            try:
+                os.eventfd_read(self.fd)
+            except BlockingIOError:
+                pass
 
     def close(self):
         os.close(self.fd)

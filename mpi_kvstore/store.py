@@ -64,7 +64,7 @@ class MPIKVStore(KVStoreBase):
         self._design = design(comm, self._config, self._errors.record, self._timeline)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,
-                                         lambda: list(self._pending))
+                                         self._pending_now)
         _LIVE.add(self)
 
     # -- identity -------------------------------------------------------------
@@ -113,12 +113,18 @@ class MPIKVStore(KVStoreBase):
     # -- submission ---------------------------------------------------------------
     def _submit(self, reqs, priority):
         self._check_open()
+        self._design.reap()
         while self._pending and self._pending[0].done:
             self._pending.popleft()
         self._pending.extend(reqs)
         self._design.submit(reqs, priority)
         if self._design.synchronous:
             self._errors.raise_pending()
+
+    def _pending_now(self):
+        """The collectives not finished yet (the stall inspector's thread asks)."""
+        self._design.reap()
+        return [req for req in list(self._pending) if not req.done]
 
     def _request(self, kind, state, array, root=0, in_place=False):
         return request(kind, state, array, average=self._config.average and kind == 'allreduce',

@@ -73,6 +73,10 @@ class Design:
         """True when a call returns only after its collectives ran (errors are known)."""
         return self.config.naive_engine
 
+    def reap(self):
+        """Mark done the requests whose collectives finished where nobody said so (the
+        chained design's native ops). Any thread may call it."""
+
     def close(self):
         """Stop threads; the caller has already waited for every request."""
 

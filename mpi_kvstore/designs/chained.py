@@ -2,6 +2,7 @@
 import collections
 import functools
 import threading
+import time
 
 import mxnet as mx
 import numpy as np
@@ -15,6 +16,8 @@ from .base import Design, native_view
 __all__ = ['Chained']
 
 _INT_MAX = (1 << 31) - 1   # MPI counts are C ints in the native op
+_MAX_PLANS = 4096          # call shapes remembered (a training loop has a few)
+_WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the records
 
 
 class Chained(Design):
@@ -35,8 +38,10 @@ class Chained(Design):
 
     The op is native (native.run_chained_address): machine code calls MPI, so
     no Python runs on the engine worker. It hands the rare cases to Python on
-    the same worker (:meth:`_in_python`). One thread of ours (:meth:`_reap`)
-    marks requests done once their op completed. The Python op remains for what
+    the same worker (:meth:`_in_python`). Requests are marked done lazily
+    (:meth:`reap`), by whoever asks: the next call, ``wait()``, the stall
+    inspector; a waiter sleeps on the eventfd every op writes. No thread of ours
+    wakes per collective. The Python op remains for what
     the native one does not do: NaiveEngine, the timeline, Python collectives,
     averages of dtypes it cannot divide, counts beyond a C int.
     """
@@ -50,29 +55,24 @@ class Chained(Design):
         self._chain = mx.nd.zeros((1,))
         self._native = config.native_ops and not config.naive_engine and not timeline
         self._fusion = {}                     # dtype -> host buffer for fused buckets
+        self._plans = {}                      # call shape -> native.ChainedPlan
         self._inflight = collections.deque()  # native ops, in push (= completion) order
-        self._waker = self._reaper = None
-        self._stop = False
+        self._reap_lock = threading.Lock()
+        self._waker = None
         if self._native:
             native.run_chained_address()      # compile now, not in the first step
             self._waker = native.Waker()
-            self._reaper = threading.Thread(target=self._reap, name='mpi_kvstore-chained',
-                                            daemon=True)
-            self._reaper.start()
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
         if self._native and _native_can_run(reqs):
-            buckets = plan(reqs, self.config.fusion_threshold)
-            message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
-                       if self.size > 1 else None)
-            op = native.ChainedOp(buckets, self._comm, message, self._waker.fd,
-                                  self._fusion_buffer, self._in_python)
+            plan_ = self._plan(reqs, arrays)
+            op = native.ChainedOp(plan_, reqs, arrays, self._in_python)
+            for req in reqs:
+                req.waiter = self._wait
             self._inflight.append(op)
-            # The arrays in the record are in bucket order; the engine needs them all.
-            engine.push_native(native.run_chained_address(), op.address,
-                               op.arrays + [self._chain], priority=priority,
-                               name=op_name(reqs[0].kind))
+            engine.push_native(native.run_chained_address(), op.address, plan_.handles,
+                               priority=priority, name=op_name(reqs[0].kind))
             return
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name=op_name(reqs[0].kind),
@@ -96,6 +96,23 @@ class Chained(Design):
             req.finish()
 
     # -- the native op's helpers (Python) --------------------------------------
+    def _plan(self, reqs, arrays):
+        """The native plan of a call of this shape: the same requests (signatures, which
+        include priority, sizes) on the same arrays. Requests keep their call order:
+        fusion.plan sorts one call's requests (one priority) by sequence number."""
+        key = (tuple((r.sig, r.nbytes) for r in reqs), tuple(a.handle.value for a in arrays))
+        found = self._plans.get(key)
+        if found is None:
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
+                       if self.size > 1 else None)
+            found = native.ChainedPlan(plan(reqs, self.config.fusion_threshold), self._comm,
+                                       message, self._waker.fd, self._fusion_buffer)
+            found.handles = engine.Handles(arrays + [self._chain])
+            self._plans[key] = found
+        return found
+
     def _fusion_buffer(self, dtype, count):
         """A host buffer for a fused bucket. Ops run one at a time, so they share one per
         dtype; an op that needs a larger one gets a new one and keeps it alive itself."""
@@ -142,25 +159,35 @@ class Chained(Design):
         for bucket in op.buckets[failed_bucket + 1:]:
             self.execute(bucket, self._comm)
 
-    def _reap(self):
-        """Our thread: mark the requests of completed native ops done (wait() reads that)."""
-        while True:
-            self._waker.wait()
+    def reap(self):
+        """Mark the requests of completed native ops done (any thread)."""
+        if not (self._inflight and self._inflight[0].done):  # the common case: no lock
+            return
+        with self._reap_lock:
             while self._inflight and self._inflight[0].done:
                 op = self._inflight.popleft()
                 op.forget()
                 for req in op.reqs:
                     req.finish()
-            if self._stop and not self._inflight:
-                return
+
+    def _wait(self, req, timeout):
+        """Collective.wait of a native op's request: reap, else sleep until an op writes
+        the eventfd (bounded, so two waiters never starve each other)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.reap()
+            if req.done:
+                return True
+            left = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE,
+                                                             deadline - time.monotonic())
+            if left <= 0:
+                return False
+            self._waker.wait(left)
 
     def close(self):
-        if self._reaper is not None:
-            self._stop = True
-            self._waker.notify()
-            self._reaper.join(timeout=10)
-            if not self._reaper.is_alive():
-                self._waker.close()
+        if self._waker is not None:
+            self.reap()
+            self._waker.close()
         self._comm.free()
 
 

@@ -1,0 +1,162 @@
+"""Where one small pushpull's time goes: its parts, each measured alone in one run.
+
+    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/profile_pushpull.py [--size 4K]
+        [--designs funneled,chained] [--calls 2000] [--top 12]
+
+Per design D (rank 0 prints; every part is a median over interleaved rounds):
+  raw_mpi         comm.Allreduce(IN_PLACE) of the same bytes: the MPI part;
+  engine_floor    MXNet's own copyto + wait_to_read: one op handed to an engine worker and
+                  back to the waiting thread, the least any engine-embedded collective pays;
+  inline_op       a no-op native engine op that runs inline (kAsync) + wait_to_read: the
+                  cost of MXNet's push and wait without a thread hand-off;
+  queued_op       the same op pushed as the chained design pushes (kCPUPrioritized): it
+                  runs on an engine worker, so it pays the hand-offs there and back;
+  submit:D        kv.pushpull() returning (the Python path: checks, keys, request, record,
+                  push), data ready;
+  total:D         kv.pushpull() then wait_to_read() of the output;
+  rest:D          total - submit - raw_mpi: hand-offs between threads and waiting.
+Then a cProfile of the submit path of the first design, by own time, to name the Python
+functions that cost most.
+"""
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+
+common.use_checkout()
+import mxnet as mx  # noqa: E402
+
+import mpi_kvstore  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--size', type=common.parse_size, default=4 << 10)
+    parser.add_argument('--designs', type=common.designs, default='funneled,chained')
+    parser.add_argument('--calls', type=int, default=2000, help='timed calls per part')
+    parser.add_argument('--rounds', type=int, default=5)
+    parser.add_argument('--top', type=int, default=12, help='profile lines to print')
+    return parser.parse_args(argv)
+
+
+def timed(fn, calls):
+    """Median seconds per call over ``calls`` calls, after a barrier."""
+    COMM.Barrier()
+    samples = np.empty(calls)
+    for i in range(calls):
+        start = time.perf_counter()
+        fn()
+        samples[i] = time.perf_counter() - start
+    return float(np.median(samples))
+
+
+def parts(args):
+    count = args.size // 4
+    buf = np.ones(count, np.float32)
+    src, dst = mx.nd.ones((count,)), mx.nd.zeros((count,))
+    inline, queued = _noop_op(dst, True), _noop_op(dst, False)
+    stores = {}
+    for design in args.designs:
+        kv, why = common.create_store(design, 600)
+        if kv is None:
+            raise SystemExit('%s: %s' % (design, why))
+        stores[design] = kv
+    arrays = {d: mx.nd.ones((count,)) for d in args.designs}
+    for design, kv in stores.items():      # warm: keys known, code compiled
+        for _ in range(50):
+            kv.pushpull('p', arrays[design])
+        kv.wait()
+
+    out = {}
+    for _ in range(args.rounds):
+        sample = {
+            'raw_mpi': timed(lambda: COMM.Allreduce(MPI.IN_PLACE, buf), args.calls),
+            'engine_floor': timed(lambda: (src.copyto(dst), dst.wait_to_read()), args.calls),
+            'inline_op': timed(lambda: (inline(), dst.wait_to_read()), args.calls),
+            'queued_op': timed(lambda: (queued(), dst.wait_to_read()), args.calls),
+        }
+        for design in args.designs:
+            kv, arr = stores[design], arrays[design]
+            sample['total:' + design] = timed(
+                lambda: (kv.pushpull('p', arr), arr.wait_to_read()), args.calls)
+            sample['submit:' + design] = _submit_time(kv, arr, args.calls)
+        for name, value in sample.items():
+            out.setdefault(name, []).append(value)
+    medians = {name: float(np.median(v)) for name, v in out.items()}
+    for design in args.designs:
+        medians['rest:' + design] = (medians['total:' + design] - medians['submit:' + design]
+                                     - medians['raw_mpi'])
+    profile = _profile(stores[args.designs[0]], arrays[args.designs[0]], args.calls, args.top)
+    for kv in stores.values():
+        kv.close()
+    return medians, profile
+
+
+def _submit_time(kv, arr, calls):
+    """Seconds per pushpull() return, waiting (untimed) after each call."""
+    COMM.Barrier()
+    samples = np.empty(calls)
+    for i in range(calls):
+        start = time.perf_counter()
+        kv.pushpull('p', arr)
+        samples[i] = time.perf_counter() - start
+        arr.wait_to_read()
+    return float(np.median(samples))
+
+
+def _profile(kv, arr, calls, top):
+    COMM.Barrier()
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        prof.enable()
+        kv.pushpull('p', arr)
+        prof.disable()
+        arr.wait_to_read()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats('tottime').print_stats(top)
+    return text.getvalue()
+
+
+def _noop_op(array, inline):
+    """A push of a compiled op that completes at once (inline when ``array`` is ready)."""
+    import numba  # noqa: WPS433
+    from numba import types
+    from mpi_kvstore import engine
+    from mpi_kvstore.native import _indirect_call  # noqa: WPS433 (the store's own intrinsic)
+
+    call = _indirect_call()
+
+    @numba.cfunc(types.void(types.voidptr, types.voidptr, types.voidptr))
+    def complete_at_once(run_ctx, on_complete, param):
+        done = numba.carray(on_complete, 3, dtype=np.int64)
+        call(done[0], done[1], done[2])
+
+    fn = complete_at_once.address
+    return lambda: engine.push_native(fn, 0, [array], inline_when_ready=inline)
+
+
+def main():
+    args = parse_args()
+    medians, profile = parts(args)
+    if COMM.rank:
+        return
+    print('pushpull of %s at %d ranks: median us per call (%d calls x %d rounds)'
+          % (common.format_size(args.size), COMM.size, args.calls, args.rounds))
+    raw = medians['raw_mpi']
+    for name, value in medians.items():
+        print('  %-18s %8.1f us   %6.2fx raw' % (name, value * 1e6, value / raw))
+    print('\ncProfile of the submit path (%s), by own time:' % args.designs[0])
+    print(profile)
+
+
+if __name__ == '__main__':
+    common.run_main(main)
