@@ -122,12 +122,20 @@ def resolve_script(script):
     pytest.fail('MPI scenario not found: %s' % script, pytrace=False)
 
 
-def mpi_command(nprocs, script, args=(), module_launch=True):
-    """The argv that runs SCRIPT on NPROCS ranks (under ``-m mpi4py`` unless told not to)."""
-    mpiexec = require_mpiexec()
+def mpi_command(nprocs, script, args=(), module_launch=True, launcher=None):
+    """The argv that runs SCRIPT on NPROCS ranks (under ``-m mpi4py`` unless told not to).
+
+    LAUNCHER, when given, is a function of NPROCS returning the argv that starts
+    that many ranks, up to the program (testbed.Hosts.launcher_for gives one that
+    spreads them over test hosts); by default, this machine's mpiexec.
+    """
+    if launcher is None:
+        mpiexec = require_mpiexec()
+        launch = [mpiexec, *launcher_flags(mpiexec), '-n', str(nprocs)]
+    else:
+        launch = [str(word) for word in launcher(nprocs)]
     python = [sys.executable, '-m', 'mpi4py'] if module_launch else [sys.executable]
-    return ([mpiexec, *launcher_flags(mpiexec), '-n', str(nprocs), *python,
-             resolve_script(script)] + [str(arg) for arg in args])
+    return launch + python + [resolve_script(script)] + [str(arg) for arg in args]
 
 
 def child_env(env=None, run_id=''):
@@ -151,14 +159,16 @@ def child_env(env=None, run_id=''):
     return child
 
 
-def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None, module_launch=True):
+def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None, module_launch=True,
+            launcher=None):
     """Run SCRIPT on NPROCS ranks; return the job's stdout and stderr as text.
 
     Raises MPIRunError (with the output tail) when the job exits non-zero, and
     MPITimeout when it runs past TIMEOUT seconds, after killing every rank.
-    ``module_launch=False`` starts ranks as plain ``python SCRIPT``.
+    ``module_launch=False`` starts ranks as plain ``python SCRIPT``; LAUNCHER
+    replaces the mpiexec command (see mpi_command).
     """
-    cmd = mpi_command(nprocs, script, args, module_launch)
+    cmd = mpi_command(nprocs, script, args, module_launch, launcher)
     run_id = uuid.uuid4().hex
     start = time.monotonic()
     # A file, not a pipe: a rank that outlived mpiexec would keep a pipe open

@@ -1,0 +1,126 @@
+"""The store's scenarios with ranks on different hosts, talking real TCP.
+
+Two test hosts (testbed/: network namespaces joined by links shaped to RATE),
+mpiexec on h0 reaching h1 through the test bed's ssh stand-in, and
+MPICH_CH4_NETMOD=ucx UCX_TLS=tcp so that ranks on different hosts use TCP over
+the link (MPICH's default would use shared memory between the namespaces).
+Ranks go in blocks: at 2 ranks one a host (every message crosses the link), at 4
+ranks two a host (shared memory inside a host, TCP between, in one communicator).
+
+What runs, to stay within about 3 minutes on 2 idle cores (tests/test_store.py has
+the full matrix on one host):
+  kv_forms, kv_gluon, kv_skew, kv_errors   every design at 2 ranks
+  kv_module                                every design at 2 ranks (update_on_kvstore=1),
+                                           and update_on_kvstore=0 once
+  kv_forms (funneled), kv_skew (concurrent)  at 4 ranks (on 2 cores a 4-rank job costs
+                                           3 to 5 times a 2-rank one)
+  faults    rank 1 (on h1) raises; rank 1 (on h1) is killed; rank 1 skips a collective
+            and the stall abort names it (funneled, 2 ranks)
+Each job has a timeout, a failing rank ends its job (``-m mpi4py``, or the store's
+own abort hook in the fault cases), and no process outlives its job.
+"""
+import re
+import time
+
+import pytest
+
+import testbed
+from mpi_harness import MPIRunError, run_mpi
+from mpi_kvstore import faults
+from mpi_kvstore.designs import NAMES as DESIGNS
+from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_MARGIN
+
+OK, WHY = testbed.available(rate=True, mpi=True)
+pytestmark = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
+
+HOSTS = 2
+RATE = '5gbit'
+TIMEOUT = 240
+# (scenario, design) at 4 ranks, two a host.
+FOUR_RANKS = [('kv_forms', 'funneled'), ('kv_skew', 'concurrent')]
+
+
+@pytest.fixture(scope='module')
+def hosts():
+    with testbed.Hosts(HOSTS, rate=RATE) as test_hosts:
+        yield test_hosts
+
+
+def run_across(hosts, nprocs, script, *args, **kwargs):
+    """run_mpi with NPROCS ranks in blocks over the hosts (h0 gets the first ones)."""
+    ppn = -(-nprocs // HOSTS)
+    return run_mpi(nprocs, script, *args, launcher=hosts.launcher_for(ppn=ppn),
+                   timeout=kwargs.pop('timeout', TIMEOUT), **kwargs)
+
+
+def _ok(output, name, nprocs):
+    assert '%s: OK at %d ranks' % (name, nprocs) in output, output[-2000:]
+
+
+@pytest.mark.parametrize('design', DESIGNS)
+@pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
+def test_scenario_two_hosts_one_rank_each(hosts, scenario, design):
+    _ok(run_across(hosts, 2, scenario + '.py', design), '%s[%s]' % (scenario, design), 2)
+
+
+@pytest.mark.parametrize('scenario, design', FOUR_RANKS,
+                         ids=['%s-%s' % pair for pair in FOUR_RANKS])
+def test_scenario_two_hosts_two_ranks_each(hosts, scenario, design):
+    _ok(run_across(hosts, 4, scenario + '.py', design), '%s[%s]' % (scenario, design), 4)
+
+
+@pytest.mark.parametrize('design, update_on_kvstore', [(d, '1') for d in DESIGNS]
+                         + [('funneled', '0')])
+def test_module_fit(hosts, design, update_on_kvstore):
+    out = run_across(hosts, 2, 'kv_module.py', design, update_on_kvstore,
+                     env={'MXNET_UPDATE_ON_KVSTORE': update_on_kvstore})
+    _ok(out, 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s]' % (design, update_on_kvstore), 2)
+
+
+# -- a rank on the other host fails ---------------------------------------------------------
+
+def failed_across(hosts, nprocs, script, *args, marker, timeout, env=None):
+    """A scenario that must end by itself, non-zero: (error, seconds since MARKER)."""
+    with pytest.raises(MPIRunError) as info:
+        run_across(hosts, nprocs, script, *args, timeout=timeout, env=env,
+                   module_launch=False)
+    end = time.time()
+    err = info.value
+    assert not err.timed_out, 'the job did not end by itself:\n%s' % str(err)[-3000:]
+    stamp = re.search(r'%s at t=([0-9.]+)' % marker, err.output)
+    assert stamp, 'the scenario never reached %r:\n%s' % (marker, err.output[-3000:])
+    took = end - float(stamp.group(1))
+    print('%s across hosts: exit status %d, %.1f s after %r'
+          % (script, err.returncode, took, marker))
+    return err, took
+
+
+def test_unhandled_exception_on_the_other_host_aborts_the_job(hosts):
+    err, took = failed_across(hosts, 2, 'fault_exception.py', 'main', marker='rank 1 raises',
+                              timeout=2 * EXCEPTION_EXIT_S)
+    assert took < EXCEPTION_EXIT_S, 'the job took %.1f s to end after rank 1 failed' % took
+    assert err.returncode == faults.FAILURE_STATUS, err.output[-3000:]
+    assert ('mpi_kvstore: rank 1 of 2 raised an unhandled exception in the main thread '
+            '(LoaderBug: ') in err.output, err.output[-3000:]
+    assert 'LoaderBug: rank 1: corrupt record in batch 3' in err.output
+
+
+def test_killed_rank_on_the_other_host_ends_the_job(hosts):
+    err, took = failed_across(hosts, 2, 'fault_kill.py', marker='rank 1 is killed',
+                              timeout=3 * KILL_EXIT_S)
+    assert took < KILL_EXIT_S, 'the job took %.1f s to end after rank 1 was killed' % took
+    # Across hosts hydra learns the death from the proxy on h1: "EXIT CODE: 9".
+    assert re.search(r'signal:? 9|EXIT CODE: 9', err.output, re.I), err.output[-3000:]
+    assert 'RUNNING AT h1' in err.output, err.output[-3000:]   # hydra names the host
+
+
+def test_stall_across_hosts_is_named_and_aborted(hosts):
+    err, took = failed_across(hosts, 2, 'fault_stall.py', 'funneled', 'sleep',
+                              marker='rank 0 starts the last step', timeout=40, env=STALL_ENV)
+    assert STALL_ABORT <= took < STALL_ABORT + STALL_MARGIN, (
+        'aborted %.1f s after the stall began (stall_abort=%g s)' % (took, STALL_ABORT))
+    assert err.returncode == faults.FAILURE_STATUS
+    # Rank 0 (on h0) learnt from rank 1 (on h1), over the link, what it had pushed.
+    assert re.search(r"collective #\d+ \(allreduce of key '\w+'[^\n]*: waiting [0-9.]+ s; "
+                     r'pushed by rank 0; not pushed by rank 1', err.output), err.output[-3000:]
+    assert 'rank 0 of 2: stall: aborting the job' in err.output
