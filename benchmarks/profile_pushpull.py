@@ -130,15 +130,14 @@ def _noop_op(array, inline):
     """A push of a compiled op that completes at once (inline when ``array`` is ready)."""
     import numba  # noqa: WPS433
     from numba import types
-    from mpi_kvstore import engine
-    from mpi_kvstore.native import _indirect_call  # noqa: WPS433 (the store's own intrinsic)
+    from mpi_kvstore import engine, native
 
-    call = _indirect_call()
+    complete = native._call_void_3   # the store's own call of the engine's callback
 
     @numba.cfunc(types.void(types.voidptr, types.voidptr, types.voidptr))
     def complete_at_once(run_ctx, on_complete, param):
         done = numba.carray(on_complete, 3, dtype=np.int64)
-        call(done[0], done[1], done[2])
+        complete(done[0], (done[1], done[2], 0))
 
     fn = complete_at_once.address
     return lambda: engine.push_native(fn, 0, [array], inline_when_ready=inline)

@@ -39,9 +39,14 @@ import enum
 import os
 import select
 
+import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-from . import agreement, engine
+from . import agreement, engine  # agreement.HEADER: a constant of the message format
 from .libmxnet import address_of
 
 __all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'mark_ready_address', 'run_chained_address',
@@ -50,7 +55,7 @@ __all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'mark_ready_address'
 # Header words. ONE holds 1 (what an eventfd write adds); MSG and MINE hold 6 int32
 # each: the agreement message after the MIN, and this rank's own.
 (STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
- BUCKET, ERRCODE, MSGLEN) = range(15)
+ BUCKET, ERRCODE, MSGLEN, FNS) = range(16)
 MSG, MINE, HEADER = 16, 20, 24
 SLOT = 9                              # words per array
 _DATA, _DEVICE, _OFFSET, _NBYTES = 2, 3, 7, 8   # within a slot
@@ -67,31 +72,27 @@ SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 
           np.dtype(np.int64): 4}
 
 
+# Why a chained op handed its collective to Python (the record's STAGE word):
+READ = 1       # an array was refused by MXNDArrayToDLPack, or is not host memory
+AGREED = 2     # the agreement found a mismatch or a joined rank; MSG holds it
+MPI_ERROR = 3  # an MPI call returned ERRCODE at bucket BUCKET (-1: the agreement)
+
+
 class Stage(enum.IntEnum):
-    """Why a chained op handed its collective to Python (the record's STAGE word)."""
-    READ = 1       # an array was refused by MXNDArrayToDLPack, or is not host memory
-    AGREED = 2     # the agreement found a mismatch or a joined rank; MSG holds it
-    MPI_ERROR = 3  # an MPI call returned ERRCODE at bucket BUCKET (-1: the agreement)
+    """The STAGE word's values, for Python."""
+    READ = READ
+    AGREED = AGREED
+    MPI_ERROR = MPI_ERROR
 
 
-_I64 = ctypes.c_int64
-_libc = ctypes.CDLL(None)
+# -- the table of C functions and MPI constants the compiled code calls ---------------
+# Compiled code holds no address of this process: it reads them from the table whose
+# address every record carries (FNS), so numba caches it on disk (cache=True) and a
+# process loads it instead of compiling it (see _compile).
+(F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_ALLREDUCE, F_BCAST, F_BARRIER,
+ C_IN_PLACE, C_SUM, C_MIN, C_INT32, TABLE) = range(13)
 
-
-def _c(restype, argtypes, address):
-    """A C function at ``address`` that nopython code can call (int64 addresses only)."""
-    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
-
-
-def _libc_fn(restype, argtypes, name):
-    return _c(restype, argtypes, ctypes.cast(getattr(_libc, name), ctypes.c_void_p).value)
-
-
-_to_dlpack = _c(ctypes.c_int, (_I64, _I64), address_of('MXNDArrayToDLPack'))
-_dlpack_delete = _c(ctypes.c_int, (_I64,), address_of('MXNDArrayCallDLPackDeleter'))
-_memcpy = _libc_fn(_I64, (_I64, _I64, _I64), 'memcpy')
-_write = _libc_fn(_I64, (ctypes.c_int, _I64, _I64), 'write')
-
+_table = []        # [the table (int64 array), what keeps its entries alive]
 _fallbacks = {}    # record address -> what finishes its op in Python
 
 
@@ -99,57 +100,62 @@ def _run_in_python(address):
     _fallbacks.pop(address)()
 
 
-_compiled = {}
+def _address(fn):
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def _compile_mark_ready():
-    import numba  # noqa: WPS433 (compiling takes seconds: only when a store needs it)
-    from numba import types
-
-    take_pointers = _pointer_taker()
-
-    # Not cache=True: numba cannot cache code that calls ctypes globals. It compiles
-    # once per process instead (0.6 s here, measured in the closing note).
-    @numba.cfunc(types.void(types.voidptr, types.voidptr, types.voidptr))
-    def mark_ready(run_ctx, on_complete, param):
-        count = numba.carray(param, HEADER, dtype=np.int64)[COUNT]
-        rec = numba.carray(param, HEADER + SLOT * count, dtype=np.int64)
-        done = numba.carray(on_complete, 3, dtype=np.int64)
-        rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
-        take_pointers(rec, count)
-        rec[STATE] = READY
-        _write(rec[EVENTFD], rec[SELF] + 8 * ONE, 8)   # wakes the communication thread
-
-    return mark_ready
+def _functions():
+    """The address of this process's table (built on first use; MPI's part once a chained
+    op needs it, mpi4py being loaded by then)."""
+    if not _table:
+        libc = ctypes.CDLL(None)
+        table = np.zeros(TABLE, dtype=np.int64)
+        entry = engine.python_entry(_run_in_python)
+        table[[F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON]] = [
+            address_of('MXNDArrayToDLPack'), address_of('MXNDArrayCallDLPackDeleter'),
+            _address(libc.memcpy), _address(libc.write), _address(entry)]
+        _table.extend([table, entry])
+    return _table[0]
 
 
-def _pointer_taker():
-    import numba  # noqa: WPS433
+def _add_mpi(table):
+    if not table[F_ALLREDUCE]:
+        from .comm import c_api  # noqa: WPS433 (mpi4py is loaded: a store exists)
+        api = c_api()
+        table[[F_ALLREDUCE, F_BCAST, F_BARRIER, C_IN_PLACE, C_SUM, C_MIN, C_INT32]] = [
+            api.allreduce, api.bcast, api.barrier, api.in_place, api.sum, api.min, api.int32]
 
-    @numba.njit
-    def take_pointers(rec, count):
-        """Each array's DLTensor into its slot; -> True when all are host memory."""
-        base, host = rec[SELF], True
-        for i in range(count):
-            slot = HEADER + SLOT * i
-            if _to_dlpack(rec[slot], base + 8 * (slot + 1)) != 0:
-                host = False        # refused (MKLDNN layout): its DLManagedTensor* stays 0
-                continue
-            _memcpy(base + 8 * (slot + 2), rec[slot + 1], _DL_TENSOR_BYTES)
-            _dlpack_delete(rec[slot + 1])
-            device_type = rec[slot + _DEVICE] & 0xffffffff
-            if device_type != _DL_CPU and device_type != _DL_CUDA_HOST:
-                host = False
-        return host
 
-    return take_pointers
+# -- compiled code ------------------------------------------------------------------------
+def _caller(ret_bits, arg_bits):
+    """An intrinsic ``call(fn, (args...))``: the C function at address ``fn``, taking C
+    integers (or pointers) of ``arg_bits`` bits and returning ``ret_bits`` (0: void),
+    called with int64 arguments; -> int64 (0 for void). MPICH's handles are C ints
+    passed in 64-bit registers, as ctypes passes them (comm.CApi)."""
+    @intrinsic
+    def call(typingctx, fn, args):
+        if not isinstance(args, types.BaseTuple) or len(args) != len(arg_bits):
+            return None
+        sig = types.int64(types.int64, args)
+
+        def codegen(context, builder, signature, llargs):
+            values = cgutils.unpack_tuple(builder, llargs[1], len(arg_bits))
+            c_args = []
+            for value, ty, bits in zip(values, signature.args[1], arg_bits):
+                value = context.cast(builder, value, ty, types.int64)
+                c_args.append(builder.trunc(value, ir.IntType(bits)) if bits < 64 else value)
+            ret = ir.VoidType() if not ret_bits else ir.IntType(ret_bits)
+            fnty = ir.FunctionType(ret, [ir.IntType(b) for b in arg_bits])
+            result = builder.call(builder.inttoptr(llargs[0], fnty.as_pointer()), c_args)
+            if not ret_bits:
+                return ir.Constant(ir.IntType(64), 0)
+            return builder.sext(result, ir.IntType(64)) if ret_bits < 64 else result
+        return sig, codegen
+    return call
 
 
 def _typed_pointer(dtype):
     """An intrinsic that turns an int64 address into a ``dtype`` pointer (for carray)."""
-    from numba.core import types  # noqa: WPS433
-    from numba.extending import intrinsic  # noqa: WPS433
-
     @intrinsic
     def pointer(typingctx, address):
         sig = types.CPointer(dtype)(types.int64)
@@ -157,157 +163,198 @@ def _typed_pointer(dtype):
         def codegen(context, builder, signature, args):
             return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
         return sig, codegen
-
     return pointer
 
 
-def _indirect_call():
-    """An intrinsic ``call(fn, engine, param)``: the engine's completion callback at the
-    address the op was given, ``void fn(Engine*, void* param, const dmlc::Error* error)``,
-    called with no error."""
-    from llvmlite import ir  # noqa: WPS433
-    from numba.core import types  # noqa: WPS433
-    from numba.extending import intrinsic  # noqa: WPS433
-
-    @intrinsic
-    def call(typingctx, fn, engine_, param):
-        sig = types.void(types.int64, types.int64, types.int64)
-
-        def codegen(context, builder, signature, args):
-            voidp = ir.IntType(8).as_pointer()
-            fnty = ir.FunctionType(ir.VoidType(), [voidp, voidp, voidp])
-            target = builder.inttoptr(args[0], fnty.as_pointer())
-            builder.call(target, [builder.inttoptr(args[1], voidp),
-                                  builder.inttoptr(args[2], voidp), ir.Constant(voidp, None)])
-            return context.get_dummy_value()
-        return sig, codegen
-
-    return call
+_call_i32_2 = _caller(32, (64, 64))                 # MXNDArrayToDLPack(handle, out)
+_call_i32_1 = _caller(32, (64,))                    # MXNDArrayCallDLPackDeleter, MPI_Barrier
+_call_i64_3 = _caller(64, (64, 64, 64))             # memcpy
+_call_write = _caller(64, (32, 64, 64))             # write(fd, buf, n)
+_call_void_1 = _caller(0, (64,))                    # the Python entry (engine.python_entry)
+_call_void_3 = _caller(0, (64, 64, 64))             # the engine's completion callback
+_call_allreduce = _caller(32, (64, 64, 32, 64, 64, 64))
+_call_bcast = _caller(32, (64, 32, 64, 32, 64))
+_f32, _f64 = _typed_pointer(types.float32), _typed_pointer(types.float64)
+_i32, _i64 = _typed_pointer(types.int32), _typed_pointer(types.int64)
 
 
-def _compile_run_chained():
-    import numba  # noqa: WPS433
-    from numba import types
+@numba.njit(cache=True)
+def _table_of(rec):
+    return numba.carray(_i64(rec[FNS]), TABLE)
 
-    from .comm import c_api  # noqa: WPS433 (mpi4py is loaded: a store exists)
 
-    api = c_api()
-    in_place, op_sum, op_min, int32 = api.in_place, api.sum, api.min, api.int32
-    allreduce = _c(ctypes.c_int, (_I64, _I64, ctypes.c_int, _I64, _I64, _I64), api.allreduce)
-    bcast = _c(ctypes.c_int, (_I64, ctypes.c_int, _I64, ctypes.c_int, _I64), api.bcast)
-    barrier = _c(ctypes.c_int, (_I64,), api.barrier)
-    complete = _indirect_call()
-    python = engine.python_entry(_run_in_python)
-    take_pointers = _pointer_taker()
-    offered = numba.njit(agreement.runs_as_offered)
-    f32, f64 = _typed_pointer(types.float32), _typed_pointer(types.float64)
-    i32, i64 = _typed_pointer(types.int32), _typed_pointer(types.int64)
-
-    @numba.njit
-    def address(rec, i):
+@numba.njit(cache=True)
+def _take_pointers(rec, count):
+    """Each array's DLTensor into its slot; -> True when all are host memory."""
+    fns = _table_of(rec)
+    base, host = rec[SELF], True
+    for i in range(count):
         slot = HEADER + SLOT * i
-        return rec[slot + _DATA] + rec[slot + _OFFSET]
+        if _call_i32_2(fns[F_TO_DLPACK], (rec[slot], base + 8 * (slot + 1))) != 0:
+            host = False        # refused (MKLDNN layout): its DLManagedTensor* stays 0
+            continue
+        _call_i64_3(fns[F_MEMCPY], (base + 8 * (slot + 2), rec[slot + 1], _DL_TENSOR_BYTES))
+        _call_i32_1(fns[F_DLPACK_DELETE], (rec[slot + 1],))
+        device_type = rec[slot + _DEVICE] & 0xffffffff
+        if device_type != _DL_CPU and device_type != _DL_CUDA_HOST:
+            host = False
+    return host
 
-    @numba.njit
-    def scale(ptr, count, how, size):
-        if how == 1:
-            a32 = numba.carray(f32(ptr), count)
-            s32 = np.float32(1.0 / size)
-            for i in range(count):
-                a32[i] *= s32
-        elif how == 2:
-            a64 = numba.carray(f64(ptr), count)
-            s64 = 1.0 / size
-            for i in range(count):
-                a64[i] *= s64
-        elif how == 3:
-            n32 = numba.carray(i32(ptr), count)
-            for i in range(count):
-                n32[i] = n32[i] // size
-        elif how == 4:
-            n64 = numba.carray(i64(ptr), count)
-            for i in range(count):
-                n64[i] = n64[i] // size
 
-    @numba.njit
-    def run_bucket(rec, count, b, size, comm):
-        """-> MPI's error code (0: success)."""
-        s = HEADER + SLOT * count + BSLOT * b
-        kind, first, arrays = rec[s + _KIND], rec[s + _FIRST], rec[s + _ARRAYS]
-        if size == 1:                   # no other rank; averaging by 1 changes nothing
-            return 0
-        if kind == BARRIER:
-            return barrier(comm)
-        ptr = address(rec, first)
-        if kind == BCAST:
-            return bcast(ptr, rec[s + _COUNT], rec[s + _DTYPE], rec[s + _ROOT], comm)
-        if arrays > 1:                  # fuse
-            ptr, offset = rec[s + _FUSION], 0
-            for i in range(first, first + arrays):
-                nbytes = rec[HEADER + SLOT * i + _NBYTES]
-                _memcpy(ptr + offset, address(rec, i), nbytes)
-                offset += nbytes
-        err = allreduce(in_place, ptr, rec[s + _COUNT], rec[s + _DTYPE], op_sum, comm)
-        if err != 0:
-            return err
-        scale(ptr, rec[s + _COUNT], rec[s + _SCALE], size)
-        if arrays > 1:                  # unfuse
-            offset = 0
-            for i in range(first, first + arrays):
-                nbytes = rec[HEADER + SLOT * i + _NBYTES]
-                _memcpy(address(rec, i), ptr + offset, nbytes)
-                offset += nbytes
+@numba.njit(cache=True)
+def _wake(rec):
+    _call_write(_table_of(rec)[F_WRITE], (rec[EVENTFD], rec[SELF] + 8 * ONE, 8))
+
+
+def _mark_ready(run_ctx, on_complete, param):
+    count = numba.carray(param, HEADER, dtype=np.int64)[COUNT]
+    rec = numba.carray(param, HEADER + SLOT * count, dtype=np.int64)
+    done = numba.carray(on_complete, 3, dtype=np.int64)
+    rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
+    _take_pointers(rec, count)
+    rec[STATE] = READY
+    _wake(rec)                         # wakes the communication thread
+
+
+@numba.njit(cache=True)
+def _array_address(rec, i):
+    slot = HEADER + SLOT * i
+    return rec[slot + _DATA] + rec[slot + _OFFSET]
+
+
+@numba.njit(cache=True)
+def _scale(ptr, count, how, size):
+    """Divide by the number of ranks as Design._average does (SCALES)."""
+    if how == 1:
+        a32 = numba.carray(_f32(ptr), count)
+        s32 = np.float32(1.0 / size)
+        for i in range(count):
+            a32[i] *= s32
+    elif how == 2:
+        a64 = numba.carray(_f64(ptr), count)
+        s64 = 1.0 / size
+        for i in range(count):
+            a64[i] *= s64
+    elif how == 3:
+        n32 = numba.carray(_i32(ptr), count)
+        for i in range(count):
+            n32[i] = n32[i] // size
+    elif how == 4:
+        n64 = numba.carray(_i64(ptr), count)
+        for i in range(count):
+            n64[i] = n64[i] // size
+
+
+@numba.njit(cache=True)
+def _copy_arrays(rec, first, arrays, fused, into_fused):
+    fns, offset = _table_of(rec), 0
+    for i in range(first, first + arrays):
+        nbytes = rec[HEADER + SLOT * i + _NBYTES]
+        if into_fused:
+            _call_i64_3(fns[F_MEMCPY], (fused + offset, _array_address(rec, i), nbytes))
+        else:
+            _call_i64_3(fns[F_MEMCPY], (_array_address(rec, i), fused + offset, nbytes))
+        offset += nbytes
+
+
+@numba.njit(cache=True)
+def _run_bucket(rec, count, b, size, comm):
+    """-> MPI's error code (0: success)."""
+    fns = _table_of(rec)
+    s = HEADER + SLOT * count + BSLOT * b
+    kind, first, arrays = rec[s + _KIND], rec[s + _FIRST], rec[s + _ARRAYS]
+    if size == 1:                   # no other rank; averaging by 1 changes nothing
         return 0
+    if kind == BARRIER:
+        return _call_i32_1(fns[F_BARRIER], (comm,))
+    ptr = _array_address(rec, first)
+    if kind == BCAST:
+        return _call_bcast(fns[F_BCAST], (ptr, rec[s + _COUNT], rec[s + _DTYPE],
+                                          rec[s + _ROOT], comm))
+    if arrays > 1:
+        ptr = rec[s + _FUSION]
+        _copy_arrays(rec, first, arrays, ptr, True)
+    err = _call_allreduce(fns[F_ALLREDUCE], (fns[C_IN_PLACE], ptr, rec[s + _COUNT],
+                                             rec[s + _DTYPE], fns[C_SUM], comm))
+    if err != 0:
+        return err
+    _scale(ptr, rec[s + _COUNT], rec[s + _SCALE], size)
+    if arrays > 1:
+        _copy_arrays(rec, first, arrays, ptr, False)
+    return 0
 
-    @numba.njit
-    def hand_over(rec, stage, bucket, err):
-        rec[STAGE], rec[BUCKET], rec[ERRCODE] = stage, bucket, err
-        python(rec[SELF])               # finishes the collective and completes the op
 
-    @numba.cfunc(types.void(types.voidptr, types.voidptr, types.voidptr))
-    def run_chained(run_ctx, on_complete, param):
-        head = numba.carray(param, HEADER, dtype=np.int64)
-        count, nbuckets = head[COUNT], head[NBUCKETS]
-        rec = numba.carray(param, HEADER + SLOT * count + BSLOT * nbuckets, dtype=np.int64)
-        done = numba.carray(on_complete, 3, dtype=np.int64)
-        rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
-        if not take_pointers(rec, count):
-            hand_over(rec, Stage.READ, -1, 0)
+@numba.njit(cache=True)
+def _hand_over(rec, stage, bucket, err):
+    rec[STAGE], rec[BUCKET], rec[ERRCODE] = stage, bucket, err
+    _call_void_1(_table_of(rec)[F_PYTHON], (rec[SELF],))  # finishes, completes the op
+
+
+@numba.njit(cache=True)
+def _runs_as_offered(msg, mine):
+    """agreement.runs_as_offered, here because numba's cache of this file cannot see a
+    change in another (tests/test_agreement.py checks the two agree)."""
+    if msg[0] != 1:
+        return False
+    for i in range(agreement.HEADER, len(msg)):
+        if msg[i] != mine[i]:
+            return False
+    return True
+
+
+def _run_chained(run_ctx, on_complete, param):
+    head = numba.carray(param, HEADER, dtype=np.int64)
+    count, nbuckets = head[COUNT], head[NBUCKETS]
+    rec = numba.carray(param, HEADER + SLOT * count + BSLOT * nbuckets, dtype=np.int64)
+    done = numba.carray(on_complete, 3, dtype=np.int64)
+    rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
+    if not _take_pointers(rec, count):
+        _hand_over(rec, READ, -1, 0)
+        return
+    fns, comm = _table_of(rec), rec[COMM]
+    if rec[MSGLEN] > 0:
+        rec[MSG:MSG + 3] = rec[MINE:MINE + 3]
+        err = _call_allreduce(fns[F_ALLREDUCE], (fns[C_IN_PLACE], rec[SELF] + 8 * MSG,
+                                                 rec[MSGLEN], fns[C_INT32], fns[C_MIN], comm))
+        if err != 0:
+            _hand_over(rec, MPI_ERROR, -1, err)
             return
-        comm = rec[COMM]
-        if rec[MSGLEN] > 0:
-            rec[MSG:MSG + 3] = rec[MINE:MINE + 3]
-            err = allreduce(in_place, rec[SELF] + 8 * MSG, rec[MSGLEN], int32, op_min, comm)
-            if err != 0:
-                hand_over(rec, Stage.MPI_ERROR, -1, err)
-                return
-            if not offered(rec[MSG:MSG + 3].view(np.int32), rec[MINE:MINE + 3].view(np.int32)):
-                hand_over(rec, Stage.AGREED, -1, 0)
-                return
-        for b in range(nbuckets):
-            err = run_bucket(rec, count, b, rec[SIZE], comm)
-            if err != 0:
-                hand_over(rec, Stage.MPI_ERROR, b, err)
-                return
-        complete(rec[CALLBACK], rec[ENGINE], rec[PARAM])   # no error
-        rec[STATE] = DONE
-        _write(rec[EVENTFD], rec[SELF] + 8 * ONE, 8)
+        if not _runs_as_offered(rec[MSG:MSG + 3].view(np.int32),
+                                rec[MINE:MINE + 3].view(np.int32)):
+            _hand_over(rec, AGREED, -1, 0)
+            return
+    for b in range(nbuckets):
+        err = _run_bucket(rec, count, b, rec[SIZE], comm)
+        if err != 0:
+            _hand_over(rec, MPI_ERROR, b, err)
+            return
+    _call_void_3(rec[CALLBACK], (rec[ENGINE], rec[PARAM], 0))   # complete, no error
+    rec[STATE] = DONE
+    _wake(rec)
 
-    return run_chained
+
+_SIGNATURE = types.void(types.voidptr, types.voidptr, types.voidptr)
+_compiled = {}
+
+
+def _compile(name, fn):
+    """The cfunc ``fn`` (compiled on first use in this process, or loaded from numba's
+    on-disk cache: see the closing note for both costs)."""
+    if name not in _compiled:
+        _compiled[name] = numba.cfunc(_SIGNATURE, cache=True)(fn)
+    return _compiled[name].address
 
 
 def mark_ready_address():
-    """The address of the funneled/concurrent op (compiled on first use in this process)."""
-    if 'mark_ready' not in _compiled:
-        _compiled['mark_ready'] = _compile_mark_ready()
-    return _compiled['mark_ready'].address
+    """The address of the funneled/concurrent op."""
+    _functions()
+    return _compile('mark_ready', _mark_ready)
 
 
 def run_chained_address():
-    """The address of the chained op (compiled on first use in this process)."""
-    if 'run_chained' not in _compiled:
-        _compiled['run_chained'] = _compile_run_chained()
-    return _compiled['run_chained'].address
+    """The address of the chained op."""
+    _add_mpi(_functions())
+    return _compile('run_chained', _run_chained)
 
 
 class NativeOp:
@@ -318,6 +365,7 @@ class NativeOp:
     def __init__(self, arrays, reqs, eventfd, extra=0):
         rec = np.zeros(HEADER + SLOT * len(arrays) + extra, dtype=np.int64)
         rec[COUNT], rec[EVENTFD], rec[SELF], rec[ONE] = len(arrays), eventfd, rec.ctypes.data, 1
+        rec[FNS] = _functions().ctypes.data
         rec[HEADER:HEADER + SLOT * len(arrays):SLOT] = [a.handle.value for a in arrays]
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, ()
 
