@@ -32,7 +32,7 @@ import common
 common.use_checkout()
 import mxnet as mx  # noqa: E402
 
-import mpi_kvstore  # noqa: E402
+import mpi_kvstore  # noqa: E402,F401  (the checkout's package, which common.create_store uses)
 
 COMM = MPI.COMM_WORLD
 

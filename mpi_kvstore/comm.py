@@ -13,10 +13,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ['Comm', 'MPI', 'thread_level_name', 'provided_thread_level', 'cuda_aware',
-           'c_api', 'c_datatype']
+__all__ = ['Comm', 'HIERARCHICAL_MODES', 'MPI', 'thread_level_name', 'provided_thread_level',
+           'cuda_aware', 'c_api', 'c_datatype']
 
 log = logging.getLogger(__name__)
+
+HIERARCHICAL_MODES = ('auto', 'on', 'off')   # the option's values (config.py checks them)
 
 _LEVEL_NAMES = {MPI.THREAD_SINGLE: 'MPI_THREAD_SINGLE', MPI.THREAD_FUNNELED: 'MPI_THREAD_FUNNELED',
                 MPI.THREAD_SERIALIZED: 'MPI_THREAD_SERIALIZED',
@@ -90,6 +92,24 @@ def c_datatype(dtype):
     return None if datatype is None else _handle(datatype)
 
 
+# What hierarchical='auto' does: None keeps every allreduce flat (and builds nothing); a
+# number would take the hierarchy for allreduces of at least that many bytes, where it
+# applies. Flat, because nothing beat MPICH's own Allreduce reliably on the test bed (2
+# hosts x 2 ranks, TCP at 1, 3 and 10 gbit, 1 to 64 MB; benchmarks/hierarchical.py):
+# MPICH 5 already reduces inside each host, allreduces among leaders and broadcasts
+# (its default Allreduce composition), so the leaders shape ties with it (0.76 to 1.37,
+# about 1.0 on average); the reduce-scatter shape was 0.64 to 0.9 of flat in some runs
+# and 1.5 to 3.5 times flat in others, at every size (two TCP flows a host through the
+# link retransmit more, and four busy ranks suffer more from a busy machine).
+AUTO_MIN_BYTES = None
+
+
+def _hierarchical_mode(value):
+    """'auto', 'on' or 'off' from the option's value; None: from the environment."""
+    from .config import from_environment, _hierarchical   # noqa: WPS433 (config imports us)
+    return from_environment('hierarchical') if value is None else _hierarchical(value)
+
+
 def _is_device(buf):
     return not isinstance(buf, np.ndarray)
 
@@ -106,14 +126,89 @@ class _Staged:
 
 
 class Comm:
-    """Collectives on one duplicated communicator."""
+    """Collectives on one duplicated communicator.
 
-    def __init__(self, comm):
+    ``hierarchical`` ('auto', 'on', 'off'; None: the environment's value, see the
+    option of that name in config.py) lets :meth:`allreduce` follow the hosts where
+    the ranks span several hosts and some host runs more than one of them. Where
+    every host runs the same number L of ranks: a reduce-scatter inside each host
+    (shared memory) leaves each local rank 1/L of the sum of its host, the ranks with
+    the same local rank (one per host) allreduce that piece across the network, and
+    an allgather inside each host puts the pieces together. Otherwise: a reduce to
+    each host's lowest rank, an allreduce among those leaders, a broadcast inside
+    each host. Everything else (``bcast``, the agreement's ``check_min`` and
+    ``start_min``, Python collectives on ``mpi``) stays flat on ``mpi``.
+
+    Every rank takes the same decision. The sub-communicators come from collective
+    calls on this Comm's own duplicate, made in __init__, in one order, on every rank
+    (a design builds its Comms in one order on every rank too). The ranks first
+    check with one MIN-allreduce that they were all given the same mode, and raise
+    ConfigError together if not (a rank building sub-communicators that another does
+    not would hang both). Whether the hierarchy applies, and in which shape, is then
+    read from a table that one Allgather gives every rank alike (leader flag and host
+    size of each rank), never from what a rank sees locally; and whether one call
+    uses it depends only on the buffer's size, which the ranks have agreed on (a
+    collective's signature holds its shape and dtype) before any collective runs.
+
+    It cannot deadlock: the hierarchy's three collectives run on communicators that
+    belong to this Comm alone, so they are called by the one thread that runs this
+    Comm's collectives at that moment (no design runs two collectives of one Comm at
+    once), in the same order on every rank. Each step waits only for ranks that have
+    finished the step before it: the first involves only the ranks of one host, all
+    of which enter it first; the second only ranks that finished the first; the
+    third only ranks of one host that finished the second. No wait points back. An
+    MPI error in one step does not skip the others: the rank still makes every later
+    call of the sequence (on garbage, which the caller poisons), so it stays paired
+    with the other ranks, and the first error is raised at the end.
+    """
+
+    def __init__(self, comm, hierarchical=None):
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.handle = _handle(self.mpi)   # for native ops
         self._cuda_aware = None
+        self.node = None              # the ranks on this host (COMM_TYPE_SHARED)
+        self.cross = None             # the ranks with this local rank, one per host
+        self.nodes = 1                # hosts the communicator spans (when it was asked)
+        self.hierarchical = False     # allreduce goes through node and cross
+        self._uniform = False         # every host runs as many ranks: reduce-scatter shape
+        self._min_bytes = 0           # smallest buffer that takes the hierarchy
+        self._scratch = {}            # (module, dtype) -> the piece buffer of reduce-scatter
+        try:
+            self._build_hierarchy(_hierarchical_mode(hierarchical))
+        except BaseException:
+            self.free()
+            raise
+
+    def _build_hierarchy(self, mode):
+        """Collective: decide, alike on every rank, whether allreduce is hierarchical."""
+        if self.size == 1:
+            return
+        code = HIERARCHICAL_MODES.index(mode)
+        agreed = np.array([code, -code], dtype=np.int32)
+        self.mpi.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
+        if agreed[0] != -agreed[1]:
+            from .errors import ConfigError   # noqa: WPS433
+            raise ConfigError('ranks disagree on hierarchical (this rank: %r): every rank '
+                              'must be given the same value' % mode)
+        min_bytes = AUTO_MIN_BYTES if mode == 'auto' else 0
+        if mode == 'off' or min_bytes is None:
+            return
+        self.node = self.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        local_rank = self.node.Get_rank()
+        mine = np.array([local_rank == 0, self.node.Get_size()], dtype=np.int32)
+        table = np.empty((self.size, 2), dtype=np.int32)
+        self.mpi.Allgather(mine, table)
+        self.nodes = int(table[:, 0].sum())
+        if self.nodes < 2 or table[:, 1].max() < 2:   # one host, or one rank a host: flat
+            self.node.Free()
+            self.node = None
+            return
+        self.cross = self.mpi.Split(local_rank, key=self.rank)
+        self._uniform = bool((table[:, 1] == table[0, 1]).all())
+        self._min_bytes = min_bytes
+        self.hierarchical = True
 
     def _prepare(self, buf):
         if not _is_device(buf):
@@ -130,10 +225,54 @@ class Comm:
 
     def allreduce(self, buf):
         data, staged = self._prepare(buf)
-        if self.size > 1:
+        if self.hierarchical and data.nbytes >= self._min_bytes:
+            if self._uniform:
+                self._allreduce_scattered(data)
+            else:
+                self._allreduce_via_leaders(data)
+        elif self.size > 1:
             self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
         if staged:
             staged.back()
+
+    def _allreduce_scattered(self, data):
+        """Every host runs L ranks: reduce-scatter in the host, allreduce of each piece
+        among the ranks of its local rank, allgather in the host (in place in ``data``,
+        a flat numpy array, or CuPy for a CUDA-aware MPI)."""
+        node, cross = self.node, self.cross
+        local, width = node.Get_rank(), node.Get_size()
+        count = data.size
+        counts = [count // width + (i < count % width) for i in range(width)]
+        displs = [sum(counts[:i]) for i in range(width)]
+        piece = self._piece(data, counts[local])
+        run = _Steps()
+        run(node.Reduce_scatter, data, piece, counts, op=MPI.SUM)
+        run(cross.Allreduce, MPI.IN_PLACE, piece, op=MPI.SUM)
+        run(node.Allgatherv, piece, (data, (counts, displs)))
+        run.raise_first()
+
+    def _allreduce_via_leaders(self, data):
+        """Hosts run different numbers of ranks: reduce to each host's lowest rank,
+        allreduce among those leaders, broadcast in the host (in place in ``data``)."""
+        node, leaders = self.node, self.cross   # local rank 0's cross: the leaders
+        run = _Steps()
+        if node.Get_rank() == 0:
+            run(node.Reduce, MPI.IN_PLACE, data, op=MPI.SUM, root=0)
+            run(leaders.Allreduce, MPI.IN_PLACE, data, op=MPI.SUM)
+        else:
+            run(node.Reduce, data, None, op=MPI.SUM, root=0)
+        run(node.Bcast, data, root=0)
+        run.raise_first()
+
+    def _piece(self, like, count):
+        """A reusable buffer of ``count`` elements, like ``like`` (host or device)."""
+        module = type(like).__module__.split('.')[0]
+        key = (module, like.dtype.str)
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < count:
+            xp = np if module == 'numpy' else __import__(module)
+            buf = self._scratch[key] = xp.empty(max(count, 1024), dtype=like.dtype)
+        return buf[:count]
 
     def bcast(self, buf, root):
         data, staged = self._prepare(buf)
@@ -155,9 +294,33 @@ class Comm:
     def free(self):
         try:
             if not MPI.Is_finalized():
+                for sub in (self.cross, self.node):
+                    if sub is not None and sub != MPI.COMM_NULL:
+                        sub.Free()
+                self.cross = self.node = None
+                self.hierarchical = False
+                self._scratch.clear()
                 self.mpi.Free()
         except MPI.Exception:
             log.debug('communicator free failed', exc_info=True)
+
+
+class _Steps:
+    """Runs the steps of a hierarchical allreduce; a failed one does not stop the rest
+    (the other ranks are in them), and the first error is raised at the end."""
+
+    def __init__(self):
+        self.errors = []
+
+    def __call__(self, call, *args, **kwargs):
+        try:
+            call(*args, **kwargs)
+        except MPI.Exception as err:
+            self.errors.append(err)
+
+    def raise_first(self):
+        if self.errors:
+            raise self.errors[0]
 
 
 def wait_polling(request, poll_us):

@@ -8,10 +8,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from .comm import HIERARCHICAL_MODES
 from .designs import REGISTRY
 from .errors import ConfigError
 
-__all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive']
+__all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive',
+           'HIERARCHICAL_MODES', 'from_environment']
 
 
 
@@ -45,6 +47,18 @@ def _positive(v):
     if v < 1:
         raise ValueError('must be >= 1')
     return v
+
+
+def _hierarchical(v):
+    if isinstance(v, bool):
+        return 'on' if v else 'off'
+    low = str(v).strip().lower()
+    if low in HIERARCHICAL_MODES:
+        return low
+    try:
+        return 'on' if _parse_bool(low) else 'off'
+    except ValueError:
+        raise ValueError('expected auto, on or off') from None
 
 
 def _design(v):
@@ -118,9 +132,22 @@ OPTIONS: Tuple[Option, ...] = (
     Option('stall_abort', float, 0.0, 'seconds',
            'Abort the whole job (MPI_Abort) once a collective has waited this long. '
            '0 (default) never aborts.', _nonneg),
+    # auto is flat: MPICH's own Allreduce already goes through the hosts and nothing beat
+    # it reliably on the test bed (comm.AUTO_MIN_BYTES, README "Hierarchical allreduce").
+    Option('hierarchical', _hierarchical, 'auto', 'auto/on/off',
+           'Allreduce through the hosts where ranks span several and some host runs more '
+           'than one: reduce-scatter inside each host, allreduce of each piece across hosts, '
+           'allgather inside each host (reduce to one leader a host, allreduce among leaders, '
+           'broadcast, where hosts run different numbers of ranks). auto = off: flat MPI, '
+           'whose own Allreduce was as fast.'),
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def from_environment(name, environ=None):
+    """One option's value from the environment, else its default (no explicit argument)."""
+    return _BY_NAME[name].resolve(None, os.environ if environ is None else environ)
 
 
 def engine_is_naive(environ=None):

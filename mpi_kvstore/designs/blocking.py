@@ -25,7 +25,7 @@ class Blocking(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = Comm(comm)
+        self._comm = self.join_comm = Comm(comm, config.hierarchical)
 
     def _submit(self, reqs, priority):
         for req in reqs:

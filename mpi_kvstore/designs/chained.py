@@ -51,9 +51,11 @@ class Chained(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = Comm(comm)
+        self._comm = self.join_comm = Comm(comm, config.hierarchical)
         self._chain = mx.nd.zeros((1,))
-        self._native = config.native_ops and not config.naive_engine and not timeline
+        # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
+        self._native = (config.native_ops and not config.naive_engine and not timeline
+                        and not self._comm.hierarchical)
         self._fusion = {}                     # dtype -> host buffer for fused buckets
         self._plans = {}                      # call shape -> native.ChainedPlan
         self._inflight = collections.deque()  # native ops, in push (= completion) order

@@ -31,7 +31,7 @@ class Concurrent(Negotiated):
     def __init__(self, comm, config, sink, timeline=None):
         self._lanes = []
         for i in range(config.lanes):
-            lane = (Comm(comm), queue.SimpleQueue())
+            lane = (Comm(comm, config.hierarchical), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))

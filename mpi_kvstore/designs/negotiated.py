@@ -41,7 +41,7 @@ class Negotiated(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._control = Comm(comm)
+        self._control = Comm(comm, config.hierarchical)
         self._lock = threading.Lock()
         self._waker = native.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to

@@ -1,0 +1,88 @@
+"""Hierarchical allreduce (the ``hierarchical`` option; comm.Comm): right sums, and active
+exactly where it applies.
+
+  option parsing      auto/on/off and booleans; a bad value raises ConfigError
+  one host            2 ranks: one node, so the hierarchy stays off (and chained keeps its
+                      compiled op); sums still right
+  two hosts (testbed) 4 ranks, 2 a host, every design: the reduce-scatter shape, active on
+                      every Comm of the store; 3 ranks (2 + 1): the leaders shape; 4 ranks
+                      with hierarchical=off: flat, nothing built
+The scenario (tests/scenarios/kv_hierarchical.py) checks pushpull of single keys (sizes that
+2 ranks cannot split evenly, and one over the fusion threshold), fused key lists, per-device
+lists, float32/float64/int32/float16, average=True and broadcast, against numpy, exactly; and
+that ranks given different modes all raise ConfigError. About 2 minutes on 2 idle cores.
+"""
+import pytest
+
+import testbed
+from mpi_harness import run_mpi
+from mpi_kvstore import ConfigError
+from mpi_kvstore import config as cfg
+from mpi_kvstore.designs import NAMES as DESIGNS
+
+OK, WHY = testbed.available(rate=True, mpi=True)
+RATE = '10gbit'       # correctness only: the fastest shaped link
+TIMEOUT = 150
+SCENARIO = 'kv_hierarchical.py'
+
+
+def _ok(output, design, expect, nprocs):
+    assert 'kv_hierarchical[%s, %s]: OK at %d ranks' % (design, expect, nprocs) in output, (
+        output[-3000:])
+
+
+# -- the option ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize('raw, value', [('auto', 'auto'), ('ON', 'on'), (' off ', 'off'),
+                                        ('1', 'on'), ('0', 'off'), (True, 'on'),
+                                        (False, 'off')])
+def test_hierarchical_values(raw, value):
+    assert cfg.Config(hierarchical=raw, environ={}).hierarchical == value
+
+
+def test_hierarchical_default_is_auto():
+    assert cfg.Config(environ={}).hierarchical == 'auto'
+
+
+def test_bad_hierarchical_value_raises_config_error():
+    with pytest.raises(ConfigError, match="hierarchical='maybe'"):
+        cfg.Config(hierarchical='maybe', environ={})
+    with pytest.raises(ConfigError, match='MPI_KVSTORE_HIERARCHICAL'):
+        cfg.Config(environ={'MPI_KVSTORE_HIERARCHICAL': 'maybe'})
+    with pytest.raises(ConfigError):
+        cfg.from_environment('hierarchical', {'MPI_KVSTORE_HIERARCHICAL': 'sometimes'})
+
+
+# -- one host: nothing to be hierarchical about -------------------------------------------
+
+@pytest.mark.parametrize('design', ['funneled', 'chained'])
+def test_one_host_stays_flat(design):
+    _ok(run_mpi(2, SCENARIO, design, 'inactive', timeout=TIMEOUT), design, 'inactive', 2)
+
+
+# -- two hosts ----------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def hosts():
+    if not OK:
+        pytest.skip(WHY or 'test bed unavailable')
+    with testbed.Hosts(2, rate=RATE) as test_hosts:
+        yield test_hosts
+
+
+def run_across(hosts, nprocs, *args):
+    """NPROCS ranks in blocks of 2 over the hosts: h0 gets ranks 0 and 1."""
+    return run_mpi(nprocs, SCENARIO, *args, launcher=hosts.launcher_for(ppn=2), timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize('design', DESIGNS)
+def test_two_hosts_two_ranks_each(hosts, design):
+    _ok(run_across(hosts, 4, design, 'scatter'), design, 'scatter', 4)
+
+
+def test_uneven_hosts_go_through_leaders(hosts):
+    _ok(run_across(hosts, 3, 'concurrent', 'leaders'), 'concurrent', 'leaders', 3)
+
+
+def test_off_across_hosts_is_flat(hosts):
+    _ok(run_across(hosts, 4, 'funneled', 'inactive', 'off'), 'funneled', 'inactive', 4)
