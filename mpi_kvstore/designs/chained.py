@@ -100,9 +100,11 @@ class Chained(Design):
     # -- the native op's helpers (Python) --------------------------------------
     def _plan(self, reqs, arrays):
         """The native plan of a call of this shape: the same requests (signatures, which
-        include priority, sizes) on the same arrays. Requests keep their call order:
+        include kind, key, shape, dtype, root and priority; sizes; averaging) on the same
+        arrays. Requests keep their call order:
         fusion.plan sorts one call's requests (one priority) by sequence number."""
-        key = (tuple((r.sig, r.nbytes) for r in reqs), tuple(a.handle.value for a in arrays))
+        key = (tuple((r.sig, r.nbytes, r.average) for r in reqs),
+               tuple(a.handle.value for a in arrays))
         found = self._plans.get(key)
         if found is None:
             if len(self._plans) >= _MAX_PLANS:
