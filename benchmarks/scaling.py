@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/scaling.py --quick
     OMP_NUM_THREADS=1 mpiexec -n N python benchmarks/scaling.py [--models resnet20,resnet18_v1]
         [--batch-size B] [--warmup-steps W] [--steps S] [--designs funneled,chained]
-        [--no-dist-sync] [--timeout S] [--out DIR]
+        [--no-dist-sync] [--raw-allreduce 4K,16M] [--timeout S] [--out DIR]
 
 Per model (resnet20 and resnet18_v1 on 32x32 CIFAR-10 shaped batches, resnet50_v1 on 224x224
 ImageNet shaped ones), in one run, on one net whose weights every config shares:
@@ -18,7 +18,10 @@ A step is forward, backward, trainer.step, then mx.nd.waitall(); its time is the
 Steps are interleaved: round r runs one step of every config, so a machine whose load drifts
 slows every config alike; a config's step time is its median over rounds. Then each store's
 exchange is timed alone (trainer.allreduce_grads() then waitall) to tell how much of it
-training hides. Run one rank per core, with OMP_NUM_THREADS=1.
+training hides. --raw-allreduce SIZES also times raw MPI Allreduce(IN_PLACE) of those sizes
+in the same interleaved rounds as the exchange alone (under the same load: what
+benchmarks/cost_model.py calibrates its alpha and beta on). Run one rank per core, with
+OMP_NUM_THREADS=1.
 """
 import argparse
 import gc
@@ -90,6 +93,9 @@ def parse_args(argv=None):
                         help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
     parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
     parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
+    parser.add_argument('--raw-allreduce', type=common.parse_sizes, default=None, metavar='SIZES',
+                        help='also time raw MPI Allreduce(IN_PLACE) of these sizes (e.g. 4K,1M,43M), '
+                             'interleaved with the exchange-alone rounds (default: none)')
     return resolve(parser.parse_args(argv))
 
 
@@ -140,13 +146,14 @@ class Model:
         self.x = mx.nd.array(rng.standard_normal(self.shape, np.float32))
         self.y = mx.nd.array(rng.integers(0, spec.classes, self.batch), dtype=np.float32)
         grads = [p for p in self.params.values() if p.grad_req != 'null']
+        self.grad_sizes = [p.data().size * 4 for p in grads]     # bytes, in the Trainer's order
         self.grad_arrays = len(grads)
-        self.grad_bytes = sum(p.data().size * 4 for p in grads)
+        self.grad_bytes = sum(self.grad_sizes)
 
     def info(self):
         return {'batch_per_rank': self.batch, 'global_batch': self.batch * COMM.size,
                 'input_shape': list(self.shape), 'gradient_arrays': self.grad_arrays,
-                'gradient_bytes': self.grad_bytes}
+                'gradient_bytes': self.grad_bytes, 'gradient_sizes': self.grad_sizes}
 
     def all_finite(self):
         return all(np.isfinite(p.data().asnumpy()).all() for p in self.params.values())
@@ -177,6 +184,15 @@ def exchange_op(trainer):
     def op():
         trainer.allreduce_grads()
         mx.nd.waitall()
+    return op
+
+
+def raw_allreduce_op(nbytes):
+    """MPI Allreduce(IN_PLACE) of nbytes of float32 zeros (zeros: repeated sums stay 0)."""
+    buf = np.zeros(nbytes // 4, np.float32)
+
+    def op():
+        COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
     return op
 
 
@@ -293,11 +309,14 @@ def bench_model(run, model, dist_sync, index):
     common.rank0_print(f'measuring {model.name}: {len(configs)} configs, batch {model.batch} per '
                        f'rank, {run.args.warmups} + {run.args.trials} rounds ...')
     steps = rounds(run, model, [(c.name, c.step, c.ranks) for c in configs], 'training')
-    alone = rounds(run, model, [(c.name, c.exchange, COMM.size) for c in configs if c.exchange],
+    raw = [(f'raw_mpi:{n}', raw_allreduce_op(n), COMM.size) for n in run.args.raw_allreduce or []]
+    alone = rounds(run, model, [(c.name, c.exchange, COMM.size) for c in configs if c.exchange] + raw,
                    'exchange alone')
     for config in configs:
         config.close()
         run.add(model, config, steps[config.name], alone.get(config.name))
+    if raw:
+        run.add_raw(model, {n: alone[f'raw_mpi:{n}'] for n in run.args.raw_allreduce})
     if not model.all_finite():     # NaN or inf arithmetic runs at other speeds
         common.rank0_print(f'  warning: {model.name} has non-finite weights after training')
     gc.collect()
@@ -354,6 +373,13 @@ class Run:
         entry['rows'].append({'config': config.name, 'ranks': config.ranks,
                               'images_per_step': model.batch * config.ranks,
                               'step_times_s': step_times, 'exchange_alone_times_s': alone_times})
+        self.save()
+
+    def add_raw(self, model, times):
+        """{bytes: [seconds]} of raw MPI Allreduce(IN_PLACE), timed beside the exchanges."""
+        entry = self.models.setdefault(model.name, {'info': model.info(), 'rows': []})
+        entry['raw_allreduce'] = [{'bytes': n, 'times_s': t, 'median_ms': float(np.median(t)) * 1e3}
+                                  for n, t in sorted(times.items())]
         self.save()
 
     def skip(self, config, why):
@@ -444,6 +470,10 @@ def print_model(run, name):
                        f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
     for row in entry['rows']:
         common.rank0_print(_row_text(row))
+    if entry.get('raw_allreduce'):
+        common.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
+                           ', '.join(f'{common.format_size(r["bytes"])} {r["median_ms"]:.2f}'
+                                     for r in entry['raw_allreduce']))
     _print_verdict(entry['rows'])
 
 

@@ -1,0 +1,112 @@
+"""How an allreduce's progress loop shares the CPU with compute: blocking MPI against a
+non-blocking collective polled with sleeps, alone and beside a compute thread.
+
+    python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python benchmarks/progress.py
+    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/progress.py [--size 16M] [--polls 0,100,1000]
+
+Per mode, in one run (medians over --trials, the slowest rank):
+  compute alone       a fixed amount of numpy work (matmuls, which release the GIL) on a
+                      thread of its own: the time the exchange could hide behind;
+  exchange alone      Allreduce(IN_PLACE) of --size bytes; its wall time and the CPU time the
+                      process spent meanwhile (cpu/wall: how much of a core the exchange takes);
+  both                the exchange on this thread while the compute thread runs;
+  hidden              1 - (both - compute alone) / exchange alone.
+Modes: 'blocking' is MPI_Allreduce (MPICH busy-polls inside it); 'poll:U' is MPI_Iallreduce
+then Test with sleeps doubling up to U microseconds (0: Test in a tight loop).
+"""
+import argparse
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+
+COMM = MPI.COMM_WORLD
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--size', type=common.parse_size, default=16 << 20)
+    parser.add_argument('--polls', default='0,100,1000,5000',
+                        help='comma-separated longest sleeps in us for the poll modes')
+    parser.add_argument('--trials', type=int, default=7)
+    parser.add_argument('--work', type=int, default=0,
+                        help='matmuls of 256x256 in the compute part (default: about as long '
+                             'as one blocking exchange)')
+    return parser.parse_args(argv)
+
+
+def exchange(buf, poll_us):
+    if poll_us is None:
+        COMM.Allreduce(MPI.IN_PLACE, buf)
+        return
+    req = COMM.Iallreduce(MPI.IN_PLACE, buf)
+    sleep = 1e-6
+    while not req.Test():
+        if poll_us:
+            time.sleep(sleep)
+            sleep = min(2 * sleep, poll_us * 1e-6)
+
+
+def compute(work):
+    a = np.ones((256, 256), np.float32)
+    for _ in range(work):
+        a = (a @ a) * (1.0 / 256)
+    return a
+
+
+def slowest(value):
+    return COMM.allreduce(value, op=MPI.MAX)
+
+
+def timed(fn):
+    COMM.Barrier()
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return slowest(time.perf_counter() - wall), slowest(time.process_time() - cpu)
+
+
+def both(buf, poll_us, work):
+    worker = threading.Thread(target=compute, args=(work,))
+
+    def run():
+        worker.start()
+        exchange(buf, poll_us)
+        worker.join()
+    return timed(run)
+
+
+def main():
+    args = parse_args()
+    buf = np.ones(args.size // 4, np.float32)
+    modes = [('blocking', None)] + [('poll:%s' % p, int(p)) for p in args.polls.split(',') if p]
+    work = args.work
+    if not work:   # calibrate: compute about as long as one blocking exchange
+        exchange(buf, None)
+        took = timed(lambda: exchange(buf, None))[0]
+        per = timed(lambda: compute(20))[0] / 20
+        work = max(1, int(took / per))
+    compute_alone = np.median([timed(lambda: compute(work))[0] for _ in range(args.trials)])
+    rows = []
+    for name, poll in modes:
+        exchange(buf, poll)   # warm
+        alone = [timed(lambda: exchange(buf, poll)) for _ in range(args.trials)]
+        joint = [both(buf, poll, work)[0] for _ in range(args.trials)]
+        wall = float(np.median([a[0] for a in alone]))
+        cpu = float(np.median([a[1] for a in alone]))
+        together = float(np.median(joint))
+        rows.append((name, wall, cpu / wall, together, 1 - (together - compute_alone) / wall))
+    if COMM.rank == 0:
+        print('%d ranks, %s per exchange, compute alone %.1f ms (%d matmuls)'
+              % (COMM.size, common.format_size(args.size), compute_alone * 1e3, work))
+        print('%-12s %12s %10s %10s %8s' % ('mode', 'exchange ms', 'cpu/wall', 'both ms',
+                                             'hidden'))
+        for name, wall, share, together, hidden in rows:
+            print('%-12s %12.1f %10.2f %10.1f %8.2f' % (name, wall * 1e3, share,
+                                                         together * 1e3, hidden))
+
+
+if __name__ == '__main__':
+    common.run_main(main)

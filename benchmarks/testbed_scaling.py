@@ -1,0 +1,474 @@
+"""Training throughput over the multi-host test bed: benchmarks/scaling.py at several link rates.
+
+    python benchmarks/testbed_scaling.py --quick                  # smoke run, about 2 minutes
+    python benchmarks/testbed_scaling.py [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
+        [--models resnet18_v1] [--designs funneled,concurrent,chained,blocking]
+        [--warmup-steps W] [--steps S] [--batch-size B] [--step-timeout S] [--run-timeout S]
+        [--raw-sizes 4K,...|none] [--allreduce | --allreduce-only] [--allreduce-sizes 4K,...]
+        [--allreduce-designs D,...] [--checkout DIR] [--out DIR] [--report-only]
+
+Runs as root from the repository root, not under mpiexec: it builds the test bed itself
+(testbed/README.md). The grid, one scaling.py job each, every job under a timeout and its
+test bed torn down whatever happens:
+
+  1 rank           on one host alone (no network: the rate does not apply);
+  2 ranks          over 2 hosts, 1 rank a host, at every rate;
+  N ranks (N > 2)  over 2 hosts, N/2 ranks a host (shared memory inside a host), at every rate.
+
+Ranks on different hosts talk TCP over a tbf-shaped veth link (testbed.TCP_ENV). Each job
+runs scaling.py with --no-dist-sync: MXNet's ps-lite scheduler is started by rank 0 on
+127.0.0.1, which ranks on the other host cannot reach. Horovod appears when horovod.mxnet
+imports (it is reported as skipped otherwise, as scaling.py does).
+
+Each job also times raw MPI Allreduce(IN_PLACE) of a few sizes (--raw-sizes) in the same
+interleaved rounds as the exchange alone: the network's alpha and beta under the very load
+the exchanges saw, which benchmarks/cost_model.py calibrates on. --allreduce also runs
+benchmarks/allreduce.py (raw MPI and the funneled pushpull over a size sweep) on the same test
+bed before each job; --allreduce-only runs only that sweep (cost_model.py --calibrate does).
+
+Writes into --out (default benchmarks/results/testbed/): runs/<job>/scaling_n<N>.json,
+allreduce_n<N>.json and log.txt per job; testbed_scaling.json (every job's results and how
+it ended); testbed_scaling.md (per model a table: config x rate, with step ms, exchange
+alone ms, hidden share, and the step of `none` over this step) and
+testbed_scaling_<model>.png. --report-only rebuilds the table and plot from the json.
+
+All hosts share this machine's CPU cores: a test bed shows what the *network* does to a job.
+With as many ranks as cores nothing is left for communication to hide in.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+sys.path.insert(0, REPO_ROOT)
+
+import testbed  # noqa: E402  (the repository's test bed package)
+
+DEFAULT_OUT = os.path.join(REPO_ROOT, 'benchmarks', 'results', 'testbed')
+DEFAULT_RATES = '1gbit,3gbit,10gbit'
+DEFAULT_RANKS = '1,2,4'
+DEFAULT_MODELS = 'resnet18_v1'
+DEFAULT_WARMUPS, DEFAULT_STEPS = 2, 8
+DEFAULT_RAW_SIZES = '4K,64K,1M,4M,16M,43M'
+DEFAULT_ALLREDUCE_SIZES = '4K,64K,1M,4M,16M'
+DEFAULT_ALLREDUCE_DESIGNS = 'funneled'
+ALLREDUCE_WARMUPS, ALLREDUCE_TRIALS = 2, 5
+QUICK = {'rates': '3gbit', 'ranks': '1,2', 'designs': 'funneled,blocking', 'warmups': 1,
+         'steps': 2, 'batch_size': 16}
+HOSTS = 2                   # every multi-rank job spans two hosts
+STARTUP_S = 120             # import, model build, store creation, numba compile: per job
+JSON_NAME = 'testbed_scaling.json'
+
+
+# ---------------------------------------------------------------- arguments
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--quick', action='store_true',
+                        help=f'a smoke run: rates {QUICK["rates"]}, ranks {QUICK["ranks"]}, designs '
+                             f'{QUICK["designs"]}, {QUICK["warmups"]} + {QUICK["steps"]} rounds, '
+                             f'batch {QUICK["batch_size"]} (explicit options win)')
+    parser.add_argument('--rates', help=f'comma-separated link rates (default {DEFAULT_RATES})')
+    parser.add_argument('--ranks', help='comma-separated rank counts: 1 is one host alone, N > 1 '
+                                        f'is N/2 ranks on each of 2 hosts (default {DEFAULT_RANKS})')
+    parser.add_argument('--models', help=f'scaling.py models (default {DEFAULT_MODELS})')
+    parser.add_argument('--designs', help="scaling.py designs (default: every design; a design may "
+                                          "carry store options: 'funneled+fusion_threshold=0')")
+    parser.add_argument('--warmup-steps', dest='warmups', type=int,
+                        help=f'untimed rounds per job (default {DEFAULT_WARMUPS})')
+    parser.add_argument('--steps', type=int, help=f'timed rounds per job (default {DEFAULT_STEPS})')
+    parser.add_argument('--batch-size', type=int, help="images per rank per step (default: scaling.py's)")
+    parser.add_argument('--step-timeout', type=float, default=300.0,
+                        help="seconds one step may take inside a job (scaling.py's --timeout; default 300)")
+    parser.add_argument('--run-timeout', type=float, default=None,
+                        help='seconds one whole job may take before it is killed '
+                             '(default: estimated from the rounds, at least 600)')
+    parser.add_argument('--checkout', default=REPO_ROOT,
+                        help='the tree whose benchmarks/scaling.py and mpi_kvstore run (default: '
+                             'this repository; e.g. an export of a commit, to measure that commit)')
+    parser.add_argument('--raw-sizes', default=DEFAULT_RAW_SIZES,
+                        help="raw MPI Allreduce sizes timed inside each training job's exchange-alone "
+                             "rounds (scaling.py --raw-allreduce; 'none' for none; default %(default)s)")
+    parser.add_argument('--allreduce', action='store_true',
+                        help='also run benchmarks/allreduce.py on each test bed (calibration data '
+                             'for cost_model.py)')
+    parser.add_argument('--allreduce-only', action='store_true',
+                        help='run only the allreduce.py sweep on each test bed, no training')
+    parser.add_argument('--allreduce-sizes', default=DEFAULT_ALLREDUCE_SIZES,
+                        help='sizes of the allreduce sweep (default %(default)s)')
+    parser.add_argument('--allreduce-designs', default=DEFAULT_ALLREDUCE_DESIGNS,
+                        help='designs whose pushpull the sweep times beside raw MPI (default '
+                             '%(default)s; the cost model needs only raw MPI)')
+    parser.add_argument('--allreduce-trials', type=int, default=ALLREDUCE_TRIALS,
+                        help='timed trials per size and method of the sweep (default %(default)s)')
+    parser.add_argument('--out', default=DEFAULT_OUT, help='folder for results (default %(default)s)')
+    parser.add_argument('--report-only', action='store_true',
+                        help='run nothing: rebuild the table and plot from the json files in --out')
+    args = parser.parse_args(argv)
+    quick = QUICK if args.quick else {}
+    args.rates = _split(args.rates or quick.get('rates') or DEFAULT_RATES)
+    args.ranks = [int(r) for r in _split(args.ranks or quick.get('ranks') or DEFAULT_RANKS)]
+    args.models = args.models or DEFAULT_MODELS
+    args.designs = args.designs or quick.get('designs')
+    args.warmups = args.warmups if args.warmups is not None else quick.get('warmups', DEFAULT_WARMUPS)
+    args.steps = args.steps if args.steps is not None else quick.get('steps', DEFAULT_STEPS)
+    args.batch_size = args.batch_size or quick.get('batch_size')
+    for rate in args.rates:
+        testbed.parse_rate(rate)            # raises on a bad rate before anything starts
+    bad = [r for r in args.ranks if r < 1 or (r > 1 and r % HOSTS)]
+    if bad:
+        raise SystemExit(f'--ranks: 1, or a multiple of {HOSTS} (ranks spread over {HOSTS} hosts), not {bad}')
+    if args.warmups < 0 or args.steps < 1:
+        raise SystemExit('--warmup-steps must be >= 0 and --steps >= 1')
+    args.allreduce = args.allreduce or args.allreduce_only
+    args.checkout = os.path.abspath(args.checkout)
+    args.out = os.path.abspath(args.out)
+    return args
+
+
+def _split(text):
+    return [part.strip() for part in text.split(',') if part.strip()]
+
+
+# ---------------------------------------------------------------- the grid
+
+class Job:
+    """One scaling.py run on one test bed: ranks, hosts, ranks per host, link rate."""
+
+    def __init__(self, ranks, rate):
+        self.ranks, self.rate = ranks, rate if ranks > 1 else None
+        self.hosts = 1 if ranks == 1 else HOSTS
+        self.ppn = ranks // self.hosts
+
+    @property
+    def name(self):
+        return 'n1' if self.ranks == 1 else f'n{self.ranks}_ppn{self.ppn}_{self.rate}'
+
+    @property
+    def layout(self):
+        if self.ranks == 1:
+            return '1 rank, 1 host'
+        return f'{self.ranks} ranks, {self.hosts} hosts x {self.ppn}'
+
+    def describe(self):
+        return f'{self.layout}' + (f' at {self.rate}' if self.rate else '')
+
+
+def grid(args):
+    jobs = []
+    for ranks in args.ranks:
+        for rate in ([None] if ranks == 1 else args.rates):
+            jobs.append(Job(ranks, rate))
+    return jobs
+
+
+def scaling_argv(args, job, out_dir):
+    argv = [sys.executable, os.path.join(args.checkout, 'benchmarks', 'scaling.py'),
+            '--models', args.models, '--warmup-steps', str(args.warmups), '--steps', str(args.steps),
+            '--no-dist-sync', '--timeout', f'{args.step_timeout:g}', '--out', out_dir]
+    if args.designs:
+        argv += ['--designs', args.designs]
+    if args.batch_size:
+        argv += ['--batch-size', str(args.batch_size)]
+    if args.raw_sizes and args.raw_sizes != 'none':
+        argv += ['--raw-allreduce', args.raw_sizes]
+    return argv
+
+
+def allreduce_argv(args, job, out_dir):
+    argv = [sys.executable, os.path.join(args.checkout, 'benchmarks', 'allreduce.py'),
+            '--sizes', args.allreduce_sizes, '--warmups', str(ALLREDUCE_WARMUPS),
+            '--trials', str(args.allreduce_trials), '--no-dist-sync',
+            '--timeout', f'{args.step_timeout:g}', '--out', out_dir,
+            '--designs', args.allreduce_designs]
+    return argv
+
+
+def allreduce_timeout(args, job):
+    """A sweep's limit: every size runs (warmups + trials) times for raw MPI (two buffers and
+    in place), engine_floor and every design; at 1 Gbit/s an allreduce of n bytes moves about
+    n bytes a way per host on 2 ranks, twice that on 4 (2 a host): allow 3x that time."""
+    if args.run_timeout:
+        return args.run_timeout
+    methods = 3 + len(_split(args.allreduce_designs))
+    sweep_bytes = sum(_bytes(size) for size in _split(args.allreduce_sizes))
+    per_round = sweep_bytes * 8 / 1e9 * max(1, job.ranks // 2) * 3
+    return max(300.0, STARTUP_S + methods * (ALLREDUCE_WARMUPS + args.allreduce_trials) * per_round)
+
+
+def _bytes(size):
+    units = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
+    size = size.upper().removesuffix('B')
+    return int(float(size[:-1]) * units[size[-1]]) if size[-1] in units else int(size)
+
+
+def run_timeout(args, job):
+    """A whole job's limit: startup plus every round of every config, at a pessimistic
+    2 s per step and rank (4 ranks on 2 cores at 1 Gbit/s take about 1.5 s a step)."""
+    if args.run_timeout:
+        return args.run_timeout
+    configs = 3 + (len(_split(args.designs)) if args.designs else 4) + 1 + len(_split(args.raw_sizes))
+    rounds = (args.warmups + args.steps) * 2          # training rounds, then exchange alone
+    models = len(_split(args.models))
+    return max(600.0, STARTUP_S + models * rounds * configs * 2.0 * max(1, job.ranks // 2))
+
+
+def _launch(args, hosts, job, argv, limit, log):
+    """One MPI program across the test bed; (ok, what happened) and the output in LOG."""
+    print(f'    {shlex.join(argv[1:])} (timeout {limit:.0f} s)', flush=True)
+    mpiexec = hosts.mpiexec_argv(job.ranks, ppn=job.ppn, extra=['-genv', 'OMP_NUM_THREADS', '1'])
+    result = hosts.run(mpiexec + argv, timeout=limit, env={'OMP_NUM_THREADS': '1'},
+                       cwd=args.checkout)
+    log.write(f'$ {shlex.join(mpiexec + argv)}\n{result.output}\n')
+    status = ('timed out' if result.timed_out else f'status {result.returncode}')
+    print(f'      {status}, {result.elapsed:.0f} s', flush=True)
+    if not result.ok:
+        print(result.output[-3000:], flush=True)
+    return {'returncode': result.returncode, 'timed_out': result.timed_out,
+            'elapsed_s': result.elapsed, 'leftovers': result.leftovers, 'argv': argv,
+            'timeout_s': limit}
+
+
+def run_job(args, job):
+    """Bring a test bed up, run allreduce.py and/or scaling.py across it, each under a
+    timeout, take it down (whatever happens: testbed.Hosts)."""
+    out_dir = os.path.join(args.out, 'runs', job.name)
+    os.makedirs(out_dir, exist_ok=True)
+    started = time.monotonic()
+    record = {'job': job.name, 'ranks': job.ranks, 'hosts': job.hosts, 'ppn': job.ppn,
+              'rate': job.rate, 'layout': job.layout, 'steps': {}}
+    print(f'\n=== {job.describe()}', flush=True)
+    programs = []
+    if args.allreduce:
+        programs.append(('allreduce', allreduce_argv(args, job, out_dir), allreduce_timeout(args, job)))
+    if not args.allreduce_only:
+        programs.append(('scaling', scaling_argv(args, job, out_dir), run_timeout(args, job)))
+    with open(os.path.join(out_dir, 'log.txt'), 'w') as log:
+        try:
+            with testbed.Hosts(job.hosts, rate=job.rate) as hosts:
+                for name, argv, limit in programs:
+                    record['steps'][name] = _launch(args, hosts, job, argv, limit, log)
+        except testbed.TestbedError as err:
+            record['error'] = str(err)
+            log.write(f'testbed error: {err}\n')
+            print(f'    testbed error: {err}', flush=True)
+    record['elapsed_s'] = time.monotonic() - started
+    record['ok'] = 'error' not in record and all(
+        s['returncode'] == 0 and not s['timed_out'] for s in record['steps'].values())
+    record['result_files'] = {name: os.path.join(out_dir, f'{name}_n{job.ranks}.json')
+                              for name, _, _ in programs}
+    print(f'    {job.name}: {"ok" if record["ok"] else "FAILED"}, {record["elapsed_s"]:.0f} s; '
+          f'log {out_dir}/log.txt', flush=True)
+    return record
+
+
+# ---------------------------------------------------------------- collecting and reporting
+
+def load(record, name):
+    """A job's json from scaling.py or allreduce.py, or None (not run, or killed before
+    it saved anything)."""
+    try:
+        with open(record['result_files'][name]) as handle:
+            return json.load(handle)
+    except (KeyError, OSError, ValueError):
+        return None
+
+
+def combine(args, records, started_at, elapsed):
+    jobs = []
+    for record in records:
+        jobs.append(dict(record, scaling=load(record, 'scaling'),
+                         allreduce=load(record, 'allreduce')))
+    combined = {'benchmark': 'testbed_scaling', 'time': started_at, 'elapsed_s': elapsed,
+                'config': {k: v for k, v in vars(args).items()}, 'hosts': HOSTS,
+                'testbed': {'transport': testbed.TCP_ENV, 'shaping': 'tbf, both directions, '
+                            'bucket 2 ms at the rate, queue 20 ms; no added delay'},
+                'dist_sync': 'not run: its ps-lite scheduler listens on rank 0\'s 127.0.0.1, '
+                             'out of reach of ranks on other hosts',
+                'jobs': jobs}
+    path = os.path.join(args.out, JSON_NAME)
+    with open(path + '.tmp', 'w') as handle:
+        json.dump(combined, handle, indent=1, default=str)
+    os.replace(path + '.tmp', path)
+    return combined
+
+
+def rows_by_model(combined):
+    """{model: {(layout, rate): {config: row}}} plus model info, from every job that ran."""
+    models = {}
+    for job in combined['jobs']:
+        payload = job.get('scaling')
+        if not payload:
+            continue
+        for model, entry in payload['models'].items():
+            target = models.setdefault(model, {'info': entry['info'], 'cells': {}, 'skipped': {}})
+            target['cells'][(job['layout'], job['rate'])] = {r['config']: r for r in entry['rows']}
+            target['skipped'].update({k: v for k, v in payload.get('skipped', {}).items()
+                                      if k != 'dist_sync'})
+    return models
+
+
+def _fmt(value, spec, suffix=''):
+    return '-' if value is None else format(value, spec) + suffix
+
+
+def _config_order(names):
+    """single, none, the stores in scaling.py's order, then anything else."""
+    first = [n for n in ('single', 'none') if n in names]
+    return first + [n for n in names if n not in first]
+
+
+def markdown(combined):
+    lines = []
+    config = combined['config']
+    for model, data in rows_by_model(combined).items():
+        info = data['info']
+        lines += [f'## {model}: batch {info["batch_per_rank"]} per rank, '
+                  f'{info["gradient_bytes"] / 1e6:.1f} MB of gradients in {info["gradient_arrays"]} arrays',
+                  '',
+                  f'Median of {config["steps"]} interleaved rounds after {config["warmups"]} warm-up '
+                  'rounds; each step the slowest rank. Cell: step ms / exchange alone ms / hidden '
+                  'share / step of `none` (compute only) divided by this step.', '']
+        layouts = []
+        for layout, rate in data['cells']:
+            if layout not in layouts:
+                layouts.append(layout)
+        for layout in layouts:
+            rates = [rate for (lay, rate) in data['cells'] if lay == layout]
+            names = []
+            for rate in rates:
+                names += [n for n in data['cells'][(layout, rate)] if n not in names]
+            heading = [f'{rate or "no network"}' for rate in rates]
+            lines += [f'**{layout}**', '',
+                      '| config | ' + ' | '.join(f'{h}: step ms | alone ms | hidden | vs none'
+                                                  for h in heading) + ' |',
+                      '|---|' + '---:|---:|---:|---:|' * len(rates)]
+            for name in _config_order(names):
+                cells = []
+                for rate in rates:
+                    row = data['cells'][(layout, rate)].get(name)
+                    if row is None:
+                        cells += ['-'] * 4
+                        continue
+                    cells += [_fmt(row['step_ms'], '.0f'), _fmt(row['exchange_alone_ms'], '.0f'),
+                              _fmt(row['hidden'], '+.2f'), _fmt(row['vs_none'], '.2f', 'x')]
+                lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
+            lines.append('')
+        for config_name, why in data['skipped'].items():
+            lines.append(f'- skipped {config_name}: {why}')
+        lines.append(f'- skipped dist_sync: {combined["dist_sync"]}')
+        lines.append('')
+    for job in combined['jobs']:
+        if job.get('ok'):
+            continue
+        what = job.get('error') or ', '.join(
+            f'{name} {"timed out" if s["timed_out"] else "status %s" % s["returncode"]}'
+            for name, s in job['steps'].items() if s['returncode'] != 0 or s['timed_out'])
+        lines.append(f'- job {job["job"]} did not finish: {what} (partial results, if any, '
+                     'are in the table)')
+    lines.append(f'Jobs took {sum(j.get("elapsed_s") or 0 for j in combined["jobs"]):.0f} s in all.')
+    return '\n'.join(lines) + '\n'
+
+
+def plot(combined, out):
+    """Per model: step time and hidden share against link rate, one panel per layout."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ['matplotlib is not installed: no plot']
+    messages = []
+    for model, data in rows_by_model(combined).items():
+        layouts = []
+        for layout, rate in data['cells']:
+            if rate is not None and layout not in layouts:
+                layouts.append(layout)
+        if not layouts:
+            continue
+        fig, axes = plt.subplots(2, len(layouts), figsize=(6 * len(layouts), 8.5), squeeze=False)
+        for col, layout in enumerate(layouts):
+            rates = sorted({r for (lay, r) in data['cells'] if lay == layout},
+                           key=testbed.parse_rate)
+            gbits = [testbed.parse_rate(r) / 1e9 for r in rates]
+            names = []
+            for rate in rates:
+                names += [n for n in data['cells'][(layout, rate)] if n not in names]
+            for name in _config_order(names):
+                if name == 'single':
+                    continue
+                steps = [data['cells'][(layout, r)].get(name, {}).get('step_ms') for r in rates]
+                style = dict(linestyle='--', color='black') if name == 'none' else {}
+                label = 'none (compute only)' if name == 'none' else name
+                axes[0][col].plot(gbits, steps, marker='o', label=label, **style)
+                hidden = [data['cells'][(layout, r)].get(name, {}).get('hidden') for r in rates]
+                if any(h is not None for h in hidden):
+                    axes[1][col].plot(gbits, [h if h is not None else float('nan') for h in hidden],
+                                      marker='o', label=name)
+            axes[0][col].set(xscale='log', xlabel='link rate (Gbit/s)', ylabel='step (ms)',
+                             title=f'{model}: {layout}')
+            axes[1][col].set(xscale='log', xlabel='link rate (Gbit/s)',
+                             ylabel='hidden share of the exchange', title='1 = all hidden, 0 = none')
+            axes[1][col].axhline(0, color='grey', linewidth=0.8)
+            for ax in axes[:, col]:
+                ax.set_xticks(gbits)
+                ax.set_xticklabels([f'{g:g}' for g in gbits])
+                ax.grid(True, alpha=0.3)
+                ax.legend(fontsize=7)
+        fig.suptitle('training step over the test bed\n(2 hosts, TCP over tbf-shaped links; '
+                     'all hosts share the machine\'s cores)', fontsize=10)
+        fig.tight_layout()
+        path = os.path.join(out, f'testbed_scaling_{model}.png')
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        messages.append(f'plot written to {path}')
+    return messages
+
+
+def report(args, combined):
+    text = markdown(combined)
+    path = os.path.join(args.out, 'testbed_scaling.md')
+    with open(path, 'w') as handle:
+        handle.write('# Training over the test bed (benchmarks/testbed_scaling.py)\n\n' + text)
+    print('\n' + text)
+    print(f'table written to {path}')
+    for message in plot(combined, args.out):
+        print(message)
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.report_only:
+        with open(os.path.join(args.out, JSON_NAME)) as handle:
+            combined = json.load(handle)
+        report(args, combined)
+        return 0
+    ok, why = testbed.available(rate=True, mpi=True)
+    if not ok:
+        raise SystemExit(f'the test bed is not available here: {why}')
+    jobs = grid(args)
+    print(f'testbed_scaling: {len(jobs)} jobs ({", ".join(j.name for j in jobs)}), models '
+          f'{args.models}, {args.warmups} + {args.steps} rounds; checkout {args.checkout}', flush=True)
+    started_at, started = time.strftime('%Y-%m-%dT%H:%M:%S%z'), time.monotonic()
+    records = []
+    for job in jobs:
+        records.append(run_job(args, job))
+        combine(args, records, started_at, time.monotonic() - started)   # a killed run keeps these
+    combined = combine(args, records, started_at, time.monotonic() - started)
+    if not args.allreduce_only:
+        report(args, combined)
+    failed = [r['job'] for r in records if not r['ok']]
+    print(f'\n{len(jobs)} jobs in {combined["elapsed_s"]:.0f} s'
+          + (f'; failed: {", ".join(failed)}' if failed else ''))
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
