@@ -162,7 +162,8 @@ class Comm:
     with the other ranks, and the first error is raised at the end.
     """
 
-    def __init__(self, comm, hierarchical=None):
+    def __init__(self, comm, hierarchical=None, progress=(0.0, 0)):
+        self._progress_us, self._progress_min = progress   # see config's progress_sleep_us
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
@@ -230,6 +231,9 @@ class Comm:
                 self._allreduce_scattered(data)
             else:
                 self._allreduce_via_leaders(data)
+        elif self.size > 1 and self._progress_us and data.nbytes >= self._progress_min:
+            wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
+                         self._progress_us)
         elif self.size > 1:
             self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
         if staged:

@@ -119,3 +119,12 @@ def test_join_naive_engine(design):
 def test_native_ops_run_no_python_on_engine_threads(design, native):
     _ok(run_mpi(2, 'kv_native.py', design, native, timeout=180),
         'kv_native[%s, native=%s]' % (design, native))
+
+
+@pytest.mark.parametrize('design', ['funneled', 'concurrent', 'blocking'])
+def test_sleep_polled_allreduce_gives_the_same_sums(design):
+    """progress_sleep_us: every allreduce (min bytes 0) as Iallreduce polled with sleeps;
+    kv_forms checks its sums against numpy."""
+    _ok(run_mpi(2, 'kv_forms.py', design, env={'MPI_KVSTORE_PROGRESS_SLEEP_US': '200',
+                                                'MPI_KVSTORE_PROGRESS_MIN_BYTES': '0'}),
+        'kv_forms[%s]' % design)

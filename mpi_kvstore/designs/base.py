@@ -12,7 +12,7 @@ from ..fusion import plan
 from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Design', 'FusionPool', 'native_view']
+__all__ = ['Design', 'FusionPool', 'native_view', 'progress']
 
 log = logging.getLogger(__name__)
 
@@ -285,3 +285,8 @@ def native_view(req, pointer):
                                'refused it inside the engine op (an MKLDNN layout)'
                                % (req.shape,))
     return view_at(*pointer, req.nbytes, req.dtype, req.array)
+
+
+def progress(config):
+    """How a Comm of these options progresses a large allreduce (comm.Comm)."""
+    return config.progress_sleep_us, config.progress_min_bytes

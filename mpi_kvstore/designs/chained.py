@@ -11,7 +11,7 @@ from .. import agreement, engine, native
 from ..comm import MPI, Comm, c_datatype
 from ..fusion import plan
 from ..timeline import op_name
-from .base import Design, native_view
+from .base import Design, progress as _progress, native_view
 
 __all__ = ['Chained']
 
@@ -51,7 +51,7 @@ class Chained(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = Comm(comm, config.hierarchical)
+        self._comm = self.join_comm = Comm(comm, config.hierarchical, _progress(config))
         self._chain = mx.nd.zeros((1,))
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
         self._native = (config.native_ops and not config.naive_engine and not timeline

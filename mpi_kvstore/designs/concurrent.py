@@ -4,6 +4,7 @@ import threading
 
 from ..comm import MPI, Comm
 from ..fusion import plan
+from .base import progress as _progress
 from .negotiated import Negotiated
 
 __all__ = ['Concurrent']
@@ -31,7 +32,7 @@ class Concurrent(Negotiated):
     def __init__(self, comm, config, sink, timeline=None):
         self._lanes = []
         for i in range(config.lanes):
-            lane = (Comm(comm, config.hierarchical), queue.SimpleQueue())
+            lane = (Comm(comm, config.hierarchical, _progress(config)), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))

@@ -31,7 +31,7 @@ from .. import engine, native
 from ..comm import Comm, wait_polling
 from .. import agreement
 from ..timeline import op_name
-from .base import Design, native_view
+from .base import Design, progress as _progress, native_view
 
 __all__ = ['Negotiated']
 
@@ -41,7 +41,7 @@ class Negotiated(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._control = Comm(comm, config.hierarchical)
+        self._control = Comm(comm, config.hierarchical, _progress(config))
         self._lock = threading.Lock()
         self._waker = native.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
