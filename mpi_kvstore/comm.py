@@ -13,6 +13,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .fusion import BufferPool
+
 __all__ = ['Comm', 'HIERARCHICAL_MODES', 'MPI', 'thread_level_name', 'provided_thread_level',
            'cuda_aware', 'c_api', 'c_datatype']
 
@@ -175,7 +177,7 @@ class Comm:
         self.hierarchical = False     # allreduce goes through node and cross
         self._uniform = False         # every host runs as many ranks: reduce-scatter shape
         self._min_bytes = 0           # smallest buffer that takes the hierarchy
-        self._scratch = {}            # (module, dtype) -> the piece buffer of reduce-scatter
+        self._scratch = BufferPool()  # the piece buffer of reduce-scatter
         try:
             self._build_hierarchy(_hierarchical_mode(hierarchical))
         except BaseException:
@@ -248,7 +250,7 @@ class Comm:
         count = data.size
         counts = [count // width + (i < count % width) for i in range(width)]
         displs = [sum(counts[:i]) for i in range(width)]
-        piece = self._piece(data, counts[local])
+        piece = self._scratch.get(data, counts[local])
         run = _Steps()
         run(node.Reduce_scatter, data, piece, counts, op=MPI.SUM)
         run(cross.Allreduce, MPI.IN_PLACE, piece, op=MPI.SUM)
@@ -267,16 +269,6 @@ class Comm:
             run(node.Reduce, data, None, op=MPI.SUM, root=0)
         run(node.Bcast, data, root=0)
         run.raise_first()
-
-    def _piece(self, like, count):
-        """A reusable buffer of ``count`` elements, like ``like`` (host or device)."""
-        module = type(like).__module__.split('.')[0]
-        key = (module, like.dtype.str)
-        buf = self._scratch.get(key)
-        if buf is None or buf.size < count:
-            xp = np if module == 'numpy' else __import__(module)
-            buf = self._scratch[key] = xp.empty(max(count, 1024), dtype=like.dtype)
-        return buf[:count]
 
     def bcast(self, buf, root):
         data, staged = self._prepare(buf)

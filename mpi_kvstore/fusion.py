@@ -4,7 +4,28 @@ Every rank calls :func:`plan` with the same agreed requests in the same order,
 so every rank derives the same buckets.
 """
 
-__all__ = ['plan', 'fusable']
+__all__ = ['plan', 'fusable', 'BufferPool']
+
+
+class BufferPool:
+    """Reusable flat buffers, one per (array module, dtype): numpy for host memory, CuPy
+    for a GPU's; each grows to the largest count asked for."""
+
+    def __init__(self):
+        self._buffers = {}
+
+    def get(self, like, count):
+        """``count`` elements of a buffer like ``like`` (its module and dtype)."""
+        module = type(like).__module__.split('.')[0]
+        key = (module, like.dtype.str)
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < count:
+            xp = __import__(module)
+            buf = self._buffers[key] = xp.empty(max(count, 1024), dtype=like.dtype)
+        return buf[:count]
+
+    def clear(self):
+        self._buffers.clear()
 
 
 def fusable(req, threshold):

@@ -8,29 +8,13 @@ from .. import agreement
 from ..arrays import flat_view, view_at
 from ..comm import MPI
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
-from ..fusion import plan
+from ..fusion import BufferPool, plan
 from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Design', 'FusionPool', 'native_view', 'progress']
+__all__ = ['Design', 'native_view', 'progress']
 
 log = logging.getLogger(__name__)
-
-
-class FusionPool:
-    """Reusable flat buffers for fused buckets, one per (dtype, host/device)."""
-
-    def __init__(self):
-        self._buffers = {}
-
-    def get(self, like, count):
-        module = type(like).__module__.split('.')[0]
-        key = (module, like.dtype.str)
-        buf = self._buffers.get(key)
-        if buf is None or buf.size < count:
-            xp = np if module == 'numpy' else __import__(module)
-            buf = self._buffers[key] = xp.empty(max(count, 1024), dtype=like.dtype)
-        return buf[:count]
 
 
 class Design:
@@ -257,7 +241,7 @@ class Design:
         count = sum(r.nbytes for r in bucket) // bucket[0].dtype.itemsize
         try:
             views = [r.buffer() for r in bucket]
-            pool = self._pools.setdefault(id(comm), FusionPool())
+            pool = self._pools.setdefault(id(comm), BufferPool())
             flat = pool.get(views[0], count)
             _xp(flat).concatenate(views, out=flat)
             return flat
