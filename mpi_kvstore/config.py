@@ -129,7 +129,7 @@ OPTIONS: Tuple[Option, ...] = (
            'polled with sleeps of up to this long, so the exchange leaves the core to '
            'compute instead of busy-polling in MPI (benchmarks/progress.py). 0: blocking '
            'MPI_Allreduce. Not used by chained\'s compiled op.', _nonneg),
-    Option('progress_min_bytes', int, 8 << 20, 'bytes',
+    Option('progress_min_bytes', _parse_bytes, 8 << 20, 'bytes',
            'Smallest allreduce that progress_sleep_us applies to (below it, sleeping between '
            'polls slowed MPICH\'s phases more than it saved).', _nonneg),
     # Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS is 60 too: long enough that a slow first

@@ -12,6 +12,7 @@ Nothing escapes a ctypes callback: an exception is handed to the op's
 ``on_error`` and the op completes, so the engine never stalls.
 """
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import itertools
@@ -229,13 +230,24 @@ def _keep_thread_state():
         _kept.thread_state = True
 
 
-@_ASYNC_FN
-def _trampoline(_run_ctx, on_complete, param):
+@contextlib.contextmanager
+def _python_on_engine_thread():
+    """Bracket Python code that an engine thread entered: keep its thread state, count
+    the entry (trampoline_calls), and let quiesce() see it running."""
     _keep_thread_state()
     with _active_lock:
         _active[0] += 1
         _entered[0] += 1
     try:
+        yield
+    finally:
+        with _active_lock:
+            _active[0] -= 1
+
+
+@_ASYNC_FN
+def _trampoline(_run_ctx, on_complete, param):
+    with _python_on_engine_thread():
         # The op runs exactly once: dropping it here needs no Python deleter,
         # which the engine could call during interpreter shutdown.
         op = _live.pop(param)
@@ -248,9 +260,6 @@ def _trampoline(_run_ctx, on_complete, param):
             completion.done()
         # NaiveEngine checks, right after this returns, that the op completed.
         completion.wait()
-    finally:
-        with _active_lock:
-            _active[0] -= 1
 
 
 _ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_int64)
@@ -263,17 +272,11 @@ def python_entry(fn):
     keeps the thread's state like the trampoline, and lets nothing escape into C:
     ``fn`` must complete its op itself, whatever happens."""
     def entry(arg):
-        _keep_thread_state()
-        with _active_lock:
-            _active[0] += 1
-            _entered[0] += 1
-        try:
-            fn(arg)
-        except BaseException:  # nothing may escape into C
-            log.exception('mpi_kvstore: a native op\'s Python path failed')
-        finally:
-            with _active_lock:
-                _active[0] -= 1
+        with _python_on_engine_thread():
+            try:
+                fn(arg)
+            except BaseException:  # nothing may escape into C
+                log.exception('mpi_kvstore: a native op\'s Python path failed')
     thunk = _ENTRY_FN(entry)
     _entries.append(thunk)
     return thunk
@@ -327,14 +330,13 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
     push order, on the normal CPU worker. Only for a ``run`` that returns at once: it
     would otherwise block the caller, or the compute worker.
     """
-    prop = _properties[ASYNC if inline_when_ready else CPU_PRIORITIZED]
+    prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
     const, mutable = list(const), list(mutable)
     op_id = next(_ids)
     _live[op_id] = _Op(run, on_error or _log_error, (const, mutable))
-    ret = _push_async(_trampoline, op_id, None, ctypes.addressof(_cpu_context),
+    ret = _push_async(_trampoline, op_id, None, _CPU_CONTEXT,
                       _handles(const), len(const), _handles(mutable), len(mutable),
-                      ctypes.addressof(prop), int(priority),
-                      name.encode(), False)
+                      prop, int(priority), _encoded(name), False)
     if ret != 0:
         _live.pop(op_id, None)
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())

@@ -1,4 +1,5 @@
 """What every design shares: sequence numbers, execution of buckets, errors, join."""
+import functools
 import itertools
 import logging
 
@@ -74,6 +75,14 @@ class Design:
             req.view = view() if view else flat_view(req.array, req.nbytes, req.dtype)
         except Exception as err:  # keep this rank in step with the others (fail_all)
             self.fail_all([req], err)
+
+    def attach_native(self, op):
+        """Point each request of a native op (native.NativeOp) at the memory its op read."""
+        index = 0
+        for req in op.reqs:
+            if req.array is not None:
+                self.attach(req, functools.partial(native_view, req, op.pointer(index)))
+                index += 1
 
     def fail(self, req, err):
         req.error = err

@@ -9,9 +9,9 @@ import numpy as np
 
 from .. import agreement, engine, native
 from ..comm import MPI, Comm, c_datatype
-from ..fusion import plan
+from ..fusion import BufferPool, plan
 from ..timeline import op_name
-from .base import Design, progress as _progress, native_view
+from .base import Design, progress as _progress
 
 __all__ = ['Chained']
 
@@ -56,7 +56,7 @@ class Chained(Design):
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
         self._native = (config.native_ops and not config.naive_engine and not timeline
                         and not self._comm.hierarchical)
-        self._fusion = {}                     # dtype -> host buffer for fused buckets
+        self._fusion = BufferPool()           # host buffers for fused buckets
         self._plans = {}                      # call shape -> native.ChainedPlan
         self._inflight = collections.deque()  # native ops, in push (= completion) order
         self._reap_lock = threading.Lock()
@@ -67,8 +67,8 @@ class Chained(Design):
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
-        if self._native and _native_can_run(reqs):
-            plan_ = self._plan(reqs, arrays)
+        plan_ = self._plan(reqs, arrays) if self._native else None
+        if plan_ is not None:
             op = native.ChainedOp(plan_, reqs, arrays, self._in_python)
             for req in reqs:
                 req.waiter = self._wait
@@ -101,35 +101,38 @@ class Chained(Design):
     def _plan(self, reqs, arrays):
         """The native plan of a call of this shape: the same requests (signatures, which
         include kind, key, shape, dtype, root and priority; sizes; averaging) on the same
-        arrays. Requests keep their call order:
-        fusion.plan sorts one call's requests (one priority) by sequence number."""
+        arrays; None (remembered too) for a call the native op cannot run. Requests keep
+        their call order: fusion.plan sorts one call's requests (one priority) by sequence
+        number."""
         key = (tuple((r.sig, r.nbytes, r.average) for r in reqs),
                tuple(a.handle.value for a in arrays))
-        found = self._plans.get(key)
-        if found is None:
+        found = self._plans.get(key, False)
+        if found is False:
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.clear()
-            message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
-                       if self.size > 1 else None)
-            found = native.ChainedPlan(plan(reqs, self.config.fusion_threshold), self._comm,
-                                       message, self._waker.fd, self._fusion_buffer)
-            found.handles = engine.Handles(arrays + [self._chain])
-            self._plans[key] = found
+            found = self._plans[key] = self._new_plan(reqs, arrays)
+        return found
+
+    def _new_plan(self, reqs, arrays):
+        if not _native_can_run(reqs):
+            return None
+        message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
+                   if self.size > 1 else None)
+        found = native.ChainedPlan(plan(reqs, self.config.fusion_threshold), self._comm,
+                                   message, self._waker.fd, self._fusion_buffer)
+        found.handles = engine.Handles(arrays + [self._chain])
         return found
 
     def _fusion_buffer(self, dtype, count):
-        """A host buffer for a fused bucket. Ops run one at a time, so they share one per
-        dtype; an op that needs a larger one gets a new one and keeps it alive itself."""
-        buf = self._fusion.get(dtype)
-        if buf is None or buf.size < count:
-            buf = self._fusion[dtype] = np.empty(max(count, 1024), dtype=dtype)
-        return buf
+        """A host buffer for a fused bucket. Ops run one at a time, so they share the
+        pool's; a plan keeps the buffer it was given alive (the pool may grow past it)."""
+        return self._fusion.get(np.empty(0, dtype=dtype), count)
 
     def _in_python(self, op):
         """On the engine worker: finish what the native op handed over, then complete it."""
         stage, failed_bucket, code = op.stage
         try:
-            self._attach_all(op)   # a refused array fails here, and spoils its signature
+            self.attach_native(op)   # a refused array fails here, and spoils its signature
             if stage == native.Stage.READ:
                 self.agree_and_execute(op.reqs, self._comm)
             elif stage == native.Stage.AGREED:
@@ -139,13 +142,6 @@ class Chained(Design):
         finally:
             engine.Completion.native(*op.callback(), op.arrays).done()
             op.finish_in_python()
-
-    def _attach_all(self, op):
-        index = 0
-        for req in op.reqs:
-            if req.array is not None:
-                self.attach(req, functools.partial(native_view, req, op.pointer(index)))
-                index += 1
 
     def _after_mpi_error(self, op, failed_bucket, err):
         """An MPI call of the native op failed at ``failed_bucket`` (-1: the agreement)."""

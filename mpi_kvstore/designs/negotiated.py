@@ -31,7 +31,7 @@ from .. import engine, native
 from ..comm import Comm, wait_polling
 from .. import agreement
 from ..timeline import op_name
-from .base import Design, progress as _progress, native_view
+from .base import Design, progress as _progress
 
 __all__ = ['Negotiated']
 
@@ -99,12 +99,9 @@ class Negotiated(Design):
             self._inflight = waiting
         for op in ran:
             countdown = _countdown(op.reqs, engine.Completion.native(*op.callback(), op.arrays))
-            index = 0
             for req in op.reqs:
                 req.completion = countdown
-                if req.array is not None:
-                    self.attach(req, functools.partial(native_view, req, op.pointer(index)))
-                    index += 1
+            self.attach_native(op)
             self._mark_ready(op.reqs, notify=False)
 
     def _failed_in_engine(self, reqs, err):
