@@ -114,6 +114,30 @@ def median(values):
     return statistics.median(values)
 
 
+def machine_busy():
+    """Seconds of CPU this machine has spent busy so far, all cores together (user, system,
+    irq and softirq from /proc/stat: the kernel's network work too, which no process is
+    charged for). None where /proc/stat is missing."""
+    try:
+        with open('/proc/stat') as fh:
+            fields = [int(v) for v in fh.readline().split()[1:8]]
+    except OSError:
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf('SC_CLK_TCK')   # less idle, iowait
+
+
+def one_machine(comm):
+    """Whether every rank of comm runs on this kernel (test hosts of testbed/ do: network
+    namespaces of one machine), so that /proc/stat counts what all of them cost."""
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = None
+    boots = comm.allgather(boot)
+    return boot is not None and len(set(boots)) == 1
+
+
 def measure(comm, op, warmups, trials):
     """Time op() `trials` times after `warmups` untimed runs.
 

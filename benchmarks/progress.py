@@ -9,6 +9,9 @@ Per mode, in one run (medians over --trials, the slowest rank):
                       thread of its own: the time the exchange could hide behind;
   exchange alone      Allreduce(IN_PLACE) of --size bytes; its wall time and the CPU time the
                       process spent meanwhile (cpu/wall: how much of a core the exchange takes);
+                      and the busy time of the whole machine meanwhile, from /proc/stat, over
+                      every alone trial (machine cores: what every rank's process *and* the
+                      kernel's TCP work cost together; softirq time is charged to no process);
   both                the exchange on this thread while the compute thread runs;
   hidden              1 - (both - compute alone) / exchange alone.
 Modes: 'blocking' is MPI_Allreduce (MPICH busy-polls inside it); 'poll:U' is MPI_Iallreduce
@@ -61,11 +64,15 @@ def slowest(value):
     return COMM.allreduce(value, op=MPI.MAX)
 
 
-def timed(fn):
+def timed(fn, busy=None):
     COMM.Barrier()
+    start = common.machine_busy() if busy is not None else 0.0
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return slowest(time.perf_counter() - wall), slowest(time.process_time() - cpu)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if busy is not None:
+        busy.append((common.machine_busy() - start, wall))
+    return slowest(wall), slowest(cpu)
 
 
 def both(buf, poll_us, work):
@@ -92,20 +99,23 @@ def main():
     rows = []
     for name, poll in modes:
         exchange(buf, poll)   # warm
-        alone = [timed(lambda: exchange(buf, poll)) for _ in range(args.trials)]
+        busy = []
+        alone = [timed(lambda: exchange(buf, poll), busy) for _ in range(args.trials)]
+        machine = sum(b for b, _ in busy) / sum(w for _, w in busy)
         joint = [both(buf, poll, work)[0] for _ in range(args.trials)]
         wall = float(np.median([a[0] for a in alone]))
         cpu = float(np.median([a[1] for a in alone]))
         together = float(np.median(joint))
-        rows.append((name, wall, cpu / wall, together, 1 - (together - compute_alone) / wall))
+        rows.append((name, wall, cpu / wall, machine, together,
+                     1 - (together - compute_alone) / wall))
     if COMM.rank == 0:
         print('%d ranks, %s per exchange, compute alone %.1f ms (%d matmuls)'
               % (COMM.size, common.format_size(args.size), compute_alone * 1e3, work))
-        print('%-12s %12s %10s %10s %8s' % ('mode', 'exchange ms', 'cpu/wall', 'both ms',
-                                             'hidden'))
-        for name, wall, share, together, hidden in rows:
-            print('%-12s %12.1f %10.2f %10.1f %8.2f' % (name, wall * 1e3, share,
-                                                         together * 1e3, hidden))
+        print('%-12s %12s %10s %14s %10s %8s' % ('mode', 'exchange ms', 'cpu/wall',
+                                                  'machine cores', 'both ms', 'hidden'))
+        for name, wall, share, machine, together, hidden in rows:
+            print('%-12s %12.1f %10.2f %14.2f %10.1f %8.2f' % (name, wall * 1e3, share, machine,
+                                                                together * 1e3, hidden))
 
 
 if __name__ == '__main__':
