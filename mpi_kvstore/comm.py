@@ -53,6 +53,8 @@ class CApi:
         lib = ctypes.CDLL(_loaded_libmpi())
         address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
         self.allreduce = address(lib.MPI_Allreduce)
+        self.iallreduce = address(lib.MPI_Iallreduce)
+        self.test = address(lib.MPI_Test)
         self.bcast = address(lib.MPI_Bcast)
         self.barrier = address(lib.MPI_Barrier)
         self.in_place = int(MPI.IN_PLACE)
@@ -235,7 +237,7 @@ class Comm:
                 self._allreduce_via_leaders(data)
         elif self.size > 1 and self._progress_us and data.nbytes >= self._progress_min:
             wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
-                         self._progress_us)
+                         self._progress_us, PROGRESS_TESTS)
         elif self.size > 1:
             self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
         if staged:
@@ -285,7 +287,13 @@ class Comm:
         return self.mpi.Iallreduce(MPI.IN_PLACE, msg, op=MPI.MIN)
 
     def check_min(self, msg):
-        self.mpi.Allreduce(MPI.IN_PLACE, msg, op=MPI.MIN)
+        """Blocking elementwise MIN of an int32 message, in place. Where allreduces are
+        polled (progress), so is this, as chained's compiled op polls its agreement: an
+        MPI_Allreduce on one rank never matches an MPI_Iallreduce on another."""
+        if self.size > 1 and self._progress_us:
+            wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, msg, op=MPI.MIN), AGREEMENT_POLL_US)
+        else:
+            self.mpi.Allreduce(MPI.IN_PLACE, msg, op=MPI.MIN)
 
     def free(self):
         try:
@@ -319,11 +327,21 @@ class _Steps:
             raise self.errors[0]
 
 
-def wait_polling(request, poll_us):
+# Tests per wake-up while a large allreduce is progressed with sleeps: MPICH moves a
+# bounded amount of data per Test (over TCP, one pass over the sockets), so one Test
+# per sleep throttled a 2 MB allreduce to 2.4x its blocking time; 8 in a row drain what
+# arrived meanwhile and kept its speed (3 Gbit/s test hosts, benchmarks/progress.py).
+PROGRESS_TESTS = 8
+# The longest sleep between polls of a polled agreement (config's poll_us default).
+AGREEMENT_POLL_US = 50.0
+
+
+def wait_polling(request, poll_us, tests=1):
     """Wait for an MPI request without pinning a core: spin briefly, then sleep.
 
     Ranks reach a negotiation at different times; a blocking wait would spin
-    a core that the other rank's backward pass needs.
+    a core that the other rank's backward pass needs. Each wake-up calls Test
+    up to ``tests`` times in a row before sleeping again.
     """
     start = time.perf_counter()
     sleep = 1e-6
@@ -332,3 +350,6 @@ def wait_polling(request, poll_us):
             continue
         time.sleep(sleep)
         sleep = min(sleep * 2, poll_us * 1e-6)
+        for _ in range(tests - 1):
+            if request.Test():
+                return

@@ -125,13 +125,16 @@ OPTIONS: Tuple[Option, ...] = (
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg),
     Option('progress_sleep_us', float, 0.0, 'microseconds',
-           'Experimental: allreduces of at least progress_min_bytes run as MPI_Iallreduce '
-           'polled with sleeps of up to this long, so the exchange leaves the core to '
-           'compute instead of busy-polling in MPI (benchmarks/progress.py). 0: blocking '
-           'MPI_Allreduce. Not used by chained\'s compiled op.', _nonneg),
-    Option('progress_min_bytes', _parse_bytes, 8 << 20, 'bytes',
-           'Smallest allreduce that progress_sleep_us applies to (below it, sleeping between '
-           'polls slowed MPICH\'s phases more than it saved).', _nonneg),
+           'Allreduces of at least progress_min_bytes run as MPI_Iallreduce polled with '
+           'sleeps of up to this long (8 MPI_Test calls per wake-up), so the exchange leaves '
+           'the core to compute instead of busy-polling in MPI: for training across hosts on '
+           'busy cores (README, Across hosts). Chained\'s compiled op polls its agreement '
+           'too. It adds latency over shared memory (benchmarks/allreduce.py). 0: blocking '
+           'MPI_Allreduce.', _nonneg),
+    Option('progress_min_bytes', _parse_bytes, 0, 'bytes',
+           'Smallest allreduce that progress_sleep_us applies to; smaller ones block in '
+           'MPI_Allreduce (0: every one). On 3 Gbit/s test hosts 0, 256 KB and 1 MB trained '
+           'alike.', _nonneg),
     # Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS is 60 too: long enough that a slow first
     # step (graph building, a large model's backward) never reads as a stall.
     Option('stall_warning', float, 60.0, 'seconds',

@@ -53,10 +53,15 @@ __all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'mark_ready_address'
            'SCALES', 'Stage']
 
 # Header words. ONE holds 1 (what an eventfd write adds); MSG and MINE hold 6 int32
-# each: the agreement message after the MIN, and this rank's own.
+# each: the agreement message after the MIN, and this rank's own. POLL_US: the longest
+# sleep between polls of the agreement (0: a blocking MPI_Allreduce); PROGRESS_US: the
+# same for a polled bucket (ALLREDUCE_POLLED); REQUEST, FLAG and STATUS (8 words) are
+# where MPI_Iallreduce and MPI_Test write.
 (STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
  BUCKET, ERRCODE, MSGLEN, FNS) = range(16)
-MSG, MINE, HEADER = 16, 20, 24
+MSG, MINE = 16, 20
+POLL_US, PROGRESS_US, REQUEST, FLAG, STATUS = 24, 25, 26, 27, 28
+HEADER = 36
 SLOT = 9                              # words per array
 _DATA, _DEVICE, _OFFSET, _NBYTES = 2, 3, 7, 8   # within a slot
 BSLOT = 8                             # words per bucket
@@ -65,7 +70,12 @@ _DL_TENSOR_BYTES = 48
 _DL_CPU, _DL_CUDA_HOST = 1, 3
 
 PENDING, READY, DONE = 0, 1, 2        # STATE
-ALLREDUCE, BCAST, BARRIER = 0, 1, 2   # bucket kinds
+ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # bucket kinds
+# A polled wait first calls MPI_Test SPIN_TESTS times in a row (the other ranks are
+# often there already), then sleeps, doubling from 1 us up to its limit, and calls
+# MPI_Test up to TESTS_PER_WAKE times after each sleep (comm.PROGRESS_TESTS: MPICH
+# moves a bounded amount of data per Test).
+SPIN_TESTS, TESTS_PER_WAKE = 32, 8
 # How an averaged bucket is divided by the number of ranks, by dtype (as Design._average:
 # floats multiply by 1/size in their own precision, integers floor-divide).
 SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3,
@@ -90,7 +100,7 @@ class Stage(enum.IntEnum):
 # address every record carries (FNS), so numba caches it on disk (cache=True) and a
 # process loads it instead of compiling it (see _compile).
 (F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_ALLREDUCE, F_BCAST, F_BARRIER,
- C_IN_PLACE, C_SUM, C_MIN, C_INT32, TABLE) = range(13)
+ C_IN_PLACE, C_SUM, C_MIN, C_INT32, F_USLEEP, F_IALLREDUCE, F_TEST, TABLE) = range(16)
 
 _table = []        # [the table (int64 array), what keeps its entries alive]
 _fallbacks = {}    # record address -> what finishes its op in Python
@@ -111,9 +121,9 @@ def _functions():
         libc = ctypes.CDLL(None)
         table = np.zeros(TABLE, dtype=np.int64)
         entry = engine.python_entry(_run_in_python)
-        table[[F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON]] = [
+        table[[F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_USLEEP]] = [
             address_of('MXNDArrayToDLPack'), address_of('MXNDArrayCallDLPackDeleter'),
-            _address(libc.memcpy), _address(libc.write), _address(entry)]
+            _address(libc.memcpy), _address(libc.write), _address(entry), _address(libc.usleep)]
         _table.extend([table, entry])
     return _table[0]
 
@@ -122,8 +132,10 @@ def _add_mpi(table):
     if not table[F_ALLREDUCE]:
         from .comm import c_api  # noqa: WPS433 (mpi4py is loaded: a store exists)
         api = c_api()
-        table[[F_ALLREDUCE, F_BCAST, F_BARRIER, C_IN_PLACE, C_SUM, C_MIN, C_INT32]] = [
-            api.allreduce, api.bcast, api.barrier, api.in_place, api.sum, api.min, api.int32]
+        table[[F_ALLREDUCE, F_BCAST, F_BARRIER, C_IN_PLACE, C_SUM, C_MIN, C_INT32,
+               F_IALLREDUCE, F_TEST]] = [
+            api.allreduce, api.bcast, api.barrier, api.in_place, api.sum, api.min, api.int32,
+            api.iallreduce, api.test]
 
 
 # -- compiled code ------------------------------------------------------------------------
@@ -173,6 +185,9 @@ _call_write = _caller(64, (32, 64, 64))             # write(fd, buf, n)
 _call_void_1 = _caller(0, (64,))                    # the Python entry (engine.python_entry)
 _call_void_3 = _caller(0, (64, 64, 64))             # the engine's completion callback
 _call_allreduce = _caller(32, (64, 64, 32, 64, 64, 64))
+_call_iallreduce = _caller(32, (64, 64, 32, 64, 64, 64, 64))
+_call_test = _caller(32, (64, 64, 64))              # MPI_Test(request*, flag*, status*)
+_call_usleep = _caller(32, (32,))
 _call_bcast = _caller(32, (64, 32, 64, 32, 64))
 _f32, _f64 = _typed_pointer(types.float32), _typed_pointer(types.float64)
 _i32, _i64 = _typed_pointer(types.int32), _typed_pointer(types.int64)
@@ -258,6 +273,34 @@ def _copy_arrays(rec, first, arrays, fused, into_fused):
 
 
 @numba.njit(cache=True)
+def _allreduce(rec, ptr, count, dtype, op, comm, poll_us):
+    """MPI_Allreduce in place; with poll_us > 0, MPI_Iallreduce then MPI_Test with sleeps
+    of up to poll_us (the engine worker leaves its core to compute while it waits, as
+    comm.wait_polling does in Python). -> MPI's error code."""
+    fns = _table_of(rec)
+    if poll_us <= 0:
+        return _call_allreduce(fns[F_ALLREDUCE], (fns[C_IN_PLACE], ptr, count, dtype, op, comm))
+    base = rec[SELF]
+    rec[REQUEST] = 0
+    err = _call_iallreduce(fns[F_IALLREDUCE], (fns[C_IN_PLACE], ptr, count, dtype, op, comm,
+                                               base + 8 * REQUEST))
+    if err != 0:
+        return err
+    tests, sleep = SPIN_TESTS, 1
+    while True:
+        for _ in range(tests):
+            rec[FLAG] = 0
+            err = _call_test(fns[F_TEST], (base + 8 * REQUEST, base + 8 * FLAG, base + 8 * STATUS))
+            if err != 0:
+                return err
+            if rec[FLAG] & 0xffffffff:
+                return 0
+        _call_usleep(fns[F_USLEEP], (sleep,))
+        sleep = min(2 * sleep, poll_us)
+        tests = TESTS_PER_WAKE
+
+
+@numba.njit(cache=True)
 def _run_bucket(rec, count, b, size, comm):
     """-> MPI's error code (0: success)."""
     fns = _table_of(rec)
@@ -274,8 +317,8 @@ def _run_bucket(rec, count, b, size, comm):
     if arrays > 1:
         ptr = rec[s + _FUSION]
         _copy_arrays(rec, first, arrays, ptr, True)
-    err = _call_allreduce(fns[F_ALLREDUCE], (fns[C_IN_PLACE], ptr, rec[s + _COUNT],
-                                             rec[s + _DTYPE], fns[C_SUM], comm))
+    err = _allreduce(rec, ptr, rec[s + _COUNT], rec[s + _DTYPE], fns[C_SUM], comm,
+                     rec[PROGRESS_US] if kind == ALLREDUCE_POLLED else 0)
     if err != 0:
         return err
     _scale(ptr, rec[s + _COUNT], rec[s + _SCALE], size)
@@ -314,8 +357,8 @@ def _run_chained(run_ctx, on_complete, param):
     fns, comm = _table_of(rec), rec[COMM]
     if rec[MSGLEN] > 0:
         rec[MSG:MSG + 3] = rec[MINE:MINE + 3]
-        err = _call_allreduce(fns[F_ALLREDUCE], (fns[C_IN_PLACE], rec[SELF] + 8 * MSG,
-                                                 rec[MSGLEN], fns[C_INT32], fns[C_MIN], comm))
+        err = _allreduce(rec, rec[SELF] + 8 * MSG, rec[MSGLEN], fns[C_INT32], fns[C_MIN], comm,
+                         rec[POLL_US])
         if err != 0:
             _hand_over(rec, MPI_ERROR, -1, err)
             return
@@ -405,17 +448,24 @@ class ChainedPlan:
     ``buckets``: lists of requests as fusion.plan made them; ``message``: this rank's
     agreement message (agreement.group_message), or None when it runs alone;
     ``fusion(dtype, count)``: a host buffer for a fused bucket. Ops run one at a time
-    (the chain), so every op of a plan may share its buffers.
+    (the chain), so every op of a plan may share its buffers. ``progress``: (longest
+    sleep in us, smallest bucket in bytes) of polled allreduces (config's
+    progress_sleep_us and progress_min_bytes; a sleep of 0: every MPI call blocks);
+    where it polls, the agreement is polled too, with sleeps of up to ``poll_us``.
     """
 
     __slots__ = ('record', 'spans', 'keep', 'handles')
 
-    def __init__(self, buckets, comm, message, eventfd, fusion):
+    def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0):
         reqs = [r for bucket in buckets for r in bucket]
         arrays = [r.array for r in reqs if r.array is not None]
         rec = NativeOp(arrays, reqs, eventfd, extra=BSLOT * len(buckets)).record
         rec[SELF] = 0
         rec[COMM], rec[SIZE], rec[NBUCKETS] = comm.handle, comm.size, len(buckets)
+        sleep_us, min_bytes = progress
+        if sleep_us > 0:
+            rec[PROGRESS_US] = max(1, int(sleep_us))
+            rec[POLL_US] = max(1, int(poll_us))
         rec[HEADER + _NBYTES:HEADER + SLOT * len(arrays):SLOT] = [
             r.nbytes for r in reqs if r.array is not None]
         if message is not None and comm.size > 1:
@@ -427,7 +477,10 @@ class ChainedPlan:
             words = rec[HEADER + SLOT * len(arrays) + BSLOT * b:][:BSLOT]
             kind = {'allreduce': ALLREDUCE, 'bcast': BCAST, 'barrier': BARRIER}[head.kind]
             arrays_here = sum(r.array is not None for r in bucket)
-            count = sum(r.nbytes for r in bucket) // head.dtype.itemsize if head.dtype else 0
+            nbytes = sum(r.nbytes for r in bucket)
+            count = nbytes // head.dtype.itemsize if head.dtype else 0
+            if kind == ALLREDUCE and rec[PROGRESS_US] and nbytes >= min_bytes:
+                kind = ALLREDUCE_POLLED
             words[_KIND], words[_FIRST], words[_ARRAYS], words[_COUNT] = (
                 kind, first, arrays_here, count)
             if head.dtype is not None:

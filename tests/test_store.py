@@ -121,10 +121,20 @@ def test_native_ops_run_no_python_on_engine_threads(design, native):
         'kv_native[%s, native=%s]' % (design, native))
 
 
-@pytest.mark.parametrize('design', ['funneled', 'concurrent', 'blocking'])
+def test_chained_native_op_polls_with_sleeps():
+    """progress_sleep_us with chained: its compiled op runs the agreement and every bucket
+    as MPI_Iallreduce polled with sleeps; kv_native checks the sums against numpy and that
+    no call entered Python on an engine thread."""
+    _ok(run_mpi(2, 'kv_native.py', 'chained', '1', timeout=180,
+                env={'MPI_KVSTORE_PROGRESS_SLEEP_US': '100', 'MPI_KVSTORE_PROGRESS_MIN_BYTES': '0'}),
+        'kv_native[chained, native=1]')
+
+
+@pytest.mark.parametrize('design', ['funneled', 'concurrent', 'blocking', 'chained'])
 def test_sleep_polled_allreduce_gives_the_same_sums(design):
-    """progress_sleep_us: every allreduce (min bytes 0) as Iallreduce polled with sleeps;
-    kv_forms checks its sums against numpy."""
+    """progress_sleep_us: every allreduce (min bytes 0) as Iallreduce polled with sleeps
+    (chained: in its compiled op, the agreement too); kv_forms checks its sums against
+    numpy."""
     _ok(run_mpi(2, 'kv_forms.py', design, env={'MPI_KVSTORE_PROGRESS_SLEEP_US': '200',
                                                 'MPI_KVSTORE_PROGRESS_MIN_BYTES': '0'}),
         'kv_forms[%s]' % design)

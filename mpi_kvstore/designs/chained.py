@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import agreement, engine, native
-from ..comm import MPI, Comm, c_datatype
+from ..comm import AGREEMENT_POLL_US, MPI, Comm, c_datatype
 from ..fusion import BufferPool, plan
 from ..timeline import op_name
 from .base import Design, progress as _progress
@@ -119,7 +119,8 @@ class Chained(Design):
         message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
                    if self.size > 1 else None)
         found = native.ChainedPlan(plan(reqs, self.config.fusion_threshold), self._comm,
-                                   message, self._waker.fd, self._fusion_buffer)
+                                   message, self._waker.fd, self._fusion_buffer,
+                                   _progress(self.config), AGREEMENT_POLL_US)
         found.handles = engine.Handles(arrays + [self._chain])
         return found
 
