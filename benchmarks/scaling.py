@@ -91,6 +91,10 @@ def parse_args(argv=None):
                              f'32x32 models, 4 for resnet50_v1; quick {QUICK_BATCH})')
     parser.add_argument('--designs', default=None,
                         help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
+    parser.add_argument('--trainer-designs', default=None, type=lambda t: [d for d in t.split(',') if d],
+                        help="comma-separated designs for mpi_kvstore.DistributedTrainer, which may "
+                             "carry store options and the trainer's group_bytes: "
+                             "'chained,funneled+group_bytes=0' (default: the default design)")
     parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
     parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
     parser.add_argument('--raw-allreduce', type=common.parse_sizes, default=None, metavar='SIZES',
@@ -234,14 +238,20 @@ def store_config(run, model, design):
                     model.batch * COMM.size, _closer(run, kv))    # the store sums over ranks
 
 
-def distributed_trainer_config(run, model):
-    """The grouped exchange, on a store of the default design (MPI_KVSTORE_DESIGN or funneled)."""
-    kv, why = common.create_store(None, run.args.timeout)
+def distributed_trainer_config(run, model, spec=None):
+    """The grouped exchange, on a store of design spec (None: the default design,
+    MPI_KVSTORE_DESIGN or funneled). The spec may carry '+group_bytes=N' for the trainer."""
+    parts = (spec or '').split('+')
+    group = [p.split('=', 1)[1] for p in parts if p.startswith('group_bytes=')]
+    store_spec = '+'.join(p for p in parts if not p.startswith('group_bytes=')) or None
+    kv, why = common.create_store(store_spec, run.args.timeout)
+    name = f'DistributedTrainer:{spec or kv.design if not why else spec}'
     if why:
-        return run.skip('DistributedTrainer', why)
-    trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv)
-    return _trained(f'DistributedTrainer:{kv.design}', model, trainer, model.batch * COMM.size,
-                    _closer(run, kv))
+        return run.skip(name, why)
+    extra = {'group_bytes': 0 if group and group[0] == '0' else common.parse_size(group[0])} if group else {}
+    trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv,
+                                             **extra)
+    return _trained(name, model, trainer, model.batch * COMM.size, _closer(run, kv))
 
 
 def horovod_config(run, model):
@@ -263,7 +273,9 @@ def make_configs(run, model, dist_sync, index):
     configs = [Config('single', step_op(model, sgd_trainer(model, None), model.batch), ranks=1),
                Config('none', step_op(model, sgd_trainer(model, None), model.batch))]
     configs += [store_config(run, model, design) for design in common.designs(run.args.designs)]
-    configs += [distributed_trainer_config(run, model), horovod_config(run, model)]
+    configs += [distributed_trainer_config(run, model, spec)
+                for spec in (run.args.trainer_designs or [None])]
+    configs += [horovod_config(run, model)]
     if dist_sync.kv is not None:
         configs.append(_trained('dist_sync', model,
                                 sgd_trainer(model, ShiftedKeys(dist_sync.kv, index * KEY_STRIDE)),
@@ -282,13 +294,20 @@ def wait_idle(comm, poll=0.005):
 
 
 def time_once(run, what, op, ranks):
-    """Seconds of one run of op on the slowest of `ranks` ranks (1: rank 0, others idle)."""
+    """(seconds, machine busy seconds) of one run of op on the slowest of `ranks` ranks (1: rank
+    0, others idle). The busy seconds (all cores of the machine, kernel included) are counted
+    only when every rank runs on one machine (run.one_machine), else None."""
+    busy = common.machine_busy() if run.one_machine and COMM.rank == 0 else None
     with common.deadline(run.args.timeout, what, run.on_expire):
         if ranks == COMM.size:
-            return common.measure(COMM, op, 0, 1)[0]
-        seconds = common.measure(MPI.COMM_SELF, op, 0, 1)[0] if COMM.rank == 0 else None
-        wait_idle(COMM)
-        return COMM.bcast(seconds, root=0)
+            seconds = common.measure(COMM, op, 0, 1)[0]
+        else:
+            seconds = common.measure(MPI.COMM_SELF, op, 0, 1)[0] if COMM.rank == 0 else None
+            wait_idle(COMM)
+            seconds = COMM.bcast(seconds, root=0)
+    if busy is not None:
+        busy = common.machine_busy() - busy
+    return seconds, COMM.bcast(busy, root=0)
 
 
 def rounds(run, model, jobs, phase):
@@ -298,9 +317,11 @@ def rounds(run, model, jobs, phase):
     times = {name: [] for name, _, _ in jobs}
     for r in range(run.args.warmups + run.args.trials):
         for name, op, ranks in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
-            seconds = time_once(run, f'{model.name} {name} ({phase})', op, ranks)
+            seconds, busy = time_once(run, f'{model.name} {name} ({phase})', op, ranks)
             if r >= run.args.warmups:
                 times[name].append(seconds)
+                if busy is not None:
+                    run.busy.setdefault((model.name, phase, name), []).append(busy)
     return times
 
 
@@ -365,6 +386,9 @@ class Run:
 
     def __init__(self, args):
         self.args, self.models, self.skipped, self.on_expire = args, {}, {}, None
+        self.one_machine = common.one_machine(COMM)
+        self.cores = os.cpu_count()
+        self.busy = {}          # (model, phase, config) -> [machine busy seconds per round]
         base = os.path.join(args.out, f'scaling_n{COMM.size}')
         self.json_path, self.png_path = base + '.json', base + '.png'
 
@@ -372,7 +396,11 @@ class Run:
         entry = self.models.setdefault(model.name, {'info': model.info(), 'rows': []})
         entry['rows'].append({'config': config.name, 'ranks': config.ranks,
                               'images_per_step': model.batch * config.ranks,
-                              'step_times_s': step_times, 'exchange_alone_times_s': alone_times})
+                              'step_times_s': step_times, 'exchange_alone_times_s': alone_times,
+                              'step_busy_s': self.busy.get((model.name, 'training', config.name)),
+                              'exchange_alone_busy_s':
+                                  self.busy.get((model.name, 'exchange alone', config.name)),
+                              'machine_cores': self.cores if self.one_machine else None})
         self.save()
 
     def add_raw(self, model, times):
@@ -413,6 +441,14 @@ DEFINITIONS = {
     'hidden': '1 - (step time - step time of `none`) / exchange alone: the share of the exchange '
               'that training hid (1: all of it; 0: none, the exchange adds its whole time; '
               '< 0: inside training it costs more than alone)',
+    'busy_cores': 'only when every rank runs on one machine (test hosts): CPU the whole machine '
+                  'spent per step (/proc/stat: every process, and the kernel\'s TCP work that no '
+                  'process is charged for) / step time',
+    'exchange_cpu_ms': 'the same, core-ms the whole machine spent per exchange alone',
+    'cpu_floor_ms': "(core-ms of a step of `none` + exchange_cpu_ms) / the machine's cores: no "
+                    'schedule can step faster while compute and exchange share those cores',
+    'hidden_max': '1 - (cpu_floor_ms - step time of `none`) / exchange alone: the most of the '
+                  'exchange any overlap can hide on this machine',
 }
 
 
@@ -438,6 +474,24 @@ def derive(rows):
         row['overhead_pct'] = 100 * (step / none_step - 1) if none_step else None
         row['hidden'] = (1 - (step - none_step) / _stats(alone)[0]
                          if none_step and alone and row['ranks'] > 1 else None)
+        _derive_cpu(row, none)
+
+
+def _derive_cpu(row, none):
+    """busy_cores, exchange_cpu_ms, cpu_floor_ms and hidden_max (DEFINITIONS), where known."""
+    cores = row.get('machine_cores')
+    busy, alone_busy = row.get('step_busy_s'), row.get('exchange_alone_busy_s')
+    row.update(busy_cores=None, exchange_cpu_ms=None, cpu_floor_ms=None, hidden_max=None)
+    if not cores or not busy:
+        return
+    row['busy_cores'] = float(np.median(busy)) / (row['step_ms'] * 1e-3)
+    if not alone_busy or not none or not none.get('step_busy_s') or row['ranks'] < 2:
+        return
+    row['exchange_cpu_ms'] = float(np.median(alone_busy)) * 1e3
+    none_cpu_ms = float(np.median(none['step_busy_s'])) * 1e3
+    none_ms = _stats(none['step_times_s'])[0] * 1e3
+    row['cpu_floor_ms'] = max(none_ms, (none_cpu_ms + row['exchange_cpu_ms']) / cores)
+    row['hidden_max'] = 1 - (row['cpu_floor_ms'] - none_ms) / row['exchange_alone_ms']
 
 
 def _cell(value, spec, width, suffix=''):
@@ -470,11 +524,26 @@ def print_model(run, name):
                        f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
     for row in entry['rows']:
         common.rank0_print(_row_text(row))
+    _print_cpu(entry['rows'])
     if entry.get('raw_allreduce'):
         common.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
                            ', '.join(f'{common.format_size(r["bytes"])} {r["median_ms"]:.2f}'
                                      for r in entry['raw_allreduce']))
     _print_verdict(entry['rows'])
+
+
+def _print_cpu(rows):
+    rows = [r for r in rows if r.get('busy_cores') is not None]
+    if not rows:
+        return
+    common.rank0_print(f'every rank on this machine ({rows[0]["machine_cores"]} cores): CPU per step, '
+                       'and the fastest step those cores allow')
+    common.rank0_print(f'{"config":<28}{"busy cores":>11}{"exch cpu(ms)":>13}{"cpu floor(ms)":>14}'
+                       f'{"hidden max":>11}')
+    for row in rows:
+        common.rank0_print(f'{row["config"]:<28}{row["busy_cores"]:11.2f}'
+                           f'{_cell(row["exchange_cpu_ms"], ".1f", 13)}'
+                           f'{_cell(row["cpu_floor_ms"], ".1f", 14)}{_cell(row["hidden_max"], ".2f", 11)}')
 
 
 def _print_verdict(rows):

@@ -78,6 +78,9 @@ def parse_args(argv=None):
     parser.add_argument('--models', help=f'scaling.py models (default {DEFAULT_MODELS})')
     parser.add_argument('--designs', help="scaling.py designs (default: every design; a design may "
                                           "carry store options: 'funneled+fusion_threshold=0')")
+    parser.add_argument('--trainer-designs',
+                        help="scaling.py's designs for mpi_kvstore.DistributedTrainer (default: the "
+                             "default design); e.g. 'chained,funneled+group_bytes=0'")
     parser.add_argument('--warmup-steps', dest='warmups', type=int,
                         help=f'untimed rounds per job (default {DEFAULT_WARMUPS})')
     parser.add_argument('--steps', type=int, help=f'timed rounds per job (default {DEFAULT_STEPS})')
@@ -172,6 +175,8 @@ def scaling_argv(args, job, out_dir):
             '--no-dist-sync', '--timeout', f'{args.step_timeout:g}', '--out', out_dir]
     if args.designs:
         argv += ['--designs', args.designs]
+    if args.trainer_designs:
+        argv += ['--trainer-designs', args.trainer_designs]
     if args.batch_size:
         argv += ['--batch-size', str(args.batch_size)]
     if args.raw_sizes and args.raw_sizes != 'none':
@@ -211,7 +216,8 @@ def run_timeout(args, job):
     2 s per step and rank (4 ranks on 2 cores at 1 Gbit/s take about 1.5 s a step)."""
     if args.run_timeout:
         return args.run_timeout
-    configs = 3 + (len(_split(args.designs)) if args.designs else 4) + 1 + len(_split(args.raw_sizes))
+    configs = (3 + (len(_split(args.designs)) if args.designs else 4) + len(_split(args.raw_sizes))
+               + (len(_split(args.trainer_designs)) if args.trainer_designs else 1))
     rounds = (args.warmups + args.steps) * 2          # training rounds, then exchange alone
     models = len(_split(args.models))
     return max(600.0, STARTUP_S + models * rounds * configs * 2.0 * max(1, job.ranks // 2))

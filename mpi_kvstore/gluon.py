@@ -1,6 +1,8 @@
 """Gluon conveniences: broadcast_parameters and DistributedTrainer."""
 import types
 
+import numpy as np
+
 from mxnet import gluon
 
 from .collectives import broadcast_, default_store
@@ -46,27 +48,62 @@ def broadcast_parameters(params, root=0, store=None):
             _broadcast_param(param, name, root, store)
 
 
+# Bytes of gradients per grouped pushpull of DistributedTrainer (group_bytes).
+GROUP_BYTES = 4 << 20
+
+
+def _groups(items, limit):
+    """Split (key, grads, nbytes) items, in order, into runs of at most `limit` bytes
+    (a larger single item is a run of its own); limit <= 0: one run of everything."""
+    runs, run, size = [], [], 0
+    for item in items:
+        if run and limit > 0 and size + item[2] > limit:
+            runs.append(run)
+            run, size = [], 0
+        run.append(item)
+        size += item[2]
+    if run:
+        runs.append(run)
+    return runs
+
+
 class DistributedTrainer(gluon.Trainer):
     """A gluon.Trainer that broadcasts parameters at construction and exchanges
-    all gradients in one grouped pushpull per step.
+    gradients in grouped pushpulls, last layer first.
+
+    Backward produces the last layer's gradients first, while gluon.Trainer
+    pushes the first layer first. So this trainer pushes the parameters in
+    reverse, in groups of about ``group_bytes`` (default 4 MB): each group is
+    one engine operation that runs as soon as its own gradients exist, in the
+    order backward makes them, so every design (chained too, whose order is the
+    push order) overlaps the exchange with the rest of backward.
+    ``group_bytes=0``: one pushpull of every gradient (no overlap, the least
+    overhead per step).
 
     Gradients are summed over ranks: call ``step(global_batch_size)``; or pass
     ``average=True`` to the store and ``step(local_batch_size)``.
     """
 
-    def __init__(self, params, optimizer, optimizer_params=None, store=None, root=0):
+    def __init__(self, params, optimizer, optimizer_params=None, store=None, root=0,
+                 group_bytes=GROUP_BYTES):
+        if not isinstance(group_bytes, int) or isinstance(group_bytes, bool) or group_bytes < 0:
+            raise ValueError('DistributedTrainer: group_bytes must be an int >= 0, not %r'
+                             % (group_bytes,))
         store = store if store is not None else default_store()
         broadcast_parameters(params, root=root, store=store)
         super().__init__(params, optimizer, optimizer_params, kvstore=store,
                          update_on_kvstore=False)
+        self._group_bytes = group_bytes
 
     def _allreduce_grads(self):
         if not self._kvstore:
             return
-        keys, grads = [], []
-        for i, param in enumerate(self._params):
+        items = []
+        for i, param in reversed(list(enumerate(self._params))):
             if param.grad_req != 'null':
-                keys.append(i)
-                grads.append(param.list_grad())
-        if keys:
-            self._kvstore.pushpull(keys, grads, priority=0)
+                grads = param.list_grad()
+                items.append((i, grads, grads[0].size * np.dtype(grads[0].dtype).itemsize))
+        for run in _groups(items, self._group_bytes):
+            keys = [key for key, _, _ in run]
+            # Gluon's convention: the lower the key, the higher the priority.
+            self._kvstore.pushpull(keys, [grads for _, grads, _ in run], priority=-keys[-1])

@@ -1,6 +1,7 @@
 """Pure-Python parts: configuration, fusion planning, the key/value grammar."""
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from mpi_kvstore import config as cfg
 from mpi_kvstore.fusion import plan
@@ -108,3 +109,22 @@ def test_readme_options_table_is_generated_from_config():
     assert block, 'README lost its options-table markers'
     assert block.group(1) == cfg.options_table(), (
         'README options table is stale: regenerate with python -m mpi_kvstore --options-table')
+
+
+@given(st.lists(st.integers(0, 64), max_size=40), st.integers(0, 100))
+def test_distributed_trainer_groups_keep_order_and_size(sizes, limit):
+    """DistributedTrainer's groups: every gradient once, in order (last layer first, as
+    given); a group stays within group_bytes unless it is one gradient alone; 0: one group."""
+    from mpi_kvstore.gluon import _groups
+    items = [(key, None, nbytes) for key, nbytes in enumerate(sizes)]
+    runs = _groups(items, limit)
+    assert [item for run in runs for item in run] == items
+    assert all(run for run in runs)
+    if limit == 0:
+        assert len(runs) == (1 if items else 0)
+        return
+    for i, run in enumerate(runs):
+        total = sum(n for _, _, n in run)
+        assert total <= limit or len(run) == 1
+        if i + 1 < len(runs):    # greedy: the next item would not have fit
+            assert total + runs[i + 1][0][2] > limit

@@ -69,12 +69,24 @@ def check_deferred_initialisation():
     same_on_all_ranks(net.weight.data().asnumpy(), 'deferred weight')
 
 
-def check_distributed_trainer():
+def check_distributed_trainer(group_bytes):
+    """Training with DistributedTrainer equals one process training on every rank's batch
+    (sums differ only in their order of addition). group_bytes: the default (one group
+    for this small net), 256 (a group per gradient, pushed last layer first), 0 (one)."""
     mx.random.seed(RANK)                      # different starts: the trainer must broadcast
     net = conv_net()
     net.initialize()
     trainer = mpi_kvstore.DistributedTrainer(net.collect_params(), 'sgd',
-                                             {'learning_rate': 0.1}, store=kv)
+                                             {'learning_rate': 0.1}, store=kv,
+                                             **({} if group_bytes is None else
+                                                {'group_bytes': group_bytes}))
+    start = [p.data().asnumpy() for p in net.collect_params().values()]
+    reference = conv_net()
+    reference.initialize()
+    for p, value in zip(reference.collect_params().values(), start):
+        p.set_data(mx.nd.array(value))
+    alone = gluon.Trainer(reference.collect_params(), 'sgd', {'learning_rate': 0.1},
+                          kvstore=None)
     loss_fn = gluon.loss.L2Loss()
     for step in range(3):
         data = mx.nd.full((2, 3, 8, 8), RANK + step)
@@ -82,14 +94,24 @@ def check_distributed_trainer():
             loss = loss_fn(net(data), mx.nd.zeros((2, 4)))
         loss.backward()
         trainer.step(2 * SIZE)
-    for name, p in net.collect_params().items():
-        same_on_all_ranks(p.data().asnumpy(), name + ' after DistributedTrainer steps')
+        every = mx.nd.concat(*[mx.nd.full((2, 3, 8, 8), r + step) for r in range(SIZE)], dim=0)
+        with autograd.record():
+            loss = loss_fn(reference(every), mx.nd.zeros((2 * SIZE, 4)))
+        loss.backward()
+        alone.step(2 * SIZE)
+    for (name, p), q in zip(net.collect_params().items(), reference.collect_params().values()):
+        got = p.data().asnumpy()
+        same_on_all_ranks(got, name + ' after DistributedTrainer steps')
+        np.testing.assert_allclose(got, q.data().asnumpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg='%s: DistributedTrainer(group_bytes=%s) against one '
+                                           'process on the global batch' % (name, group_bytes))
 
 
 check_array_collectives()
 check_objects()
 check_broadcast_after_inference_forward()
 check_deferred_initialisation()
-check_distributed_trainer()
+for group_bytes in (None, 256, 0):
+    check_distributed_trainer(group_bytes)
 kv.wait()
 done('kv_helpers[%s]' % design_arg())
