@@ -33,6 +33,8 @@ setup(
         # Compiles the engine ops that must not run Python (native.py); 0.60 and 0.68
         # both work beside numpy<1.24.
         'numba>=0.60',
+        # bfloat16 for the bf16 wire compression (compression.py); 0.5.4 works with numpy<1.24.
+        'ml-dtypes>=0.5',
     ],
     extras_require={
         # The PyPI 'mpich' wheel gives a working mpiexec without root or a system MPI.

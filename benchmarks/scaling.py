@@ -93,8 +93,9 @@ def parse_args(argv=None):
                         help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
     parser.add_argument('--trainer-designs', default=None, type=lambda t: [d for d in t.split(',') if d],
                         help="comma-separated designs for mpi_kvstore.DistributedTrainer, which may "
-                             "carry store options and the trainer's group_bytes: "
-                             "'chained,funneled+group_bytes=0' (default: the default design)")
+                             "carry store options, the trainer's group_bytes and 2-bit gradient "
+                             "compression's threshold: 'chained,funneled+group_bytes=0,"
+                             "chained+compression=fp16,chained+2bit=0.01' (default: the default design)")
     parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
     parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
     parser.add_argument('--raw-allreduce', type=common.parse_sizes, default=None, metavar='SIZES',
@@ -243,12 +244,16 @@ def distributed_trainer_config(run, model, spec=None):
     MPI_KVSTORE_DESIGN or funneled). The spec may carry '+group_bytes=N' for the trainer."""
     parts = (spec or '').split('+')
     group = [p.split('=', 1)[1] for p in parts if p.startswith('group_bytes=')]
-    store_spec = '+'.join(p for p in parts if not p.startswith('group_bytes=')) or None
+    two_bit = [float(p.split('=', 1)[1]) for p in parts if p.startswith('2bit=')]
+    store_spec = '+'.join(p for p in parts
+                          if not p.startswith(('group_bytes=', '2bit='))) or None
     kv, why = common.create_store(store_spec, run.args.timeout)
     name = f'DistributedTrainer:{spec or kv.design if not why else spec}'
     if why:
         return run.skip(name, why)
     extra = {'group_bytes': 0 if group and group[0] == '0' else common.parse_size(group[0])} if group else {}
+    if two_bit:
+        extra['compression_params'] = {'type': '2bit', 'threshold': two_bit[0]}
     trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv,
                                              **extra)
     return _trained(name, model, trainer, model.batch * COMM.size, _closer(run, kv))

@@ -29,7 +29,7 @@ class Collective:
 
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'done', 'priority', 'in_place', 'mirror', 'waiter')
+                 'average', 'done', 'priority', 'in_place', 'mirror', 'waiter', 'codec')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None):
@@ -52,6 +52,7 @@ class Collective:
         self.mirror = False    # a joined rank's stand-in for another rank's collective
         self.done = False
         self.waiter = None     # waiter(req, timeout): how to wait when nobody calls finish()
+        self.codec = None      # compression.WireCast or TwoBit that runs it, if compressed
 
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'

@@ -282,6 +282,21 @@ class Comm:
     def barrier(self):
         self.mpi.Barrier()
 
+    def allgather(self, send, recv):
+        """Every rank's ``send`` (host buffers, one size everywhere) into ``recv``, in rank
+        order; polled with sleeps where allreduces are (progress)."""
+        if self._progress_us:
+            wait_polling(self.mpi.Iallgather(send, recv), self._progress_us, PROGRESS_TESTS)
+        else:
+            self.mpi.Allgather(send, recv)
+
+    def alltoall(self, send, recv):
+        """Chunk j of ``send`` to rank j; chunk i of ``recv`` from rank i (host buffers)."""
+        if self._progress_us:
+            wait_polling(self.mpi.Ialltoall(send, recv), self._progress_us, PROGRESS_TESTS)
+        else:
+            self.mpi.Alltoall(send, recv)
+
     def start_min(self, msg):
         """Non-blocking elementwise MIN of an int32 message, in place."""
         return self.mpi.Iallreduce(MPI.IN_PLACE, msg, op=MPI.MIN)

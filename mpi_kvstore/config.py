@@ -61,6 +61,13 @@ def _hierarchical(v):
         raise ValueError('expected auto, on or off') from None
 
 
+def _compression(v):
+    low = str(v).strip().lower()
+    if low not in ('none', 'fp16', 'bf16'):
+        raise ValueError('expected none, fp16 or bf16')
+    return low
+
+
 def _design(v):
     v = str(v).strip().lower()
     if v not in REGISTRY:
@@ -113,6 +120,11 @@ OPTIONS: Tuple[Option, ...] = (
     Option('average', _parse_bool, False, 'bool',
            'Divide reductions by the number of workers (Horovod style); default is SUM, '
            'as MXNet stores do.'),
+    Option('compression', _compression, 'none', 'name',
+           'Wire casting of float32 and float64 gradients (push, pushpull): fp16 or bf16 '
+           'halve the bytes; sums in float32, results bitwise identical on every rank, in '
+           'the original dtype (compression.py). none: exact MPI sums. For MXNet\'s 2-bit '
+           'compression, call kv.set_gradient_compression.'),
     Option('zero_copy', _parse_bool, True, 'bool',
            'Reduce a single in-place array directly in its own memory (no staging copy).'),
     Option('timeline', str, '', 'path',

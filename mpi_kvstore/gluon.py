@@ -82,17 +82,18 @@ class DistributedTrainer(gluon.Trainer):
 
     Gradients are summed over ranks: call ``step(global_batch_size)``; or pass
     ``average=True`` to the store and ``step(local_batch_size)``.
+    ``compression_params``: as gluon.Trainer's ({'type': '2bit', 'threshold': t}).
     """
 
     def __init__(self, params, optimizer, optimizer_params=None, store=None, root=0,
-                 group_bytes=GROUP_BYTES):
+                 group_bytes=GROUP_BYTES, compression_params=None):
         if not isinstance(group_bytes, int) or isinstance(group_bytes, bool) or group_bytes < 0:
             raise ValueError('DistributedTrainer: group_bytes must be an int >= 0, not %r'
                              % (group_bytes,))
         store = store if store is not None else default_store()
         broadcast_parameters(params, root=root, store=store)
         super().__init__(params, optimizer, optimizer_params, kvstore=store,
-                         update_on_kvstore=False)
+                         compression_params=compression_params, update_on_kvstore=False)
         self._group_bytes = group_bytes
 
     def _allreduce_grads(self):

@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import engine
+from . import compression, engine
 from .comm import MPI
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
@@ -56,6 +56,8 @@ class MPIKVStore(KVStoreBase):
         comm = MPI.COMM_WORLD if comm is None else comm
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._keys = KeyTable(self._config)
+        self._wire = compression.wire_cast(self._config.compression)
+        self._codec = None                # set_gradient_compression's (compression.TwoBit)
         self._errors = DeferredErrors()
         self._pending = collections.deque()
         self._closed = False
@@ -192,6 +194,9 @@ class MPIKVStore(KVStoreBase):
         plans = [self._keys.plan(entry, in_place_ok) for entry in entries]
         reqs = [self._request('allreduce', state, work, in_place=in_place)
                 for state, work, _, in_place in plans]
+        if self._codec is not None or self._wire is not None:
+            for req in reqs:
+                self._compress(req)
         self._submit(reqs, priority)
         for state, work, targets, _ in plans:
             self._keys.deliver(state, work, targets)
@@ -282,8 +287,20 @@ class MPIKVStore(KVStoreBase):
             self._require_updater().set_states(fh.read())
 
     def set_gradient_compression(self, compression_params):
-        raise MPIKVStoreError('gradient compression is not supported by mpi_kvstore yet '
-                              '(asked for %r)' % (compression_params,))
+        """MXNet's 2-bit compression of push and pushpull: {'type': '2bit', 'threshold': t}
+        (t defaults to 0.5), or {'type': 'none'}. Every rank must set the same (their calls
+        fail with RankMismatchError otherwise); it applies to the calls made after it, and
+        each key keeps its residual (compression.py)."""
+        self._begin()
+        self._codec = compression.from_params(compression_params)
+
+    def _compress(self, req):
+        """Mark a gradient exchange as compressed: its codec, and a signature that says so."""
+        for codec in (self._codec, self._wire):
+            if codec is not None and codec.applies_to(req.dtype):
+                req.codec = codec
+                req.sig = compression.sign(req.sig, codec.spec)
+                return
 
     # -- synchronisation ----------------------------------------------------------
     def wait(self):

@@ -121,6 +121,15 @@ def test_native_ops_run_no_python_on_engine_threads(design, native):
         'kv_native[%s, native=%s]' % (design, native))
 
 
+@pytest.mark.parametrize('nprocs', [2, 3])
+@pytest.mark.parametrize('design', DESIGNS)
+def test_gradient_compression_matches_numpy_simulation(design, nprocs):
+    """2-bit (set_gradient_compression, MXNet's semantics) and fp16/bf16 wire casting,
+    against numpy simulations of every rank; mismatches and overflow raise everywhere."""
+    _ok(run_mpi(nprocs, 'kv_compression.py', design, timeout=240),
+        'kv_compression[%s]' % design)
+
+
 def test_chained_native_op_polls_with_sleeps():
     """progress_sleep_us with chained: its compiled op runs the agreement and every bucket
     as MPI_Iallreduce polled with sleeps; kv_native checks the sums against numpy and that

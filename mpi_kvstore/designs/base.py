@@ -108,9 +108,9 @@ class Design:
         if req.error is not None:  # this rank failed it first: that error says why
             return
         self.fail(req, RankMismatchError(
-            'ranks disagree on %s: every rank must issue the same keys, shapes and dtypes '
-            'in the same order (or a rank could not read its array: its own error says '
-            'why)' % req.describe()))
+            'ranks disagree on %s: every rank must issue the same keys, shapes, dtypes and '
+            'gradient compression in the same order (or a rank could not read its array: its '
+            'own error says why)' % req.describe()))
 
     def reject(self, reqs):
         """Ranks agreed that these do not match: fail and complete them, run nothing."""
@@ -231,6 +231,9 @@ class Design:
             bucket[0].result = bucket[0].fn(comm.mpi)
 
     def _allreduce(self, bucket, comm):
+        if any(r.codec is not None for r in bucket):
+            self._allreduce_coded(bucket, comm)
+            return
         if len(bucket) == 1:
             buf = bucket[0].buffer()
             comm.allreduce(buf)
@@ -244,6 +247,27 @@ class Design:
             view = req.buffer()
             view[...] = flat[offset:offset + view.size]
             offset += view.size
+
+    def _allreduce_coded(self, bucket, comm):
+        """A bucket with compressed requests: each codec exchanges its own (compression.py),
+        the rest are reduced as usual. Buckets and codecs are agreed, so every rank makes the
+        same calls in the same order."""
+        codecs = []
+        for req in bucket:
+            if req.codec is not None and req.codec not in codecs:
+                codecs.append(req.codec)
+        for codec in codecs:
+            reqs = [r for r in bucket if r.codec is codec]
+            failed = codec.exchange(reqs, comm)
+            for req in reqs:
+                if req in failed:
+                    if req.error is None:
+                        self.fail(req, failed[req])
+                else:
+                    self._average(req, req.buffer())
+        plain = [r for r in bucket if r.codec is None]
+        if plain:
+            self._allreduce(plain, comm)
 
     def _fuse(self, bucket, comm):
         """The bucket's data in one flat buffer; zeros of the agreed size if that fails here."""

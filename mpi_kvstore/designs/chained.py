@@ -194,7 +194,7 @@ class Chained(Design):
 
 def _native_can_run(reqs):
     for req in reqs:
-        if req.kind == 'custom':
+        if req.kind == 'custom' or req.codec is not None:   # compressed: compression.py
             return False
         if req.dtype is None:
             continue

@@ -1,0 +1,284 @@
+"""Gradient compression: codecs that run a bucket's exchange in fewer bytes.
+
+Horovod's compression.py wraps a compress and a decompress around the
+allreduce. Compressed values cannot be summed by MPI (it has no float16 or
+bfloat16 SUM, and 2-bit codes do not add up), so here a codec runs the whole
+exchange of a bucket instead, and the designs call it in place of the
+allreduce (Design._allreduce). Two kinds:
+
+- :class:`WireCast` (store option ``compression``: 'fp16' or 'bf16'): float32
+  and float64 gradients travel as 16-bit floats. Each rank prescales by 1/N
+  (against float16 overflow), an all-to-all hands chunk j of every rank to rank
+  j, which sums them in float32 in rank order, and an allgather brings the
+  16-bit sums back. Every rank decodes the same bits, so results are bitwise
+  identical everywhere, in the original dtype. Wire bytes: those of a ring
+  allreduce at half the width.
+- :class:`TwoBit` (``kv.set_gradient_compression({'type': '2bit',
+  'threshold': t})``), with MXNet's semantics (src/kvstore/
+  gradient_compression-inl.h): per key, ``residual += grad``; a value
+  ``>= t`` sends ``+t`` and keeps ``residual - t``, a value ``<= -t`` sends
+  ``-t`` and keeps ``residual + t``, any other sends 0. Four values per byte
+  (16 per float32, as MXNet packs them). The result of a pushpull is the sum
+  over ranks of the values sent. Codes cannot be summed, so every rank
+  allgathers every rank's codes and counts: ``t * (#(+t) - #(-t))``. An
+  allgather moves N times the codes, which beats a float32 allreduce while
+  N < 32 (beyond, a two-phase scheme would: not built).
+
+A codec's name and parameters (``spec``) are part of every request's
+signature, so ranks that compress differently get a RankMismatchError, not a
+hang. A rank whose own encoding fails still takes part, with zeros, and fails
+that request (ranks stay paired).
+"""
+import math
+import zlib
+
+import numba
+import numpy as np
+
+from .collective import SIG_LIMIT
+from .comm import MPI
+
+__all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign',
+           'pack_2bit', 'unpack_2bit', 'quantize_2bit']
+
+WIRE_TYPES = ('none', 'fp16', 'bf16')
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def sign(sig, spec):
+    """A request's signature, marked with the codec that runs it."""
+    return zlib.crc32(('%d|%r' % (sig, spec)).encode()) % SIG_LIMIT
+
+
+class WireCast:
+    """float32/float64 buckets exchanged as float16 or bfloat16 (see the module)."""
+
+    def __init__(self, kind):
+        if kind not in ('fp16', 'bf16'):
+            raise ValueError("compression must be one of %s, not %r" % (WIRE_TYPES, kind))
+        self.kind = kind
+        self.spec = (kind,)
+        if kind == 'fp16':
+            self.wire = np.dtype(np.float16)
+        else:
+            import ml_dtypes  # noqa: WPS433 (only where bf16 is asked for)
+            self.wire = np.dtype(ml_dtypes.bfloat16)
+
+    def applies_to(self, dtype):
+        return dtype in (np.float32, np.float64)
+
+    def exchange(self, reqs, comm):
+        """Sum the requests' buffers over ranks in place; -> {req: error} of local failures."""
+        n = comm.size
+        if n == 1:
+            return {}
+        failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
+        count = sum(sizes)
+        chunk = -(-count // n)
+        send = np.zeros(n * chunk, self.wire)
+        scale, offset = np.float32(1.0 / n), 0
+        with np.errstate(over='ignore', invalid='ignore'):
+            for req, size in zip(reqs, sizes):
+                try:   # prescaled and cast in one pass
+                    np.multiply(_host(req.buffer()).reshape(-1), scale, dtype=np.float32,
+                                out=send[offset:offset + size], casting='unsafe')
+                except Exception as err:    # noqa: B902 (not host memory: zeros, and it fails)
+                    failed[req] = err
+                    send[offset:offset + size] = 0
+                offset += size
+            recv = np.empty((n, chunk), self.wire)
+            comm.alltoall(send.view(np.uint16), recv.reshape(-1).view(np.uint16))
+            part = np.add.reduce(recv, axis=0, dtype=np.float32)    # in rank order
+            gathered = np.empty(n * chunk, self.wire)
+            gathered[comm.rank * chunk:(comm.rank + 1) * chunk] = part
+        comm.allgather(MPI.IN_PLACE, gathered.view(np.uint16))
+        # Every rank holds the same bits here, so every rank decides alike.
+        if self.kind == 'fp16' and (gathered[:count].view(np.uint16) & 0x7c00 == 0x7c00).any():
+            err = OverflowError(
+                'fp16 compression: the sum over ranks of this bucket is not finite in float16 '
+                '(each rank sends its values / %d; the largest float16 is %g): the gradients are '
+                'too large or not finite; use compression=bf16 (float32 range) or none'
+                % (n, FLOAT16_MAX))
+            return {**dict.fromkeys(reqs, err), **failed}
+        offset = 0
+        for req, size in zip(reqs, sizes):
+            if req not in failed:
+                buf = req.buffer()
+                np.multiply(gathered[offset:offset + size], np.float32(n), dtype=np.float32,
+                            out=buf.reshape(-1), casting='unsafe')
+            offset += size
+        return failed
+
+
+class TwoBit:
+    """MXNet's 2-bit gradient compression (see the module); holds the residuals."""
+
+    def __init__(self, threshold):
+        self.threshold = np.float32(threshold)
+        self.spec = ('2bit', float(self.threshold))
+        self._residuals = {}          # key -> float32 residual, this rank's
+
+    def applies_to(self, dtype):
+        return dtype == np.float32
+
+    def residual(self, key):
+        """This rank's residual of key (None before its first compressed exchange)."""
+        return self._residuals.get(key)
+
+    def exchange(self, reqs, comm):
+        """Sum the values each rank sends, in place; -> {req: error} of local failures."""
+        failed, spans, total = {}, [], 0
+        for req in reqs:
+            count = req.nbytes // 4
+            spans.append((total, count))
+            total += -(-count // 4)
+        n = comm.size
+        recv = np.empty((n, total), np.uint8)
+        send = recv[comm.rank] if n > 1 else recv[0]
+        for req, (offset, count) in zip(reqs, spans):
+            out = send[offset:offset + -(-count // 4)]
+            try:
+                view = _host(req.buffer()).reshape(-1)
+                if req.mirror:     # a joined rank's zeros: no residual of its own
+                    residual = np.zeros(count, np.float32)
+                else:
+                    residual = self._residuals.get(req.key)
+                    if residual is None or residual.size != count:
+                        residual = self._residuals[req.key] = np.zeros(count, np.float32)
+                _quantize_pack(view, residual, self.threshold, out)
+            except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+                failed[req] = err
+                out[...] = 0
+        if n > 1:
+            comm.allgather(MPI.IN_PLACE, recv.reshape(-1))
+        for req, (offset, count) in zip(reqs, spans):
+            if req not in failed:
+                buf = req.buffer()
+                _count_sum(recv[:, offset:offset + -(-count // 4)], count, self.threshold,
+                           buf.reshape(-1), _DELTAS)
+        return failed
+
+
+def _host(buf):
+    if not isinstance(buf, np.ndarray):
+        raise TypeError('gradient compression runs on host (CPU) arrays; this one is a %s'
+                        % type(buf).__name__)
+    return buf
+
+
+# 2-bit codes as MXNet writes them: 11 for +threshold, 10 for -threshold, 00 for 0; the
+# first value of a byte in its two highest bits.
+_POS, _NEG = 3, 2
+_SHIFTS = np.array([6, 4, 2, 0], np.uint8)
+
+
+def quantize_2bit(grad, residual, threshold):
+    """MXNet's quantize_2bit on float32 arrays: updates residual in place; -> codes (uint8)."""
+    residual += grad
+    up = residual >= threshold
+    down = residual <= -threshold
+    residual[up] -= threshold
+    residual[down] += threshold
+    codes = np.zeros(residual.size, np.uint8)
+    codes[up] = _POS
+    codes[down] = _NEG
+    return codes
+
+
+def pack_2bit(codes):
+    """Four 2-bit codes per byte, the first in the highest bits (zeros pad the end)."""
+    padded = np.zeros(-(-codes.size // 4) * 4, np.uint8)
+    padded[:codes.size] = codes
+    return np.bitwise_or.reduce(padded.reshape(-1, 4) << _SHIFTS, axis=1).astype(np.uint8)
+
+
+def unpack_2bit(packed, count):
+    """The codes of packed bytes (any leading shape), ``count`` per row."""
+    codes = (packed[..., None] >> _SHIFTS) & 3
+    return codes.reshape(packed.shape[:-1] + (-1,))[..., :count]
+
+
+@numba.njit(cache=True)
+def _quantize_pack(grad, residual, threshold, out):
+    """quantize_2bit then pack_2bit in one pass (the exchange's hot loop; selects instead of
+    branches, which random signs would mispredict)."""
+    neg, zero = -threshold, np.float32(0)
+    n = grad.size
+    for j in range(-(-n // 4)):
+        byte = 0
+        for k in range(4):
+            i = 4 * j + k
+            if i < n:
+                r = residual[i] + grad[i]
+                up = r >= threshold
+                down = r <= neg
+                residual[i] = r - (threshold if up else (neg if down else zero))
+                byte |= (_POS if up else (_NEG if down else 0)) << (6 - 2 * k)
+        out[j] = byte
+
+
+# byte -> its four values as -1, 0 or +1 (code 10 -> -1, 11 -> +1)
+_DELTAS = np.array([[(0, 0, -1, 1)[(b >> s) & 3] for s in (6, 4, 2, 0)] for b in range(256)],
+                   np.int32)
+
+
+@numba.njit(cache=True)
+def _count_sum(codes, count, threshold, out, deltas):
+    """out[i] = threshold * (ranks that sent +threshold - ranks that sent -threshold)."""
+    nbytes = codes.shape[1]
+    ups = np.zeros(4 * nbytes, np.int32)
+    for r in range(codes.shape[0]):
+        row = codes[r]
+        for j in range(nbytes):
+            d = deltas[row[j]]
+            ups[4 * j] += d[0]
+            ups[4 * j + 1] += d[1]
+            ups[4 * j + 2] += d[2]
+            ups[4 * j + 3] += d[3]
+    for i in range(count):
+        out[i] = np.float32(ups[i]) * threshold
+
+
+def wire_cast(kind):
+    """The store option ``compression`` -> a WireCast, or None for 'none'."""
+    if kind not in WIRE_TYPES:
+        raise ValueError("compression must be one of %s, not %r" % (WIRE_TYPES, kind))
+    return None if kind == 'none' else WireCast(kind)
+
+
+def from_params(params):
+    """``set_gradient_compression``'s dict -> a TwoBit, or None for {'type': 'none'}.
+
+    Raises a ValueError that says what is wrong, before anything changes.
+    """
+    if not isinstance(params, dict):
+        raise ValueError('set_gradient_compression takes a dict like {"type": "2bit", '
+                         '"threshold": 0.5}, not %r' % (params,))
+    kind = params.get('type')
+    unknown = sorted(set(params) - {'type', 'threshold'})
+    if unknown:
+        raise ValueError('set_gradient_compression: unknown parameter(s) %s in %r (known: '
+                         'type, threshold)' % (unknown, params))
+    if kind == 'none':
+        return None
+    if kind != '2bit':
+        raise ValueError("set_gradient_compression: type must be '2bit' or 'none', not %r "
+                         "(MXNet's '1bit' is not supported)" % (kind,))
+    threshold = params.get('threshold', 0.5)     # MXNet's default
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)):
+        raise ValueError('set_gradient_compression: threshold must be a positive number, not %r'
+                         % (threshold,))
+    threshold = float(threshold)
+    if not math.isfinite(threshold) or not threshold > 0 or not np.isfinite(np.float32(threshold)):
+        raise ValueError('set_gradient_compression: threshold must be a positive finite number '
+                         '(as a float32), not %r' % (params.get('threshold'),))
+    return TwoBit(threshold)
+
+
+def from_spec(spec):
+    """A codec from a request's spec (a joined rank's mirror of another rank's request)."""
+    if spec is None:
+        return None
+    if spec[0] == '2bit':
+        return TwoBit(spec[1])
+    return WireCast(spec[0])
