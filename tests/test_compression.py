@@ -117,3 +117,47 @@ def test_compiled_kernels_match_the_reference(steps, threshold, ranks):
         unpacked = cp.unpack_2bit(every, size)
         expected = ((unpacked == 3).sum(0) - (unpacked == 2).sum(0)).astype(np.float32) * t
         np.testing.assert_array_equal(out, expected)
+
+
+def test_float16_decode_is_numpys_for_every_half():
+    halves = np.arange(1 << 16, dtype=np.uint16)
+    out = np.empty(halves.size, np.float32)
+    cp._decode_f16(halves, np.float32(1), out)
+    expected = halves.view(np.float16).astype(np.float32)
+    nan = np.isnan(expected)          # times the scale, a NaN may come back quietened
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+    assert np.isnan(out[nan]).all()
+
+
+def test_float16_encode_is_numpys_bit_for_bit():
+    """Random float32 bit patterns (NaNs, infinities, subnormals included) and every value
+    halfway between two float16s and its neighbours, where rounding to even decides."""
+    rng = np.random.default_rng(7)
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    finite = halves[np.isfinite(halves)]
+    with np.errstate(all='ignore'):
+        up = np.nextafter(finite, np.float16(np.inf)).astype(np.float64)
+        mid = ((finite.astype(np.float64) + up) / 2).astype(np.float32)
+    values = np.concatenate([
+        rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        finite.astype(np.float32), mid, np.nextafter(mid, np.float32(np.inf)),
+        np.nextafter(mid, np.float32(-np.inf)),
+        np.array([65504, 65520, 65519.996, 1e-8, -1e-8, 6e-8, 3e-8], np.float32)])
+    out = np.empty(values.size, np.uint16)
+    cp._encode_f16(values, np.float32(1), out)
+    with np.errstate(all='ignore'):
+        expected = values.astype(np.float16).view(np.uint16)
+    nan = np.isnan(values)
+    np.testing.assert_array_equal(out[~nan], expected[~nan])
+    assert np.isnan(out[nan].view(np.float16)).all()
+
+
+def test_float16_row_sums_round_once_in_rank_order():
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((3, 5000)).astype(np.float16)
+    out = np.empty(5000, np.uint16)
+    cp._sum_rows_f16(rows.view(np.uint16), out)
+    acc = np.zeros(5000, np.float32)
+    for row in rows:
+        acc += row.astype(np.float32)
+    np.testing.assert_array_equal(out, acc.astype(np.float16).view(np.uint16))
