@@ -25,8 +25,10 @@ setup(
     license='Apache-2.0',
     packages=find_packages(include=['mpi_kvstore', 'mpi_kvstore.*']),
     python_requires='>=3.8',
+    # MXNet comes from an extra: the CPU wheel ('cpu') and the GPU wheels (mxnet-cu11x
+    # 1.9.1, brought by the user) install the same 'mxnet' folder, so requiring 'mxnet'
+    # here would make pip put the CPU wheel over a GPU one.
     install_requires=[
-        'mxnet==1.9.1',
         # mxnet 1.9.1 still uses aliases (np.bool, ...) that numpy 1.24 removed.
         'numpy<1.24',
         'mpi4py>=3.1',
@@ -37,13 +39,16 @@ setup(
         'ml-dtypes>=0.5',
     ],
     extras_require={
+        'cpu': ['mxnet==1.9.1'],
         # The PyPI 'mpich' wheel gives a working mpiexec without root or a system MPI.
         'mpich': ['mpich'],
         'examples': ['tqdm'],
         'bench': ['matplotlib'],
         'test': ['pytest', 'hypothesis'],
-        # GPU users bring their own mxnet-cuXXX build; cupy gives device buffers.
-        'gpu': ['cupy'],
+        # GPU users bring their own mxnet-cu11x 1.9.1 wheel (CUDA 11); the last CuPy
+        # wheel for CUDA 11 is cupy-cuda11x 13.6.0 ('cupy' alone is the source package,
+        # which needs nvcc).
+        'gpu': ['cupy-cuda11x==13.6.0'],
     },
     classifiers=[
         'License :: OSI Approved :: Apache Software License',

@@ -7,7 +7,12 @@
 After ``import mpi_kvstore``, ``mx.kv.create('dist_mpi')`` returns the same kind
 of store, configured from ``MPI_KVSTORE_*`` environment variables.
 """
-from mxnet.kvstore import KVStoreBase
+try:
+    from mxnet.kvstore import KVStoreBase
+except ImportError as _err:   # no MXNet: say which one to install
+    raise ImportError("mpi_kvstore needs MXNet 1.9.1: pip install 'mpi_kvstore[cpu]' for the CPU "
+                      'wheel, or an mxnet-cu11x==1.9.1 wheel for GPUs (README, GPU arrays); '
+                      '(%s)' % (_err,)) from _err
 
 from .config import Config, options_table
 from .designs import NAMES as DESIGNS

@@ -76,8 +76,9 @@ def require_cupy():
     try:
         import cupy  # noqa: WPS433 (optional dependency, loaded on first GPU array)
     except ImportError as err:
-        raise ImportError('mpi_kvstore needs CuPy for GPU arrays: pip install cupy-cuda12x '
-                          '(or the wheel matching your CUDA)') from err
+        raise ImportError("mpi_kvstore needs CuPy for GPU arrays: pip install 'mpi_kvstore[gpu]' "
+                          '(cupy-cuda11x 13.6.0, the last CuPy for CUDA 11, which the '
+                          'mxnet-cu11x 1.9.1 wheels need)') from err
     return cupy
 
 

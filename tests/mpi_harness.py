@@ -43,7 +43,7 @@ _RUN_ID_VAR = 'MPI_HARNESS_RUN_ID'
 
 MISSING_MPIEXEC = (
     'mpiexec not found next to %s nor on PATH; install an MPI, for example '
-    "pip install -e '.[mpich]'" % sys.executable)
+    "pip install -e '.[cpu,mpich]'" % sys.executable)
 
 
 def parametrize_sizes(sizes=MPI_SIZES, argname='nprocs'):

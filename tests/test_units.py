@@ -128,3 +128,13 @@ def test_distributed_trainer_groups_keep_order_and_size(sizes, limit):
         assert total <= limit or len(run) == 1
         if i + 1 < len(runs):    # greedy: the next item would not have fit
             assert total + runs[i + 1][0][2] > limit
+
+
+def test_without_mxnet_the_import_says_which_wheel_to_install():
+    """MXNet comes from an extra (cpu), so that a GPU wheel is never overwritten."""
+    import subprocess
+    import sys
+    code = "import sys; sys.modules['mxnet'] = None; import mpi_kvstore"
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "pip install 'mpi_kvstore[cpu]'" in out.stderr and 'mxnet-cu11x' in out.stderr, out.stderr
