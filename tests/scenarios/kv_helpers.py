@@ -10,7 +10,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
-from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
+from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
 
 kv = mpi_kvstore.create('dist_mpi', design=design_arg())
 RANKSUM = SIZE * (SIZE + 1) / 2
@@ -37,6 +37,23 @@ def check_objects():
     assert mpi_kvstore.allgather_object(RANK * 3, store=kv) == [r * 3 for r in range(SIZE)]
     assert mpi_kvstore.rank() == RANK and mpi_kvstore.size() == SIZE
     assert 0 <= mpi_kvstore.local_rank() < mpi_kvstore.local_size() <= SIZE
+
+
+def check_sub_communicator():
+    """A store on half the ranks: rank() and size() are its communicator's, and the helpers
+    sum over its ranks only."""
+    from mpi4py import MPI
+    sub = MPI.COMM_WORLD.Split(RANK % 2, RANK)
+    half = mpi_kvstore.create('dist_mpi', comm=sub, design=design_arg())
+    assert mpi_kvstore.rank(half) == sub.Get_rank(), (mpi_kvstore.rank(half), sub.Get_rank())
+    assert mpi_kvstore.size(half) == sub.Get_size()
+    x = mx.nd.full((3,), RANK + 1)
+    mpi_kvstore.allreduce_(x, store=half)
+    close(x.asnumpy(), sum(r + 1 for r in range(SIZE) if r % 2 == RANK % 2), 'sub-store sum')
+    expect_raises(ValueError, mpi_kvstore.broadcast_, x, root=sub.Get_size(), store=half,
+                  contains='not a rank')
+    half.close()
+    sub.Free()
 
 
 def conv_net():
@@ -109,6 +126,7 @@ def check_distributed_trainer(group_bytes):
 
 check_array_collectives()
 check_objects()
+check_sub_communicator()
 check_broadcast_after_inference_forward()
 check_deferred_initialisation()
 for group_bytes in (None, 256, 0):
