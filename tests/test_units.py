@@ -154,3 +154,18 @@ def test_cuda_awareness_is_asked_of_the_loaded_mpi():
     assert cfg.Config(cuda_aware=True).cuda_aware == 'on'
     with pytest.raises(cfg.ConfigError, match='auto, on or off'):
         cfg.Config(cuda_aware='maybe')
+
+
+def test_doctor_reports_this_mpi_at_two_ranks():
+    from mpi_harness import run_mpi
+    out = run_mpi(2, 'doctor_report.py', env={'MPI_KVSTORE_DESIGN': 'chained'}, timeout=120)
+    assert 'doctor_report: OK at 2 ranks' in out, out[-2000:]
+
+
+def test_doctor_command_runs_alone():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, '-m', 'mpi_kvstore', 'doctor'], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert 'rank 0 of 1' in out.stdout and 'thread level:' in out.stdout, out.stdout

@@ -1,0 +1,108 @@
+"""``python -m mpi_kvstore doctor``: what this machine and this MPI give the store.
+
+The first thing to run on a new cluster, alone or under the launcher
+(``mpiexec -n 2 python -m mpi_kvstore doctor``). It reads everything and
+changes nothing: it creates no store, and it runs no collective, so it cannot
+hang on a rank that is missing. Under a launcher, every rank writes its own
+report, prefixed with its rank.
+"""
+import importlib
+import os
+
+from mpi4py import MPI
+
+from . import comm as _comm
+from .config import _LOCAL_RANK_VARS, Config, launcher_local_rank
+from .designs import REGISTRY, get_design
+
+__all__ = ['report']
+
+
+def _version(module):
+    try:
+        found = importlib.import_module(module)
+    except Exception as err:    # noqa: B902 (absent or broken: say which)
+        return 'not available (%s: %s)' % (type(err).__name__, err)
+    return getattr(found, '__version__', 'present')
+
+
+def _nccl():
+    try:
+        from cupy.cuda import nccl  # noqa: WPS433
+    except Exception as err:    # noqa: B902
+        return 'not available (%s)' % type(err).__name__
+    try:
+        return 'version %d' % nccl.get_version()
+    except Exception as err:    # noqa: B902
+        return 'present, version unknown (%s)' % err
+
+
+def _local():
+    found = launcher_local_rank()
+    if found is None:
+        return ('not set by the launcher (none of %s): the store asks MPI (COMM_TYPE_SHARED) '
+                'on first use' % ', '.join(r for r, _ in _LOCAL_RANK_VARS))
+    source = next(r for r, s in _LOCAL_RANK_VARS if r in os.environ and s in os.environ)
+    return 'local rank %d of %d (from %s)' % (found[0], found[1], source)
+
+
+def _designs(config, provided):
+    lines = []
+    for name, cls in REGISTRY.items():
+        ok = provided >= cls.thread_level
+        mark = '*' if name == config.design else ' '
+        why = ('usable' if ok else 'needs %s, MPI gives %s'
+               % (_comm.thread_level_name(cls.thread_level), _comm.thread_level_name(provided)))
+        lines.append('  %s %-10s %s' % (mark, name, why))
+    return lines
+
+
+def report(environ=None):
+    """The doctor's report, as lines of text."""
+    config = Config()
+    provided = _comm.provided_thread_level()
+    library = ' '.join(MPI.Get_library_version().split('\n')[0].split())
+    aware = _comm.cuda_aware(config.cuda_aware)
+    how = {'auto': 'asked of the MPI library', 'on': 'forced on by cuda_aware=on',
+           'off': 'forced off by cuda_aware=off'}[config.cuda_aware]
+    design = get_design(config.design)
+    lines = [
+        'mpi_kvstore doctor: rank %d of %d on %s' % (MPI.COMM_WORLD.Get_rank(),
+                                                    MPI.COMM_WORLD.Get_size(),
+                                                    MPI.Get_processor_name()),
+        'MPI library:      %s (MPI %d.%d)' % ((library,) + MPI.Get_version()),
+        'mpi4py:           %s' % _version('mpi4py'),
+        'thread level:     %s provided' % _comm.thread_level_name(provided),
+        'CUDA-aware MPI:   %s (%s)' % ('yes' if aware else 'no', how),
+        'numba:            %s' % _version('numba'),
+        'MXNet:            %s' % _version('mxnet'),
+        'CuPy:             %s' % _version('cupy'),
+        'NCCL:             %s' % _nccl(),
+        'ml_dtypes (bf16): %s' % _version('ml_dtypes'),
+        'local rank:       %s' % _local(),
+        'designs (* = chosen by design=%s, from %s):'
+        % (config.design, 'MPI_KVSTORE_DESIGN' if 'MPI_KVSTORE_DESIGN' in os.environ
+           else 'the default'),
+    ]
+    lines += _designs(config, provided)
+    if provided < design.thread_level:
+        lines.append('  the chosen design cannot run here: creating a store raises '
+                     'ThreadLevelError')
+    lines += [
+        'transports:',
+        '  host arrays:    MPI (%s)' % library.split(',')[0],
+        '  GPU arrays:     %s' % ('MPI on device pointers (CUDA-aware)' if aware else
+                                  'staged through host memory (this MPI is not known to be '
+                                  'CUDA-aware; cuda_aware=on overrides)'),
+        'allreduce:        hierarchical=%s (auto keeps every allreduce flat: measured no faster '
+        'over TCP); progress_sleep_us=%g%s' % (
+            config.hierarchical, config.progress_sleep_us,
+            '' if config.progress_sleep_us else ' (blocking MPI: busy-polls a core)'),
+        'compression:      %s (2-bit: kv.set_gradient_compression)' % config.compression,
+    ]
+    return lines
+
+
+def main():
+    prefix = '[%d] ' % MPI.COMM_WORLD.Get_rank() if MPI.COMM_WORLD.Get_size() > 1 else ''
+    print('\n'.join(prefix + line for line in report()), flush=True)
