@@ -130,6 +130,13 @@ def test_gradient_compression_matches_numpy_simulation(design, nprocs):
         'kv_compression[%s]' % design)
 
 
+@pytest.mark.parametrize('design', ['funneled', 'chained'])
+def test_training_with_compression_ends_near_uncompressed(design):
+    """fp16 and bf16 within 1% of the uncompressed final loss, 2-bit within 15%."""
+    _ok(run_mpi(3, 'kv_compression_accuracy.py', design, timeout=240),
+        'kv_compression_accuracy[%s]' % design)
+
+
 def test_chained_native_op_polls_with_sleeps():
     """progress_sleep_us with chained: its compiled op runs the agreement and every bucket
     as MPI_Iallreduce polled with sleeps; kv_native checks the sums against numpy and that
