@@ -187,7 +187,8 @@ def designs(text):
     """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has.
 
     A design may carry store options after '+': 'funneled+native_ops=0' is the
-    funneled design with the Python engine op, for an A/B in one run.
+    funneled design with the Python engine op, for an A/B in one run; '+2bit=T' sets
+    2-bit gradient compression with threshold T (kv.set_gradient_compression).
     """
     import mpi_kvstore
     return [d for d in text.split(',') if d] if text else list(mpi_kvstore.DESIGNS)
@@ -205,9 +206,13 @@ def create_store(design, timeout):
     """Collective: (mpi_kvstore store, None) on every rank, or (None, why) on every rank.
     design None takes the default (MPI_KVSTORE_DESIGN, else funneled); see designs()."""
     import mpi_kvstore   # after use_checkout(): the checkout's package
+    options = store_options(design)
+    two_bit = options.pop('2bit', None)
     with deadline(timeout, f'creating mpi_kvstore design {design or "default"!r}'):
         try:
-            kv, why = mpi_kvstore.create('dist_mpi', **store_options(design)), None
+            kv, why = mpi_kvstore.create('dist_mpi', **options), None
+            if two_bit is not None:
+                kv.set_gradient_compression({'type': '2bit', 'threshold': float(two_bit)})
         except Exception as exc:    # e.g. a design this MPI's thread level refuses
             kv, why = None, f'{type(exc).__name__}: {exc}'
         why = agree(why)

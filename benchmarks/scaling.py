@@ -244,16 +244,12 @@ def distributed_trainer_config(run, model, spec=None):
     MPI_KVSTORE_DESIGN or funneled). The spec may carry '+group_bytes=N' for the trainer."""
     parts = (spec or '').split('+')
     group = [p.split('=', 1)[1] for p in parts if p.startswith('group_bytes=')]
-    two_bit = [float(p.split('=', 1)[1]) for p in parts if p.startswith('2bit=')]
-    store_spec = '+'.join(p for p in parts
-                          if not p.startswith(('group_bytes=', '2bit='))) or None
+    store_spec = '+'.join(p for p in parts if not p.startswith('group_bytes=')) or None
     kv, why = common.create_store(store_spec, run.args.timeout)
     name = f'DistributedTrainer:{spec or kv.design if not why else spec}'
     if why:
         return run.skip(name, why)
     extra = {'group_bytes': 0 if group and group[0] == '0' else common.parse_size(group[0])} if group else {}
-    if two_bit:
-        extra['compression_params'] = {'type': '2bit', 'threshold': two_bit[0]}
     trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv,
                                              **extra)
     return _trained(name, model, trainer, model.batch * COMM.size, _closer(run, kv))
