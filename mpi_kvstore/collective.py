@@ -4,7 +4,7 @@ import zlib
 
 from .deferred import poison
 
-__all__ = ['Collective', 'signature', 'SIG_LIMIT']
+__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
 # encodings (see agreement.py), so they stay below 2**30.
@@ -13,10 +13,21 @@ SIG_LIMIT = 1 << 30
 KINDS = ('allreduce', 'bcast', 'barrier', 'custom')
 
 
-def signature(kind, key, dtype, shape, root):
-    """Rank-independent fingerprint; Python's hash() is salted per process."""
+def signature(kind, key, dtype, shape, root, place='cpu'):
+    """Rank-independent fingerprint; Python's hash() is salted per process. ``place``
+    ('cpu' or 'gpu', see place_of) joins it off the CPU, so that ranks agree on where
+    every array lives before fusion plans buckets from it."""
     text = '%s|%r|%s|%s|%d' % (kind, key, dtype, tuple(shape), root)
+    if place != 'cpu':
+        text += '|' + place
     return zlib.crc32(text.encode()) % SIG_LIMIT
+
+
+def place_of(array):
+    """'gpu' for an NDArray in GPU memory, else 'cpu': known on the user's thread, before
+    any engine op reads the array (unlike its buffer, which a failed read leaves unset)."""
+    context = getattr(array, 'context', None)
+    return 'gpu' if context is not None and context.device_type == 'gpu' else 'cpu'
 
 
 class Collective:
@@ -27,12 +38,12 @@ class Collective:
     order in which the engine finds data ready.
     """
 
-    __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig',
+    __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig', 'place',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
                  'average', 'done', 'priority', 'in_place', 'mirror', 'waiter', 'codec')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
-                 average=False, priority=0, nbytes=None, sig=None):
+                 average=False, priority=0, nbytes=None, sig=None, place=None):
         assert kind in KINDS
         self.seq = -1
         self.kind, self.key, self.fn = kind, key, fn
@@ -44,7 +55,8 @@ class Collective:
             nbytes = size * dtype.itemsize if dtype is not None else 0
         self.nbytes = nbytes
         self.root = root
-        self.sig = signature(kind, key, dtype, self.shape, root) if sig is None else sig
+        self.place = place_of(array) if place is None else place
+        self.sig = signature(kind, key, dtype, self.shape, root, self.place) if sig is None else sig
         self.view = self.scratch = self.completion = self.result = self.error = None
         self.average = average
         self.priority = priority

@@ -33,11 +33,9 @@ def fusable(req, threshold):
 
 
 def _compatible(a, b):
-    return a.dtype == b.dtype and a.average == b.average and _device(a) == _device(b)
-
-
-def _device(req):
-    return getattr(req.buffer(), 'device', 'host') if req.view is not None else 'host'
+    """Agreed metadata only (place is in the signature): a rank whose engine op could not
+    read an array must plan the same buckets as the others."""
+    return a.dtype == b.dtype and a.average == b.average and a.place == b.place
 
 
 def order(req):

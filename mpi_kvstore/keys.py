@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .errors import UnknownKeyError
-from .collective import Collective, signature
+from .collective import Collective, place_of, signature
 
 __all__ = ['KeyState', 'KeyTable', 'same_array', 'request']
 
@@ -57,11 +57,11 @@ class KeyState:
             self._staging = mx.nd.zeros(self.shape, ctx=self.ctx, dtype=self.dtype)
         return self._staging
 
-    def signature(self, kind, root):
-        sig = self._sigs.get((kind, root))
+    def signature(self, kind, root, place='cpu'):
+        sig = self._sigs.get((kind, root, place))
         if sig is None:
-            sig = self._sigs[(kind, root)] = signature(kind, self.key, self.dtype, self.shape,
-                                                       root)
+            sig = self._sigs[(kind, root, place)] = signature(kind, self.key, self.dtype,
+                                                              self.shape, root, place)
         return sig
 
 
@@ -173,7 +173,9 @@ class KeyTable:
 
 def request(kind, state, array, average=False, root=0, in_place=False):
     """The collective of one key."""
+    place = place_of(array)
     req = Collective(kind, state.key, state.dtype, state.shape, array=array, root=root,
-                     average=average, nbytes=state.nbytes, sig=state.signature(kind, root))
+                     average=average, nbytes=state.nbytes, sig=state.signature(kind, root, place),
+                     place=place)
     req.in_place = in_place
     return req

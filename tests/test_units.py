@@ -169,3 +169,27 @@ def test_doctor_command_runs_alone():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert 'rank 0 of 1' in out.stdout and 'thread level:' in out.stdout, out.stdout
+
+
+def test_fusion_plans_from_agreed_metadata_only():
+    """A rank whose engine op could not read an array (its view unset) plans the same
+    buckets as a rank that read it into GPU memory: place comes from the signature."""
+    class DeviceBuffer(np.ndarray):
+        device = 'cuda:0'
+
+    def reqs(read):
+        out = []
+        for i in range(4):
+            req = Collective('allreduce', i, np.dtype(np.float32), (8,), place='gpu')
+            req.seq = i
+            if read or i != 2:
+                req.view = np.zeros(8, np.float32).view(DeviceBuffer)
+            out.append(req)
+        return out
+    shape = lambda buckets: [[r.seq for r in b] for b in buckets]  # noqa: E731
+    assert shape(plan(reqs(True), 1 << 20)) == shape(plan(reqs(False), 1 << 20)) == [[0, 1, 2, 3]]
+    cpu = Collective('allreduce', 9, np.dtype(np.float32), (8,), place='cpu')
+    cpu.seq = 9
+    assert len(plan(reqs(True) + [cpu], 1 << 20)) == 2     # never fused across places
+    assert signature('allreduce', 1, 'float32', (8,), 0, 'gpu') != signature(
+        'allreduce', 1, 'float32', (8,), 0)

@@ -20,15 +20,15 @@ def describe(req):
     """Everything a joined rank needs to run the same collective and plan the same buckets."""
     dtype = req.dtype.str if req.dtype is not None else ''
     return (req.seq, req.kind, req.key, dtype, req.shape, req.nbytes, req.root, req.average,
-            req.priority, req.sig, req.codec.spec if req.codec is not None else None)
+            req.priority, req.sig, req.codec.spec if req.codec is not None else None, req.place)
 
 
 def mirror(meta):
     """A joined rank's stand-in for an active rank's request."""
-    seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec = meta
+    seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place = meta
     dtype = np.dtype(dtype) if dtype else None
     req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
-                     nbytes=nbytes, sig=sig)
+                     nbytes=nbytes, sig=sig, place=place)   # planned as the others plan it
     req.seq, req.mirror, req.codec = seq, True, compression.from_spec(codec)
     if dtype is not None:
         req.view = np.zeros(nbytes // dtype.itemsize, dtype=dtype)
