@@ -5,12 +5,19 @@ import argparse
 
 def main():
     parser = argparse.ArgumentParser(prog='python -m mpi_kvstore', description=__doc__)
-    parser.add_argument('command', nargs='?', choices=['doctor'],
+    parser.add_argument('command', nargs='?', choices=['doctor', 'tune'],
                         help='doctor: print the MPI library, thread level, CUDA-awareness, '
-                             'versions, local rank and the designs and transports chosen')
+                             'versions, local rank and the designs and transports chosen; '
+                             'tune: measure allreduce algorithms per size on this job and '
+                             'write a table for the tune_table option (tune --help)')
     parser.add_argument('--options-table', action='store_true',
                         help='print every knob as a Markdown table (the default)')
-    args = parser.parse_args()
+    args, rest = parser.parse_known_args()
+    if args.command == 'tune':
+        from .tune import main as tune  # noqa: WPS433 (initialises MPI)
+        raise SystemExit(tune(rest))
+    if rest:
+        parser.error('unrecognized arguments: %s' % ' '.join(rest))
     if args.command == 'doctor':
         from .doctor import main as doctor  # noqa: WPS433 (initialises MPI)
         doctor()

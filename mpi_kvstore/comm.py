@@ -5,6 +5,7 @@ traffic never mixes with the user's own messages. Host buffers go to MPI as
 they are; GPU (CuPy) buffers go to MPI directly where the MPI is CUDA-aware,
 and are staged through host memory otherwise.
 """
+import collections
 import ctypes
 import logging
 import os
@@ -195,9 +196,11 @@ class Comm:
     with the other ranks, and the first error is raised at the end.
     """
 
-    def __init__(self, comm, hierarchical=None, progress=(0.0, 0), cuda_aware_setting='auto'):
+    def __init__(self, comm, hierarchical=None, progress=(0.0, 0), cuda_aware_setting='auto',
+                 table=None):
         self._progress_us, self._progress_min = progress   # see config's progress_sleep_us
         self._cuda_setting = cuda_aware_setting
+        self._table = table            # tune.Table: the algorithm per size, or None
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
@@ -210,8 +213,11 @@ class Comm:
         self._uniform = False         # every host runs as many ranks: reduce-scatter shape
         self._min_bytes = 0           # smallest buffer that takes the hierarchy
         self._scratch = BufferPool()  # the piece buffer of reduce-scatter
+        mode = _hierarchical_mode(hierarchical)
+        if table is not None and table.needs_hierarchy and mode == 'auto':
+            mode = 'on'               # the table sends some sizes through the hosts
         try:
-            self._build_hierarchy(_hierarchical_mode(hierarchical))
+            self._build_hierarchy(mode)
         except BaseException:
             self.free()
             raise
@@ -259,6 +265,9 @@ class Comm:
         return staged.host, staged
 
     def allreduce(self, buf):
+        if self._table is not None:
+            self.allreduce_with(buf, self._table.choose(buf.nbytes))
+            return
         data, staged = self._prepare(buf)
         if self.hierarchical and data.nbytes >= self._min_bytes:
             if self._uniform:
@@ -272,6 +281,41 @@ class Comm:
             self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
         if staged:
             staged.back()
+
+    def allreduce_with(self, buf, algorithm):
+        """Allreduce in place with the named algorithm (tune.py): 'mpi' (MPI_Allreduce,
+        polled under progress), 'rsag' (reduce-scatter then allgather on this
+        communicator) or 'hierarchical' (through the hosts; 'mpi' where it does not apply).
+        The choice depends only on agreed things (the size, the table), so every rank makes
+        the same calls."""
+        data, staged = self._prepare(buf)
+        if self.size > 1:
+            algorithms_run[algorithm] += 1
+            if algorithm == 'hierarchical' and self.hierarchical:
+                if self._uniform:
+                    self._allreduce_scattered(data)
+                else:
+                    self._allreduce_via_leaders(data)
+            elif algorithm == 'rsag':
+                self._allreduce_rsag(data)
+            elif self._progress_us and data.nbytes >= self._progress_min:
+                wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
+                             self._progress_us, PROGRESS_TESTS)
+            else:
+                self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
+        if staged:
+            staged.back()
+
+    def _allreduce_rsag(self, data):
+        """Reduce-scatter, then allgather, on the flat communicator (in place in data)."""
+        count, width = data.size, self.size
+        counts = [count // width + (i < count % width) for i in range(width)]
+        displs = [sum(counts[:i]) for i in range(width)]
+        piece = self._scratch.get(data, counts[self.rank])
+        run = _Steps()
+        run(self.mpi.Reduce_scatter, data, piece, counts, op=MPI.SUM)
+        run(self.mpi.Allgatherv, piece, (data, (counts, displs)))
+        run.raise_first()
 
     def _allreduce_scattered(self, data):
         """Every host runs L ranks: reduce-scatter in the host, allreduce of each piece
@@ -371,6 +415,9 @@ class _Steps:
         if self.errors:
             raise self.errors[0]
 
+
+# How many allreduces each algorithm ran through Comm.allreduce_with (tests look).
+algorithms_run = collections.Counter()
 
 # Tests per wake-up while a large allreduce is progressed with sleeps: MPICH moves a
 # bounded amount of data per Test (over TCP, one pass over the sockets), so one Test

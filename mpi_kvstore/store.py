@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, engine
+from . import compression, engine, tune
 from .comm import MPI
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
@@ -64,7 +64,8 @@ class MPIKVStore(KVStoreBase):
         self._closed = False
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
-        self._design = design(comm, self._config, self._errors.record, self._timeline)
+        self._design = design(comm, self._config, self._errors.record, self._timeline,
+                              tune.load(self._config.tune_table, comm))
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,
                                          self._pending_now)

@@ -137,6 +137,13 @@ def test_training_with_compression_ends_near_uncompressed(design):
         'kv_compression_accuracy[%s]' % design)
 
 
+@pytest.mark.parametrize('design', DESIGNS)
+def test_tune_table_picks_each_sizes_algorithm_and_sums_stay_right(design):
+    """python -m mpi_kvstore tune writes a table; a table read by rank 0 sends middle sizes
+    through reduce-scatter + allgather, the rest through MPI_Allreduce; sums are numpy's."""
+    _ok(run_mpi(3, 'kv_tune.py', design, timeout=240), 'kv_tune[%s]' % design)
+
+
 def test_chained_native_op_polls_with_sleeps():
     """progress_sleep_us with chained: its compiled op runs the agreement and every bucket
     as MPI_Iallreduce polled with sleeps; kv_native checks the sums against numpy and that

@@ -193,3 +193,16 @@ def test_fusion_plans_from_agreed_metadata_only():
     assert len(plan(reqs(True) + [cpu], 1 << 20)) == 2     # never fused across places
     assert signature('allreduce', 1, 'float32', (8,), 0, 'gpu') != signature(
         'allreduce', 1, 'float32', (8,), 0)
+
+
+def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
+    from mpi_kvstore.tune import Table
+    table = Table([4096, 1 << 20, 1 << 26], ['mpi', 'rsag', 'mpi'], 2)
+    assert [table.choose(n) for n in (4, 4096, 65535, 65536, 1 << 20, (8 << 20) - 1, 8 << 20,
+                                      1 << 30)] \
+        == ['mpi', 'mpi', 'mpi', 'rsag', 'rsag', 'rsag', 'mpi', 'mpi']   # edges: 64 KB, 8 MB
+    assert Table.from_json(table.to_json()).backends == table.backends
+    with pytest.raises(ValueError, match='unknown allreduce algorithm'):
+        Table([4], ['nccl-over-carrier-pigeon'], 2)
+    with pytest.raises(ValueError, match='version-1'):
+        Table.from_json({'version': 0})

@@ -26,8 +26,9 @@ class Design:
     thread_level = MPI.THREAD_SERIALIZED
     in_engine = True  # its collectives are MXNet engine ops
 
-    def __init__(self, comm, config, sink, timeline=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None):
         self.config = config
+        self.table = table  # tune.Table, or None: how each allreduce size runs (new_comm)
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._sink = sink
@@ -309,6 +310,6 @@ def progress(config):
     return config.progress_sleep_us, config.progress_min_bytes
 
 
-def new_comm(comm, config):
+def new_comm(comm, config, table=None):
     """The transport a design runs its collectives on, as the options say (comm.Comm)."""
-    return Comm(comm, config.hierarchical, progress(config), config.cuda_aware)
+    return Comm(comm, config.hierarchical, progress(config), config.cuda_aware, table)

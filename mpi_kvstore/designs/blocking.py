@@ -23,9 +23,9 @@ class Blocking(Design):
     synchronous = True
     in_engine = False
 
-    def __init__(self, comm, config, sink, timeline=None):
-        super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = new_comm(comm, config)
+    def __init__(self, comm, config, sink, timeline=None, table=None):
+        super().__init__(comm, config, sink, timeline, table)
+        self._comm = self.join_comm = new_comm(comm, config, self.table)
 
     def _submit(self, reqs, priority):
         for req in reqs:

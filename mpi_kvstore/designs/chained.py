@@ -49,9 +49,9 @@ class Chained(Design):
     name = 'chained'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None):
-        super().__init__(comm, config, sink, timeline)
-        self._comm = self.join_comm = new_comm(comm, config)
+    def __init__(self, comm, config, sink, timeline=None, table=None):
+        super().__init__(comm, config, sink, timeline, table)
+        self._comm = self.join_comm = new_comm(comm, config, self.table)
         self._chain = mx.nd.zeros((1,))
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
         self._native = (config.native_ops and not config.naive_engine and not timeline
@@ -116,9 +116,14 @@ class Chained(Design):
     def _new_plan(self, reqs, arrays):
         if not _native_can_run(reqs):
             return None
+        buckets = plan(reqs, self.config.fusion_threshold)
+        if self.table is not None and any(      # the compiled op calls MPI_Allreduce only
+                b[0].kind == 'allreduce' and self.table.choose(sum(r.nbytes for r in b)) != 'mpi'
+                for b in buckets):
+            return None
         message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
                    if self.size > 1 else None)
-        found = native.ChainedPlan(plan(reqs, self.config.fusion_threshold), self._comm,
+        found = native.ChainedPlan(buckets, self._comm,
                                    message, self._waker.fd, self._fusion_buffer,
                                    _progress(self.config), AGREEMENT_POLL_US)
         found.handles = engine.Handles(arrays + [self._chain])

@@ -29,16 +29,16 @@ class Concurrent(Negotiated):
     name = 'concurrent'
     thread_level = MPI.THREAD_MULTIPLE
 
-    def __init__(self, comm, config, sink, timeline=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None):
         self._lanes = []
         for i in range(config.lanes):
-            lane = (new_comm(comm, config), queue.SimpleQueue())
+            lane = (new_comm(comm, config, table), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))
             worker.start()
         self._bucket = 0
-        super().__init__(comm, config, sink, timeline)
+        super().__init__(comm, config, sink, timeline, table)
 
     def dispatch(self, agreed):
         for bucket in plan(agreed, self.config.fusion_threshold):

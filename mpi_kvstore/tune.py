@@ -1,0 +1,214 @@
+"""``python -m mpi_kvstore tune``: choose an allreduce algorithm per message size, measured
+on the job itself (MCR-DL: backends mixed by message size).
+
+    mpiexec -n N python -m mpi_kvstore tune [--sizes 4K,64K,1M,16M,64M] [--trials 7]
+        [--out mpi_kvstore_tune.json]
+
+Per size, on host float32 buffers, every algorithm this job can run:
+  mpi           MPI_Allreduce in place (what the store does without a table);
+  rsag          MPI_Reduce_scatter then MPI_Allgatherv, in place;
+  hierarchical  the hierarchy of comm.Comm (only where ranks span hosts and some host runs
+                more than one);
+and, reported but never chosen (they change the numbers), the fp16 and bf16 wire casts of
+compression.py. The table keeps the fastest lossless algorithm per size; a second pass
+times the table's dispatch against every single algorithm, in the same run, and prints
+how far from the best each size is.
+
+The store loads a table with the option ``tune_table`` (MPI_KVSTORE_TUNE_TABLE). Rank 0
+reads the file and broadcasts it, so every rank holds the same table, and a size's
+algorithm is a pure function of (op, size, communicator size): the ranks always make the
+same calls. A table measured on another number of ranks is ignored, with a warning.
+Between measured sizes the nearer one (in log scale) decides. Without a table: 'mpi'.
+"""
+import argparse
+import bisect
+import json
+import logging
+import math
+import sys
+import time
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ['Table', 'load', 'main', 'LOSSLESS']
+
+log = logging.getLogger('mpi_kvstore')
+
+LOSSLESS = ('mpi', 'rsag', 'hierarchical')
+LOSSY = ('fp16', 'bf16')
+VERSION = 1
+
+
+class Table:
+    """Which allreduce algorithm each message size takes (see the module)."""
+
+    def __init__(self, sizes, backends, comm_size):
+        if len(sizes) != len(backends) or not sizes:
+            raise ValueError('a tune table needs one algorithm per size')
+        bad = [b for b in backends if b not in LOSSLESS]
+        if bad:
+            raise ValueError('unknown allreduce algorithm(s) %s (known: %s)' % (bad, LOSSLESS))
+        order = np.argsort(sizes)
+        self.sizes = [int(sizes[i]) for i in order]
+        self.backends = [backends[i] for i in order]
+        self.comm_size = int(comm_size)
+        # Halfway in log scale: the integer geometric mean, the same on every machine (a
+        # float edge could round apart on two ranks, and they would call different MPI).
+        self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
+
+    def choose(self, nbytes):
+        """The algorithm for an allreduce of nbytes (identical on every rank)."""
+        return self.backends[bisect.bisect_right(self._edges, nbytes)]
+
+    @property
+    def needs_hierarchy(self):
+        return 'hierarchical' in self.backends
+
+    def to_json(self, measured=None):
+        return {'version': VERSION, 'comm_size': self.comm_size,
+                'allreduce': [{'bytes': s, 'algorithm': b}
+                              for s, b in zip(self.sizes, self.backends)],
+                'measured_ms': measured or {}}
+
+    @classmethod
+    def from_json(cls, payload):
+        if not isinstance(payload, dict) or payload.get('version') != VERSION:
+            raise ValueError('not a version-%d mpi_kvstore tune table' % VERSION)
+        rows = payload['allreduce']
+        return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
+                   payload['comm_size'])
+
+
+def load(path, comm):
+    """Collective: the Table of ``path`` for this communicator, or None (no path, or a
+    table of another communicator size). Rank 0 reads; every rank gets its reading, and a
+    bad file raises ConfigError on every rank alike."""
+    if not path:
+        return None
+    payload = why = None
+    if comm.Get_rank() == 0:
+        try:
+            with open(path) as fh:
+                payload = json.load(fh)
+            Table.from_json(payload)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            why = '%s: %s' % (type(err).__name__, err)
+    payload, why = comm.bcast((payload, why), root=0)
+    if why:
+        raise ConfigError('tune_table %r cannot be used: %s (run python -m mpi_kvstore tune '
+                          'to make one)' % (path, why))
+    table = Table.from_json(payload)
+    if table.comm_size != comm.Get_size() and comm.Get_rank() == 0:
+        log.warning('mpi_kvstore: tune_table %r was measured on %d ranks, this store has %d: '
+                    'ignored (every allreduce takes MPI_Allreduce)', path, table.comm_size,
+                    comm.Get_size())
+    return table if table.comm_size == comm.Get_size() else None
+
+
+# -- the command --------------------------------------------------------------------------
+def _sizes(text):
+    from .config import _parse_bytes   # noqa: WPS433
+    sizes = [_parse_bytes(part) for part in text.split(',') if part.strip()]
+    if not sizes or any(s < 4 for s in sizes):
+        raise SystemExit('--sizes: sizes of at least 4 bytes, like 4K,1M,64M')
+    return sizes
+
+
+def _interleaved(comm, fns, trials):
+    """{name: median over trials of the slowest rank's seconds}; each round runs every fn
+    once, starting at a different one, so drifting load slows them alike."""
+    from mpi4py import MPI  # noqa: WPS433
+    names = list(fns)
+    for name in names:
+        fns[name]()                                      # warm
+    times = {name: [] for name in names}
+    for r in range(trials):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            comm.mpi.Barrier()
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(comm.mpi.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def _runners(comm, hier, buf):
+    from . import compression   # noqa: WPS433
+    runners = {'mpi': lambda: comm.allreduce_with(buf, 'mpi'),
+               'rsag': lambda: comm.allreduce_with(buf, 'rsag')}
+    if hier is not None and hier.hierarchical:
+        runners['hierarchical'] = lambda: hier.allreduce_with(buf, 'hierarchical')
+    for kind in LOSSY:
+        try:
+            codec = compression.WireCast(kind)
+        except ImportError:
+            continue
+        runners[kind] = lambda codec=codec: codec.exchange([_Plain(buf)], comm)
+    return runners
+
+
+class _Plain:
+    """The least of a request that a codec exchanges."""
+
+    def __init__(self, buf):
+        self.buf, self.nbytes, self.dtype, self.mirror, self.key = buf, buf.nbytes, buf.dtype, False, 'tune'
+
+    def buffer(self):
+        return self.buf
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m mpi_kvstore tune',
+                                     description=__doc__.split('\n\n')[0])
+    parser.add_argument('--sizes', default='4K,64K,256K,1M,4M,16M,64M')
+    parser.add_argument('--trials', type=int, default=7)
+    parser.add_argument('--out', default='mpi_kvstore_tune.json')
+    args = parser.parse_args(argv)
+    from mpi4py import MPI  # noqa: WPS433
+    from .comm import Comm  # noqa: WPS433
+    world = MPI.COMM_WORLD
+    sizes = _sizes(args.sizes)
+    comm = Comm(world, 'off')
+    hier = Comm(world, 'on')
+    say = print if world.Get_rank() == 0 else (lambda *a, **k: None)
+    say('tuning allreduce on %d ranks (%d host(s)), %d trials a size'
+        % (world.Get_size(), hier.nodes, args.trials))
+    measured, chosen = {}, []
+    for nbytes in sizes:
+        buf = np.zeros(max(nbytes // 4, 1), np.float32)
+        times = _interleaved(comm, _runners(comm, hier, buf), args.trials)
+        best = min((t, name) for name, t in times.items() if name in LOSSLESS)[1]
+        chosen.append(best)
+        measured[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
+        say('%10d B  ' % nbytes + '  '.join('%s %.3f ms%s' % (n, t * 1e3, ' *' if n == best else '')
+                                            for n, t in times.items()))
+    table = Table(sizes, chosen, world.Get_size())
+    # The table's dispatch against each single algorithm, timed again in this run.
+    tuned = Comm(world, 'on' if table.needs_hierarchy else 'off', table=table)
+    say('check: the table against the best single lossless algorithm, timed again')
+    worst = 0.0
+    for nbytes in sizes:
+        buf = np.zeros(max(nbytes // 4, 1), np.float32)
+        fns = {name: run for name, run in _runners(comm, hier, buf).items() if name in LOSSLESS}
+        fns['table'] = lambda: tuned.allreduce(buf)
+        times = _interleaved(comm, fns, 3 * args.trials)   # microseconds apart: more trials
+        mine = times.pop('table')
+        singles = times
+        ratio = mine / min(singles.values())
+        worst = max(worst, ratio)
+        say('%10d B  table (%s) %.3f ms, best single %.3f ms: %.2fx'
+            % (nbytes, table.choose(buf.nbytes), mine * 1e3, min(singles.values()) * 1e3, ratio))
+    say('slowest size against its best single algorithm: %.2fx (target <= 1.05x)' % worst)
+    if world.Get_rank() == 0:
+        with open(args.out, 'w') as fh:
+            json.dump(table.to_json(measured), fh, indent=1)
+        say('table written to %s: use it with tune_table=%s (MPI_KVSTORE_TUNE_TABLE)'
+            % (args.out, args.out))
+    for c in (comm, hier, tuned):
+        c.free()
+    return 0 if math.isfinite(worst) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
