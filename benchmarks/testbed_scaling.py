@@ -338,7 +338,9 @@ def markdown(combined):
                   '',
                   f'Median of {config["steps"]} interleaved rounds after {config["warmups"]} warm-up '
                   'rounds; each step the slowest rank. Cell: step ms / exchange alone ms / hidden '
-                  'share / step of `none` (compute only) divided by this step.', '']
+                  'share / the most any overlap could hide on these cores (hidden max: from the '
+                  "machine's CPU, scaling.py) / step of `none` (compute only) divided by this "
+                  'step.', '']
         layouts = []
         for layout, rate in data['cells']:
             if layout not in layouts:
@@ -350,18 +352,19 @@ def markdown(combined):
                 names += [n for n in data['cells'][(layout, rate)] if n not in names]
             heading = [f'{rate or "no network"}' for rate in rates]
             lines += [f'**{layout}**', '',
-                      '| config | ' + ' | '.join(f'{h}: step ms | alone ms | hidden | vs none'
-                                                  for h in heading) + ' |',
-                      '|---|' + '---:|---:|---:|---:|' * len(rates)]
+                      '| config | ' + ' | '.join(f'{h}: step ms | alone ms | hidden | hidden max '
+                                                  f'| vs none' for h in heading) + ' |',
+                      '|---|' + '---:|---:|---:|---:|---:|' * len(rates)]
             for name in _config_order(names):
                 cells = []
                 for rate in rates:
                     row = data['cells'][(layout, rate)].get(name)
                     if row is None:
-                        cells += ['-'] * 4
+                        cells += ['-'] * 5
                         continue
                     cells += [_fmt(row['step_ms'], '.0f'), _fmt(row['exchange_alone_ms'], '.0f'),
-                              _fmt(row['hidden'], '+.2f'), _fmt(row['vs_none'], '.2f', 'x')]
+                              _fmt(row['hidden'], '+.2f'), _fmt(row.get('hidden_max'), '.2f'),
+                              _fmt(row['vs_none'], '.2f', 'x')]
                 lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
             lines.append('')
         for config_name, why in data['skipped'].items():
