@@ -322,7 +322,8 @@ def _floats_of(halves, out):
 
 # Bits in the compiled loops, arithmetic in numpy: a loop that did both ran 3x slower.
 def _encode_f16(values, scale, out):
-    scaled = np.multiply(values, scale, dtype=np.float32)
+    with np.errstate(over='ignore', invalid='ignore'):     # inf and NaN go through as such
+        scaled = np.multiply(values, scale, dtype=np.float32)
     _halves_of(scaled.view(np.uint32), out)
 
 

@@ -1,0 +1,128 @@
+"""The CPU that TCP itself costs: plain sockets moving N bytes each way between two ranks,
+against MPI's allreduce of the same bytes, with the busy time of the whole machine.
+
+    python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python benchmarks/tcp_cost.py [--size 42M]
+
+For the multi-host test bed (testbed/), where both "hosts" are network namespaces of one
+machine: /proc/stat then counts what both ranks and the kernel's network work cost
+together. Per mode, over --trials, the median wall time and the machine's busy core-ms:
+  sockets       each rank sends --size bytes and receives --size bytes over one TCP
+                connection (a thread sends while the main thread receives): the least
+                a 2-rank allreduce of --size bytes must move, with no polling at all;
+  sockets+sum   the same, plus the float32 sum of what arrived (what an allreduce adds);
+  mpi           MPI Allreduce(IN_PLACE) of --size bytes (MPICH busy-polls inside it);
+  mpi polled    MPI_Iallreduce, then MPI_Test 8 times per wake-up with sleeps of up to 200 us.
+The first two are the floor under any exchange's CPU on this machine (README, Across hosts).
+"""
+import argparse
+import socket
+import subprocess
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import common
+
+COMM = MPI.COMM_WORLD
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--size', type=common.parse_size, default=42 << 20)
+    parser.add_argument('--trials', type=int, default=5)
+    return parser.parse_args(argv)
+
+
+def global_addresses():
+    """This host's global IPv4 addresses (the test hosts' own)."""
+    out = subprocess.run(['ip', '-4', '-o', 'addr', 'show', 'scope', 'global'],
+                         capture_output=True, text=True, check=False).stdout
+    return [line.split()[3].split('/')[0] for line in out.splitlines()]
+
+
+def connect():
+    """One TCP connection between rank 0 and rank 1."""
+    mine = global_addresses()
+    theirs = COMM.bcast(mine if COMM.rank == 0 else None, root=0)
+    if COMM.rank == 0:
+        server = socket.socket()
+        server.bind(('0.0.0.0', 0))
+        server.listen(1)
+        COMM.bcast(server.getsockname()[1], root=0)
+        conn, _ = server.accept()
+        server.close()
+    else:
+        port = COMM.bcast(None, root=0)
+        conn = socket.create_connection((theirs[0], port), timeout=30)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def sockets(conn, send, recv, add):
+    def transmit():
+        conn.sendall(memoryview(send))
+    sender = threading.Thread(target=transmit)
+    sender.start()
+    view, got = memoryview(recv), 0
+    while got < recv.nbytes:
+        got += conn.recv_into(view[got:])
+    sender.join()
+    if add:
+        np.add(recv.view(np.float32), send.view(np.float32), out=recv.view(np.float32))
+
+
+def polled(buf):
+    request = COMM.Iallreduce(MPI.IN_PLACE, buf)
+    sleep = 1e-6
+    while True:
+        for _ in range(8):
+            if request.Test():
+                return
+        time.sleep(sleep)
+        sleep = min(2 * sleep, 200e-6)
+
+
+def measure(fn, trials):
+    fn()
+    walls, busy = [], []
+    for _ in range(trials):
+        COMM.Barrier()
+        start_busy, start = common.machine_busy(), time.perf_counter()
+        fn()
+        COMM.Barrier()
+        walls.append(time.perf_counter() - start)
+        busy.append(common.machine_busy() - start_busy)
+    return float(np.median(walls)), float(np.median(busy))
+
+
+def main():
+    args = parse_args()
+    if COMM.size != 2:
+        raise SystemExit('tcp_cost.py runs on exactly 2 ranks (one per test host)')
+    if not common.one_machine(COMM):
+        common.rank0_print('note: the ranks run on different machines; machine core-ms counts '
+                           "rank 0's machine only")
+    count = args.size // 4 * 4
+    send = np.ones(count, np.uint8)
+    recv = np.empty(count, np.uint8)
+    buf = np.ones(count // 4, np.float32)
+    conn = connect()
+    modes = [('sockets', lambda: sockets(conn, send, recv, False)),
+             ('sockets+sum', lambda: sockets(conn, send, recv, True)),
+             ('mpi', lambda: COMM.Allreduce(MPI.IN_PLACE, buf)),
+             ('mpi polled', lambda: polled(buf))]
+    rows = [(name,) + measure(fn, args.trials) for name, fn in modes]
+    conn.close()
+    common.rank0_print('%s each way between 2 ranks, median of %d trials' %
+                       (common.format_size(count), args.trials))
+    common.rank0_print('%-12s %10s %18s %14s' % ('mode', 'wall ms', 'machine core-ms',
+                                                 'machine cores'))
+    for name, wall, busy in rows:
+        common.rank0_print('%-12s %10.1f %18.0f %14.2f' % (name, wall * 1e3, busy * 1e3,
+                                                           busy / wall))
+
+
+if __name__ == '__main__':
+    common.run_main(main)
