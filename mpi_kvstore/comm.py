@@ -265,22 +265,15 @@ class Comm:
         return staged.host, staged
 
     def allreduce(self, buf):
+        """Sum over ranks in place, by the tune table where there is one, else through the
+        hosts from the hierarchy's smallest size on, else MPI_Allreduce."""
         if self._table is not None:
-            self.allreduce_with(buf, self._table.choose(buf.nbytes))
-            return
-        data, staged = self._prepare(buf)
-        if self.hierarchical and data.nbytes >= self._min_bytes:
-            if self._uniform:
-                self._allreduce_scattered(data)
-            else:
-                self._allreduce_via_leaders(data)
-        elif self.size > 1 and self._progress_us and data.nbytes >= self._progress_min:
-            wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
-                         self._progress_us, PROGRESS_TESTS)
-        elif self.size > 1:
-            self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
-        if staged:
-            staged.back()
+            algorithm = self._table.choose(buf.nbytes)
+        elif self.hierarchical and buf.nbytes >= self._min_bytes:
+            algorithm = 'hierarchical'
+        else:
+            algorithm = 'mpi'
+        self.allreduce_with(buf, algorithm)
 
     def allreduce_with(self, buf, algorithm):
         """Allreduce in place with the named algorithm (tune.py): 'mpi' (MPI_Allreduce,
@@ -308,9 +301,7 @@ class Comm:
 
     def _allreduce_rsag(self, data):
         """Reduce-scatter, then allgather, on the flat communicator (in place in data)."""
-        count, width = data.size, self.size
-        counts = [count // width + (i < count % width) for i in range(width)]
-        displs = [sum(counts[:i]) for i in range(width)]
+        counts, displs = _pieces(data.size, self.size)
         piece = self._scratch.get(data, counts[self.rank])
         run = _Steps()
         run(self.mpi.Reduce_scatter, data, piece, counts, op=MPI.SUM)
@@ -322,10 +313,8 @@ class Comm:
         among the ranks of its local rank, allgather in the host (in place in ``data``,
         a flat numpy array, or CuPy for a CUDA-aware MPI)."""
         node, cross = self.node, self.cross
-        local, width = node.Get_rank(), node.Get_size()
-        count = data.size
-        counts = [count // width + (i < count % width) for i in range(width)]
-        displs = [sum(counts[:i]) for i in range(width)]
+        local = node.Get_rank()
+        counts, displs = _pieces(data.size, node.Get_size())
         piece = self._scratch.get(data, counts[local])
         run = _Steps()
         run(node.Reduce_scatter, data, piece, counts, op=MPI.SUM)
@@ -396,6 +385,13 @@ class Comm:
                 self.mpi.Free()
         except MPI.Exception:
             log.debug('communicator free failed', exc_info=True)
+
+
+def _pieces(count, width):
+    """(counts, displacements) of ``count`` elements cut into ``width`` near-equal pieces,
+    the larger ones first: a reduce-scatter's shares."""
+    counts = [count // width + (i < count % width) for i in range(width)]
+    return counts, [sum(counts[:i]) for i in range(width)]
 
 
 class _Steps:
