@@ -152,14 +152,17 @@ class MPIKVStore(KVStoreBase):
     def broadcast_from(self, key, value, out=None, root=0, priority=0):
         """Like broadcast, from any root rank (out=None: in place)."""
         self._begin(priority)
-        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self._size:
-            raise ValueError('root must be a rank of this %d-process store (0..%d), not %r'
-                             % (self._size, self._size - 1, root))
+        self._check_root(root)
         entries = normalize(key, value, out)
         self._keys.validate(entries, writes_values=True)
         for entry in entries:
             entry.outs = entry.values if entry.outs is None else entry.outs
         self._broadcast(entries, priority, root)
+
+    def _check_root(self, root):
+        if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < self._size:
+            raise ValueError('root must be a rank of this %d-process store (0..%d), not %r'
+                             % (self._size, self._size - 1, root))
 
     def _broadcast(self, entries, priority, root=0):
         states = [self._keys.register(entry) for entry in entries]
@@ -333,9 +336,8 @@ class MPIKVStore(KVStoreBase):
         if kind not in ('allreduce', 'bcast'):
             raise ValueError("array_collective: kind must be 'allreduce' or 'bcast', not %r"
                              % (kind,))
-        if kind == 'bcast' and (isinstance(root, bool) or not isinstance(root, int)
-                                or not 0 <= root < self._size):
-            raise ValueError('root %r is not a rank of a %d-process job' % (root, self._size))
+        if kind == 'bcast':
+            self._check_root(root)
         self._begin()
         key = (name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
         buf = self._helper_buffers.get(key)

@@ -51,7 +51,7 @@ def check_sub_communicator():
     mpi_kvstore.allreduce_(x, store=half)
     close(x.asnumpy(), sum(r + 1 for r in range(SIZE) if r % 2 == RANK % 2), 'sub-store sum')
     expect_raises(ValueError, mpi_kvstore.broadcast_, x, root=sub.Get_size(), store=half,
-                  contains='not a rank')
+                  contains='root must be a rank of this %d-process store' % sub.Get_size())
     half.close()
     sub.Free()
 
