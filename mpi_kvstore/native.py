@@ -73,7 +73,7 @@ PENDING, READY, DONE = 0, 1, 2        # STATE
 ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # bucket kinds
 # A polled wait first calls MPI_Test SPIN_TESTS times in a row (the other ranks are
 # often there already), then sleeps, doubling from 1 us up to its limit, and calls
-# MPI_Test up to TESTS_PER_WAKE times after each sleep (comm.PROGRESS_TESTS: MPICH
+# MPI_Test up to TESTS_PER_WAKE times after each sleep (= comm.PROGRESS_TESTS, a test checks: MPICH
 # moves a bounded amount of data per Test).
 SPIN_TESTS, TESTS_PER_WAKE = 32, 8
 # How an averaged bucket is divided by the number of ranks, by dtype (as Design._average:

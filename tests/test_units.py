@@ -206,3 +206,9 @@ def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
         Table([4], ['nccl-over-carrier-pigeon'], 2)
     with pytest.raises(ValueError, match='version-1'):
         Table.from_json({'version': 0})
+
+
+def test_compiled_polling_takes_as_many_tests_per_wake_as_python():
+    """native.py keeps its own copy (numba's cache cannot see a change in comm.py)."""
+    from mpi_kvstore import comm, native
+    assert native.TESTS_PER_WAKE == comm.PROGRESS_TESTS
