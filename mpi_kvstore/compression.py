@@ -38,8 +38,7 @@ import numpy as np
 from .collective import SIG_LIMIT
 from .comm import MPI
 
-__all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign',
-           'pack_2bit', 'unpack_2bit', 'quantize_2bit']
+__all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign']
 
 WIRE_TYPES = ('none', 'fp16', 'bf16')
 FLOAT16_MAX = float(np.finfo(np.float16).max)
@@ -191,39 +190,13 @@ def _host(buf):
 # 2-bit codes as MXNet writes them: 11 for +threshold, 10 for -threshold, 00 for 0; the
 # first value of a byte in its two highest bits.
 _POS, _NEG = 3, 2
-_SHIFTS = np.array([6, 4, 2, 0], np.uint8)
-
-
-def quantize_2bit(grad, residual, threshold):
-    """MXNet's quantize_2bit on float32 arrays: updates residual in place; -> codes (uint8)."""
-    residual += grad
-    up = residual >= threshold
-    down = residual <= -threshold
-    residual[up] -= threshold
-    residual[down] += threshold
-    codes = np.zeros(residual.size, np.uint8)
-    codes[up] = _POS
-    codes[down] = _NEG
-    return codes
-
-
-def pack_2bit(codes):
-    """Four 2-bit codes per byte, the first in the highest bits (zeros pad the end)."""
-    padded = np.zeros(-(-codes.size // 4) * 4, np.uint8)
-    padded[:codes.size] = codes
-    return np.bitwise_or.reduce(padded.reshape(-1, 4) << _SHIFTS, axis=1).astype(np.uint8)
-
-
-def unpack_2bit(packed, count):
-    """The codes of packed bytes (any leading shape), ``count`` per row."""
-    codes = (packed[..., None] >> _SHIFTS) & 3
-    return codes.reshape(packed.shape[:-1] + (-1,))[..., :count]
 
 
 @numba.njit(cache=True)
 def _quantize_pack(grad, residual, threshold, out):
-    """quantize_2bit then pack_2bit in one pass (the exchange's hot loop; selects instead of
-    branches, which random signs would mispredict)."""
+    """MXNet's quantize_2bit, packed four values a byte as MXNet packs them, in one pass
+    (the exchange's hot loop; selects instead of branches, which random signs would
+    mispredict)."""
     neg, zero = -threshold, np.float32(0)
     n = grad.size
     for j in range(-(-n // 4)):

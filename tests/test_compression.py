@@ -1,9 +1,11 @@
 """compression.py's pure parts against independent references.
 
 MXNet's quantize_2bit (src/kvstore/gradient_compression-inl.h) is transcribed
-here element by element, as its C loop runs, and the vectorised quantizer must
+here element by element, as its C loop runs, and the compiled quantizer must
 match it bit for bit over several steps of carried residuals, thresholds hit
-exactly included. The multi-rank exchanges are in scenarios/kv_compression.py.
+exactly included. A numpy quantizer, packer and unpacker here are the reference
+for the compiled kernels on random data. The multi-rank exchanges are in
+scenarios/kv_compression.py.
 """
 import numpy as np
 import pytest
@@ -27,6 +29,42 @@ def mxnet_quantize_2bit(grad, residual, threshold):
     return sent
 
 
+_SHIFTS = np.array([6, 4, 2, 0], np.uint8)
+
+
+def quantize_2bit(grad, residual, threshold):
+    """MXNet's quantize_2bit, vectorised: residual in place; -> codes (11 = +t, 10 = -t)."""
+    residual += grad
+    up = residual >= threshold
+    down = residual <= -threshold
+    residual[up] -= threshold
+    residual[down] += threshold
+    codes = np.zeros(residual.size, np.uint8)
+    codes[up] = 3
+    codes[down] = 2
+    return codes
+
+
+def pack_2bit(codes):
+    """Four 2-bit codes per byte, the first in the highest bits (zeros pad the end)."""
+    padded = np.zeros(-(-codes.size // 4) * 4, np.uint8)
+    padded[:codes.size] = codes
+    return np.bitwise_or.reduce(padded.reshape(-1, 4) << _SHIFTS, axis=1).astype(np.uint8)
+
+
+def unpack_2bit(packed, count):
+    """The codes of packed bytes (any leading shape), ``count`` per row."""
+    codes = (packed[..., None] >> _SHIFTS) & 3
+    return codes.reshape(packed.shape[:-1] + (-1,))[..., :count]
+
+
+def compiled_codes(grad, residual, threshold):
+    """The compiled quantize+pack, unpacked: -> codes; residual in place."""
+    packed = np.empty(-(-grad.size // 4), np.uint8)
+    cp._quantize_pack(grad, residual, np.float32(threshold), packed)
+    return unpack_2bit(packed, grad.size)
+
+
 floats = st.floats(-4, 4, width=32, allow_nan=False)
 
 
@@ -38,7 +76,7 @@ def test_quantize_matches_mxnet_loop_over_steps(steps, threshold):
     mine, theirs = np.zeros(size, np.float32), np.zeros(size, np.float32)
     for values in steps:
         grad = np.array(values[:size], np.float32)
-        codes = cp.quantize_2bit(grad, mine, np.float32(threshold))
+        codes = compiled_codes(grad, mine, threshold)
         sent = mxnet_quantize_2bit(grad, theirs, threshold)
         decoded = np.where(codes == 3, np.float32(threshold),
                            np.where(codes == 2, np.float32(-threshold), np.float32(0)))
@@ -48,23 +86,28 @@ def test_quantize_matches_mxnet_loop_over_steps(steps, threshold):
 
 def test_quantize_at_the_threshold_sends_it():
     residual = np.zeros(3, np.float32)
-    codes = cp.quantize_2bit(np.array([0.5, -0.5, 0.4999], np.float32), residual, np.float32(0.5))
+    codes = compiled_codes(np.array([0.5, -0.5, 0.4999], np.float32), residual, 0.5)
     assert codes.tolist() == [3, 2, 0]
     assert residual.tolist() == [0.0, 0.0, np.float32(0.4999)]
 
 
 @given(st.lists(st.sampled_from([0, 2, 3]), max_size=70))
-def test_pack_unpack_round_trip(codes):
+def test_reference_pack_unpack_round_trip(codes):
     codes = np.array(codes, np.uint8)
-    packed = cp.pack_2bit(codes)
+    packed = pack_2bit(codes)
     assert packed.size == -(-codes.size // 4)       # four values a byte
-    np.testing.assert_array_equal(cp.unpack_2bit(packed, codes.size), codes)
+    np.testing.assert_array_equal(unpack_2bit(packed, codes.size), codes)
 
 
 def test_pack_layout_is_mxnets():
     """MXNet writes the first value of a byte in its two highest bits: 11 = +t, 10 = -t."""
-    assert cp.pack_2bit(np.array([3, 2, 0, 3], np.uint8)).tolist() == [0b11100011]
-    assert cp.pack_2bit(np.array([2], np.uint8)).tolist() == [0b10000000]
+    out = np.empty(1, np.uint8)
+    cp._quantize_pack(np.array([0.5, -0.5, 0, 0.5], np.float32), np.zeros(4, np.float32),
+                      np.float32(0.5), out)
+    assert out.tolist() == [0b11100011]
+    cp._quantize_pack(np.array([-0.5], np.float32), np.zeros(1, np.float32), np.float32(0.5), out)
+    assert out.tolist() == [0b10000000]
+    assert pack_2bit(np.array([3, 2, 0, 3], np.uint8)).tolist() == [0b11100011]
 
 
 @pytest.mark.parametrize('params, words', [
@@ -108,13 +151,13 @@ def test_compiled_kernels_match_the_reference(steps, threshold, ranks):
         grad = np.array(values[:size], np.float32)
         packed = np.empty(-(-size // 4), np.uint8)
         cp._quantize_pack(grad, fast, t, packed)
-        codes = cp.quantize_2bit(grad, slow, t)
-        np.testing.assert_array_equal(packed, cp.pack_2bit(codes))
+        codes = quantize_2bit(grad, slow, t)
+        np.testing.assert_array_equal(packed, pack_2bit(codes))
         np.testing.assert_array_equal(fast, slow)
         every = np.stack([np.roll(packed, r) for r in range(ranks)])   # other ranks' codes
         out = np.empty(size, np.float32)
         cp._count_sum(every, size, t, out, cp._DELTAS)
-        unpacked = cp.unpack_2bit(every, size)
+        unpacked = unpack_2bit(every, size)
         expected = ((unpacked == 3).sum(0) - (unpacked == 2).sum(0)).astype(np.float32) * t
         np.testing.assert_array_equal(out, expected)
 
