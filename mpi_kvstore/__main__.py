@@ -2,6 +2,8 @@
 or ``doctor``: what this machine and this MPI give the store (doctor.py)."""
 import argparse
 
+from .cli import console, to_stdout
+
 
 def main():
     parser = argparse.ArgumentParser(prog='python -m mpi_kvstore', description=__doc__)
@@ -13,6 +15,7 @@ def main():
     parser.add_argument('--options-table', action='store_true',
                         help='print every knob as a Markdown table (the default)')
     args, rest = parser.parse_known_args()
+    to_stdout()
     if args.command == 'tune':
         from .tune import main as tune  # noqa: WPS433 (initialises MPI)
         raise SystemExit(tune(rest))
@@ -23,7 +26,7 @@ def main():
         doctor()
         return
     from .config import options_table  # noqa: WPS433
-    print(options_table())
+    console.info(options_table())
 
 
 if __name__ == '__main__':

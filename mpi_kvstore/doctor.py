@@ -12,6 +12,7 @@ import os
 from mpi4py import MPI
 
 from . import comm as _comm
+from .cli import console
 from .config import _LOCAL_RANK_VARS, Config, launcher_local_rank
 from .designs import REGISTRY, get_design
 
@@ -105,4 +106,4 @@ def report(environ=None):
 
 def main():
     prefix = '[%d] ' % MPI.COMM_WORLD.Get_rank() if MPI.COMM_WORLD.Get_size() > 1 else ''
-    print('\n'.join(prefix + line for line in report()), flush=True)
+    console.info('\n'.join(prefix + line for line in report()))

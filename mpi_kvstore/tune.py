@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from .cli import console, to_stdout
 from .errors import ConfigError
 
 __all__ = ['Table', 'load', 'main', 'LOSSLESS']
@@ -171,7 +172,7 @@ def main(argv=None):
     sizes = _sizes(args.sizes)
     comm = Comm(world, 'off')
     hier = Comm(world, 'on')
-    say = print if world.Get_rank() == 0 else (lambda *a, **k: None)
+    say = console.info if world.Get_rank() == 0 else (lambda *a, **k: None)
     say('tuning allreduce on %d ranks (%d host(s)), %d trials a size'
         % (world.Get_size(), hier.nodes, args.trials))
     measured, chosen = {}, []
@@ -211,4 +212,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    to_stdout()
     sys.exit(main())
