@@ -11,7 +11,8 @@ together. Per mode, over --trials, the median wall time and the machine's busy c
                 a 2-rank allreduce of --size bytes must move, with no polling at all;
   sockets+sum   the same, plus the float32 sum of what arrived (what an allreduce adds);
   mpi           MPI Allreduce(IN_PLACE) of --size bytes (MPICH busy-polls inside it);
-  mpi polled    MPI_Iallreduce, then MPI_Test 8 times per wake-up with sleeps of up to 200 us.
+  mpi polled    MPI_Iallreduce waited for as the store waits with progress_sleep_us=200
+                (comm.wait_polling: MPI_Test 8 times per wake-up, sleeps of up to 200 us).
 The first two are the floor under any exchange's CPU on this machine (README, Across hosts).
 """
 import argparse
@@ -24,6 +25,9 @@ import numpy as np
 from mpi4py import MPI
 
 import common
+
+common.use_checkout()
+from mpi_kvstore.comm import PROGRESS_TESTS, wait_polling  # noqa: E402 (the store's own wait)
 
 COMM = MPI.COMM_WORLD
 
@@ -73,17 +77,6 @@ def sockets(conn, send, recv, add):
         np.add(recv.view(np.float32), send.view(np.float32), out=recv.view(np.float32))
 
 
-def polled(buf):
-    request = COMM.Iallreduce(MPI.IN_PLACE, buf)
-    sleep = 1e-6
-    while True:
-        for _ in range(8):
-            if request.Test():
-                return
-        time.sleep(sleep)
-        sleep = min(2 * sleep, 200e-6)
-
-
 def measure(fn, trials):
     fn()
     walls, busy = [], []
@@ -112,7 +105,8 @@ def main():
     modes = [('sockets', lambda: sockets(conn, send, recv, False)),
              ('sockets+sum', lambda: sockets(conn, send, recv, True)),
              ('mpi', lambda: COMM.Allreduce(MPI.IN_PLACE, buf)),
-             ('mpi polled', lambda: polled(buf))]
+             ('mpi polled', lambda: wait_polling(COMM.Iallreduce(MPI.IN_PLACE, buf), 200,
+                                                 PROGRESS_TESTS))]
     rows = [(name,) + measure(fn, args.trials) for name, fn in modes]
     conn.close()
     common.rank0_print('%s each way between 2 ranks, median of %d trials' %
