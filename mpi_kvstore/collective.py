@@ -2,7 +2,7 @@
 import threading
 import zlib
 
-from .deferred import poison
+from .poison import poison
 
 __all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT']
 

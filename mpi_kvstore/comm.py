@@ -1,9 +1,9 @@
-"""The communication backend: the only module that imports mpi4py.
+"""The host communicator: MPI on host buffers, and the agreement's messages.
 
 A :class:`Comm` owns one duplicate of the user's communicator, so library
 traffic never mixes with the user's own messages. Host buffers go to MPI as
-they are; GPU (CuPy) buffers go to MPI directly where the MPI is CUDA-aware,
-and are staged through host memory otherwise.
+they are. GPU (CuPy) buffers go to the device transport that the ranks agreed
+on (transports/: NCCL, CUDA-aware MPI, or MPI staged through pinned memory).
 """
 import collections
 import ctypes
@@ -17,7 +17,7 @@ from mpi4py import MPI
 from .fusion import BufferPool
 
 __all__ = ['Comm', 'HIERARCHICAL_MODES', 'MPI', 'thread_level_name', 'provided_thread_level',
-           'cuda_aware', 'c_api', 'c_datatype']
+           'cuda_aware', 'c_api', 'c_datatype', 'algorithms_run', 'transports_run']
 
 log = logging.getLogger(__name__)
 
@@ -148,17 +148,6 @@ def _is_device(buf):
     return not isinstance(buf, np.ndarray)
 
 
-class _Staged:
-    """A GPU buffer copied to host for an MPI without CUDA support, and back."""
-
-    def __init__(self, buf):
-        self.device = buf
-        self.host = buf.get()
-
-    def back(self):
-        self.device.set(self.host)
-
-
 class Comm:
     """Collectives on one duplicated communicator.
 
@@ -197,15 +186,18 @@ class Comm:
     """
 
     def __init__(self, comm, hierarchical=None, progress=(0.0, 0), cuda_aware_setting='auto',
-                 table=None):
+                 table=None, gpu_transport='auto', concurrent=False):
         self._progress_us, self._progress_min = progress   # see config's progress_sleep_us
-        self._cuda_setting = cuda_aware_setting
+        self.cuda_aware_setting = cuda_aware_setting
+        self.gpu_transport = gpu_transport   # an option value: 'auto' or a transport's name
+        self._concurrent = concurrent        # it runs beside other Comms (concurrent design)
+        self.transport = None                # the agreed device transport's name, once chosen
+        self._device_transport = None        # transports.Transport, once chosen
         self._table = table            # tune.Table: the algorithm per size, or None
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.handle = _handle(self.mpi)   # for native ops
-        self._cuda_aware = None
         self.node = None              # the ranks on this host (COMM_TYPE_SHARED)
         self.cross = None             # the ranks with this local rank, one per host
         self.nodes = 1                # hosts the communicator spans (when it was asked)
@@ -251,53 +243,92 @@ class Comm:
         self._min_bytes = min_bytes
         self.hierarchical = True
 
-    def _prepare(self, buf):
-        if not _is_device(buf):
-            return buf, None
-        if self._cuda_aware is None:
-            self._cuda_aware = cuda_aware(self._cuda_setting)
-        import cupy  # noqa: WPS433 (present, since buf is a CuPy array)
-        # CuPy work on this buffer must be finished before MPI touches it.
-        cupy.cuda.get_current_stream().synchronize()
-        if self._cuda_aware:
-            return buf, None
-        staged = _Staged(buf)
-        return staged.host, staged
+    # -- device buffers --------------------------------------------------------
+    def device_transport(self, device):
+        """The transport for device buffers (made on first use, for ``device``).
+
+        Collective on first use: the first device collective picks the transport that every
+        rank uses (transports.choose) and builds it, and every rank reaches that collective
+        at the same point of the sequence (a collective's place is in its agreed
+        signature; a rank that failed to read its array sends zeros on its own device,
+        reduce.py). One per Comm, so that no rank builds one that another does not: a
+        buffer on another device of this rank goes through a copy on the transport's."""
+        if self._device_transport is None:
+            from . import transports   # noqa: WPS433 (CuPy only where a GPU is used)
+            self.transport = transports.choose(self, self.gpu_transport, device,
+                                               self._concurrent)
+            log.info('device buffers go through %s (gpu_transport=%s)', self.transport,
+                     self.gpu_transport)
+            self._device_transport = transports.REGISTRY[self.transport](self, device)
+        return self._device_transport
+
+    def _on_device(self, buf, run):
+        """``run(transport, buf)`` for a device buffer, through a copy on the transport's
+        device where ``buf`` is on another one of this rank."""
+        transport = self.device_transport(buf.device.id)
+        transports_run[transport.name] += 1
+        if buf.device.id == transport.device:
+            run(transport, buf)
+            return
+        import cupy  # noqa: WPS433
+        cupy.cuda.get_current_stream().synchronize()   # the caller's work on buf's device
+        with transport.scope():
+            there = cupy.empty(buf.shape, dtype=buf.dtype)
+            there.data.copy_from_device_async(buf.data, buf.nbytes, transport.stream)
+            run(transport, there)
+            buf.data.copy_from_device_async(there.data, buf.nbytes, transport.stream)
+            transport.finish()
+
+    # -- collectives -----------------------------------------------------------
+    def _algorithm(self, nbytes):
+        if self._table is not None:
+            return self._table.choose(nbytes)
+        if self.hierarchical and nbytes >= self._min_bytes:
+            return 'hierarchical'
+        return 'mpi'
 
     def allreduce(self, buf):
-        """Sum over ranks in place, by the tune table where there is one, else through the
-        hosts from the hierarchy's smallest size on, else MPI_Allreduce."""
-        if self._table is not None:
-            algorithm = self._table.choose(buf.nbytes)
-        elif self.hierarchical and buf.nbytes >= self._min_bytes:
-            algorithm = 'hierarchical'
+        """Sum over ranks in place: a device buffer through the device transport, a host
+        buffer by the tune table where there is one, else through the hosts from the
+        hierarchy's smallest size on, else MPI_Allreduce."""
+        if self.size == 1:
+            return
+        if _is_device(buf):
+            algorithm = self._algorithm(buf.nbytes)
+            self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
         else:
-            algorithm = 'mpi'
-        self.allreduce_with(buf, algorithm)
+            self.allreduce_host(buf, self._algorithm(buf.nbytes))
 
     def allreduce_with(self, buf, algorithm):
-        """Allreduce in place with the named algorithm (tune.py): 'mpi' (MPI_Allreduce,
-        polled under progress), 'rsag' (reduce-scatter then allgather on this
-        communicator) or 'hierarchical' (through the hosts; 'mpi' where it does not apply).
-        The choice depends only on agreed things (the size, the table), so every rank makes
-        the same calls."""
-        data, staged = self._prepare(buf)
-        if self.size > 1:
-            algorithms_run[algorithm] += 1
-            if algorithm == 'hierarchical' and self.hierarchical:
-                if self._uniform:
-                    self._allreduce_scattered(data)
-                else:
-                    self._allreduce_via_leaders(data)
-            elif algorithm == 'rsag':
-                self._allreduce_rsag(data)
-            elif self._progress_us and data.nbytes >= self._progress_min:
-                wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
-                             self._progress_us, PROGRESS_TESTS)
+        """Allreduce in place with the named algorithm (tune.py), device buffers through
+        their transport."""
+        if _is_device(buf):
+            if self.size > 1:
+                self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
+        else:
+            self.allreduce_host(buf, algorithm)
+
+    def allreduce_host(self, data, algorithm):
+        """Allreduce in place with the named algorithm: 'mpi' (MPI_Allreduce, polled under
+        progress), 'rsag' (reduce-scatter then allgather on this communicator) or
+        'hierarchical' (through the hosts; 'mpi' where it does not apply). The choice depends
+        only on agreed things (the size, the table), so every rank makes the same calls.
+        ``data``: host memory, or device memory for a CUDA-aware MPI (transports/cuda_mpi)."""
+        if self.size == 1:
+            return
+        algorithms_run[algorithm] += 1
+        if algorithm == 'hierarchical' and self.hierarchical:
+            if self._uniform:
+                self._allreduce_scattered(data)
             else:
-                self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
-        if staged:
-            staged.back()
+                self._allreduce_via_leaders(data)
+        elif algorithm == 'rsag':
+            self._allreduce_rsag(data)
+        elif self._progress_us and data.nbytes >= self._progress_min:
+            wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
+                         self._progress_us, PROGRESS_TESTS)
+        else:
+            self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
 
     def _allreduce_rsag(self, data):
         """Reduce-scatter, then allgather, on the flat communicator (in place in data)."""
@@ -336,11 +367,15 @@ class Comm:
         run.raise_first()
 
     def bcast(self, buf, root):
-        data, staged = self._prepare(buf)
-        if self.size > 1:
-            self.mpi.Bcast(data, root=root)
-        if staged:
-            staged.back()
+        if self.size == 1:
+            return
+        if _is_device(buf):
+            self._on_device(buf, lambda transport, data: transport.bcast(data, root))
+        else:
+            self.bcast_host(buf, root)
+
+    def bcast_host(self, data, root):
+        self.mpi.Bcast(data, root=root)
 
     def barrier(self):
         self.mpi.Barrier()
@@ -382,9 +417,19 @@ class Comm:
                 self.cross = self.node = None
                 self.hierarchical = False
                 self._scratch.clear()
+                if self._device_transport is not None:
+                    _free_quietly(self._device_transport)
+                    self._device_transport = None
                 self.mpi.Free()
         except MPI.Exception:
             log.debug('communicator free failed', exc_info=True)
+
+
+def _free_quietly(transport):
+    try:
+        transport.free()
+    except Exception:   # noqa: B902 (CuPy's or NCCL's errors: freeing must not raise)
+        log.debug('freeing the %s transport failed', transport.name, exc_info=True)
 
 
 def _pieces(count, width):
@@ -412,8 +457,10 @@ class _Steps:
             raise self.errors[0]
 
 
-# How many allreduces each algorithm ran through Comm.allreduce_with (tests look).
+# How many allreduces each algorithm ran through Comm.allreduce_host (tests look).
 algorithms_run = collections.Counter()
+# How many collectives each device transport ran (tests look which path ran).
+transports_run = collections.Counter()
 
 # Tests per wake-up while a large allreduce is progressed with sleeps: MPICH moves a
 # bounded amount of data per Test (over TCP, one pass over the sockets), so one Test

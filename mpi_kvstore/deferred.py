@@ -17,32 +17,13 @@ communication thread). Three things then happen, in this order:
 import collections
 import logging
 
-import numpy as np
-
 from . import engine
 from .errors import CollectiveError, MPIKVStoreError
+from .poison import poison, poison_value  # noqa: F401 (re-exported)
 
 __all__ = ['DeferredErrors', 'poison', 'poison_value']
 
 log = logging.getLogger(__name__)
-
-
-def poison_value(dtype):
-    """The value a failed collective leaves in its output, by dtype."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == 'f':
-        return np.nan
-    if dtype.kind == 'i':
-        return np.iinfo(dtype).min
-    if dtype.kind == 'u':
-        return np.iinfo(dtype).max
-    raise TypeError('no poison value for dtype %s' % dtype)
-
-
-def poison(buf):
-    """Fill a numpy or CuPy buffer with :func:`poison_value` of its dtype (None: nothing)."""
-    if buf is not None:
-        buf.fill(poison_value(buf.dtype))
 
 
 class DeferredErrors:

@@ -8,20 +8,26 @@ __all__ = ['plan', 'fusable', 'BufferPool']
 
 
 class BufferPool:
-    """Reusable flat buffers, one per (array module, dtype): numpy for host memory, CuPy
-    for a GPU's; each grows to the largest count asked for."""
+    """Reusable flat buffers, one per (array module, device, dtype): numpy for host memory,
+    CuPy for each GPU's; each grows to the largest count asked for."""
 
     def __init__(self):
         self._buffers = {}
 
     def get(self, like, count):
-        """``count`` elements of a buffer like ``like`` (its module and dtype)."""
+        """``count`` elements of a buffer like ``like`` (its module, device and dtype)."""
         module = type(like).__module__.split('.')[0]
-        key = (module, like.dtype.str)
+        device = like.device.id if module == 'cupy' else None
+        key = (module, device, like.dtype.str)
         buf = self._buffers.get(key)
         if buf is None or buf.size < count:
             xp = __import__(module)
-            buf = self._buffers[key] = xp.empty(max(count, 1024), dtype=like.dtype)
+            if device is None:
+                buf = xp.empty(max(count, 1024), dtype=like.dtype)
+            else:
+                with xp.cuda.Device(device):
+                    buf = xp.empty(max(count, 1024), dtype=like.dtype)
+            self._buffers[key] = buf
         return buf[:count]
 
     def clear(self):
@@ -44,20 +50,23 @@ def order(req):
     return -req.priority, req.seq
 
 
-def plan(requests, threshold):
-    """Group requests, in :func:`order`, into buckets of at most ``threshold`` bytes.
+def plan(requests, threshold, device_threshold=None):
+    """Group requests, in :func:`order`, into buckets of at most ``threshold`` bytes
+    (``device_threshold`` for GPU arrays, where given).
 
     Neighbouring compatible allreduces share a bucket; anything else travels alone.
     """
     buckets, current, size = [], [], 0
     for req in sorted(requests, key=order):
-        if not fusable(req, threshold):
+        limit = (device_threshold if device_threshold is not None and req.place != 'cpu'
+                 else threshold)
+        if not fusable(req, limit):
             if current:
                 buckets.append(current)
                 current, size = [], 0
             buckets.append([req])
             continue
-        if current and (size + req.nbytes > threshold or not _compatible(current[0], req)):
+        if current and (size + req.nbytes > limit or not _compatible(current[0], req)):
             buckets.append(current)
             current, size = [], 0
         current.append(req)

@@ -134,10 +134,32 @@ def test_without_mxnet_the_import_says_which_wheel_to_install():
     """MXNet comes from an extra (cpu), so that a GPU wheel is never overwritten."""
     import subprocess
     import sys
-    code = "import sys; sys.modules['mxnet'] = None; import mpi_kvstore"
+    code = "import sys; sys.modules['mxnet'] = None; import mpi_kvstore; mpi_kvstore.create()"
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
     assert out.returncode != 0
     assert "pip install 'mpi_kvstore[cpu]'" in out.stderr and 'mxnet-cu11x' in out.stderr, out.stderr
+
+
+def test_the_transports_import_without_mxnet():
+    """The GPU machine runs CuPy with numpy 2, where MXNet cannot go: the transports, the
+    host communicator and the bucket runner import without it, and a host bucket runs."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['mxnet'] = None\n"
+            "import numpy as np\n"
+            "from mpi_kvstore import transports, comm, reduce\n"
+            "from mpi_kvstore.collective import Collective\n"
+            "from mpi_kvstore.comm import MPI\n"
+            "c = comm.Comm(MPI.COMM_WORLD, 'off')\n"
+            "req = Collective('allreduce', 'k', np.dtype('f4'), (3,), place='cpu')\n"
+            "req.view = np.arange(3, dtype='f4')\n"
+            "reduce.Reducer(c.size, None, None).allreduce([req], c)\n"
+            "print(sorted(transports.REGISTRY), req.view.tolist(), 'mxnet' in sys.modules\n"
+            "      and sys.modules['mxnet'] is not None)\n")
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['cuda_mpi',", "'nccl',", "'staged']", '[0.0,', '1.0,',
+                                  '2.0]', 'False'], out.stdout
 
 
 def test_cuda_awareness_is_asked_of_the_loaded_mpi():

@@ -9,7 +9,8 @@ from .. import agreement
 from ..arrays import flat_view, view_at
 from ..comm import MPI, Comm
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
-from ..fusion import BufferPool, plan
+from ..fusion import plan
+from ..reduce import Reducer
 from ..collective import SIG_LIMIT
 from . import join
 
@@ -35,7 +36,8 @@ class Design:
         self._seq = itertools.count()
         self.pushed = 0  # collectives numbered so far (read by the stall inspector)
         self.joined = False  # this rank called join() and mirrors the others' collectives
-        self._pools = {}  # one per communicator: lanes of the concurrent design run at once
+        # fusion, averaging and device handling around each collective (reduce.py)
+        self.reducer = Reducer(self.size, self.fail, self.fail_all)
         self.timeline = timeline
 
     # -- called on the user's thread ---------------------------------------
@@ -195,7 +197,8 @@ class Design:
         return top % self.size
 
     def execute_all(self, reqs, comm):
-        for bucket in plan(reqs, self.config.fusion_threshold):
+        for bucket in plan(reqs, self.config.fusion_threshold,
+                           self.config.device_fusion_threshold):
             self.execute(bucket, comm)
 
     def execute(self, bucket, comm):
@@ -223,78 +226,13 @@ class Design:
     def _execute(self, bucket, comm):
         kind = bucket[0].kind
         if kind == 'allreduce':
-            self._allreduce(bucket, comm)
+            self.reducer.allreduce(bucket, comm)
         elif kind == 'bcast':
-            comm.bcast(bucket[0].buffer(), bucket[0].root)
+            self.reducer.bcast(bucket[0], comm)
         elif kind == 'barrier':
             comm.barrier()
         else:
             bucket[0].result = bucket[0].fn(comm.mpi)
-
-    def _allreduce(self, bucket, comm):
-        if any(r.codec is not None for r in bucket):
-            self._allreduce_coded(bucket, comm)
-            return
-        if len(bucket) == 1:
-            buf = bucket[0].buffer()
-            comm.allreduce(buf)
-            self._average(bucket[0], buf)
-            return
-        flat = self._fuse(bucket, comm)
-        comm.allreduce(flat)
-        self._average(bucket[0], flat)
-        offset = 0
-        for req in bucket:
-            view = req.buffer()
-            view[...] = flat[offset:offset + view.size]
-            offset += view.size
-
-    def _allreduce_coded(self, bucket, comm):
-        """A bucket with compressed requests: each codec exchanges its own (compression.py),
-        the rest are reduced as usual. Buckets and codecs are agreed, so every rank makes the
-        same calls in the same order."""
-        codecs = []
-        for req in bucket:
-            if req.codec is not None and req.codec not in codecs:
-                codecs.append(req.codec)
-        for codec in codecs:
-            reqs = [r for r in bucket if r.codec is codec]
-            failed = codec.exchange(reqs, comm)
-            for req in reqs:
-                if req in failed:
-                    if req.error is None:
-                        self.fail(req, failed[req])
-                else:
-                    self._average(req, req.buffer())
-        plain = [r for r in bucket if r.codec is None]
-        if plain:
-            self._allreduce(plain, comm)
-
-    def _fuse(self, bucket, comm):
-        """The bucket's data in one flat buffer; zeros of the agreed size if that fails here."""
-        count = sum(r.nbytes for r in bucket) // bucket[0].dtype.itemsize
-        try:
-            views = [r.buffer() for r in bucket]
-            pool = self._pools.setdefault(id(comm), BufferPool())
-            flat = pool.get(views[0], count)
-            _xp(flat).concatenate(views, out=flat)
-            return flat
-        except Exception as err:
-            self.fail_all(bucket, err)
-            return np.zeros(count, dtype=bucket[0].dtype)
-
-    def _average(self, req, buf):
-        if not req.average or self.size == 1:
-            return
-        if buf.dtype.kind == 'f':
-            buf *= 1.0 / self.size
-        else:
-            buf //= self.size
-
-
-def _xp(array):
-    return np if isinstance(array, np.ndarray) else __import__(type(array).__module__.split('.')[0])
-
 
 def native_view(req, pointer):
     """The request's view from the pointer its native op took (None: it was refused)."""
@@ -310,6 +248,8 @@ def progress(config):
     return config.progress_sleep_us, config.progress_min_bytes
 
 
-def new_comm(comm, config, table=None):
-    """The transport a design runs its collectives on, as the options say (comm.Comm)."""
-    return Comm(comm, config.hierarchical, progress(config), config.cuda_aware, table)
+def new_comm(comm, config, table=None, concurrent=False):
+    """The communicator a design runs its collectives on, as the options say (comm.Comm);
+    ``concurrent``: it runs beside others at once (the concurrent design's lanes)."""
+    return Comm(comm, config.hierarchical, progress(config), config.cuda_aware, table,
+                config.gpu_transport, concurrent)

@@ -201,6 +201,8 @@ def _native_can_run(reqs):
     for req in reqs:
         if req.kind == 'custom' or req.codec is not None:   # compressed: compression.py
             return False
+        if req.place != 'cpu':   # device memory: a device transport (reduce.py)
+            return False
         if req.dtype is None:
             continue
         if c_datatype(req.dtype) is None or req.nbytes // req.dtype.itemsize > _INT_MAX:

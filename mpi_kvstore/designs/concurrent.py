@@ -32,7 +32,7 @@ class Concurrent(Negotiated):
     def __init__(self, comm, config, sink, timeline=None, table=None):
         self._lanes = []
         for i in range(config.lanes):
-            lane = (new_comm(comm, config, table), queue.SimpleQueue())
+            lane = (new_comm(comm, config, table, concurrent=True), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))
@@ -41,7 +41,8 @@ class Concurrent(Negotiated):
         super().__init__(comm, config, sink, timeline, table)
 
     def dispatch(self, agreed):
-        for bucket in plan(agreed, self.config.fusion_threshold):
+        for bucket in plan(agreed, self.config.fusion_threshold,
+                           self.config.device_fusion_threshold):
             comm, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
             self._bucket += 1
             jobs.put(bucket)

@@ -31,6 +31,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+from mpi_kvstore import reduce
 from mpi_kvstore.designs import base
 from common import RANK, SIZE, WORLD, close, design_arg, done
 
@@ -52,7 +53,7 @@ class Injected(RuntimeError):
 
 # -- the injected failures (armed on the failing rank only) ---------------------------------
 class _FailingConcatenate:
-    """Stands in for numpy in Design._fuse: its concatenate raises once for a bucket
+    """Stands in for numpy in Reducer._fuse: its concatenate raises once for a bucket
     of ``count`` elements, then hands everything to numpy again."""
 
     def __init__(self, count):
@@ -68,10 +69,10 @@ class _FailingConcatenate:
 
 def fail_fusion(count):
     """Arm a failure of the next fusion of ``count`` elements; returns the disarm."""
-    real = base._xp
+    real = reduce._xp
     fake = _FailingConcatenate(count)
-    base._xp = lambda array: fake if isinstance(array, np.ndarray) else real(array)
-    return lambda: setattr(base, '_xp', real)
+    reduce._xp = lambda array: fake if isinstance(array, np.ndarray) else real(array)
+    return lambda: setattr(reduce, '_xp', real)
 
 
 def fail_attach(nbytes):

@@ -1,0 +1,174 @@
+"""GPU transports on CuPy arrays, against the device's own copy and NCCL's own allreduce.
+
+    mpiexec -n N python benchmarks/gpu_bandwidth.py [--mb 64] [--repeats 20]
+
+Needs CuPy and a GPU, not MXNet. In one run, for one float32 buffer of --mb MB:
+- CuPy's device-to-device copy of it (the device's own speed);
+- a copy down to host memory, pageable and pinned (what staging costs);
+- NCCL's own allreduce of it through cupy.cuda.nccl, and raw MPI_Allreduce of a pinned
+  host copy (the baselines);
+- pushpull through each transport that runs here: the store's path (reduce.Reducer on a
+  comm.Comm, on a fresh thread as the store runs it); at one rank the store reduces
+  nothing, so there the transport's own allreduce is timed;
+- the device fusion threshold: the same bytes as 256 arrays, fused at several thresholds.
+Rank 0 prints a table: ms, GB/s (algorithm bandwidth: bytes / time) and the ratio to the
+D2D copy and to the baseline of the same kind. Figures go into the README's GPU section.
+"""
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+
+import cupy
+import cupyx
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpi_kvstore import comm as comm_mod, transports  # noqa: E402
+from mpi_kvstore.collective import Collective  # noqa: E402
+from mpi_kvstore.fusion import plan  # noqa: E402
+from mpi_kvstore.reduce import Reducer  # noqa: E402
+from mpi_kvstore.transports import staged  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+DEVICE = RANK % cupy.cuda.runtime.getDeviceCount()
+cupy.cuda.Device(DEVICE).use()
+
+
+def timed(fn, repeats):
+    """Median seconds of fn() over repeats, after two warm-ups, ranks started together."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        WORLD.Barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return WORLD.allreduce(statistics.median(times), op=MPI.MAX)
+
+
+def on_thread(fn):
+    thread = threading.Thread(target=fn)
+    thread.start()
+    thread.join()
+
+
+def reducer_pushpull(comm, bufs, threshold):
+    seq = iter(range(1 << 30))
+
+    def failed(*args):
+        raise RuntimeError('bench: a collective failed: %s' % (args,))
+    reducer = Reducer(SIZE, failed, failed)
+    reqs = []
+    for i, buf in enumerate(bufs):
+        req = Collective('allreduce', i, np.dtype(buf.dtype), buf.shape, place='gpu')
+        req.view = buf
+        reqs.append(req)
+
+    def run():
+        for req in reqs:
+            req.seq = next(seq)
+        for bucket in plan(reqs, 1 << 20, threshold):
+            on_thread(lambda b=bucket: reducer.allreduce(b, comm))
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--mb', type=int, default=64)
+    parser.add_argument('--repeats', type=int, default=20)
+    args = parser.parse_args()
+    nbytes = args.mb << 20
+    count = nbytes // 4
+    buf = cupy.ones(count, dtype='float32')
+    rows = []   # (what, seconds, baseline name or None)
+
+    other = cupy.empty_like(buf)
+    rows.append(('cupy D2D copy', timed(lambda: (other.__setitem__(Ellipsis, buf),
+                                                 cupy.cuda.Device().synchronize()),
+                                        args.repeats), None))
+    pinned = cupyx.empty_pinned((count,), dtype='float32')
+    pageable = np.empty(count, dtype='float32')
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rows.append(('copy down, pageable', timed(lambda: buf.get(out=pageable, stream=stream),
+                                              args.repeats), None))
+    rows.append(('copy down, pinned', timed(lambda: buf.get(out=pinned, stream=stream),
+                                            args.repeats), 'copy down, pageable'))
+    rows.append(('raw MPI_Allreduce, pinned host', timed(
+        lambda: WORLD.Allreduce(MPI.IN_PLACE, pinned, op=MPI.SUM), args.repeats), None))
+    step = staged.PIECE_BYTES // 4
+
+    def in_pieces():
+        for start in range(0, count, step):
+            WORLD.Allreduce(MPI.IN_PLACE, pinned[start:start + step], op=MPI.SUM)
+    rows.append(('raw MPI_Allreduce, pinned host, %d MB pieces' % (staged.PIECE_BYTES >> 20),
+                 timed(in_pieces, args.repeats), 'raw MPI_Allreduce, pinned host'))
+
+    probe = comm_mod.Comm(WORLD, 'off')
+    usable = {name: cls.usable(probe)[0] for name, cls in transports.REGISTRY.items()}
+    shared = transports.devices_shared(probe, DEVICE) if SIZE > 1 else False
+    if usable['nccl'] and not shared:
+        from cupy.cuda import nccl
+        uid = WORLD.bcast(nccl.get_unique_id() if RANK == 0 else None, root=0)
+        raw = nccl.NcclCommunicator(SIZE, uid, RANK)
+        rows.append(('raw NCCL allreduce', timed(lambda: (raw.allReduce(
+            buf.data.ptr, buf.data.ptr, count, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr),
+            stream.synchronize()), args.repeats), None))
+    probe.free()
+
+    for name in ('nccl', 'cuda_mpi', 'staged'):
+        if not usable[name] or (name == 'nccl' and shared):
+            continue
+        base = {'nccl': 'raw NCCL allreduce', 'cuda_mpi': 'raw MPI_Allreduce, pinned host',
+                'staged': 'copy down, pinned' if SIZE == 1 else 'raw MPI_Allreduce, pinned host'
+                }[name]
+        comm = comm_mod.Comm(WORLD, 'off', gpu_transport=name)
+        if SIZE == 1:
+            transport = comm.device_transport(DEVICE)
+
+            def alone(t=transport):
+                with t.scope():
+                    t.allreduce(buf)
+                    t.finish()
+            rows.append(('%s transport allreduce' % name, timed(alone, args.repeats), base))
+        else:
+            rows.append(('%s pushpull (store path)' % name,
+                         timed(reducer_pushpull(comm, [buf], 64 << 20), args.repeats), base))
+            pieces = [buf[i * (count // 256):(i + 1) * (count // 256)] for i in range(256)]
+            one = None
+            for threshold in (0, 4 << 20, 16 << 20, 64 << 20):
+                what = '%s, 256 arrays, device fusion %d MB' % (name, threshold >> 20)
+                rows.append((what, timed(reducer_pushpull(comm, pieces, threshold),
+                                         max(5, args.repeats // 4)), one))
+                one = one or what
+        comm.free()
+
+    if RANK == 0:
+        seconds = {what: s for what, s, _ in rows}
+        print('GPU bandwidth: %d MB float32, %d rank(s), %s, CuPy %s, NCCL %s'
+              % (args.mb, SIZE, cupy.cuda.runtime.getDeviceProperties(DEVICE)['name'].decode(),
+                 cupy.__version__, _nccl_version()))
+        print('| what | ms | GB/s | x D2D copy time | x baseline time (baseline) |')
+        print('|---|---|---|---|---|')
+        d2d = seconds['cupy D2D copy']
+        for what, s, base in rows:
+            ratio = '%.2f (%s)' % (s / seconds[base], base) if base else '-'
+            print('| %s | %.3f | %.1f | %.2f | %s |' % (what, s * 1e3, nbytes / s / 1e9,
+                                                       s / d2d, ratio))
+
+
+def _nccl_version():
+    try:
+        from cupy.cuda import nccl
+        return nccl.get_version()
+    except Exception:   # noqa: B902
+        return 'none'
+
+
+if __name__ == '__main__':
+    main()

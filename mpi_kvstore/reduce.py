@@ -1,0 +1,188 @@
+"""What runs around a bucket's collective, outside the schedulers: fusion into one flat
+buffer, the reduction by the transport, averaging, the copy back, and for device buffers
+the device, the stream and the synchronisation before the engine op completes.
+
+A design agrees with the other ranks on what runs and in which buckets (fusion.plan), then
+hands each bucket here. No MXNet here: the GPU tests drive it with CuPy arrays alone.
+
+Device buckets (place 'gpu', which every rank agreed on) run under ``cupy.cuda.Device`` of
+their buffers, on the transport's stream: fusion, the collective, averaging and the copy
+back are queued there in order, and the stream is synchronised before the bucket
+completes, because MXNet's next op on the output may run on any stream. MXNet itself
+completes an op only once its GPU work is done, so a single buffer needs no
+synchronisation before the collective; a fused one is synchronised by the transport
+(staged: its copy down; CUDA-aware MPI: before MPI reads) or ordered on the stream (NCCL).
+
+A rank whose own step fails (fusion, reading an array) still takes part, with zeros of
+the agreed size in the agreed place (device zeros for a device bucket): the other ranks
+are in the collective, and skipping it would pair this rank's next collective with their
+current one.
+"""
+import contextlib
+import logging
+
+import numpy as np
+
+from .fusion import BufferPool
+
+__all__ = ['Reducer']
+
+log = logging.getLogger(__name__)
+
+
+class Reducer:
+    """Runs allreduce and broadcast buckets on a Comm.
+
+    ``size``: the number of ranks. ``fail(req, err)``: how the design fails a request;
+    ``fail_all(reqs, err)``: how it fails requests on this rank alone (it gives them host
+    zeros and spoils their signature).
+    """
+
+    def __init__(self, size, fail, fail_all):
+        self.size = size
+        self._fail = fail
+        self._fail_all = fail_all
+        self._pools = {}   # one per communicator: lanes of the concurrent design run at once
+
+    def allreduce(self, bucket, comm):
+        if any(r.codec is not None for r in bucket):
+            self._coded(bucket, comm)
+            return
+        if self.size == 1:     # the sum over one rank, and its average, is the data itself
+            return
+        with _scope(bucket, comm) as device:
+            _zeros_in_place(bucket, device)
+            if len(bucket) == 1:
+                buf = bucket[0].buffer()
+                comm.allreduce(buf)
+                self._average(bucket[0], buf)
+                return
+            flat = self._fuse(bucket, comm, device)
+            comm.allreduce(flat)
+            self._average(bucket[0], flat)
+            offset = 0
+            for req in bucket:
+                view = req.buffer()
+                view[...] = flat[offset:offset + view.size]
+                offset += view.size
+
+    def bcast(self, req, comm):
+        if self.size == 1:
+            return
+        with _scope([req], comm) as device:
+            _zeros_in_place([req], device)
+            comm.bcast(req.buffer(), req.root)
+
+    def _coded(self, bucket, comm):
+        """A bucket with compressed requests: each codec exchanges its own (compression.py),
+        the rest are reduced as usual. Buckets and codecs are agreed, so every rank makes the
+        same calls in the same order."""
+        codecs = []
+        for req in bucket:
+            if req.codec is not None and req.codec not in codecs:
+                codecs.append(req.codec)
+        for codec in codecs:
+            reqs = [r for r in bucket if r.codec is codec]
+            failed = codec.exchange(reqs, comm)
+            for req in reqs:
+                if req in failed:
+                    if req.error is None:
+                        self._fail(req, failed[req])
+                else:
+                    self._average(req, req.buffer())
+        plain = [r for r in bucket if r.codec is None]
+        if plain:
+            self.allreduce(plain, comm)
+
+    def _fuse(self, bucket, comm, device):
+        """The bucket's data in one flat buffer; zeros of the agreed size if that fails here."""
+        count = sum(r.nbytes for r in bucket) // bucket[0].dtype.itemsize
+        try:
+            views = [r.buffer() for r in bucket]
+            pool = self._pools.setdefault(id(comm), BufferPool())
+            flat = pool.get(views[0], count)
+            _xp(flat).concatenate(views, out=flat)
+            return flat
+        except Exception as err:
+            self._fail_all(bucket, err)
+            return _zeros(count, bucket[0].dtype, device)
+
+    def _average(self, req, buf):
+        if not req.average or self.size == 1:
+            return
+        if buf.dtype.kind == 'f':
+            buf *= 1.0 / self.size
+        else:
+            buf //= self.size
+
+
+def _xp(array):
+    return np if isinstance(array, np.ndarray) else __import__(type(array).__module__.split('.')[0])
+
+
+def _zeros(count, dtype, device):
+    if device is None:
+        return np.zeros(count, dtype=dtype)
+    import cupy  # noqa: WPS433
+    return cupy.zeros(count, dtype=dtype)   # on the current device: _scope's
+
+
+def _zeros_in_place(bucket, device):
+    """A device bucket's failed requests send device zeros, as the others send device data
+    (fail_all gave them host zeros: it does not know the device)."""
+    if device is None:
+        return
+    for req in bucket:
+        if isinstance(req.scratch, np.ndarray):
+            req.scratch = _zeros(req.scratch.size, req.scratch.dtype, device)
+
+
+def device_of(bucket):
+    """The CUDA device of a device bucket: its buffers', else (every read failed) the
+    device of its arrays' MXNet context, else the current one."""
+    for req in bucket:
+        buf = req.buffer()
+        if buf is not None and not isinstance(buf, np.ndarray):
+            return buf.device.id
+    for req in bucket:
+        context = getattr(req.array, 'context', None)
+        if context is not None:
+            return context.device_id
+    import cupy  # noqa: WPS433
+    return cupy.cuda.runtime.getDevice()
+
+
+@contextlib.contextmanager
+def _scope(bucket, comm):
+    """Host bucket: nothing (yields None). Device bucket: its device current, the
+    transport's stream current where the transport is on that device (else a stream of
+    the device's own, synchronised before the collective), and every queued operation
+    finished on the way out, failed or not. Yields the device id."""
+    if bucket[0].place == 'cpu':
+        yield None
+        return
+    import cupy  # noqa: WPS433
+    device = device_of(bucket)
+    transport = comm.device_transport(device)
+    with cupy.cuda.Device(device):
+        own = transport.device == device
+        stream = transport.stream if own else _stream(device)
+        try:
+            with stream:
+                yield device
+        finally:
+            if own:
+                transport.finish()
+            else:
+                stream.synchronize()
+
+
+_streams = {}
+
+
+def _stream(device):
+    import cupy  # noqa: WPS433
+    found = _streams.get(device)
+    if found is None:
+        found = _streams[device] = cupy.cuda.Stream()
+    return found

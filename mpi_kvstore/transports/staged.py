@@ -1,0 +1,72 @@
+"""MPI on device buffers through pinned host memory, for an MPI that is not CUDA-aware.
+
+The copies run asynchronously on the transport's stream into page-locked buffers that
+are kept, one per dtype (this transport is per device), and grow to the largest
+collective: a pageable ``get()`` costs about 3.5 times a pinned copy at 64 MB (15.7 against
+54.8 GB/s on an H200). A broadcast copies one way only: down on the root, up elsewhere.
+
+A large allreduce runs in pieces of :data:`PIECE_BYTES`, pipelined: every piece's copy
+down is queued at once, each piece is reduced as soon as its copy arrived (an event), and
+its copy up is queued while the next one is reduced. MPICH also reduced 16 MB pieces
+faster than one 64 MB buffer (2 ranks on one H200 host: 20.7 against 37.6 ms).
+"""
+import numpy as np
+
+from .base import Transport, register
+
+PIECE_BYTES = 16 << 20
+
+
+@register
+class Staged(Transport):
+    name = 'staged'
+
+    def __init__(self, comm, device):
+        super().__init__(comm, device)
+        self._host = {}   # dtype -> pinned numpy buffer
+
+    def _pinned(self, buf):
+        import cupyx  # noqa: WPS433
+        key = np.dtype(buf.dtype).str
+        host = self._host.get(key)
+        if host is None or host.size < buf.size:
+            host = self._host[key] = cupyx.empty_pinned((max(buf.size, 1 << 16),), buf.dtype)
+        return host[:buf.size]
+
+    def _down(self, buf):
+        """``buf`` in pinned host memory; waits for the stream (the caller's fusion, then
+        the copy) before MPI reads it."""
+        host = self._pinned(buf)
+        buf.get(stream=self.stream, out=host, blocking=True)
+        return host
+
+    def allreduce(self, buf, algorithm='mpi'):
+        step = max(1, PIECE_BYTES // buf.itemsize)
+        if buf.size <= step:
+            host = self._down(buf)
+            self.comm.allreduce_host(host, algorithm)
+            buf.set(host, stream=self.stream)   # queued; the caller's finish() waits for it
+            return
+        import cupy  # noqa: WPS433
+        host = self._pinned(buf)
+        pieces = [(start, min(start + step, buf.size)) for start in range(0, buf.size, step)]
+        arrived = []
+        for start, end in pieces:   # every copy down queued at once, one event each
+            buf[start:end].get(stream=self.stream, out=host[start:end], blocking=False)
+            event = cupy.cuda.Event(block=True, disable_timing=True)
+            event.record(self.stream)
+            arrived.append(event)
+        for (start, end), event in zip(pieces, arrived):
+            event.synchronize()
+            # The same pieces on every rank (the size is agreed): the same MPI calls.
+            self.comm.allreduce_host(host[start:end], algorithm)
+            buf[start:end].set(host[start:end], stream=self.stream)
+
+    def bcast(self, buf, root):
+        host = self._down(buf) if self.comm.rank == root else self._pinned(buf)
+        self.comm.bcast_host(host, root)
+        if self.comm.rank != root:
+            buf.set(host, stream=self.stream)
+
+    def free(self):
+        self._host.clear()
