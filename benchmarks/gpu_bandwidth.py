@@ -10,6 +10,7 @@ Needs CuPy and a GPU, not MXNet. In one run, for one float32 buffer of --mb MB:
 - pushpull through each transport that runs here: the store's path (reduce.Reducer on a
   comm.Comm, on a fresh thread as the store runs it); at one rank the store reduces
   nothing, so there the transport's own allreduce is timed;
+- pushpull compressed on the GPU (fp16, bf16, 2-bit: device_codecs.py) against plain;
 - the device fusion threshold: the same bytes as 256 arrays, fused at several thresholds.
 Rank 0 prints a table: ms, GB/s (algorithm bandwidth: bytes / time) and the ratio to the
 D2D copy and to the baseline of the same kind. Figures go into the README's GPU section.
@@ -27,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mpi_kvstore import comm as comm_mod, transports  # noqa: E402
+from mpi_kvstore import comm as comm_mod, compression, transports  # noqa: E402
 from mpi_kvstore.collective import Collective  # noqa: E402
 from mpi_kvstore.fusion import plan  # noqa: E402
 from mpi_kvstore.reduce import Reducer  # noqa: E402
@@ -53,12 +54,22 @@ def timed(fn, repeats):
 
 
 def on_thread(fn):
-    thread = threading.Thread(target=fn)
+    """fn() on a fresh thread, as the store's communication threads run buckets."""
+    box = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as err:   # noqa: B902 (raised again on the caller's thread)
+            box.append(err)
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
+    if box:
+        raise box[0]
 
 
-def reducer_pushpull(comm, bufs, threshold):
+def reducer_pushpull(comm, bufs, threshold, codec=None):
     seq = iter(range(1 << 30))
 
     def failed(*args):
@@ -66,8 +77,10 @@ def reducer_pushpull(comm, bufs, threshold):
     reducer = Reducer(SIZE, failed, failed)
     reqs = []
     for i, buf in enumerate(bufs):
-        req = Collective('allreduce', i, np.dtype(buf.dtype), buf.shape, place='gpu')
-        req.view = buf
+        # averaged, so that repeated rounds keep the values (and fp16 never overflows)
+        req = Collective('allreduce', i, np.dtype(buf.dtype), buf.shape, place='gpu',
+                         average=True)
+        req.view, req.codec = buf, codec
         reqs.append(req)
 
     def run():
@@ -85,7 +98,7 @@ def main():
     args = parser.parse_args()
     nbytes = args.mb << 20
     count = nbytes // 4
-    buf = cupy.ones(count, dtype='float32')
+    buf = cupy.random.default_rng(RANK).standard_normal(count, dtype='float32')
     rows = []   # (what, seconds, baseline name or None)
 
     other = cupy.empty_like(buf)
@@ -139,6 +152,12 @@ def main():
         else:
             rows.append(('%s pushpull (store path)' % name,
                          timed(reducer_pushpull(comm, [buf], 64 << 20), args.repeats), base))
+            if name == 'staged':   # the codecs encode on the GPU; MPI moves their bytes
+                for codec in (compression.WireCast('fp16'), compression.WireCast('bf16'),
+                              compression.TwoBit(0.5)):
+                    rows.append(('%s pushpull, %s on the GPU' % (name, codec.spec[0]),
+                                 timed(reducer_pushpull(comm, [buf], 64 << 20, codec),
+                                       args.repeats), '%s pushpull (store path)' % name))
             pieces = [buf[i * (count // 256):(i + 1) * (count // 256)] for i in range(256)]
             one = None
             for threshold in (0, 4 << 20, 16 << 20, 64 << 20):

@@ -24,6 +24,9 @@ allreduce (Design._allreduce). Two kinds:
   allgather moves N times the codes, which beats a float32 allreduce while
   N < 32 (beyond, a two-phase scheme would: not built).
 
+On GPU arrays the codecs encode and decode with CuPy kernels (device_codecs.py), bit for
+bit as here, and only the compressed bytes cross to the host for MPI.
+
 A codec's name and parameters (``spec``) are part of every request's
 signature, so ranks that compress differently get a RankMismatchError, not a
 hang. A rank whose own encoding fails still takes part, with zeros, and fails
@@ -35,6 +38,7 @@ import zlib
 import numba
 import numpy as np
 
+from . import device_codecs
 from .collective import SIG_LIMIT
 from .comm import MPI
 
@@ -74,22 +78,34 @@ class WireCast:
         failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
         count = sum(sizes)
         chunk = -(-count // n)
-        send = np.zeros(n * chunk, np.uint16)        # the 16-bit floats' bits
+        device = _device_module(reqs)                # CuPy for a GPU bucket, else None
+        send = _host_empty(n * chunk, np.uint16, device)   # the 16-bit floats' bits
+        encoded = send if device is None else device.zeros(n * chunk, np.uint16)
+        encoded[count:] = 0
         scale, offset = np.float32(1.0 / n), 0
         for req, size in zip(reqs, sizes):
             try:   # prescaled and cast in one pass
-                self._encode(_host(req.buffer()).reshape(-1), scale, send[offset:offset + size])
-            except Exception as err:    # noqa: B902 (not host memory: zeros, and it fails)
+                self._encode(req.buffer().reshape(-1), scale, encoded[offset:offset + size])
+            except Exception as err:    # noqa: B902 (zeros go out, and it fails)
                 failed[req] = err
-                send[offset:offset + size] = 0
+                encoded[offset:offset + size] = 0
             offset += size
-        recv = np.empty((n, chunk), np.uint16)
+        if device is not None:   # only the 16-bit bits come down
+            encoded.get(out=send)
+        recv = _host_empty((n, chunk), np.uint16, device)
         comm.alltoall(send, recv.reshape(-1))
-        gathered = np.empty(n * chunk, np.uint16)
-        self._sum_rows(recv, gathered[comm.rank * chunk:(comm.rank + 1) * chunk])
+        gathered = _host_empty(n * chunk, np.uint16, device)
+        mine = gathered[comm.rank * chunk:(comm.rank + 1) * chunk]
+        if device is None:
+            self._sum_rows(recv, mine)
+        else:      # summed on the GPU too: the host only moves bytes
+            summed = device.empty(chunk, np.uint16)
+            self._sum_rows(device.asarray(recv), summed)
+            summed.get(out=mine)
         comm.allgather(MPI.IN_PLACE, gathered)
+        gathered = gathered[:count] if device is None else device.asarray(gathered[:count])
         # Every rank holds the same bits here, so every rank decides alike.
-        if self.kind == 'fp16' and (gathered[:count] & 0x7c00 == 0x7c00).any():
+        if self.kind == 'fp16' and bool(((gathered & 0x7c00) == 0x7c00).any()):
             err = OverflowError(
                 'fp16 compression: the sum over ranks of this bucket is not finite in float16 '
                 '(each rank sends its values / %d; the largest float16 is %g): the gradients are '
@@ -107,7 +123,9 @@ class WireCast:
     # float16: compiled conversions (numpy 1.23's take 5x longer); bfloat16: ml_dtypes'.
     def _encode(self, values, scale, out):
         """out (uint16) = the 16-bit float of float32(values) * scale."""
-        if self.kind == 'fp16':
+        if not isinstance(values, np.ndarray):
+            device_codecs.encode16(values, scale, self.kind, out)
+        elif self.kind == 'fp16':
             _encode_f16(values, scale, out)
         else:
             with np.errstate(over='ignore', invalid='ignore'):
@@ -116,7 +134,9 @@ class WireCast:
 
     def _sum_rows(self, rows, out):
         """out (uint16) = the 16-bit float of the float32 sum of the rows, in rank order."""
-        if self.kind == 'fp16':
+        if not isinstance(rows, np.ndarray):
+            device_codecs.sum_rows16(rows, self.kind, out)
+        elif self.kind == 'fp16':
             _sum_rows_f16(rows, out)
         else:
             with np.errstate(over='ignore', invalid='ignore'):
@@ -125,7 +145,9 @@ class WireCast:
 
     def _decode(self, bits, scale, out):
         """out (float32 or float64) = float32(the 16-bit floats) * scale."""
-        if self.kind == 'fp16':
+        if not isinstance(out, np.ndarray):
+            device_codecs.decode16(bits, scale, self.kind, out)
+        elif self.kind == 'fp16':
             _decode_f16(bits, scale, out)
         else:
             np.multiply(bits.view(self.wire), scale, dtype=np.float32, out=out, casting='unsafe')
@@ -154,37 +176,63 @@ class TwoBit:
             spans.append((total, count))
             total += -(-count // 4)
         n = comm.size
-        recv = np.empty((n, total), np.uint8)
+        device = _device_module(reqs)                # CuPy for a GPU bucket, else None
+        xp = np if device is None else device
+        recv = _host_empty((n, total), np.uint8, device)
         send = recv[comm.rank] if n > 1 else recv[0]
+        codes = send if device is None else device.empty(total, np.uint8)
         for req, (offset, count) in zip(reqs, spans):
-            out = send[offset:offset + -(-count // 4)]
+            out = codes[offset:offset + -(-count // 4)]
             try:
-                view = _host(req.buffer()).reshape(-1)
+                view = req.buffer().reshape(-1)
                 if req.mirror:     # a joined rank's zeros: no residual of its own
-                    residual = np.zeros(count, np.float32)
+                    residual = xp.zeros(count, np.float32)
                 else:
                     residual = self._residuals.get(req.key)
-                    if residual is None or residual.size != count:
-                        residual = self._residuals[req.key] = np.zeros(count, np.float32)
-                _quantize_pack(view, residual, self.threshold, out)
+                    if (residual is None or residual.size != count
+                            or isinstance(residual, np.ndarray) != (device is None)):
+                        residual = self._residuals[req.key] = xp.zeros(count, np.float32)
+                if device is None:
+                    _quantize_pack(view, residual, self.threshold, out)
+                else:
+                    device_codecs.quantize_pack(view, residual, self.threshold, out)
             except Exception as err:    # noqa: B902 (zeros go out, and it fails)
                 failed[req] = err
                 out[...] = 0
+        if device is not None:   # only the codes come down, and every rank's go up
+            codes.get(out=send)
         if n > 1:
             comm.allgather(MPI.IN_PLACE, recv.reshape(-1))
+        every = recv if device is None else device.asarray(recv)
         for req, (offset, count) in zip(reqs, spans):
             if req not in failed:
-                buf = req.buffer()
-                _count_sum(recv[:, offset:offset + -(-count // 4)], count, self.threshold,
-                           buf.reshape(-1), _DELTAS)
+                buf = req.buffer().reshape(-1)
+                if device is None:
+                    _count_sum(every[:, offset:offset + -(-count // 4)], count, self.threshold,
+                               buf, _DELTAS)
+                else:
+                    device_codecs.count_sum(every, offset, count, self.threshold, buf)
         return failed
 
 
-def _host(buf):
-    if not isinstance(buf, np.ndarray):
-        raise TypeError('gradient compression runs on host (CPU) arrays; this one is a %s'
-                        % type(buf).__name__)
-    return buf
+def _device_module(reqs):
+    """CuPy where the bucket's buffers are on a GPU (a bucket is on one side: its place is
+    agreed, and reduce.py gives a failed GPU request device zeros), else None."""
+    for req in reqs:
+        buf = req.buffer()
+        if buf is not None:
+            if isinstance(buf, np.ndarray):
+                return None
+            return __import__(type(buf).__module__.split('.')[0])
+    return None
+
+
+def _host_empty(shape, dtype, device):
+    """Host memory for MPI: pinned where it is copied to and from a GPU."""
+    if device is None:
+        return np.empty(shape, dtype)
+    import cupyx  # noqa: WPS433
+    return cupyx.empty_pinned(shape, dtype)
 
 
 # 2-bit codes as MXNet writes them: 11 for +threshold, 10 for -threshold, 00 for 0; the

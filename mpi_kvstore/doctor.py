@@ -58,6 +58,42 @@ def _designs(config, provided):
     return lines
 
 
+def _gpus():
+    try:
+        import cupy  # noqa: WPS433
+        return cupy.cuda.runtime.getDeviceCount(), None
+    except Exception as err:    # noqa: B902 (no CuPy, no driver, no device)
+        return 0, '%s: %s' % (type(err).__name__, err)
+
+
+def _gpu_transports(config):
+    """Which GPU transport this rank could use, and what gpu_transport would pick, judged
+    from this rank alone (the store's choice is agreed by every rank: transports.choose)."""
+    from . import transports  # noqa: WPS433
+    from .errors import ConfigError  # noqa: WPS433
+    count, why = _gpus()
+    if not count:
+        return ['  GPU arrays:     none here (%s)' % why]
+    found = launcher_local_rank()
+    shared = found is not None and found[1] > count
+    probe = type('Probe', (), {'cuda_aware_setting': config.cuda_aware})()
+    usable = {name: cls.usable(probe) for name, cls in transports.REGISTRY.items()}
+    try:
+        chosen = transports.decide(config.gpu_transport, usable, shared,
+                                   config.design == 'concurrent')
+        verdict = 'would pick %s' % chosen
+    except ConfigError as err:
+        chosen, verdict = None, 'cannot run: %s' % err
+    lines = ['  GPU arrays:     %d GPU(s); gpu_transport=%s %s (ranks agree at the first GPU '
+             'collective)%s' % (count, config.gpu_transport, verdict,
+                                '; %d ranks on this host share them, which NCCL refuses'
+                                % found[1] if shared else '')]
+    for name, (ok, why) in usable.items():
+        lines.append('    %s %-9s %s' % ('*' if name == chosen else ' ', name,
+                                         'usable' if ok else why))
+    return lines
+
+
 def report(environ=None):
     """The doctor's report, as lines of text."""
     config = Config()
@@ -92,9 +128,9 @@ def report(environ=None):
     lines += [
         'transports:',
         '  host arrays:    MPI (%s)' % library.split(',')[0],
-        '  GPU arrays:     %s' % ('MPI on device pointers (CUDA-aware)' if aware else
-                                  'staged through host memory (this MPI is not known to be '
-                                  'CUDA-aware; cuda_aware=on overrides)'),
+    ]
+    lines += _gpu_transports(config)
+    lines += [
         'allreduce:        hierarchical=%s (auto keeps every allreduce flat: measured no faster '
         'over TCP); progress_sleep_us=%g%s' % (
             config.hierarchical, config.progress_sleep_us,

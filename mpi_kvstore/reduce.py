@@ -74,22 +74,24 @@ class Reducer:
             comm.bcast(req.buffer(), req.root)
 
     def _coded(self, bucket, comm):
-        """A bucket with compressed requests: each codec exchanges its own (compression.py),
-        the rest are reduced as usual. Buckets and codecs are agreed, so every rank makes the
-        same calls in the same order."""
+        """A bucket with compressed requests: each codec exchanges its own (compression.py;
+        on the bucket's device for GPU arrays), the rest are reduced as usual. Buckets and
+        codecs are agreed, so every rank makes the same calls in the same order."""
         codecs = []
         for req in bucket:
             if req.codec is not None and req.codec not in codecs:
                 codecs.append(req.codec)
-        for codec in codecs:
-            reqs = [r for r in bucket if r.codec is codec]
-            failed = codec.exchange(reqs, comm)
-            for req in reqs:
-                if req in failed:
-                    if req.error is None:
-                        self._fail(req, failed[req])
-                else:
-                    self._average(req, req.buffer())
+        with _scope(bucket, comm) as device:
+            _zeros_in_place(bucket, device)
+            for codec in codecs:
+                reqs = [r for r in bucket if r.codec is codec]
+                failed = codec.exchange(reqs, comm)
+                for req in reqs:
+                    if req in failed:
+                        if req.error is None:
+                            self._fail(req, failed[req])
+                    else:
+                        self._average(req, req.buffer())
         plain = [r for r in bucket if r.codec is None]
         if plain:
             self.allreduce(plain, comm)

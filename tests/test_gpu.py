@@ -66,3 +66,10 @@ def test_nccl_two_ranks():
 def test_auto_picks_nccl_unless_ranks_share_a_gpu(nprocs):
     _require_gpu()
     _run(nprocs, 'auto', 'nccl' if nprocs == 1 or _gpus() >= 2 else 'staged')
+
+
+@pytest.mark.parametrize('nprocs', [1, 2, 4])
+def test_compression_on_device_matches_the_host_bit_for_bit(nprocs):
+    _require_gpu()
+    out = run_mpi(nprocs, 'gpu_compression.py', timeout=300)
+    assert 'gpu_compression: OK at %d ranks' % nprocs in out, out[-3000:]

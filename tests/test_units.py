@@ -234,3 +234,60 @@ def test_compiled_polling_takes_as_many_tests_per_wake_as_python():
     """native.py keeps its own copy (numba's cache cannot see a change in comm.py)."""
     from mpi_kvstore import comm, native
     assert native.TESTS_PER_WAKE == comm.PROGRESS_TESTS
+
+
+def test_gpu_transport_choice_is_a_pure_agreed_function():
+    """transports.decide: auto takes the first of nccl, cuda_mpi, staged that can run; a
+    named transport that cannot run raises ConfigError saying why (on every rank alike,
+    since its inputs are agreed)."""
+    from mpi_kvstore import transports
+    assert transports.AUTO_ORDER == ('nccl', 'cuda_mpi', 'staged')
+    assert set(transports.REGISTRY) == set(cfg.GPU_TRANSPORTS) - {'auto'}
+    yes, no = (True, ''), (False, 'not here')
+    every = {'nccl': yes, 'cuda_mpi': yes, 'staged': yes}
+    assert transports.decide('auto', every, shared=False, concurrent=False) == 'nccl'
+    assert transports.decide('auto', every, shared=True, concurrent=False) == 'cuda_mpi'
+    assert transports.decide('auto', every, shared=False, concurrent=True) == 'cuda_mpi'
+    plain = dict(every, cuda_mpi=no)
+    assert transports.decide('auto', plain, shared=True, concurrent=False) == 'staged'
+    assert transports.decide('staged', every, shared=False, concurrent=False) == 'staged'
+    with pytest.raises(cfg.ConfigError, match='one GPU'):
+        transports.decide('nccl', every, shared=True, concurrent=False)
+    with pytest.raises(cfg.ConfigError, match='launch order'):
+        transports.decide('nccl', every, shared=False, concurrent=True)
+    with pytest.raises(cfg.ConfigError, match='not here'):
+        transports.decide('cuda_mpi', plain, shared=False, concurrent=False)
+
+
+def test_gpu_transport_option():
+    assert cfg.Config(environ={}).gpu_transport == 'auto'
+    assert cfg.Config(environ={'MPI_KVSTORE_GPU_TRANSPORT': 'NCCL'}).gpu_transport == 'nccl'
+    assert cfg.Config(environ={}).device_fusion_threshold == 16 << 20
+    with pytest.raises(cfg.ConfigError, match='auto, nccl, cuda_mpi, staged'):
+        cfg.Config(environ={}, gpu_transport='gloo')
+    with pytest.raises(cfg.ConfigError, match='design=concurrent'):
+        cfg.Config(environ={}, design='concurrent', gpu_transport='nccl')
+    assert cfg.Config(environ={}, design='concurrent').gpu_transport == 'auto'
+
+
+def test_cuda_aware_mpi_is_never_chosen_for_an_mpi_that_says_no():
+    """The PyPI mpich wheel is not CUDA-aware: cuda_mpi is unusable unless cuda_aware=on."""
+    from mpi_kvstore.transports import cuda_mpi
+    probe = type('Probe', (), {'cuda_aware_setting': 'auto'})()
+    ok, why = cuda_mpi.CudaMPI.usable(probe)
+    assert not ok and 'not known to be CUDA-aware' in why
+    probe.cuda_aware_setting = 'on'
+    assert cuda_mpi.CudaMPI.usable(probe) == (True, '')
+
+
+def test_device_buckets_have_their_own_fusion_threshold():
+    reqs = []
+    for i in range(6):
+        req = Collective('allreduce', i, np.dtype('f4'), (1000,),
+                         place='gpu' if i < 3 else 'cpu')
+        req.seq = i
+        reqs.append(req)
+    buckets = plan(reqs, 4000, device_threshold=12000)
+    assert [[r.key for r in b] for b in buckets] == [[0, 1, 2], [3], [4], [5]]
+    buckets = plan(reqs, 8000)
+    assert [[r.key for r in b] for b in buckets] == [[0, 1], [2], [3, 4], [5]]
