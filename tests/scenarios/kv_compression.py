@@ -160,7 +160,7 @@ def check_trainer(kv):
             loss = (net(x) ** 2).sum()
         loss.backward()
         trainer.step(2 * SIZE)
-    assert kv._codec is not None and kv._codec.spec == ('2bit', float(np.float32(0.05)))
+    assert kv._codec is not None and kv._codec.spec == ('2bit', float(np.float32(0.05)), 32)
     for name, p in net.collect_params().items():
         same_on_all_ranks(p.data().asnumpy(), name + ' after 2bit training')
     assert any(kv._codec.residual(k) is not None for k in range(2)), 'no residual kept'
