@@ -1,6 +1,7 @@
 """MPIKVStore: MXNet's KVStore contract on top of the designs."""
 import atexit
 import collections
+import functools
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from .faults import StallInspector, install_abort_hook
 from .keys import KeyTable, request, same_array
 from .collective import Collective
 from .designs import check_thread_level, get_design
+from .designs.base import new_comm
 from .timeline import Timeline
 
 __all__ = ['MPIKVStore']
@@ -64,8 +66,10 @@ class MPIKVStore(KVStoreBase):
         self._closed = False
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
-        self._design = design(comm, self._config, self._errors.record, self._timeline,
-                              tune.load(self._config.tune_table, comm))
+        table = tune.load(self._config.tune_table, comm)
+        # The design is handed how to make its communicators (and their GPU transports).
+        self._design = design(comm, self._config, self._errors.record, self._timeline, table,
+                              functools.partial(new_comm, comm, self._config, table))
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,
                                          self._pending_now)

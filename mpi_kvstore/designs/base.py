@@ -27,8 +27,12 @@ class Design:
     thread_level = MPI.THREAD_SERIALIZED
     in_engine = True  # its collectives are MXNet engine ops
 
-    def __init__(self, comm, config, sink, timeline=None, table=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
+        """``transport(concurrent=False)``: a new communicator for this design's collectives
+        (comm.Comm, with its device transports); the store passes one built from its options
+        (new_comm), so the design does not choose how data moves."""
         self.config = config
+        self.new_transport = transport or functools.partial(new_comm, comm, config, table)
         self.table = table  # tune.Table, or None: how each allreduce size runs (new_comm)
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()

@@ -1,6 +1,6 @@
 """The blocking baseline."""
 from ..comm import MPI
-from .base import Design, new_comm
+from .base import Design
 
 __all__ = ['Blocking']
 
@@ -23,9 +23,9 @@ class Blocking(Design):
     synchronous = True
     in_engine = False
 
-    def __init__(self, comm, config, sink, timeline=None, table=None):
-        super().__init__(comm, config, sink, timeline, table)
-        self._comm = self.join_comm = new_comm(comm, config, self.table)
+    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
+        super().__init__(comm, config, sink, timeline, table, transport)
+        self._comm = self.join_comm = self.new_transport()
 
     def _submit(self, reqs, priority):
         for req in reqs:

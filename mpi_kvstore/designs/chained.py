@@ -11,7 +11,7 @@ from .. import agreement, engine, native
 from ..comm import AGREEMENT_POLL_US, MPI, c_datatype
 from ..fusion import BufferPool, plan
 from ..timeline import op_name
-from .base import Design, new_comm, progress as _progress
+from .base import Design, progress as _progress
 
 __all__ = ['Chained']
 
@@ -49,9 +49,9 @@ class Chained(Design):
     name = 'chained'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None, table=None):
-        super().__init__(comm, config, sink, timeline, table)
-        self._comm = self.join_comm = new_comm(comm, config, self.table)
+    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
+        super().__init__(comm, config, sink, timeline, table, transport)
+        self._comm = self.join_comm = self.new_transport()
         self._chain = mx.nd.zeros((1,))
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
         self._native = (config.native_ops and not config.naive_engine and not timeline

@@ -1,4 +1,5 @@
 """The concurrent design."""
+import functools
 import queue
 import threading
 
@@ -29,16 +30,17 @@ class Concurrent(Negotiated):
     name = 'concurrent'
     thread_level = MPI.THREAD_MULTIPLE
 
-    def __init__(self, comm, config, sink, timeline=None, table=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
         self._lanes = []
+        make = transport or functools.partial(new_comm, comm, config, table)
         for i in range(config.lanes):
-            lane = (new_comm(comm, config, table, concurrent=True), queue.SimpleQueue())
+            lane = (make(concurrent=True), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))
             worker.start()
         self._bucket = 0
-        super().__init__(comm, config, sink, timeline, table)
+        super().__init__(comm, config, sink, timeline, table, transport)
 
     def dispatch(self, agreed):
         for bucket in plan(agreed, self.config.fusion_threshold,

@@ -21,8 +21,8 @@ class Funneled(Negotiated):
     name = 'funneled'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None, table=None):
-        super().__init__(comm, config, sink, timeline, table)
+    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
+        super().__init__(comm, config, sink, timeline, table, transport)
         self._data = self._control  # one thread, one order: one communicator suffices
 
     def dispatch(self, agreed):

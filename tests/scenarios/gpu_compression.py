@@ -66,15 +66,17 @@ for kind in ('fp16', 'bf16'):
         device = [cupy.asarray(h) for h in host]
         check('%s of %s' % (kind, dtype), run(codec, device, 'gpu'), run(codec, host, 'cpu'))
 
-on_gpu, on_cpu = compression.TwoBit(0.5), compression.TwoBit(0.5)
-for step in range(4):
-    host = gradients(step, 'float32')
-    device = [cupy.asarray(h) for h in host]
-    check('2bit step %d' % step, run(on_gpu, device, 'gpu'), run(on_cpu, host, 'cpu'))
-    for i in range(len(host)):
-        check('2bit residual %d after step %d' % (i, step),
-              [cupy.asnumpy(on_gpu.residual('g%d' % i))], [on_cpu.residual('g%d' % i)],
-              across_ranks=False)   # each rank's own
+for phases in (32, 2):   # two_phase_min_ranks: one phase here, then two from 2 ranks on
+    on_gpu, on_cpu = compression.TwoBit(0.5, phases), compression.TwoBit(0.5, phases)
+    for step in range(4):
+        host = gradients(step, 'float32')
+        device = [cupy.asarray(h) for h in host]
+        what = '2bit (two_phase_min_ranks=%d) step %d' % (phases, step)
+        check(what, run(on_gpu, device, 'gpu'), run(on_cpu, host, 'cpu'))
+        for i in range(len(host)):
+            check('%s residual %d' % (what, i),
+                  [cupy.asnumpy(on_gpu.residual('g%d' % i))], [on_cpu.residual('g%d' % i)],
+                  across_ranks=False)   # each rank's own
 
 # float16 overflow: every rank fails the bucket alike, on the GPU as on the host.
 huge = [np.full(5, 1e6 * SIZE, np.float32)]
