@@ -395,6 +395,17 @@ class Comm:
         else:
             self.mpi.Alltoall(send, recv)
 
+    def sendrecv(self, send, dest, recv, source):
+        """Send ``send`` to rank ``dest`` while receiving ``recv`` from ``source`` (host
+        buffers); polled with sleeps where allreduces are (progress)."""
+        if self._progress_us:
+            incoming = self.mpi.Irecv(recv, source=source, tag=_SENDRECV_TAG)
+            outgoing = self.mpi.Isend(send, dest=dest, tag=_SENDRECV_TAG)
+            wait_polling(incoming, self._progress_us, PROGRESS_TESTS)
+            wait_polling(outgoing, self._progress_us, PROGRESS_TESTS)
+        else:
+            self.mpi.Sendrecv(send, dest, _SENDRECV_TAG, recv, source, _SENDRECV_TAG)
+
     def start_min(self, msg):
         """Non-blocking elementwise MIN of an int32 message, in place."""
         return self.mpi.Iallreduce(MPI.IN_PLACE, msg, op=MPI.MIN)
@@ -456,6 +467,8 @@ class _Steps:
         if self.errors:
             raise self.errors[0]
 
+
+_SENDRECV_TAG = 17   # point-to-point on this Comm's own duplicate: no other tag is used
 
 # How many allreduces each algorithm ran through Comm.allreduce_host (tests look).
 algorithms_run = collections.Counter()

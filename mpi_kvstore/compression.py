@@ -45,7 +45,7 @@ from .comm import MPI
 
 __all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign']
 
-WIRE_TYPES = ('none', 'fp16', 'bf16')
+WIRE_TYPES = ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring')
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -55,13 +55,22 @@ def sign(sig, spec):
 
 
 class WireCast:
-    """float32/float64 buckets exchanged as float16 or bfloat16 (see the module)."""
+    """float32/float64 buckets exchanged as float16 or bfloat16 (see the module).
 
-    def __init__(self, kind):
+    ``ring``: the compression-assisted ring of seed 003 instead of compressing once: a ring
+    reduce-scatter in which every hop's partial sum travels as 16-bit floats (decoded,
+    added to the receiver's own float32 values, encoded again for the next hop), then a
+    ring allgather of the owners' 16-bit sums. Same bytes as compress-once (2 (N-1)/N of the
+    16-bit data a rank), point-to-point only, but N-1 roundings of partial sums instead of
+    one: the error bound grows with N (README, Gradient compression).
+    """
+
+    def __init__(self, kind, ring=False):
         if kind not in ('fp16', 'bf16'):
             raise ValueError("compression must be one of %s, not %r" % (WIRE_TYPES, kind))
         self.kind = kind
-        self.spec = (kind,)
+        self.ring = bool(ring)
+        self.spec = (kind, 'ring') if ring else (kind,)
         if kind == 'fp16':
             self.wire = np.dtype(np.float16)
         else:
@@ -76,6 +85,8 @@ class WireCast:
         n = comm.size
         if n == 1:
             return {}
+        if self.ring:
+            return self._exchange_ring(reqs, comm)
         failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
         count = sum(sizes)
         chunk = -(-count // n)
@@ -107,17 +118,68 @@ class WireCast:
         gathered = gathered[:count] if device is None else device.asarray(gathered[:count])
         # Every rank holds the same bits here, so every rank decides alike.
         if self.kind == 'fp16' and bool(((gathered & 0x7c00) == 0x7c00).any()):
-            err = OverflowError(
-                'fp16 compression: the sum over ranks of this bucket is not finite in float16 '
-                '(each rank sends its values / %d; the largest float16 is %g): the gradients are '
-                'too large or not finite; use compression=bf16 (float32 range) or none'
-                % (n, FLOAT16_MAX))
-            return {**dict.fromkeys(reqs, err), **failed}
+            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
         offset = 0
         for req, size in zip(reqs, sizes):
             if req not in failed:
                 self._decode(gathered[offset:offset + size], np.float32(n),
                              req.buffer().reshape(-1))
+            offset += size
+        return failed
+
+    def _exchange_ring(self, reqs, comm):
+        """The compression-assisted ring (see the class). Host memory: GPU buffers are
+        copied down once and back once."""
+        n, rank = comm.size, comm.rank
+        failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
+        count = sum(sizes)
+        acc = np.zeros(count, np.float32)          # this rank's values / N, then partial sums
+        scale, offset = np.float32(1.0 / n), 0
+        for req, size in zip(reqs, sizes):
+            try:
+                values = req.buffer().reshape(-1)
+                if not isinstance(values, np.ndarray):
+                    values = values.get()
+                np.multiply(values, scale, dtype=np.float32, out=acc[offset:offset + size])
+            except Exception as err:    # noqa: B902 (zeros go round, and it fails)
+                failed[req] = err
+                acc[offset:offset + size] = 0
+            offset += size
+        piece = _ring_pieces(sizes, n)    # piece i: piece i of every request, in order
+        counts = [p.size for p in piece]
+        out = np.empty(max(counts), np.uint16)
+        into = np.empty(max(counts), np.uint16)
+        got = np.empty(max(counts), np.float32)
+        right, left = (rank + 1) % n, (rank - 1) % n
+        for step in range(n - 1):                   # reduce-scatter, 16 bits a hop
+            send, recv = (rank - step) % n, (rank - step - 1) % n
+            self._encode(acc[piece[send]], np.float32(1), out[:counts[send]])
+            comm.sendrecv(out[:counts[send]], right, into[:counts[recv]], left)
+            self._decode(into[:counts[recv]], np.float32(1), got[:counts[recv]])
+            acc[piece[recv]] += got[:counts[recv]]
+        own = (rank + 1) % n                        # the piece whose sum this rank holds
+        mine = np.empty(counts[own], np.uint16)
+        self._encode(acc[piece[own]], np.float32(1), mine)
+        pieces = {own: mine}
+        for step in range(n - 1):                   # allgather of the owners' bits
+            send, recv = (own - step) % n, (own - step - 1) % n
+            pieces[recv] = np.empty(counts[recv], np.uint16)
+            comm.sendrecv(pieces[send], right, pieces[recv], left)
+        bits = np.empty(count, np.uint16)
+        for i, where in enumerate(piece):
+            bits[where] = pieces[i]
+        if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
+            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
+        offset = 0
+        for req, size in zip(reqs, sizes):
+            if req not in failed:
+                buf = req.buffer().reshape(-1)
+                if isinstance(buf, np.ndarray):
+                    self._decode(bits[offset:offset + size], np.float32(n), buf)
+                else:
+                    host = np.empty(size, buf.dtype)
+                    self._decode(bits[offset:offset + size], np.float32(n), host)
+                    buf.set(host)
             offset += size
         return failed
 
@@ -283,6 +345,29 @@ class TwoBit:
         return row, placed
 
 
+def _fp16_overflow(n):
+    return OverflowError(
+        'fp16 compression: the sum over ranks of this bucket is not finite in float16 '
+        '(each rank sends its values / %d; the largest float16 is %g): the gradients are '
+        'too large or not finite; use compression=bf16 (float32 range) or none'
+        % (n, FLOAT16_MAX))
+
+
+def _ring_pieces(sizes, n):
+    """The bucket's positions of each of the ``n`` ring pieces: piece i holds piece i of every
+    request (each cut into n, larger pieces first), so that where a value starts its way
+    round the ring depends on its key alone, not on which keys share its bucket."""
+    pieces, offset = [[] for _ in range(n)], 0
+    for size in sizes:
+        start = offset
+        for i in range(n):
+            width = size // n + (i < size % n)
+            pieces[i].append(np.arange(start, start + width))
+            start += width
+        offset += size
+    return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in pieces]
+
+
 def _device_module(reqs):
     """CuPy where the bucket's buffers are on a GPU (a bucket is on one side: its place is
     agreed, and reduce.py gives a failed GPU request device zeros), else None."""
@@ -433,7 +518,10 @@ def wire_cast(kind):
     """The store option ``compression`` -> a WireCast, or None for 'none'."""
     if kind not in WIRE_TYPES:
         raise ValueError("compression must be one of %s, not %r" % (WIRE_TYPES, kind))
-    return None if kind == 'none' else WireCast(kind)
+    if kind == 'none':
+        return None
+    name, _, ring = kind.partition('-')
+    return WireCast(name, ring=bool(ring))
 
 
 def from_params(params, two_phase_min_ranks=32):
@@ -471,4 +559,4 @@ def from_spec(spec):
         return None
     if spec[0] == '2bit':
         return TwoBit(*spec[1:])
-    return WireCast(spec[0])
+    return WireCast(spec[0], ring=spec[1:] == ('ring',))

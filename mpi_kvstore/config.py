@@ -81,8 +81,8 @@ def _gpu_transport(v):
 
 def _compression(v):
     low = str(v).strip().lower()
-    if low not in ('none', 'fp16', 'bf16'):
-        raise ValueError('expected none, fp16 or bf16')
+    if low not in ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring'):
+        raise ValueError('expected none, fp16, bf16, fp16-ring or bf16-ring')
     return low
 
 
@@ -149,8 +149,9 @@ OPTIONS: Tuple[Option, ...] = (
     Option('compression', _compression, 'none', 'name',
            'Wire casting of float32 and float64 gradients (push, pushpull): fp16 or bf16 '
            'halve the bytes; sums in float32, results bitwise identical on every rank, in '
-           'the original dtype (compression.py). none: exact MPI sums. For MXNet\'s 2-bit '
-           'compression, call kv.set_gradient_compression.'),
+           'the original dtype (compression.py). fp16-ring, bf16-ring: a ring whose every hop '
+           'carries 16-bit partial sums (same bytes, N-1 roundings instead of one). none: exact '
+           'MPI sums. For MXNet\'s 2-bit compression, call kv.set_gradient_compression.'),
     Option('two_phase_min_ranks', int, 32, 'ranks',
            'From this many ranks on, 2-bit compression (kv.set_gradient_compression) runs in '
            'two phases: an all-to-all of code chunks, sums requantised at each chunk\'s owner '

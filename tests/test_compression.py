@@ -132,6 +132,21 @@ def test_params_defaults_and_none():
     assert cp.wire_cast('none') is None and cp.wire_cast('bf16').spec == ('bf16',)
     with pytest.raises(ValueError, match='fp16'):
         cp.wire_cast('int8')
+    ring = cp.wire_cast('fp16-ring')
+    assert ring.ring and ring.kind == 'fp16' and ring.spec == ('fp16', 'ring')
+    assert not cp.wire_cast('fp16').ring
+    for spec in (('fp16', 'ring'), ('bf16',), ('2bit', 0.25, 8)):
+        assert cp.from_spec(spec).spec == spec      # a joined rank's mirror codes alike
+    assert cp.sign(7, ('fp16', 'ring')) != cp.sign(7, ('fp16',))
+
+
+def test_ring_pieces_follow_each_key():
+    """Piece i of the ring holds piece i of every request, so a value's path round the ring
+    depends on its key alone, not on which keys share its bucket."""
+    pieces = cp._ring_pieces([5, 2, 7], 3)
+    assert [p.tolist() for p in pieces] == [[0, 1, 5, 7, 8, 9], [2, 3, 6, 10, 11],
+                                            [4, 12, 13]]
+    assert sorted(np.concatenate(pieces).tolist()) == list(range(14))
 
 
 def test_signature_marks_the_codec():

@@ -59,8 +59,8 @@ def check(what, on_device, on_host, across_ranks=True):
             same_on_all_ranks(d, '%s, array %d' % (what, i))
 
 
-for kind in ('fp16', 'bf16'):
-    codec = compression.WireCast(kind)
+for kind in ('fp16', 'bf16', 'fp16-ring', 'bf16-ring'):
+    codec = compression.wire_cast(kind)
     for dtype in ('float32', 'float64'):
         host = gradients(1, dtype)
         device = [cupy.asarray(h) for h in host]

@@ -113,8 +113,32 @@ def simulate_cast(parts, wire):
     return acc.astype(wire).astype(np.float32) * np.float32(n)
 
 
+def simulate_ring(parts, wire):
+    """The compression-assisted ring: piece c starts at rank c as its values / N, and at each
+    next rank is rounded to 16 bits, decoded and added to that rank's own values / N in
+    float32; the last rank's sum is rounded once more, and comes back times N."""
+    n, count = len(parts), parts[0].size
+    counts = [count // n + (i < count % n) for i in range(n)]
+    starts = [sum(counts[:i]) for i in range(n)]
+    scale = np.float32(1.0 / n)
+    out = np.empty(count, np.float32)
+    for c in range(n):
+        piece = slice(starts[c], starts[c] + counts[c])
+        acc = parts[c].ravel()[piece] * scale
+        for hop in range(1, n):
+            acc = parts[(c + hop) % n].ravel()[piece] * scale + \
+                acc.astype(wire).astype(np.float32)
+        out[piece] = acc.astype(wire).astype(np.float32) * np.float32(n)
+    return out.reshape(parts[0].shape)
+
+
+# Unit roundoff of the 16-bit formats: a rounding moves a value by at most this share of it.
+UNIT = {np.float16: 2.0 ** -11, ml_dtypes.bfloat16: 2.0 ** -8}
+
+
 def check_wire_cast(kind):
-    wire = np.float16 if kind == 'fp16' else ml_dtypes.bfloat16
+    wire = np.float16 if kind.startswith('fp16') else ml_dtypes.bfloat16
+    ring = kind.endswith('-ring')
     kv = mpi_kvstore.create('dist_mpi', design=DESIGN, compression=kind)
     for step in range(2):
         keys = ['a', 'b', 'big']
@@ -129,13 +153,22 @@ def check_wire_cast(kind):
             assert got.dtype == dtype, (k, got.dtype)
             same_on_all_ranks(got, '%s %s step %d' % (kind, k, step))
             parts = [grad(r, step, shape_key, dtype, 3.0).astype(np.float32) for r in range(SIZE)]
-            expected = simulate_cast(parts, wire) if SIZE > 1 else parts[0]
+            simulate = simulate_ring if ring else simulate_cast
+            expected = simulate(parts, wire) if SIZE > 1 else parts[0]
             np.testing.assert_array_equal(got.astype(np.float32), expected,
                                           err_msg='rank %d: %s key %s step %d' % (RANK, kind, k, step))
             exact = sum(p.astype(np.float64) for p in parts)
             np.testing.assert_allclose(got, exact, rtol=0, atol=0.05 * SIZE * 3.0,
                                        err_msg='%s too far from the exact sum' % kind)
-    if kind == 'fp16' and SIZE > 1:
+            # Compress-once rounds each value once and each sum once; the ring rounds each
+            # of the N-1 partial sums on its way and the sum: N roundings of up to |sum|.
+            magnitude = sum(np.abs(p.astype(np.float64)) for p in parts)
+            bound = (SIZE if ring else 2) * UNIT[wire] * magnitude * 1.01 + 1e-6
+            error = np.abs(got.astype(np.float64) - exact)
+            assert (error <= bound).all(), ('rank %d: %s error %g over its bound %g'
+                                            % (RANK, kind, error.max(), bound.ravel()[
+                                                np.argmax(error - bound)]))
+    if kind.startswith('fp16') and SIZE > 1:
         huge = mx.nd.ones((10,)) * 1e5
         expect_raises((mpi_kvstore.MPIKVStoreError, mx.base.MXNetError),
                       lambda: (kv.pushpull('huge', huge), kv.wait(), huge.asnumpy()),
@@ -176,8 +209,8 @@ def main():
     check_trainer(kv)
     kv.wait()
     kv.close()
-    check_wire_cast('fp16')
-    check_wire_cast('bf16')
+    for kind in ('fp16', 'bf16', 'fp16-ring', 'bf16-ring'):
+        check_wire_cast(kind)
     done('kv_compression[%s]' % DESIGN)
 
 
