@@ -293,11 +293,12 @@ class Comm:
         hierarchy's smallest size on, else MPI_Allreduce."""
         if self.size == 1:
             return
-        if _is_device(buf):
-            algorithm = self._algorithm(buf.nbytes)
-            self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
+        table = self._table
+        algorithm = table.choose(buf.nbytes) if table is not None else self._algorithm(buf.nbytes)
+        if isinstance(buf, np.ndarray):
+            self.allreduce_host(buf, algorithm)
         else:
-            self.allreduce_host(buf, self._algorithm(buf.nbytes))
+            self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
 
     def allreduce_with(self, buf, algorithm):
         """Allreduce in place with the named algorithm (tune.py), device buffers through

@@ -146,28 +146,40 @@ class WireCast:
                 acc[offset:offset + size] = 0
             offset += size
         piece = _ring_pieces(sizes, n)    # piece i: piece i of every request, in order
-        counts = [p.size for p in piece]
+        counts = [sum(w for _, w in spans) for spans in piece]
         out = np.empty(max(counts), np.uint16)
         into = np.empty(max(counts), np.uint16)
         got = np.empty(max(counts), np.float32)
         right, left = (rank + 1) % n, (rank - 1) % n
+        one = np.float32(1)
         for step in range(n - 1):                   # reduce-scatter, 16 bits a hop
             send, recv = (rank - step) % n, (rank - step - 1) % n
-            self._encode(acc[piece[send]], np.float32(1), out[:counts[send]])
+            at = 0
+            for start, width in piece[send]:
+                self._encode(acc[start:start + width], one, out[at:at + width])
+                at += width
             comm.sendrecv(out[:counts[send]], right, into[:counts[recv]], left)
-            self._decode(into[:counts[recv]], np.float32(1), got[:counts[recv]])
-            acc[piece[recv]] += got[:counts[recv]]
+            self._decode(into[:counts[recv]], one, got[:counts[recv]])
+            at = 0
+            for start, width in piece[recv]:
+                acc[start:start + width] += got[at:at + width]
+                at += width
         own = (rank + 1) % n                        # the piece whose sum this rank holds
-        mine = np.empty(counts[own], np.uint16)
-        self._encode(acc[piece[own]], np.float32(1), mine)
-        pieces = {own: mine}
+        pieces = {own: np.empty(counts[own], np.uint16)}
+        at = 0
+        for start, width in piece[own]:
+            self._encode(acc[start:start + width], one, pieces[own][at:at + width])
+            at += width
         for step in range(n - 1):                   # allgather of the owners' bits
             send, recv = (own - step) % n, (own - step - 1) % n
             pieces[recv] = np.empty(counts[recv], np.uint16)
             comm.sendrecv(pieces[send], right, pieces[recv], left)
         bits = np.empty(count, np.uint16)
-        for i, where in enumerate(piece):
-            bits[where] = pieces[i]
+        for i, spans in enumerate(piece):
+            at = 0
+            for start, width in spans:
+                bits[start:start + width] = pieces[i][at:at + width]
+                at += width
         if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
             return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
         offset = 0
@@ -354,18 +366,19 @@ def _fp16_overflow(n):
 
 
 def _ring_pieces(sizes, n):
-    """The bucket's positions of each of the ``n`` ring pieces: piece i holds piece i of every
-    request (each cut into n, larger pieces first), so that where a value starts its way
-    round the ring depends on its key alone, not on which keys share its bucket."""
+    """Each of the ``n`` ring pieces as (start, width) spans of the bucket: piece i holds piece
+    i of every request (each cut into n, larger pieces first), so that where a value starts
+    its way round the ring depends on its key alone, not on which keys share its bucket."""
     pieces, offset = [[] for _ in range(n)], 0
     for size in sizes:
         start = offset
         for i in range(n):
             width = size // n + (i < size % n)
-            pieces[i].append(np.arange(start, start + width))
+            if width:
+                pieces[i].append((start, width))
             start += width
         offset += size
-    return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in pieces]
+    return pieces
 
 
 def _device_module(reqs):

@@ -58,10 +58,17 @@ class Table:
         # Halfway in log scale: the integer geometric mean, the same on every machine (a
         # float edge could round apart on two ranks, and they would call different MPI).
         self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
+        self._chosen = {}   # nbytes -> algorithm: the step's sizes repeat every step
 
     def choose(self, nbytes):
         """The algorithm for an allreduce of nbytes (identical on every rank)."""
-        return self.backends[bisect.bisect_right(self._edges, nbytes)]
+        found = self._chosen.get(nbytes)
+        if found is None:
+            if len(self._chosen) > 4096:
+                self._chosen.clear()
+            found = self._chosen[nbytes] = self.backends[bisect.bisect_right(self._edges,
+                                                                               nbytes)]
+        return found
 
     @property
     def needs_hierarchy(self):
@@ -149,6 +156,21 @@ def _runners(comm, hier, buf):
     return runners
 
 
+# Below this size every algorithm is timed SMALL_TRIALS times as often.
+SMALL_BYTES, SMALL_TRIALS = 256 << 10, 8
+# Another algorithm replaces MPI_Allreduce only where it is this much faster: closer than
+# that, a pick is noise (4 ranks over 2 test hosts at 4 KB: rsag 0.311 ms against mpi 0.319
+# in one pass, mpi 0.191 against rsag 0.245 when timed again).
+MARGIN = 0.97
+
+
+def _pick(times):
+    """The lossless algorithm for one size: 'mpi' unless another beats it by the margin."""
+    lossless = {name: t for name, t in times.items() if name in LOSSLESS}
+    fastest = min(lossless, key=lossless.get)
+    return fastest if lossless[fastest] < MARGIN * lossless['mpi'] else 'mpi'
+
+
 class _Plain:
     """The least of a request that a codec exchanges."""
 
@@ -178,8 +200,10 @@ def main(argv=None):
     measured, chosen = {}, []
     for nbytes in sizes:
         buf = np.zeros(max(nbytes // 4, 1), np.float32)
-        times = _interleaved(comm, _runners(comm, hier, buf), args.trials)
-        best = min((t, name) for name, t in times.items() if name in LOSSLESS)[1]
+        # Small sizes take microseconds, and their medians need many rounds to settle.
+        trials = args.trials * (SMALL_TRIALS if nbytes <= SMALL_BYTES else 1)
+        times = _interleaved(comm, _runners(comm, hier, buf), trials)
+        best = _pick(times)
         chosen.append(best)
         measured[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
         say('%10d B  ' % nbytes + '  '.join('%s %.3f ms%s' % (n, t * 1e3, ' *' if n == best else '')
@@ -187,19 +211,24 @@ def main(argv=None):
     table = Table(sizes, chosen, world.Get_size())
     # The table's dispatch against each single algorithm, timed again in this run.
     tuned = Comm(world, 'on' if table.needs_hierarchy else 'off', table=table)
-    say('check: the table against the best single lossless algorithm, timed again')
+    say('check: the table against the best single lossless algorithm, each timed again in '
+        'pairs with the table')
     worst = 0.0
     for nbytes in sizes:
         buf = np.zeros(max(nbytes // 4, 1), np.float32)
-        fns = {name: run for name, run in _runners(comm, hier, buf).items() if name in LOSSLESS}
-        fns['table'] = lambda: tuned.allreduce(buf)
-        times = _interleaved(comm, fns, 3 * args.trials)   # microseconds apart: more trials
-        mine = times.pop('table')
-        singles = times
-        ratio = mine / min(singles.values())
+        table_run = lambda: tuned.allreduce(buf)   # noqa: E731
+        trials = 6 * args.trials * (SMALL_TRIALS if nbytes <= SMALL_BYTES else 1)
+        mine, singles = {}, {}
+        for name, run in _runners(comm, hier, buf).items():
+            if name in LOSSLESS:   # in pairs, each order as often: what ran before cannot bias
+                paired = _interleaved(comm, {'table': table_run, name: run}, trials)
+                mine[name], singles[name] = paired['table'], paired[name]
+        best = min(singles, key=singles.get)
+        ratio = mine[best] / singles[best]
         worst = max(worst, ratio)
-        say('%10d B  table (%s) %.3f ms, best single %.3f ms: %.2fx'
-            % (nbytes, table.choose(buf.nbytes), mine * 1e3, min(singles.values()) * 1e3, ratio))
+        say('%10d B  table (%s) %.3f ms, best single (%s) %.3f ms: %.2fx'
+            % (nbytes, table.choose(buf.nbytes), mine[best] * 1e3, best, singles[best] * 1e3,
+               ratio))
     say('slowest size against its best single algorithm: %.2fx (target <= 1.05x)' % worst)
     if world.Get_rank() == 0:
         with open(args.out, 'w') as fh:
