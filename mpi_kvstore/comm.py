@@ -243,6 +243,11 @@ class Comm:
         self._min_bytes = min_bytes
         self.hierarchical = True
 
+    @property
+    def uniform_hierarchy(self):
+        """The hierarchy is built and every host runs as many ranks (node and cross)."""
+        return self.hierarchical and self._uniform
+
     # -- device buffers --------------------------------------------------------
     def device_transport(self, device):
         """The transport for device buffers (made on first use, for ``device``).

@@ -17,7 +17,7 @@ import numpy as np
 
 import mpi_kvstore
 from common import RANK, SIZE, WORLD, close, done, expect_raises
-from mpi_kvstore.comm import Comm
+from mpi_kvstore.comm import MPI, Comm
 
 DESIGN = sys.argv[1]
 EXPECT = sys.argv[2]
@@ -128,6 +128,37 @@ def check_broadcast(kv):
             exact(out.asnumpy(), values(0, 1001, dtype), 'broadcast %s' % dtype)
 
 
+def check_wire_cast(kind):
+    """compression=fp16/bf16 through the hosts where the reduce-scatter shape is active: each
+    host's float32 sum / N rounded to 16 bits, summed in float32 in host order, rounded
+    again, times N (elementwise; flat where the hierarchy is not: ranks in place of hosts).
+    Bitwise against that simulation, and the same on every rank."""
+    import ml_dtypes
+    wire = np.float16 if kind == 'fp16' else ml_dtypes.bfloat16
+    names = WORLD.allgather(MPI.Get_processor_name())
+    groups = ([[r for r in range(SIZE) if names[r] == name] for name in sorted(set(names))]
+              if EXPECT == 'scatter' else [[r] for r in range(SIZE)])
+    with mpi_kvstore.create('dist_mpi', design=DESIGN, hierarchical=MODE,
+                            compression=kind) as kv:
+        for n in (1, 3, 1001, 300_001):
+            def part(rank):
+                rng = np.random.default_rng([rank, n])
+                return (rng.standard_normal(n) * 3).astype(np.float32)
+            val = mx.nd.array(part(RANK))
+            kv.pushpull('wire_%s_%d' % (kind, n), val)
+            acc = np.zeros(n, np.float32)
+            for group in groups:
+                total = np.zeros(n, np.float32)
+                for r in group:
+                    total += part(r)
+                acc += (total * np.float32(1.0 / SIZE)).astype(wire).astype(np.float32)
+            wanted = acc.astype(wire).astype(np.float32) * np.float32(SIZE)
+            got = val.asnumpy()
+            exact(got, wanted, '%s through %d group(s), %d values' % (kind, len(groups), n))
+            np.testing.assert_allclose(got, sum(part(r).astype(np.float64) for r in range(SIZE)),
+                                       rtol=0, atol=0.01 * SIZE * 3 * 4)
+
+
 def check_disagreement():
     """Ranks given different modes fail together (none is left waiting in a Split)."""
     mine = 'on' if RANK == 0 else 'off'
@@ -142,6 +173,8 @@ def main():
         check_average(kv)
         check_broadcast(kv)
         kv.wait()
+    for kind in ('fp16', 'bf16'):
+        check_wire_cast(kind)
     if SIZE > 1:
         check_disagreement()
     if RANK == 0:
