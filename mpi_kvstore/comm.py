@@ -401,6 +401,21 @@ class Comm:
         else:
             self.mpi.Alltoall(send, recv)
 
+    def start_alltoall(self, send, recv):
+        """Non-blocking alltoall of host buffers; finish it with :meth:`wait`."""
+        return self.mpi.Ialltoall(send, recv)
+
+    def start_allgather(self, buf):
+        """Non-blocking in-place allgather of a host buffer; finish it with :meth:`wait`."""
+        return self.mpi.Iallgather(MPI.IN_PLACE, buf)
+
+    def wait(self, request):
+        """Wait for a request: polled with sleeps where allreduces are (progress)."""
+        if self._progress_us:
+            wait_polling(request, self._progress_us, PROGRESS_TESTS)
+        else:
+            request.Wait()
+
     def sendrecv(self, send, dest, recv, source):
         """Send ``send`` to rank ``dest`` while receiving ``recv`` from ``source`` (host
         buffers); polled with sleeps where allreduces are (progress)."""
