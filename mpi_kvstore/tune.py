@@ -10,7 +10,9 @@ Per size, on host float32 buffers, every algorithm this job can run:
   hierarchical  the hierarchy of comm.Comm (only where ranks span hosts and some host runs
                 more than one);
 and, reported but never chosen (they change the numbers), the fp16 and bf16 wire casts of
-compression.py. The table keeps the fastest lossless algorithm per size; a second pass
+compression.py (compressed once and as a ring). Where every rank has a GPU, each GPU
+transport every rank can use (transports/) is timed on CuPy buffers too, reported and
+written to the table's ``device_ms``, never chosen: the option gpu_transport chooses. The table keeps the fastest lossless algorithm per size; a second pass
 times the table's dispatch against every single algorithm, in the same run, and prints
 how far from the best each size is.
 
@@ -171,6 +173,52 @@ def _pick(times):
     return fastest if lossless[fastest] < MARGIN * lossless['mpi'] else 'mpi'
 
 
+def _gpu_present():
+    """Every rank sees a GPU through CuPy (agreed, so every rank times device buffers or
+    none does)."""
+    from mpi4py import MPI  # noqa: WPS433
+    try:
+        import cupy  # noqa: WPS433
+        mine = int(cupy.cuda.runtime.getDeviceCount() > 0)
+    except Exception:    # noqa: B902 (no CuPy, no driver, no device)
+        mine = 0
+    return bool(MPI.COMM_WORLD.allreduce(mine, op=MPI.MIN))
+
+
+def _device_times(comm, sizes, trials, say):
+    """Each GPU transport that every rank can use (transports.choose's rules), timed on CuPy
+    float32 buffers per size: reported and written to the table, never chosen (the option
+    gpu_transport chooses). -> {size: {transport: ms}}"""
+    import cupy  # noqa: WPS433
+    from . import transports  # noqa: WPS433
+    device = comm.rank % cupy.cuda.runtime.getDeviceCount()
+    runnable = []
+    for name in transports.REGISTRY:
+        try:
+            if transports.choose(comm, name, device) == name:
+                runnable.append(name)
+        except ConfigError as err:
+            say('GPU transport %s not timed: %s' % (name, err))
+    made = {name: transports.REGISTRY[name](comm, device) for name in runnable}
+    found = {}
+    for nbytes in sizes:
+        with cupy.cuda.Device(device):
+            buf = cupy.zeros(max(nbytes // 4, 1), cupy.float32)
+
+        def run(transport):
+            with transport.scope():
+                transport.allreduce(buf)
+                transport.finish()
+        fns = {name: (lambda t=t: run(t)) for name, t in made.items()}
+        times = _interleaved(comm, fns, trials) if fns else {}
+        found[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
+        say('%10d B  GPU  ' % nbytes + '  '.join('%s %.3f ms' % (n, t * 1e3)
+                                                 for n, t in times.items()))
+    for transport in made.values():
+        transport.free()
+    return found
+
+
 class _Plain:
     """The least of a request that a codec exchanges."""
 
@@ -230,9 +278,10 @@ def main(argv=None):
             % (nbytes, table.choose(buf.nbytes), mine[best] * 1e3, best, singles[best] * 1e3,
                ratio))
     say('slowest size against its best single algorithm: %.2fx (target <= 1.05x)' % worst)
+    device = _device_times(comm, sizes, args.trials, say) if _gpu_present() else {}
     if world.Get_rank() == 0:
         with open(args.out, 'w') as fh:
-            json.dump(table.to_json(measured), fh, indent=1)
+            json.dump(dict(table.to_json(measured), device_ms=device), fh, indent=1)
         say('table written to %s: use it with tune_table=%s (MPI_KVSTORE_TUNE_TABLE)'
             % (args.out, args.out))
     for c in (comm, hier, tuned):
