@@ -298,8 +298,7 @@ class Comm:
         hierarchy's smallest size on, else MPI_Allreduce."""
         if self.size == 1:
             return
-        table = self._table
-        algorithm = table.choose(buf.nbytes) if table is not None else self._algorithm(buf.nbytes)
+        algorithm = self._algorithm(buf.nbytes)
         if isinstance(buf, np.ndarray):
             self.allreduce_host(buf, algorithm)
         else:
