@@ -298,7 +298,11 @@ class Comm:
         hierarchy's smallest size on, else MPI_Allreduce."""
         if self.size == 1:
             return
-        algorithm = self._algorithm(buf.nbytes)
+        table = self._table
+        if table is not None:   # the hot path of a tuned store: one dict lookup a call
+            algorithm = table.cached(buf.nbytes) or table.choose(buf.nbytes)
+        else:
+            algorithm = self._algorithm(buf.nbytes)
         if isinstance(buf, np.ndarray):
             self.allreduce_host(buf, algorithm)
         else:

@@ -61,6 +61,7 @@ class Table:
         # float edge could round apart on two ranks, and they would call different MPI).
         self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
         self._chosen = {}   # nbytes -> algorithm: the step's sizes repeat every step
+        self.cached = self._chosen.get   # nbytes -> algorithm chosen before, or None
 
     def choose(self, nbytes):
         """The algorithm for an allreduce of nbytes (identical on every rank)."""
