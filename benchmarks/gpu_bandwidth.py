@@ -30,6 +30,7 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpi_kvstore import comm as comm_mod, compression, transports  # noqa: E402
 from mpi_kvstore.collective import Collective  # noqa: E402
+from mpi_kvstore.errors import ConfigError  # noqa: E402
 from mpi_kvstore.fusion import plan  # noqa: E402
 from mpi_kvstore.reduce import Reducer  # noqa: E402
 from mpi_kvstore.transports import staged  # noqa: E402
@@ -123,9 +124,14 @@ def main():
                  timed(in_pieces, args.repeats), 'raw MPI_Allreduce, pinned host'))
 
     probe = comm_mod.Comm(WORLD, 'off')
-    usable = {name: cls.usable(probe)[0] for name, cls in transports.REGISTRY.items()}
-    shared = transports.devices_shared(probe, DEVICE) if SIZE > 1 else False
-    if usable['nccl'] and not shared:
+    agreed = transports.agreed(probe, DEVICE)
+    runnable = []
+    for name in ('nccl', 'cuda_mpi', 'staged'):
+        try:
+            runnable.append(transports.decide(name, *agreed, concurrent=False))
+        except ConfigError:
+            pass    # not usable on every rank here (tune prints why)
+    if 'nccl' in runnable:
         from cupy.cuda import nccl
         uid = WORLD.bcast(nccl.get_unique_id() if RANK == 0 else None, root=0)
         raw = nccl.NcclCommunicator(SIZE, uid, RANK)
@@ -134,9 +140,7 @@ def main():
             stream.synchronize()), args.repeats), None))
     probe.free()
 
-    for name in ('nccl', 'cuda_mpi', 'staged'):
-        if not usable[name] or (name == 'nccl' and shared):
-            continue
+    for name in runnable:
         base = {'nccl': 'raw NCCL allreduce', 'cuda_mpi': 'raw MPI_Allreduce, pinned host',
                 'staged': 'copy down, pinned' if SIZE == 1 else 'raw MPI_Allreduce, pinned host'
                 }[name]

@@ -17,7 +17,8 @@ from mpi4py import MPI
 from .fusion import BufferPool
 
 __all__ = ['Comm', 'HIERARCHICAL_MODES', 'MPI', 'thread_level_name', 'provided_thread_level',
-           'cuda_aware', 'c_api', 'c_datatype', 'algorithms_run', 'transports_run']
+           'cuda_aware', 'c_api', 'c_datatype', 'algorithms_run', 'transports_run',
+           'pieces']
 
 log = logging.getLogger(__name__)
 
@@ -296,24 +297,15 @@ class Comm:
         """Sum over ranks in place: a device buffer through the device transport, a host
         buffer by the tune table where there is one, else through the hosts from the
         hierarchy's smallest size on, else MPI_Allreduce."""
-        if self.size == 1:
-            return
-        table = self._table
-        if table is not None:   # the hot path of a tuned store: one dict lookup a call
-            algorithm = table.cached(buf.nbytes) or table.choose(buf.nbytes)
-        else:
-            algorithm = self._algorithm(buf.nbytes)
-        if isinstance(buf, np.ndarray):
-            self.allreduce_host(buf, algorithm)
-        else:
-            self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
+        self.allreduce_with(buf, self._algorithm(buf.nbytes))
 
     def allreduce_with(self, buf, algorithm):
         """Allreduce in place with the named algorithm (tune.py), device buffers through
         their transport."""
+        if self.size == 1:
+            return
         if _is_device(buf):
-            if self.size > 1:
-                self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
+            self._on_device(buf, lambda transport, data: transport.allreduce(data, algorithm))
         else:
             self.allreduce_host(buf, algorithm)
 
@@ -334,14 +326,13 @@ class Comm:
         elif algorithm == 'rsag':
             self._allreduce_rsag(data)
         elif self._progress_us and data.nbytes >= self._progress_min:
-            wait_polling(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM),
-                         self._progress_us, PROGRESS_TESTS)
+            self.wait(self.mpi.Iallreduce(MPI.IN_PLACE, data, op=MPI.SUM))
         else:
             self.mpi.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
 
     def _allreduce_rsag(self, data):
         """Reduce-scatter, then allgather, on the flat communicator (in place in data)."""
-        counts, displs = _pieces(data.size, self.size)
+        counts, displs = pieces(data.size, self.size)
         piece = self._scratch.get(data, counts[self.rank])
         run = _Steps()
         run(self.mpi.Reduce_scatter, data, piece, counts, op=MPI.SUM)
@@ -354,7 +345,7 @@ class Comm:
         a flat numpy array, or CuPy for a CUDA-aware MPI)."""
         node, cross = self.node, self.cross
         local = node.Get_rank()
-        counts, displs = _pieces(data.size, node.Get_size())
+        counts, displs = pieces(data.size, node.Get_size())
         piece = self._scratch.get(data, counts[local])
         run = _Steps()
         run(node.Reduce_scatter, data, piece, counts, op=MPI.SUM)
@@ -393,14 +384,14 @@ class Comm:
         """Every rank's ``send`` (host buffers, one size everywhere) into ``recv``, in rank
         order; polled with sleeps where allreduces are (progress)."""
         if self._progress_us:
-            wait_polling(self.mpi.Iallgather(send, recv), self._progress_us, PROGRESS_TESTS)
+            self.wait(self.mpi.Iallgather(send, recv))
         else:
             self.mpi.Allgather(send, recv)
 
     def alltoall(self, send, recv):
         """Chunk j of ``send`` to rank j; chunk i of ``recv`` from rank i (host buffers)."""
         if self._progress_us:
-            wait_polling(self.mpi.Ialltoall(send, recv), self._progress_us, PROGRESS_TESTS)
+            self.wait(self.mpi.Ialltoall(send, recv))
         else:
             self.mpi.Alltoall(send, recv)
 
@@ -425,8 +416,8 @@ class Comm:
         if self._progress_us:
             incoming = self.mpi.Irecv(recv, source=source, tag=_SENDRECV_TAG)
             outgoing = self.mpi.Isend(send, dest=dest, tag=_SENDRECV_TAG)
-            wait_polling(incoming, self._progress_us, PROGRESS_TESTS)
-            wait_polling(outgoing, self._progress_us, PROGRESS_TESTS)
+            self.wait(incoming)
+            self.wait(outgoing)
         else:
             self.mpi.Sendrecv(send, dest, _SENDRECV_TAG, recv, source, _SENDRECV_TAG)
 
@@ -467,7 +458,7 @@ def _free_quietly(transport):
         log.debug('freeing the %s transport failed', transport.name, exc_info=True)
 
 
-def _pieces(count, width):
+def pieces(count, width):
     """(counts, displacements) of ``count`` elements cut into ``width`` near-equal pieces,
     the larger ones first: a reduce-scatter's shares."""
     counts = [count // width + (i < count % width) for i in range(width)]

@@ -41,7 +41,7 @@ import numpy as np
 
 from . import device_codecs
 from .collective import SIG_LIMIT
-from .comm import MPI
+from .comm import MPI, pieces
 
 __all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign']
 
@@ -120,16 +120,7 @@ class WireCast:
             summed.get(out=mine)
         comm.allgather(MPI.IN_PLACE, gathered)
         gathered = gathered[:count] if device is None else device.asarray(gathered[:count])
-        # Every rank holds the same bits here, so every rank decides alike.
-        if self.kind == 'fp16' and bool(((gathered & 0x7c00) == 0x7c00).any()):
-            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
-        offset = 0
-        for req, size in zip(reqs, sizes):
-            if req not in failed:
-                self._decode(gathered[offset:offset + size], np.float32(n),
-                             req.buffer().reshape(-1))
-            offset += size
-        return failed
+        return self._deliver(reqs, sizes, gathered, n, failed)
 
     def _exchange_pipelined(self, reqs, sizes, comm):
         """Compress-once in pieces of PIPELINE_VALUES, overlapped: while piece p's all-to-all
@@ -181,12 +172,7 @@ class WireCast:
         for start, stop, _, _, gathered, request in pieces:
             comm.wait(request)
             bits[start:stop] = gathered[:stop - start]
-        if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
-            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
-        for (at, view), req, size in zip(views, reqs, sizes):
-            if req not in failed:
-                self._decode(bits[at:at + size], np.float32(n), view)
-        return failed
+        return self._deliver(reqs, sizes, bits, n, failed)
 
     def _exchange_hierarchical(self, reqs, comm):
         """Through the hosts (the Comm's hierarchy, every host with L ranks): a float32
@@ -197,20 +183,11 @@ class WireCast:
         hosts in place of ranks: each host's sum / N rounded to 16 bits, summed in float32 in
         host order, rounded again, times N."""
         n, node, cross = comm.size, comm.node, comm.cross
-        failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
+        sizes = [r.nbytes // r.dtype.itemsize for r in reqs]
         count = sum(sizes)
-        flat, offset = np.zeros(count, np.float32), 0
-        for req, size in zip(reqs, sizes):
-            try:
-                flat[offset:offset + size] = req.buffer().reshape(-1)
-            except Exception as err:    # noqa: B902 (zeros go in, and it fails)
-                failed[req] = err
-                flat[offset:offset + size] = 0
-            offset += size
-        width, local = node.Get_size(), node.Get_rank()
-        counts = [count // width + (i < count % width) for i in range(width)]
-        displs = [sum(counts[:i]) for i in range(width)]
-        piece = np.empty(counts[local], np.float32)
+        flat, failed = _float32_values(reqs, sizes, np.float32(1))
+        counts, displs = pieces(count, node.Get_size())
+        piece = np.empty(counts[node.Get_rank()], np.float32)
         node.Reduce_scatter(flat, piece, counts, op=MPI.SUM)     # this host's sum, my piece
         hosts = cross.Get_size()
         chunk = -(-piece.size // hosts)
@@ -224,33 +201,16 @@ class WireCast:
         cross.Allgather(mine, summed)
         bits = np.empty(count, np.uint16)
         node.Allgatherv(summed[:piece.size], (bits, (counts, displs)))
-        if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
-            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
-        offset = 0
-        for req, size in zip(reqs, sizes):
-            if req not in failed:
-                self._decode(bits[offset:offset + size], np.float32(n), req.buffer().reshape(-1))
-            offset += size
-        return failed
+        return self._deliver(reqs, sizes, bits, n, failed)
 
     def _exchange_ring(self, reqs, comm):
         """The compression-assisted ring (see the class). Host memory: GPU buffers are
         copied down once and back once."""
         n, rank = comm.size, comm.rank
-        failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
+        sizes = [r.nbytes // r.dtype.itemsize for r in reqs]
         count = sum(sizes)
-        acc = np.zeros(count, np.float32)          # this rank's values / N, then partial sums
-        scale, offset = np.float32(1.0 / n), 0
-        for req, size in zip(reqs, sizes):
-            try:
-                values = req.buffer().reshape(-1)
-                if not isinstance(values, np.ndarray):
-                    values = values.get()
-                np.multiply(values, scale, dtype=np.float32, out=acc[offset:offset + size])
-            except Exception as err:    # noqa: B902 (zeros go round, and it fails)
-                failed[req] = err
-                acc[offset:offset + size] = 0
-            offset += size
+        # this rank's values / N, then partial sums
+        acc, failed = _float32_values(reqs, sizes, np.float32(1.0 / n))
         piece = _ring_pieces(sizes, n)    # piece i: piece i of every request, in order
         counts = [sum(w for _, w in spans) for spans in piece]
         out = np.empty(max(counts), np.uint16)
@@ -260,44 +220,44 @@ class WireCast:
         one = np.float32(1)
         for step in range(n - 1):                   # reduce-scatter, 16 bits a hop
             send, recv = (rank - step) % n, (rank - step - 1) % n
-            at = 0
-            for start, width in piece[send]:
+            for start, width, at in _packed(piece[send]):
                 self._encode(acc[start:start + width], one, out[at:at + width])
-                at += width
             comm.sendrecv(out[:counts[send]], right, into[:counts[recv]], left)
             self._decode(into[:counts[recv]], one, got[:counts[recv]])
-            at = 0
-            for start, width in piece[recv]:
+            for start, width, at in _packed(piece[recv]):
                 acc[start:start + width] += got[at:at + width]
-                at += width
         own = (rank + 1) % n                        # the piece whose sum this rank holds
         pieces = {own: np.empty(counts[own], np.uint16)}
-        at = 0
-        for start, width in piece[own]:
+        for start, width, at in _packed(piece[own]):
             self._encode(acc[start:start + width], one, pieces[own][at:at + width])
-            at += width
         for step in range(n - 1):                   # allgather of the owners' bits
             send, recv = (own - step) % n, (own - step - 1) % n
             pieces[recv] = np.empty(counts[recv], np.uint16)
             comm.sendrecv(pieces[send], right, pieces[recv], left)
         bits = np.empty(count, np.uint16)
         for i, spans in enumerate(piece):
-            at = 0
-            for start, width in spans:
+            for start, width, at in _packed(spans):
                 bits[start:start + width] = pieces[i][at:at + width]
-                at += width
+        return self._deliver(reqs, sizes, bits, n, failed)
+
+    def _deliver(self, reqs, sizes, bits, n, failed):
+        """Decode the summed 16-bit ``bits`` (the bucket's, alike on every rank) times N into
+        each request that did not fail here; an fp16 sum that overflowed fails every request
+        on every rank (they all hold these bits, so they all decide alike).
+        -> {req: error}. Host bits for a GPU request (the ring) are decoded, then copied up."""
         if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
             return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
         offset = 0
         for req, size in zip(reqs, sizes):
             if req not in failed:
                 buf = req.buffer().reshape(-1)
-                if isinstance(buf, np.ndarray):
-                    self._decode(bits[offset:offset + size], np.float32(n), buf)
-                else:
+                part = bits[offset:offset + size]
+                if isinstance(part, np.ndarray) and not isinstance(buf, np.ndarray):
                     host = np.empty(size, buf.dtype)
-                    self._decode(bits[offset:offset + size], np.float32(n), host)
+                    self._decode(part, np.float32(n), host)
                     buf.set(host)
+                else:
+                    self._decode(part, np.float32(n), buf)
             offset += size
         return failed
 
@@ -475,20 +435,42 @@ def _fp16_overflow(n):
         % (n, FLOAT16_MAX))
 
 
+def _float32_values(reqs, sizes, scale):
+    """(the bucket's values times ``scale`` in one float32 host array, {req: error}): a
+    request that cannot be read gives zeros there and fails; GPU buffers are copied down."""
+    flat, failed, offset = np.zeros(sum(sizes), np.float32), {}, 0
+    for req, size in zip(reqs, sizes):
+        try:
+            values = req.buffer().reshape(-1)
+            if not isinstance(values, np.ndarray):
+                values = values.get()
+            np.multiply(values, scale, dtype=np.float32, out=flat[offset:offset + size])
+        except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+            failed[req] = err
+            flat[offset:offset + size] = 0
+        offset += size
+    return flat, failed
+
+
+def _packed(spans):
+    """(start, width, at) of each span, ``at`` its place in the piece packed contiguous."""
+    at = 0
+    for start, width in spans:
+        yield start, width, at
+        at += width
+
+
 def _ring_pieces(sizes, n):
     """Each of the ``n`` ring pieces as (start, width) spans of the bucket: piece i holds piece
     i of every request (each cut into n, larger pieces first), so that where a value starts
     its way round the ring depends on its key alone, not on which keys share its bucket."""
-    pieces, offset = [[] for _ in range(n)], 0
+    spans, offset = [[] for _ in range(n)], 0
     for size in sizes:
-        start = offset
-        for i in range(n):
-            width = size // n + (i < size % n)
+        for i, (width, start) in enumerate(zip(*pieces(size, n))):
             if width:
-                pieces[i].append((start, width))
-            start += width
+                spans[i].append((offset + start, width))
         offset += size
-    return pieces
+    return spans
 
 
 def _device_module(reqs):

@@ -3,16 +3,21 @@
 Every rank calls :func:`plan` with the same agreed requests in the same order,
 so every rank derives the same buckets.
 """
+import numpy as np
 
 __all__ = ['plan', 'fusable', 'BufferPool']
 
 
 class BufferPool:
     """Reusable flat buffers, one per (array module, device, dtype): numpy for host memory,
-    CuPy for each GPU's; each grows to the largest count asked for."""
+    CuPy for each GPU's; each grows to the largest count asked for, and holds at least
+    ``minimum`` elements. ``allocate(count, dtype)``, where given, makes them instead (the
+    staged transport's pinned host buffers)."""
 
-    def __init__(self):
+    def __init__(self, allocate=None, minimum=1024):
         self._buffers = {}
+        self._allocate = allocate
+        self._minimum = minimum
 
     def get(self, like, count):
         """``count`` elements of a buffer like ``like`` (its module, device and dtype)."""
@@ -21,12 +26,15 @@ class BufferPool:
         key = (module, device, like.dtype.str)
         buf = self._buffers.get(key)
         if buf is None or buf.size < count:
-            xp = __import__(module)
-            if device is None:
-                buf = xp.empty(max(count, 1024), dtype=like.dtype)
+            size = max(count, self._minimum)
+            if self._allocate is not None:
+                buf = self._allocate(size, like.dtype)
+            elif device is None:
+                buf = np.empty(size, dtype=like.dtype)
             else:
+                xp = __import__(module)
                 with xp.cuda.Device(device):
-                    buf = xp.empty(max(count, 1024), dtype=like.dtype)
+                    buf = xp.empty(size, dtype=like.dtype)
             self._buffers[key] = buf
         return buf[:count]
 

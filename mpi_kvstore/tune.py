@@ -12,9 +12,10 @@ Per size, on host float32 buffers, every algorithm this job can run:
 and, reported but never chosen (they change the numbers), the fp16 and bf16 wire casts of
 compression.py (compressed once and as a ring). Where every rank has a GPU, each GPU
 transport every rank can use (transports/) is timed on CuPy buffers too, reported and
-written to the table's ``device_ms``, never chosen: the option gpu_transport chooses. The table keeps the fastest lossless algorithm per size; a second pass
-times the table's dispatch against every single algorithm, in the same run, and prints
-how far from the best each size is.
+written to the table's ``device_ms``, never chosen: the option gpu_transport chooses.
+The table keeps the fastest lossless algorithm per size; a second pass times the table's
+dispatch against every single algorithm, in the same run, and prints how far from the
+best each size is.
 
 The store loads a table with the option ``tune_table`` (MPI_KVSTORE_TUNE_TABLE). Rank 0
 reads the file and broadcasts it, so every rank holds the same table, and a size's
@@ -61,7 +62,6 @@ class Table:
         # float edge could round apart on two ranks, and they would call different MPI).
         self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
         self._chosen = {}   # nbytes -> algorithm: the step's sizes repeat every step
-        self.cached = self._chosen.get   # nbytes -> algorithm chosen before, or None
 
     def choose(self, nbytes):
         """The algorithm for an allreduce of nbytes (identical on every rank)."""
@@ -193,11 +193,11 @@ def _device_times(comm, sizes, trials, say):
     import cupy  # noqa: WPS433
     from . import transports  # noqa: WPS433
     device = comm.rank % cupy.cuda.runtime.getDeviceCount()
+    usable, shared = transports.agreed(comm, device)
     runnable = []
     for name in transports.REGISTRY:
         try:
-            if transports.choose(comm, name, device) == name:
-                runnable.append(name)
+            runnable.append(transports.decide(name, usable, shared, concurrent=False))
         except ConfigError as err:
             say('GPU transport %s not timed: %s' % (name, err))
     made = {name: transports.REGISTRY[name](comm, device) for name in runnable}

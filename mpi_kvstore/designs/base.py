@@ -14,7 +14,7 @@ from ..reduce import Reducer
 from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Design', 'native_view', 'progress', 'new_comm']
+__all__ = ['Design', 'native_view', 'progress', 'new_comm', 'transports_of']
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Design:
         (comm.Comm, with its device transports); the store passes one built from its options
         (new_comm), so the design does not choose how data moves."""
         self.config = config
-        self.new_transport = transport or functools.partial(new_comm, comm, config, table)
+        self.new_transport = transports_of(comm, config, table, transport)
         self.table = table  # tune.Table, or None: how each allreduce size runs (new_comm)
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
@@ -200,9 +200,12 @@ class Design:
         self.joined = False
         return top % self.size
 
+    def buckets(self, reqs):
+        """The agreed requests cut into buckets (fusion.plan, as the options say)."""
+        return plan(reqs, self.config.fusion_threshold, self.config.device_fusion_threshold)
+
     def execute_all(self, reqs, comm):
-        for bucket in plan(reqs, self.config.fusion_threshold,
-                           self.config.device_fusion_threshold):
+        for bucket in self.buckets(reqs):
             self.execute(bucket, comm)
 
     def execute(self, bucket, comm):
@@ -250,6 +253,11 @@ def native_view(req, pointer):
 def progress(config):
     """How a Comm of these options progresses a large allreduce (comm.Comm)."""
     return config.progress_sleep_us, config.progress_min_bytes
+
+
+def transports_of(comm, config, table, transport=None):
+    """``transport``, or by default a factory of communicators from the options (new_comm)."""
+    return transport or functools.partial(new_comm, comm, config, table)
 
 
 def new_comm(comm, config, table=None, concurrent=False):

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import agreement, engine, native
 from ..comm import AGREEMENT_POLL_US, MPI, c_datatype
-from ..fusion import BufferPool, plan
+from ..fusion import BufferPool
 from ..timeline import op_name
 from .base import Design, progress as _progress
 
@@ -116,7 +116,7 @@ class Chained(Design):
     def _new_plan(self, reqs, arrays):
         if not _native_can_run(reqs):
             return None
-        buckets = plan(reqs, self.config.fusion_threshold)
+        buckets = self.buckets(reqs)
         if self.table is not None and any(      # the compiled op calls MPI_Allreduce only
                 b[0].kind == 'allreduce' and self.table.choose(sum(r.nbytes for r in b)) != 'mpi'
                 for b in buckets):

@@ -1,11 +1,9 @@
 """The concurrent design."""
-import functools
 import queue
 import threading
 
 from ..comm import MPI
-from ..fusion import plan
-from .base import new_comm
+from .base import transports_of
 from .negotiated import Negotiated
 
 __all__ = ['Concurrent']
@@ -32,9 +30,9 @@ class Concurrent(Negotiated):
 
     def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
         self._lanes = []
-        make = transport or functools.partial(new_comm, comm, config, table)
+        transport = transports_of(comm, config, table, transport)
         for i in range(config.lanes):
-            lane = (make(concurrent=True), queue.SimpleQueue())
+            lane = (transport(concurrent=True), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))
@@ -43,8 +41,7 @@ class Concurrent(Negotiated):
         super().__init__(comm, config, sink, timeline, table, transport)
 
     def dispatch(self, agreed):
-        for bucket in plan(agreed, self.config.fusion_threshold,
-                           self.config.device_fusion_threshold):
+        for bucket in self.buckets(agreed):
             comm, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
             self._bucket += 1
             jobs.put(bucket)

@@ -17,7 +17,8 @@ from . import cuda_mpi, nccl, staged
 
 BUILT_IN = (nccl.NCCL, cuda_mpi.CudaMPI, staged.Staged)   # each registered itself
 
-__all__ = ['REGISTRY', 'BUILT_IN', 'Transport', 'register', 'MODES', 'AUTO_ORDER', 'choose', 'decide',
+__all__ = ['REGISTRY', 'BUILT_IN', 'Transport', 'register', 'MODES', 'AUTO_ORDER', 'agreed',
+           'choose', 'decide',
            'devices_shared']
 
 # NCCL first: its kernels reduce on the device at device bandwidth. A CUDA-aware MPI next
@@ -68,10 +69,10 @@ def decide(mode, usable, shared, concurrent):
     raise ConfigError('no GPU transport can run here')   # staged always can
 
 
-def choose(comm, mode, device, concurrent=False):
-    """Collective: the transport every rank uses for device buffers (see :func:`decide`).
-    Each rank says which transports it can use, and MIN over the ranks keeps the ones all
-    can; the reason is this rank's, or 'another rank cannot'."""
+def agreed(comm, device):
+    """Collective: (usable, shared), :func:`decide`'s agreed inputs. Each rank says which
+    transports it can use, and MIN over the ranks keeps the ones all can (the reason is this
+    rank's, or 'another rank cannot'); ``shared``: two ranks of a host use one GPU."""
     names = list(REGISTRY)
     mine = [REGISTRY[name].usable(comm) for name in names]
     flags = np.array([ok for ok, _ in mine], dtype=np.int32)
@@ -79,5 +80,9 @@ def choose(comm, mode, device, concurrent=False):
         comm.check_min(flags)
     usable = {name: (bool(flags[i]), mine[i][1] or 'another rank cannot use it')
               for i, name in enumerate(names)}
-    shared = devices_shared(comm, device) if comm.size > 1 else False
-    return decide(mode, usable, shared, concurrent)
+    return usable, devices_shared(comm, device) if comm.size > 1 else False
+
+
+def choose(comm, mode, device, concurrent=False):
+    """Collective: the transport every rank uses for device buffers (see :func:`decide`)."""
+    return decide(mode, *agreed(comm, device), concurrent)
