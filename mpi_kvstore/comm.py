@@ -14,7 +14,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .errors import ConfigError
 from .fusion import BufferPool
+from .tune import Steps
 
 __all__ = ['Comm', 'HIERARCHICAL_MODES', 'MPI', 'thread_level_name', 'provided_thread_level',
            'cuda_aware', 'c_api', 'c_datatype', 'algorithms_run', 'transports_run',
@@ -193,7 +195,9 @@ class Comm:
         self.gpu_transport = gpu_transport   # an option value: 'auto' or a transport's name
         self._concurrent = concurrent        # it runs beside other Comms (concurrent design)
         self.transport = None                # the agreed device transport's name, once chosen
-        self._device_transport = None        # transports.Transport, once chosen
+        self._transports = {}                # name -> transports.Transport, once agreed
+        self._by_size = None                 # nbytes -> name, from a tune table's device rows
+        self._last_transport = None          # the transport of the last device collective
         self._table = table            # tune.Table: the algorithm per size, or None
         self.mpi = comm.Dup()
         self.rank = self.mpi.Get_rank()
@@ -223,7 +227,6 @@ class Comm:
         agreed = np.array([code, -code], dtype=np.int32)
         self.mpi.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
         if agreed[0] != -agreed[1]:
-            from .errors import ConfigError   # noqa: WPS433
             raise ConfigError('ranks disagree on hierarchical (this rank: %r): every rank '
                               'must be given the same value' % mode)
         min_bytes = AUTO_MIN_BYTES if mode == 'auto' else 0
@@ -250,28 +253,66 @@ class Comm:
         return self.hierarchical and self._uniform
 
     # -- device buffers --------------------------------------------------------
-    def device_transport(self, device):
-        """The transport for device buffers (made on first use, for ``device``).
+    def device_transport(self, device, nbytes=None):
+        """The transport for a device buffer of ``nbytes`` (made on first use, for ``device``).
 
-        Collective on first use: the first device collective picks the transport that every
-        rank uses (transports.choose) and builds it, and every rank reaches that collective
+        Collective on first use: the first device collective agrees which transports every
+        rank can use (transports.agreed), picks the one ``gpu_transport`` names (or under
+        'auto' the first that runs, transports.decide), and builds it, with every transport
+        a tune table's device rows name for some size; every rank reaches that collective
         at the same point of the sequence (a collective's place is in its agreed
         signature; a rank that failed to read its array sends zeros on its own device,
-        reduce.py). One per Comm, so that no rank builds one that another does not: a
-        buffer on another device of this rank goes through a copy on the transport's."""
-        if self._device_transport is None:
-            from . import transports   # noqa: WPS433 (CuPy only where a GPU is used)
-            self.transport = transports.choose(self, self.gpu_transport, device,
-                                               self._concurrent)
-            log.info('device buffers go through %s (gpu_transport=%s)', self.transport,
-                     self.gpu_transport)
-            self._device_transport = transports.REGISTRY[self.transport](self, device)
-        return self._device_transport
+        reduce.py). Then a size's transport is a pure function of the agreed size, the same
+        on every rank. Where it differs from the last one handed out, its stream waits for
+        that one's (Transport.follow). Built once per Comm, so no rank builds one that
+        another does not: a buffer on another device of this rank goes through a copy on
+        the transports' device."""
+        if not self._transports:
+            self._agree_transports(device)
+        if nbytes is None or self._by_size is None:
+            transport = self._transports[self.transport]
+        else:
+            transport = self._transports[self._by_size(nbytes)]
+        previous = self._last_transport
+        if previous is not transport:   # control passes: its stream waits for the last one's
+            if previous is not None:
+                transport.follow(previous)
+            self._last_transport = transport
+        return transport
+
+    def _agree_transports(self, device):
+        from . import transports   # noqa: WPS433 (CuPy only where a GPU is used)
+        usable, shared = transports.agreed(self, device)
+        self.transport = transports.decide(self.gpu_transport, usable, shared, self._concurrent)
+        wanted = {self.transport}
+        rows = self._table.device if self._table is not None else None
+        if rows is not None and self.gpu_transport == 'auto':
+            # A table measured elsewhere may name a transport that cannot run here: the
+            # inputs are agreed, so every rank replaces it alike.
+            instead = {}
+            for name in sorted(set(rows.values)):
+                try:
+                    transports.decide(name, usable, shared, self._concurrent)
+                except ConfigError as err:
+                    instead[name] = self.transport
+                    if self.rank == 0:
+                        log.warning('mpi_kvstore: the tune table sends some sizes through %s, '
+                                    'which cannot run here (%s): %s takes them', name, err,
+                                    self.transport)
+            names = [instead.get(name, name) for name in rows.values]
+            wanted.update(names)
+            self._by_size = Steps(rows.sizes, names)
+        for name in transports.REGISTRY:   # one order on every rank: constructors may be collective
+            if name in wanted:
+                self._transports[name] = transports.REGISTRY[name](self, device)
+        log.info('device buffers go through %s (gpu_transport=%s%s)',
+                 ', '.join(self._transports), self.gpu_transport,
+                 ', by size from the tune table' if self._by_size else '')
 
     def _on_device(self, buf, run):
         """``run(transport, buf)`` for a device buffer, through a copy on the transport's
         device where ``buf`` is on another one of this rank."""
-        transport = self.device_transport(buf.device.id)
+        transport = self.device_transport(buf.device.id, buf.nbytes)
         transports_run[transport.name] += 1
         if buf.device.id == transport.device:
             run(transport, buf)
@@ -443,9 +484,10 @@ class Comm:
                 self.cross = self.node = None
                 self.hierarchical = False
                 self._scratch.clear()
-                if self._device_transport is not None:
-                    _free_quietly(self._device_transport)
-                    self._device_transport = None
+                for transport in self._transports.values():
+                    _free_quietly(transport)
+                self._transports.clear()
+                self._last_transport = None
                 self.mpi.Free()
         except MPI.Exception:
             log.debug('communicator free failed', exc_info=True)

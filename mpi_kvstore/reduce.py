@@ -165,7 +165,8 @@ def _scope(bucket, comm):
         return
     import cupy  # noqa: WPS433
     device = device_of(bucket)
-    transport = comm.device_transport(device)
+    # by the bucket's agreed size: the transport its collective will take (tune's table)
+    transport = comm.device_transport(device, sum(r.nbytes for r in bucket))
     with cupy.cuda.Device(device):
         own = transport.device == device
         stream = transport.stream if own else _stream(device)

@@ -11,17 +11,24 @@ Per size, on host float32 buffers, every algorithm this job can run:
                 more than one);
 and, reported but never chosen (they change the numbers), the fp16 and bf16 wire casts of
 compression.py (compressed once and as a ring). Where every rank has a GPU, each GPU
-transport every rank can use (transports/) is timed on CuPy buffers too, reported and
-written to the table's ``device_ms``, never chosen: the option gpu_transport chooses.
+transport every rank can use (transports/) is timed on CuPy buffers too (``device_ms``),
+and the table's ``device`` rows keep, per size, the one gpu_transport=auto would take
+unless another is faster by the margin.
 The table keeps the fastest lossless algorithm per size; a second pass times the table's
-dispatch against every single algorithm, in the same run, and prints how far from the
-best each size is.
+dispatch against every single algorithm (and every single GPU transport), in the same
+run, and prints how far from the best each size is.
 
 The store loads a table with the option ``tune_table`` (MPI_KVSTORE_TUNE_TABLE). Rank 0
 reads the file and broadcasts it, so every rank holds the same table, and a size's
 algorithm is a pure function of (op, size, communicator size): the ranks always make the
 same calls. A table measured on another number of ranks is ignored, with a warning.
 Between measured sizes the nearer one (in log scale) decides. Without a table: 'mpi'.
+A device buffer takes the device rows' transport for its size where gpu_transport is
+'auto' (a named gpu_transport wins); a row naming a transport that cannot run in this
+job (the concurrent design and NCCL, say) gives way to auto's choice, on every rank
+alike, with a warning. The transports mixed this way run on one thread per
+communicator, in one issue order, and where control passes from one to another the new
+one's stream waits for an event on the old one's (comm.Comm.device_transport).
 """
 import argparse
 import bisect
@@ -36,7 +43,7 @@ import numpy as np
 from .cli import console, to_stdout
 from .errors import ConfigError
 
-__all__ = ['Table', 'load', 'main', 'LOSSLESS']
+__all__ = ['Table', 'Steps', 'load', 'main', 'LOSSLESS']
 
 log = logging.getLogger('mpi_kvstore')
 
@@ -45,51 +52,81 @@ LOSSY = ('fp16', 'bf16', 'fp16-ring', 'bf16-ring')   # timed, never chosen
 VERSION = 1
 
 
-class Table:
-    """Which allreduce algorithm each message size takes (see the module)."""
+class Steps:
+    """A value per measured size; between two sizes the nearer one (in log scale) decides."""
 
-    def __init__(self, sizes, backends, comm_size):
+    def __init__(self, sizes, values):
+        order = np.argsort(sizes)
+        self.sizes = [int(sizes[i]) for i in order]
+        self.values = [values[i] for i in order]
+        # Halfway in log scale: the integer geometric mean, the same on every machine (a
+        # float edge could round apart on two ranks, and they would call different MPI).
+        self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
+        self._chosen = {}   # nbytes -> value: the step's sizes repeat every step
+
+    def __call__(self, nbytes):
+        found = self._chosen.get(nbytes)
+        if found is None:
+            if len(self._chosen) > 4096:
+                self._chosen.clear()
+            found = self._chosen[nbytes] = self.values[bisect.bisect_right(self._edges,
+                                                                             nbytes)]
+        return found
+
+
+class Table:
+    """Which allreduce algorithm each message size takes (see the module), and optionally
+    which GPU transport a device buffer of each size takes (``device``: a list of
+    (bytes, transport name), as tune measured where every rank had a GPU)."""
+
+    def __init__(self, sizes, backends, comm_size, device=None):
         if len(sizes) != len(backends) or not sizes:
             raise ValueError('a tune table needs one algorithm per size')
         bad = [b for b in backends if b not in LOSSLESS]
         if bad:
             raise ValueError('unknown allreduce algorithm(s) %s (known: %s)' % (bad, LOSSLESS))
-        order = np.argsort(sizes)
-        self.sizes = [int(sizes[i]) for i in order]
-        self.backends = [backends[i] for i in order]
+        self._host = Steps(sizes, backends)
+        self.sizes, self.backends = self._host.sizes, self._host.values
         self.comm_size = int(comm_size)
-        # Halfway in log scale: the integer geometric mean, the same on every machine (a
-        # float edge could round apart on two ranks, and they would call different MPI).
-        self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
-        self._chosen = {}   # nbytes -> algorithm: the step's sizes repeat every step
+        self.device = None   # Steps of transport names, or None: gpu_transport decides
+        if device:
+            from .transports import REGISTRY   # noqa: WPS433 (no CuPy on import)
+            bad = [name for _, name in device if name not in REGISTRY]
+            if bad:
+                raise ValueError('unknown GPU transport(s) %s (known: %s)'
+                                 % (bad, tuple(REGISTRY)))
+            self.device = Steps([int(n) for n, _ in device], [name for _, name in device])
 
     def choose(self, nbytes):
         """The algorithm for an allreduce of nbytes (identical on every rank)."""
-        found = self._chosen.get(nbytes)
-        if found is None:
-            if len(self._chosen) > 4096:
-                self._chosen.clear()
-            found = self._chosen[nbytes] = self.backends[bisect.bisect_right(self._edges,
-                                                                               nbytes)]
-        return found
+        return self._host(nbytes)
+
+    def choose_device(self, nbytes):
+        """The GPU transport the table measured fastest for nbytes, or None (no device rows)."""
+        return None if self.device is None else self.device(nbytes)
 
     @property
     def needs_hierarchy(self):
         return 'hierarchical' in self.backends
 
     def to_json(self, measured=None):
-        return {'version': VERSION, 'comm_size': self.comm_size,
-                'allreduce': [{'bytes': s, 'algorithm': b}
-                              for s, b in zip(self.sizes, self.backends)],
-                'measured_ms': measured or {}}
+        payload = {'version': VERSION, 'comm_size': self.comm_size,
+                   'allreduce': [{'bytes': s, 'algorithm': b}
+                                 for s, b in zip(self.sizes, self.backends)],
+                   'measured_ms': measured or {}}
+        if self.device is not None:
+            payload['device'] = [{'bytes': s, 'transport': t}
+                                 for s, t in zip(self.device.sizes, self.device.values)]
+        return payload
 
     @classmethod
     def from_json(cls, payload):
         if not isinstance(payload, dict) or payload.get('version') != VERSION:
             raise ValueError('not a version-%d mpi_kvstore tune table' % VERSION)
         rows = payload['allreduce']
+        device = [(r['bytes'], r['transport']) for r in payload.get('device') or ()]
         return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
-                   payload['comm_size'])
+                   payload['comm_size'], device)
 
 
 def load(path, comm):
@@ -186,10 +223,9 @@ def _gpu_present():
     return bool(MPI.COMM_WORLD.allreduce(mine, op=MPI.MIN))
 
 
-def _device_times(comm, sizes, trials, say):
-    """Each GPU transport that every rank can use (transports.choose's rules), timed on CuPy
-    float32 buffers per size: reported and written to the table, never chosen (the option
-    gpu_transport chooses). -> {size: {transport: ms}}"""
+def _device_transports(comm, say):
+    """Collective: every GPU transport that every rank can use (transports.decide's rules),
+    built, and the one gpu_transport=auto would take. -> ({name: Transport}, default)"""
     import cupy  # noqa: WPS433
     from . import transports  # noqa: WPS433
     device = comm.rank % cupy.cuda.runtime.getDeviceCount()
@@ -200,24 +236,65 @@ def _device_times(comm, sizes, trials, say):
             runnable.append(transports.decide(name, usable, shared, concurrent=False))
         except ConfigError as err:
             say('GPU transport %s not timed: %s' % (name, err))
-    made = {name: transports.REGISTRY[name](comm, device) for name in runnable}
+    default = transports.decide('auto', usable, shared, concurrent=False)
+    return {name: transports.REGISTRY[name](comm, device) for name in runnable}, default
+
+
+def _device_buffer(transport, nbytes):
+    import cupy  # noqa: WPS433
+    with cupy.cuda.Device(transport.device):
+        return cupy.zeros(max(nbytes // 4, 1), cupy.float32)
+
+
+def _on(transport, buf):
+    """One allreduce of a device buffer through ``transport``, finished."""
+    with transport.scope():
+        transport.allreduce(buf)
+        transport.finish()
+
+
+def _device_times(comm, made, sizes, trials, say):
+    """Each built GPU transport timed on CuPy float32 buffers per size. -> {size: {name: ms}}"""
     found = {}
     for nbytes in sizes:
-        with cupy.cuda.Device(device):
-            buf = cupy.zeros(max(nbytes // 4, 1), cupy.float32)
-
-        def run(transport):
-            with transport.scope():
-                transport.allreduce(buf)
-                transport.finish()
-        fns = {name: (lambda t=t: run(t)) for name, t in made.items()}
-        times = _interleaved(comm, fns, trials) if fns else {}
+        buf = _device_buffer(next(iter(made.values())), nbytes)
+        fns = {name: (lambda t=t: _on(t, buf)) for name, t in made.items()}
+        times = _interleaved(comm, fns, trials)
         found[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
         say('%10d B  GPU  ' % nbytes + '  '.join('%s %.3f ms' % (n, t * 1e3)
                                                  for n, t in times.items()))
-    for transport in made.values():
-        transport.free()
     return found
+
+
+def _pick_device(times_ms, default):
+    """The GPU transport for one size: ``default`` (gpu_transport=auto's) unless another is
+    faster by the margin."""
+    fastest = min(times_ms, key=times_ms.get)
+    return fastest if times_ms[fastest] < MARGIN * times_ms[default] else default
+
+
+def _device_check(comm, tuned, made, sizes, trials, say):
+    """The table's device dispatch (a Comm with the table) against each single transport,
+    in pairs, as the host check. -> the slowest size's ratio to its best single transport"""
+    worst = 0.0
+    for nbytes in sizes:
+        buf = _device_buffer(next(iter(made.values())), nbytes)
+
+        def table_run():
+            tuned.allreduce(buf)
+            buf.device.synchronize()
+        mine, singles = {}, {}
+        for name, transport in made.items():
+            paired = _interleaved(comm, {'table': table_run,
+                                         name: lambda t=transport: _on(t, buf)}, trials)
+            mine[name], singles[name] = paired['table'], paired[name]
+        best = min(singles, key=singles.get)
+        ratio = mine[best] / singles[best]
+        worst = max(worst, ratio)
+        say('%10d B  GPU  table (%s) %.3f ms, best single (%s) %.3f ms: %.2fx'
+            % (nbytes, tuned.device_transport(buf.device.id, buf.nbytes).name,
+               mine[best] * 1e3, best, singles[best] * 1e3, ratio))
+    return worst
 
 
 class _Plain:
@@ -257,7 +334,14 @@ def main(argv=None):
         measured[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
         say('%10d B  ' % nbytes + '  '.join('%s %.3f ms%s' % (n, t * 1e3, ' *' if n == best else '')
                                             for n, t in times.items()))
-    table = Table(sizes, chosen, world.Get_size())
+    made, default, device_ms, device_rows = {}, None, {}, None
+    if _gpu_present():
+        made, default = _device_transports(comm, say)
+        device_ms = _device_times(comm, made, sizes, args.trials, say)
+        device_rows = [(n, _pick_device(device_ms[str(n)], default)) for n in sizes]
+        say('GPU transports chosen by size (gpu_transport=auto would take %s): %s'
+            % (default, ', '.join('%d B %s' % row for row in device_rows)))
+    table = Table(sizes, chosen, world.Get_size(), device_rows)
     # The table's dispatch against each single algorithm, timed again in this run.
     tuned = Comm(world, 'on' if table.needs_hierarchy else 'off', table=table)
     say('check: the table against the best single lossless algorithm, each timed again in '
@@ -279,12 +363,18 @@ def main(argv=None):
             % (nbytes, table.choose(buf.nbytes), mine[best] * 1e3, best, singles[best] * 1e3,
                ratio))
     say('slowest size against its best single algorithm: %.2fx (target <= 1.05x)' % worst)
-    device = _device_times(comm, sizes, args.trials, say) if _gpu_present() else {}
+    if made:
+        worst_device = _device_check(comm, tuned, made, sizes, 3 * args.trials, say)
+        say('slowest size against its best single GPU transport: %.2fx (target <= 1.05x)'
+            % worst_device)
+        worst = max(worst, worst_device)
     if world.Get_rank() == 0:
         with open(args.out, 'w') as fh:
-            json.dump(dict(table.to_json(measured), device_ms=device), fh, indent=1)
+            json.dump(dict(table.to_json(measured), device_ms=device_ms), fh, indent=1)
         say('table written to %s: use it with tune_table=%s (MPI_KVSTORE_TUNE_TABLE)'
             % (args.out, args.out))
+    for transport in made.values():
+        transport.free()
     for c in (comm, hier, tuned):
         c.free()
     return 0 if math.isfinite(worst) else 1

@@ -27,8 +27,8 @@ def _require_gpu():
     pytest.skip('no GPU (CuPy with a device) on this machine')
 
 
-def _run(nprocs, transport, expect, env=None):
-    out = run_mpi(nprocs, 'gpu_transport.py', transport, expect, timeout=300, env=env)
+def _run(nprocs, transport, expect, *more, env=None):
+    out = run_mpi(nprocs, 'gpu_transport.py', transport, expect, *more, timeout=300, env=env)
     assert 'gpu_transport[%s' % transport in out and 'OK at %d ranks' % nprocs in out, out[-3000:]
     return out
 
@@ -73,3 +73,13 @@ def test_compression_on_device_matches_the_host_bit_for_bit(nprocs):
     _require_gpu()
     out = run_mpi(nprocs, 'gpu_compression.py', timeout=300)
     assert 'gpu_compression: OK at %d ranks' % nprocs in out, out[-3000:]
+
+
+def test_a_tune_table_mixes_transports_by_size():
+    """Device rows send small buffers through NCCL and large ones through staged MPI. Two
+    ranks on two GPUs run both; on one GPU NCCL cannot run, and every rank gives its sizes
+    to staged alike."""
+    _require_gpu()
+    out = _run(2, 'auto', 'nccl+staged' if _gpus() >= 2 else 'staged', 'mixed')
+    assert 'transport staged ran' in out
+

@@ -152,6 +152,13 @@ def test_tune_table_picks_each_sizes_algorithm_and_sums_stay_right(design):
     _ok(run_mpi(3, 'kv_tune.py', design, timeout=240), 'kv_tune[%s]' % design)
 
 
+@pytest.mark.parametrize('nprocs', [2, 3])
+def test_device_transports_mixed_by_size_from_the_tune_table(nprocs):
+    """Stand-in transports (no GPU here) run Comm's own choice per size, the hand-over
+    between transports, and the fallback, alike on every rank, with numpy's sums."""
+    _ok(run_mpi(nprocs, 'transport_mix.py', timeout=120), 'transport_mix')
+
+
 def test_chained_native_op_polls_with_sleeps():
     """progress_sleep_us with chained: its compiled op runs the agreement and every bucket
     as MPI_Iallreduce polled with sleeps; kv_native checks the sums against numpy and that

@@ -230,6 +230,20 @@ def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
         Table.from_json({'version': 0})
 
 
+def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
+    """auto's transport stays unless another is 3% faster (closer is noise)."""
+    from mpi_kvstore.tune import Table, _pick_device
+    assert _pick_device({'nccl': 1.0, 'staged': 0.98}, 'nccl') == 'nccl'
+    assert _pick_device({'nccl': 1.0, 'staged': 0.96}, 'nccl') == 'staged'
+    assert _pick_device({'staged': 2.0}, 'staged') == 'staged'
+    table = Table([4096], ['mpi'], 2, device=[(1 << 20, 'staged'), (4096, 'nccl')])
+    assert table.device.sizes == [4096, 1 << 20]            # sorted with their names
+    assert [table.choose_device(n) for n in (1, 65535, 65536)] == ['nccl', 'nccl', 'staged']
+    assert Table([4096], ['mpi'], 2).choose_device(1) is None
+    with pytest.raises(ValueError, match='unknown GPU transport'):
+        Table([4096], ['mpi'], 2, device=[(4096, 'gloo')])
+
+
 def test_compiled_polling_takes_as_many_tests_per_wake_as_python():
     """native.py keeps its own copy (numba's cache cannot see a change in comm.py)."""
     from mpi_kvstore import comm, native

@@ -68,6 +68,12 @@ class Transport:
         """``root``'s ``buf`` into every rank's, in place."""
         raise NotImplementedError
 
+    def follow(self, other):
+        """Order this transport's next work after everything queued on ``other``'s stream
+        (control passes from one transport to another: tune's table mixes them by size).
+        An event, so the host does not wait."""
+        self.stream.wait_event(other.stream.record())
+
     def finish(self):
         """Block until every queued operation on ``stream`` is done."""
         self.stream.synchronize()

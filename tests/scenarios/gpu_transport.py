@@ -1,10 +1,12 @@
 """Device (CuPy) buffers through one GPU transport, as the store runs them, without MXNet.
 
-usage: gpu_transport.py TRANSPORT [EXPECT]
+usage: gpu_transport.py TRANSPORT [EXPECT [mixed]]
 
 TRANSPORT is the gpu_transport option (auto, nccl, cuda_mpi, staged); EXPECT is the
-transport that must run (default: TRANSPORT), or 'refused' where the ranks must all
-refuse it with ConfigError (NCCL with two ranks on one GPU).
+transport that must run (default: TRANSPORT), 'a+b' where each of a and b must run and
+nothing else, or 'refused' where the ranks must all refuse it with ConfigError (NCCL with
+two ranks on one GPU). 'mixed' gives the communicator a tune table whose device rows send
+buffers under 512 KB through NCCL and larger ones through staged MPI.
 
 Every bucket runs on a fresh thread, as on the store's communication threads, which have
 no CuPy device or stream of their own; results are read on another, non-blocking stream,
@@ -25,6 +27,7 @@ from mpi_kvstore import transports
 from mpi_kvstore.collective import Collective
 from mpi_kvstore.errors import ConfigError
 from mpi_kvstore.fusion import plan
+from mpi_kvstore.tune import Table
 from common import RANK, SIZE, WORLD, close, done, expect_raises
 
 TRANSPORT = sys.argv[1]
@@ -35,7 +38,11 @@ DEVICE = RANK % cupy.cuda.runtime.getDeviceCount()
 READER = cupy.cuda.Stream(non_blocking=True)  # the "next op" reads on a stream of its own
 THRESHOLD = 64 << 20
 
-comm = comm_mod.Comm(WORLD, 'off', gpu_transport=TRANSPORT)
+RAN = set(EXPECT.split('+'))
+TABLE = (Table([4], ['mpi'], SIZE, device=[(4096, 'nccl'), (64 << 20, 'staged')])
+         if sys.argv[3:] == ['mixed'] else None)
+
+comm = comm_mod.Comm(WORLD, 'off', gpu_transport=TRANSPORT, table=TABLE)
 failed = []                                   # (key, error) this rank's requests failed with
 
 
@@ -229,10 +236,11 @@ if SIZE > 1:   # at one rank the store reduces nothing, so nothing can fail
     check_local_failures()
 if SIZE > 1:
     ran = dict(comm_mod.transports_run)
-    assert comm.transport == EXPECT and set(ran) == {EXPECT}, (comm.transport, ran)
+    assert comm.transport in RAN and set(ran) == RAN, (comm.transport, ran)
     mpi_calls = comm_mod.algorithms_run['mpi']   # host MPI_Allreduce calls
-    assert mpi_calls > 0 if EXPECT in ('staged', 'cuda_mpi') else mpi_calls == 0, mpi_calls
+    assert mpi_calls > 0 if RAN & {'staged', 'cuda_mpi'} else mpi_calls == 0, mpi_calls
     if RANK == 0:
-        print('transport %s ran %d collectives' % (EXPECT, ran[EXPECT]))
+        for name in sorted(RAN):
+            print('transport %s ran %d collectives' % (name, ran[name]))
 comm.free()
 done('gpu_transport[%s->%s]' % (TRANSPORT, EXPECT))

@@ -37,13 +37,16 @@ assert set(measured['measured_ms']['4096']) >= {'mpi', 'rsag'}, measured['measur
 # 2. a table that sends middle sizes through reduce-scatter + allgather
 table = {'version': 1, 'comm_size': SIZE, 'measured_ms': {},
          'allreduce': [{'bytes': 1024, 'algorithm': 'mpi'}, {'bytes': 65536, 'algorithm': 'rsag'},
-                       {'bytes': 1 << 22, 'algorithm': 'mpi'}]}
+                       {'bytes': 1 << 22, 'algorithm': 'mpi'}],
+         # device rows (tune writes them where every rank has a GPU): host buffers ignore them
+         'device': [{'bytes': 4096, 'transport': 'nccl'}, {'bytes': 1 << 26, 'transport': 'staged'}]}
 path = write('table.json', table)
 if RANK != 0:
     path = path + '.only-rank-0-reads-it'        # another rank's path is never opened
 kv = mpi_kvstore.create('dist_mpi', design=DESIGN, tune_table=path)
 before = dict(comm_module.algorithms_run)
 chooser = tune.Table.from_json(table)
+assert [chooser.choose_device(n) for n in (4, (1 << 19) - 1, 1 << 19, 1 << 30)] == ['nccl', 'nccl', 'staged', 'staged']
 for n in (1, 255, 4096, 16384, 100000, 1 << 20):       # float32 elements: 4 B to 4 MB
     assert chooser.choose(4 * n) in ('mpi', 'rsag')
     value = mx.nd.array(np.arange(n, dtype=np.float32) * (RANK + 1))
