@@ -1,4 +1,6 @@
 """Pure-Python parts: configuration, fusion planning, the key/value grammar."""
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -305,3 +307,115 @@ def test_device_buckets_have_their_own_fusion_threshold():
     assert [[r.key for r in b] for b in buckets] == [[0, 1, 2], [3], [4], [5]]
     buckets = plan(reqs, 8000)
     assert [[r.key for r in b] for b in buckets] == [[0, 1], [2], [3, 4], [5]]
+
+
+class _FakeCuda:
+    """The least of CuPy that reduce.py touches, recording which device is current when
+    work runs: the wrong-device defect (every bucket ran on GPU 0) needs more than one GPU
+    to show on hardware, and this machine has none."""
+
+    def __init__(self):
+        self.current = [0]            # the device stack; CuPy's default device is 0
+        self.events = []              # (what, device current at the time)
+        fake = self
+
+        class Device:
+            def __init__(self, id):
+                self.id = id
+
+            def __enter__(self):
+                fake.current.append(self.id)
+
+            def __exit__(self, *exc):
+                fake.current.pop()
+
+        class Stream:
+            def __init__(self):
+                self.device = fake.current[-1]   # a stream belongs to the current device
+
+            def __enter__(self):
+                fake.events.append(('stream of %d' % self.device, fake.current[-1]))
+
+            def __exit__(self, *exc):
+                pass
+
+            def synchronize(self):
+                fake.events.append(('synchronize %d' % self.device, fake.current[-1]))
+
+        self.cuda = type('cuda', (), {'Device': Device, 'Stream': Stream})
+        self.zeros = lambda count, dtype: _DeviceArray(np.zeros(count, dtype), fake.current[-1])
+        self.empty = lambda count, dtype: _DeviceArray(np.empty(count, dtype), fake.current[-1])
+
+
+class _DeviceArray:
+    def __init__(self, data, device):
+        self.data, self.nbytes, self.dtype, self.size = data, data.nbytes, data.dtype, data.size
+        self.device = type('device', (), {'id': device})()
+
+    def __getitem__(self, index):
+        return _DeviceArray(self.data[index], self.device.id)
+
+    def __imul__(self, factor):
+        self.data *= factor
+        return self
+
+
+def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
+    """reduce._scope: a bucket on GPU 1 runs with device 1 current, on a stream of device 1
+    that is synchronised before the bucket completes, even where the transport lives on
+    GPU 0 (its stream belongs to device 0); a bucket on GPU 0 uses the transport's stream
+    and finish(). A rank whose read failed sends zeros made on the bucket's device."""
+    from mpi_kvstore import reduce as reduce_mod
+    fake = _FakeCuda()
+    monkeypatch.setitem(sys.modules, 'cupy', fake)
+    monkeypatch.setattr(reduce_mod, '_streams', {})
+
+    class Transport:
+        device = 0
+        stream = fake.cuda.Stream()
+
+        def finish(self):
+            fake.events.append(('finish', fake.current[-1]))
+
+    class Comm:
+        def device_transport(self, device, nbytes):
+            return Transport()
+
+        def allreduce(self, buf):
+            fake.events.append(('allreduce on %d' % buf.device.id, fake.current[-1]))
+            buf.data += 1
+
+    def request(key, buf, device):
+        req = Collective('allreduce', key, np.dtype('f4'), (4,), place='gpu', average=True)
+        req.view = buf
+        req.array = type('NDArray', (), {'context': type('ctx', (), {'device_id': device})()})()
+        return req
+
+    reducer = reduce_mod.Reducer(2, fail=None, fail_all=None)
+    on_one = _DeviceArray(np.ones(4, np.float32), 1)
+    reducer.allreduce([request('a', on_one, 1)], Comm())
+    assert fake.events == [('stream of 1', 1), ('allreduce on 1', 1), ('synchronize 1', 1)]
+    np.testing.assert_array_equal(on_one.data, 1.0)          # (1 + 1) / 2 ranks
+    assert fake.current == [0]
+
+    fake.events.clear()
+    on_zero = _DeviceArray(np.ones(4, np.float32), 0)
+    reducer.allreduce([request('b', on_zero, 0)], Comm())
+    assert fake.events == [('stream of 0', 0), ('allreduce on 0', 0), ('finish', 0)]
+
+    fake.events.clear()
+    unread = request('c', None, 1)                           # its read failed: host zeros
+    unread.view, unread.scratch = None, np.zeros(4, np.float32)
+    reducer.allreduce([unread], Comm())
+    assert isinstance(unread.scratch, _DeviceArray) and unread.scratch.device.id == 1
+    assert fake.events == [('stream of 1', 1), ('allreduce on 1', 1), ('synchronize 1', 1)]
+
+    # Fusion buffers: one pool entry per device, each made with its device current.
+    from mpi_kvstore.fusion import BufferPool
+    pool = BufferPool()
+    CupyArray = type('ndarray', (_DeviceArray,), {'__module__': 'cupy'})  # told by module
+    like = {d: CupyArray(np.ones(4, np.float32), d) for d in (0, 1)}
+    made = [pool.get(like[d], 8) for d in (1, 0, 1)]
+    assert [m.device.id for m in made] == [1, 0, 1]
+    assert made[0].data.base is made[2].data.base is not made[1].data.base
+
