@@ -7,6 +7,7 @@ hang on a rank that is missing. Under a launcher, every rank writes its own
 report, prefixed with its rank.
 """
 import importlib
+import json
 import os
 
 from mpi4py import MPI
@@ -94,6 +95,42 @@ def _gpu_transports(config):
     return lines
 
 
+def _tune_table(config):
+    """What the option tune_table would give this job, read here by this rank alone (the
+    store's rank 0 reads it and broadcasts it: tune.load)."""
+    from .tune import Table  # noqa: WPS433
+    path = config.tune_table
+    if not path:
+        return ['tune table:       none (every allreduce is MPI_Allreduce; GPU buffers take '
+                'gpu_transport\'s choice)']
+    try:
+        with open(path) as fh:
+            table = Table.from_json(json.load(fh))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return ['tune table:       %s cannot be used: %s: %s (creating a store raises '
+                'ConfigError)' % (path, type(err).__name__, err)]
+    size = MPI.COMM_WORLD.Get_size()
+    lines = ['tune table:       %s, measured on %d ranks%s' % (
+        path, table.comm_size, '' if table.comm_size == size
+        else ' (this job has %d: ignored)' % size)]
+    lines.append('  allreduce:      ' + ', '.join(
+        '%s %s' % (_bytes(n), name) for n, name in zip(table.sizes, table.backends)))
+    if table.device is not None:
+        lines.append('  GPU buffers:    ' + ', '.join(
+            '%s %s' % (_bytes(n), name) for n, name in zip(table.device.sizes,
+                                                          table.device.values))
+            + (' (gpu_transport=%s wins)' % config.gpu_transport
+               if config.gpu_transport != 'auto' else ''))
+    return lines
+
+
+def _bytes(n):
+    for unit, shift in (('M', 20), ('K', 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return '%d%s' % (n >> shift, unit)
+    return '%d B' % n
+
+
 def report(environ=None):
     """The doctor's report, as lines of text."""
     config = Config()
@@ -137,7 +174,7 @@ def report(environ=None):
             '' if config.progress_sleep_us else ' (blocking MPI: busy-polls a core)'),
         'compression:      %s (2-bit: kv.set_gradient_compression)' % config.compression,
     ]
-    return lines
+    return lines + _tune_table(config)
 
 
 def main():

@@ -20,4 +20,23 @@ if 'MPI_LOCALRANKID' in os.environ:       # hydra sets it
     local = 'local rank %s of %s (from MPI_LOCALRANKID)' % (
         os.environ['MPI_LOCALRANKID'], os.environ['MPI_LOCALNRANKS'])
     assert local in text, (local, text)
+assert 'tune table:       none' in text, text
+
+# With a table: its rows as the store would read them, device rows included.
+import json, tempfile  # noqa: E401,E402
+path = os.path.join(tempfile.mkdtemp(prefix='doctor_'), 'table.json')
+with open(path, 'w') as fh:
+    json.dump({'version': 1, 'comm_size': SIZE, 'measured_ms': {},
+               'allreduce': [{'bytes': 4096, 'algorithm': 'mpi'},
+                             {'bytes': 16 << 20, 'algorithm': 'rsag'}],
+               'device': [{'bytes': 4096, 'transport': 'nccl'},
+                          {'bytes': 64 << 20, 'transport': 'staged'}]}, fh)
+os.environ['MPI_KVSTORE_TUNE_TABLE'] = path
+text = '\n'.join(doctor.report())
+assert 'tune table:       %s, measured on %d ranks\n' % (path, SIZE) in text, text
+assert '  allreduce:      4K mpi, 16M rsag' in text, text
+assert '  GPU buffers:    4K nccl, 64M staged' in text, text
+with open(path, 'w') as fh:
+    fh.write('{"version": 1}')
+assert 'cannot be used: KeyError' in '\n'.join(doctor.report())
 done('doctor_report')
