@@ -19,7 +19,6 @@ the total with one raw Allreduce of the same 1.6 MB.
 import argparse
 import gc
 import os
-import sys
 
 import numpy as np
 from mpi4py import MPI

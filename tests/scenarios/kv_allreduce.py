@@ -3,7 +3,6 @@
 usage: kv_allreduce.py DESIGN
 """
 import mxnet as mx
-import numpy as np
 
 import mpi_kvstore
 from common import RANK, SIZE, close, design_arg, done, expect_raises

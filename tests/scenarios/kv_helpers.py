@@ -3,8 +3,6 @@
 
 usage: kv_helpers.py DESIGN
 """
-import os
-
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon

@@ -10,7 +10,6 @@ usage: kv_skew.py DESIGN
 import time
 
 import mxnet as mx
-import numpy as np
 
 import mpi_kvstore
 from common import RANK, SIZE, close, design_arg, done
