@@ -15,6 +15,9 @@ ImageNet shaped ones), in one run, on one net whose weights every config shares:
   horovod                horovod.mxnet.DistributedTrainer, when it imports;
   dist_sync              MXNet's ps-lite store (scheduler and one server on 127.0.0.1).
 A step is forward, backward, trainer.step, then mx.nd.waitall(); its time is the slowest rank's.
+With --steps-per-round K a timed op is K steps in a row and one waitall at the end, and a step's
+time is the op's over K: the next step's forward may then start while the last gradients are
+still exchanged (across iterations, as a training loop that does not wait every step).
 Steps are interleaved: round r runs one step of every config, so a machine whose load drifts
 slows every config alike; a config's step time is its median over rounds. Then each store's
 exchange is timed alone (trainer.allreduce_grads() then waitall) to tell how much of it
@@ -50,6 +53,7 @@ TARGET_VS_NONE = 0.9          # the best design should reach 90% of the no-excha
 TARGET_OVERHEAD = 15.0        # ... which is at most 15% more time per step
 KEY_STRIDE = 100000           # dist_sync key range per model (see ShiftedKeys)
 PSLITE_LIFETIME = 6 * 3600    # s; a safety net only: ps-lite children die with rank 0 anyway
+STEPS_PER_OP = [1]   # --steps-per-round: training steps per timed op
 OPTIMIZER = ('sgd', {'learning_rate': 0.01, 'momentum': 0.9, 'wd': 1e-4})
 
 
@@ -96,6 +100,9 @@ def parse_args(argv=None):
                              "carry store options, the trainer's group_bytes and 2-bit gradient "
                              "compression's threshold: 'chained,funneled+group_bytes=0,"
                              "chained+compression=fp16,chained+2bit=0.01' (default: the default design)")
+    parser.add_argument('--steps-per-round', type=int, default=1,
+                        help='steps in a row per timed op, one waitall after the last (default 1: '
+                             'every step ends with waitall); step times are per step')
     parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
     parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
     parser.add_argument('--raw-allreduce', type=common.parse_sizes, default=None, metavar='SIZES',
@@ -120,8 +127,10 @@ def resolve(args):
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         raise SystemExit(f'unknown model(s) {",".join(unknown)}: choose from {",".join(MODELS)}')
-    if args.warmups < 0 or args.trials < 1 or (args.batch_size or 1) < 1:
-        raise SystemExit('--warmup-steps must be >= 0, --steps and --batch-size >= 1')
+    if args.warmups < 0 or args.trials < 1 or (args.batch_size or 1) < 1 or args.steps_per_round < 1:
+        raise SystemExit('--warmup-steps must be >= 0, --steps, --batch-size and '
+                         '--steps-per-round >= 1')
+    STEPS_PER_OP[0] = args.steps_per_round
     return args
 
 
@@ -172,14 +181,17 @@ def check_same_weights(params, name):
 
 
 def step_op(model, trainer, normalise_by):
-    """One training step, finished: waitall at the boundary, so queued work is counted."""
+    """STEPS_PER_OP training steps, finished: waitall after the last, so queued work is
+    counted (rounds() divides the time by STEPS_PER_OP)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    steps = STEPS_PER_OP[0]
 
     def op():
-        with autograd.record():
-            loss = loss_fn(model.net(model.x), model.y)
-        loss.backward()
-        trainer.step(normalise_by)
+        for _ in range(steps):
+            with autograd.record():
+                loss = loss_fn(model.net(model.x), model.y)
+            loss.backward()
+            trainer.step(normalise_by)
         mx.nd.waitall()
     return op
 
@@ -311,14 +323,16 @@ def time_once(run, what, op, ranks):
     return seconds, COMM.bcast(busy, root=0)
 
 
-def rounds(run, model, jobs, phase):
+def rounds(run, model, jobs, phase, per=1):
     """{name: [seconds]} of `trials` timed rounds after `warmups` untimed ones; round r runs
     every job once, starting at job r mod len(jobs), so that no job always follows the same
-    one and load that drifts over the run slows every job alike."""
+    one and load that drifts over the run slows every job alike. `per`: what one run of an
+    op does, in the units reported (steps per training op): times and busy are divided by it."""
     times = {name: [] for name, _, _ in jobs}
     for r in range(run.args.warmups + run.args.trials):
         for name, op, ranks in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             seconds, busy = time_once(run, f'{model.name} {name} ({phase})', op, ranks)
+            seconds, busy = seconds / per, (busy / per if busy is not None else None)
             if r >= run.args.warmups:
                 times[name].append(seconds)
                 if busy is not None:
@@ -330,7 +344,8 @@ def bench_model(run, model, dist_sync, index):
     configs = make_configs(run, model, dist_sync, index)
     common.rank0_print(f'measuring {model.name}: {len(configs)} configs, batch {model.batch} per '
                        f'rank, {run.args.warmups} + {run.args.trials} rounds ...')
-    steps = rounds(run, model, [(c.name, c.step, c.ranks) for c in configs], 'training')
+    steps = rounds(run, model, [(c.name, c.step, c.ranks) for c in configs], 'training',
+                   per=run.args.steps_per_round)
     raw = [(f'raw_mpi:{n}', raw_allreduce_op(n), COMM.size) for n in run.args.raw_allreduce or []]
     alone = rounds(run, model, [(c.name, c.exchange, COMM.size) for c in configs if c.exchange] + raw,
                    'exchange alone')

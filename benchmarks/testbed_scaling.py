@@ -85,6 +85,8 @@ def parse_args(argv=None):
                         help=f'untimed rounds per job (default {DEFAULT_WARMUPS})')
     parser.add_argument('--steps', type=int, help=f'timed rounds per job (default {DEFAULT_STEPS})')
     parser.add_argument('--batch-size', type=int, help="images per rank per step (default: scaling.py's)")
+    parser.add_argument('--steps-per-round', type=int, default=1,
+                        help="scaling.py's: steps in a row per timed op, one waitall after the last")
     parser.add_argument('--step-timeout', type=float, default=300.0,
                         help="seconds one step may take inside a job (scaling.py's --timeout; default 300)")
     parser.add_argument('--run-timeout', type=float, default=None,
@@ -179,6 +181,8 @@ def scaling_argv(args, job, out_dir):
         argv += ['--trainer-designs', args.trainer_designs]
     if args.batch_size:
         argv += ['--batch-size', str(args.batch_size)]
+    if args.steps_per_round != 1:
+        argv += ['--steps-per-round', str(args.steps_per_round)]
     if args.raw_sizes and args.raw_sizes != 'none':
         argv += ['--raw-allreduce', args.raw_sizes]
     return argv
@@ -218,7 +222,7 @@ def run_timeout(args, job):
         return args.run_timeout
     configs = (3 + (len(_split(args.designs)) if args.designs else 4) + len(_split(args.raw_sizes))
                + (len(_split(args.trainer_designs)) if args.trainer_designs else 1))
-    rounds = (args.warmups + args.steps) * 2          # training rounds, then exchange alone
+    rounds = (args.warmups + args.steps) * (1 + args.steps_per_round)   # training, exchange alone
     models = len(_split(args.models))
     return max(600.0, STARTUP_S + models * rounds * configs * 2.0 * max(1, job.ranks // 2))
 
