@@ -53,7 +53,6 @@ TARGET_VS_NONE = 0.9          # the best design should reach 90% of the no-excha
 TARGET_OVERHEAD = 15.0        # ... which is at most 15% more time per step
 KEY_STRIDE = 100000           # dist_sync key range per model (see ShiftedKeys)
 PSLITE_LIFETIME = 6 * 3600    # s; a safety net only: ps-lite children die with rank 0 anyway
-STEPS_PER_OP = [1]   # --steps-per-round: training steps per timed op
 OPTIMIZER = ('sgd', {'learning_rate': 0.01, 'momentum': 0.9, 'wd': 1e-4})
 
 
@@ -130,7 +129,6 @@ def resolve(args):
     if args.warmups < 0 or args.trials < 1 or (args.batch_size or 1) < 1 or args.steps_per_round < 1:
         raise SystemExit('--warmup-steps must be >= 0, --steps, --batch-size and '
                          '--steps-per-round >= 1')
-    STEPS_PER_OP[0] = args.steps_per_round
     return args
 
 
@@ -143,6 +141,7 @@ class Model:
     def __init__(self, name, args, store):
         spec = MODELS[name]
         self.name, self.batch = name, args.batch_size or spec.batch
+        self.steps_per_op = args.steps_per_round    # training steps per timed op
         self.shape = (self.batch, 3, spec.image, spec.image)
         mx.random.seed(args.seed)          # the same initial weights on every rank ...
         self.net = spec.build()
@@ -181,10 +180,10 @@ def check_same_weights(params, name):
 
 
 def step_op(model, trainer, normalise_by):
-    """STEPS_PER_OP training steps, finished: waitall after the last, so queued work is
-    counted (rounds() divides the time by STEPS_PER_OP)."""
+    """model.steps_per_op training steps, finished: waitall after the last, so queued work
+    is counted (bench_model has rounds() divide the time by it)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    steps = STEPS_PER_OP[0]
+    steps = model.steps_per_op
 
     def op():
         for _ in range(steps):
@@ -345,7 +344,7 @@ def bench_model(run, model, dist_sync, index):
     common.rank0_print(f'measuring {model.name}: {len(configs)} configs, batch {model.batch} per '
                        f'rank, {run.args.warmups} + {run.args.trials} rounds ...')
     steps = rounds(run, model, [(c.name, c.step, c.ranks) for c in configs], 'training',
-                   per=run.args.steps_per_round)
+                   per=model.steps_per_op)
     raw = [(f'raw_mpi:{n}', raw_allreduce_op(n), COMM.size) for n in run.args.raw_allreduce or []]
     alone = rounds(run, model, [(c.name, c.exchange, COMM.size) for c in configs if c.exchange] + raw,
                    'exchange alone')
