@@ -33,7 +33,7 @@ else:
     from .designs import NAMES as DESIGNS
     from .errors import (ArrayLayoutError, CollectiveError, ConfigError, JoinError,
                          MPIKVStoreError, RankMismatchError, ThreadLevelError, UnknownKeyError)
-    from .collectives import (allgather, allgather_object, allreduce, allreduce_, broadcast,
+    from .functional import (allgather, allgather_object, allreduce, allreduce_, broadcast,
                               broadcast_, broadcast_object, default_store, local_rank,
                               local_size, rank, size)
     from .gluon import DistributedTrainer, broadcast_parameters

@@ -41,7 +41,8 @@ import numpy as np
 
 from . import device_codecs
 from .collective import SIG_LIMIT
-from .comm import MPI, pieces
+from .fusion import pieces
+from .mpiabi import MPI
 
 __all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign']
 

@@ -8,12 +8,28 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from .comm import HIERARCHICAL_MODES
 from .errors import ConfigError
 
 __all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive',
-           'HIERARCHICAL_MODES', 'from_environment']
+           'from_environment', 'parse_bytes', 'DESIGNS', 'HIERARCHICAL_MODES',
+           'CUDA_AWARE_MODES', 'GPU_TRANSPORTS', 'COMPRESSIONS']
 
+# Every vocabulary of the options, as literals: the modules that implement them sit above
+# this one, and a test checks each equals its registry (designs, transports, codecs).
+DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
+HIERARCHICAL_MODES = ('auto', 'on', 'off')
+CUDA_AWARE_MODES = ('auto', 'on', 'off')
+GPU_TRANSPORTS = ('auto', 'nccl', 'cuda_mpi', 'staged')
+COMPRESSIONS = ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring')
+
+
+def _one_of(names):
+    def parse(value):
+        low = str(value).strip().lower()
+        if low not in names:
+            raise ValueError('expected one of %s' % ', '.join(names))
+        return low
+    return parse
 
 
 def _parse_bool(text):
@@ -25,7 +41,7 @@ def _parse_bool(text):
     raise ValueError('expected one of 1/0/true/false/yes/no/on/off')
 
 
-def _parse_bytes(text):
+def parse_bytes(text):
     """'64M', '1024', '4K', '1G' -> int bytes."""
     if isinstance(text, int):
         return text
@@ -64,33 +80,19 @@ def _cuda_aware(v):
     if isinstance(v, bool):
         return 'on' if v else 'off'
     low = str(v).strip().lower()
-    if low in ('auto', 'on', 'off'):
-        return low
-    raise ValueError('expected auto, on or off')
-
-
-GPU_TRANSPORTS = ('auto', 'nccl', 'cuda_mpi', 'staged')   # transports/ (checked by a test)
-
-
-def _gpu_transport(v):
-    low = str(v).strip().lower()
-    if low not in GPU_TRANSPORTS:
-        raise ValueError('expected one of %s' % ', '.join(GPU_TRANSPORTS))
+    if low not in CUDA_AWARE_MODES:
+        raise ValueError('expected auto, on or off')
     return low
 
 
-def _compression(v):
-    low = str(v).strip().lower()
-    if low not in ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring'):
-        raise ValueError('expected none, fp16, bf16, fp16-ring or bf16-ring')
-    return low
+_gpu_transport = _one_of(GPU_TRANSPORTS)
+_compression = _one_of(COMPRESSIONS)
 
 
 def _design(v):
     v = str(v).strip().lower()
-    from .designs import REGISTRY   # noqa: WPS433 (the designs need MXNet; options do not)
-    if v not in REGISTRY:
-        raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(REGISTRY)))
+    if v not in DESIGNS:
+        raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(DESIGNS)))
     return v
 
 
@@ -128,14 +130,14 @@ OPTIONS: Tuple[Option, ...] = (
     # Not Horovod's 64 MB: on a CPU the copies into and out of a fusion buffer cost as
     # much as the collective from about 1 MB on, and MPICH reduces 1 MB pieces faster
     # than one huge buffer (resnet18_v1's 45 MB of gradients: 15 ms at 1 MB, 41 at 64 MB).
-    Option('fusion_threshold', _parse_bytes, 1 << 20, 'bytes',
+    Option('fusion_threshold', parse_bytes, 1 << 20, 'bytes',
            'Largest fused buffer; smaller gradients ready together travel in one collective, '
            'larger ones are reduced in their own memory. 0 disables fusion.', _nonneg),
     # Not Horovod's 64 MB: 64 MB of 256 arrays through the staged transport (2 and 4 ranks on
     # one H200, benchmarks/gpu_bandwidth.py) took 22.3 and 37.7 ms fused at 16 MB, 26.2 and
     # 46.0 at 64 MB, 35.2 and 52.0 at 4 MB, 106 and 147 unfused. NCCL across GPUs is not
     # measured here (one GPU lent, and NCCL refuses two ranks on one).
-    Option('device_fusion_threshold', _parse_bytes, 16 << 20, 'bytes',
+    Option('device_fusion_threshold', parse_bytes, 16 << 20, 'bytes',
            'Largest fused buffer of GPU arrays (fusion_threshold is for host arrays). '
            '0 disables their fusion.', _nonneg),
     Option('lanes', int, 2, 'threads',
@@ -191,7 +193,7 @@ OPTIONS: Tuple[Option, ...] = (
            'busy cores (README, Across hosts). Chained\'s compiled op polls its agreement '
            'too. It adds latency over shared memory (benchmarks/allreduce.py). 0: blocking '
            'MPI_Allreduce.', _nonneg),
-    Option('progress_min_bytes', _parse_bytes, 0, 'bytes',
+    Option('progress_min_bytes', parse_bytes, 0, 'bytes',
            'Smallest allreduce that progress_sleep_us applies to; smaller ones block in '
            'MPI_Allreduce (0: every one). On 3 Gbit/s test hosts 0, 256 KB and 1 MB trained '
            'alike.', _nonneg),

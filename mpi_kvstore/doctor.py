@@ -12,10 +12,12 @@ import os
 
 from mpi4py import MPI
 
-from . import comm as _comm
+from . import mpiabi, transports
 from .cli import console
 from .config import _LOCAL_RANK_VARS, Config, launcher_local_rank
 from .designs import REGISTRY, get_design
+from .errors import ConfigError
+from .tuning import Table
 
 __all__ = ['report']
 
@@ -54,14 +56,14 @@ def _designs(config, provided):
         ok = provided >= cls.thread_level
         mark = '*' if name == config.design else ' '
         why = ('usable' if ok else 'needs %s, MPI gives %s'
-               % (_comm.thread_level_name(cls.thread_level), _comm.thread_level_name(provided)))
+               % (mpiabi.thread_level_name(cls.thread_level), mpiabi.thread_level_name(provided)))
         lines.append('  %s %-10s %s' % (mark, name, why))
     return lines
 
 
 def _gpus():
     try:
-        import cupy  # noqa: WPS433
+        import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
         return cupy.cuda.runtime.getDeviceCount(), None
     except Exception as err:    # noqa: B902 (no CuPy, no driver, no device)
         return 0, '%s: %s' % (type(err).__name__, err)
@@ -70,8 +72,6 @@ def _gpus():
 def _gpu_transports(config):
     """Which GPU transport this rank could use, and what gpu_transport would pick, judged
     from this rank alone (the store's choice is agreed by every rank: transports.choose)."""
-    from . import transports  # noqa: WPS433
-    from .errors import ConfigError  # noqa: WPS433
     count, why = _gpus()
     if not count:
         return ['  GPU arrays:     none here (%s)' % why]
@@ -97,8 +97,7 @@ def _gpu_transports(config):
 
 def _tune_table(config):
     """What the option tune_table would give this job, read here by this rank alone (the
-    store's rank 0 reads it and broadcasts it: tune.load)."""
-    from .tune import Table  # noqa: WPS433
+    store's rank 0 reads it and broadcasts it: tuning.load)."""
     path = config.tune_table
     if not path:
         return ['tune table:       none (every allreduce is MPI_Allreduce; GPU buffers take '
@@ -134,9 +133,9 @@ def _bytes(n):
 def report(environ=None):
     """The doctor's report, as lines of text."""
     config = Config()
-    provided = _comm.provided_thread_level()
+    provided = mpiabi.provided_thread_level()
     library = ' '.join(MPI.Get_library_version().split('\n')[0].split())
-    aware = _comm.cuda_aware(config.cuda_aware)
+    aware = mpiabi.cuda_aware(config.cuda_aware)
     how = {'auto': 'asked of the MPI library', 'on': 'forced on by cuda_aware=on',
            'off': 'forced off by cuda_aware=off'}[config.cuda_aware]
     design = get_design(config.design)
@@ -146,7 +145,7 @@ def report(environ=None):
                                                     MPI.Get_processor_name()),
         'MPI library:      %s (MPI %d.%d)' % ((library,) + MPI.Get_version()),
         'mpi4py:           %s' % _version('mpi4py'),
-        'thread level:     %s provided' % _comm.thread_level_name(provided),
+        'thread level:     %s provided' % mpiabi.thread_level_name(provided),
         'CUDA-aware MPI:   %s (%s)' % ('yes' if aware else 'no', how),
         'numba:            %s' % _version('numba'),
         'MXNet:            %s' % _version('mxnet'),

@@ -20,10 +20,11 @@ import logging
 import threading
 import time
 
+from . import debug
 from .libmxnet import bind, last_error
 
 __all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'python_entry', 'consume_raised',
-           'quiesce', 'trampoline_calls']
+           'quiesce']
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ _push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_v
 
 _live = {}             # op id -> _Op, until the engine runs it
 _active = [0]          # engine threads inside _trampoline
-_entered = [0]         # how often any thread entered _trampoline (tests: native ops never do)
 _active_lock = threading.Lock()
 _ids = itertools.count(1)
 _callbacks = {}        # engine callback address -> ctypes function, built once
@@ -233,11 +233,11 @@ def _keep_thread_state():
 @contextlib.contextmanager
 def _python_on_engine_thread():
     """Bracket Python code that an engine thread entered: keep its thread state, count
-    the entry (trampoline_calls), and let quiesce() see it running."""
+    the entry (debug: engine_python), and let quiesce() see it running."""
     _keep_thread_state()
     with _active_lock:
         _active[0] += 1
-        _entered[0] += 1
+        debug.count('engine_python')
     try:
         yield
     finally:
@@ -268,7 +268,7 @@ _entries = []          # the ctypes thunks of python_entry, alive for the proces
 
 def python_entry(fn):
     """A C function ``void f(int64)`` that runs ``fn(arg)`` in Python, for a native op's
-    rare paths (native.py). It counts as Python on an engine thread (trampoline_calls),
+    rare paths (native.py). It counts as Python on an engine thread (debug: engine_python),
     keeps the thread's state like the trampoline, and lets nothing escape into C:
     ``fn`` must complete its op itself, whatever happens."""
     def entry(arg):
@@ -280,12 +280,6 @@ def python_entry(fn):
     thunk = _ENTRY_FN(entry)
     _entries.append(thunk)
     return thunk
-
-
-def trampoline_calls():
-    """How many engine ops have run Python code (the ctypes trampoline, or a native op's
-    :func:`python_entry`) in this process."""
-    return _entered[0]
 
 
 def quiesce(timeout=10.0):

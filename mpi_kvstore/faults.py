@@ -36,7 +36,7 @@ import threading
 import time
 import traceback
 
-from .comm import MPI, provided_thread_level, thread_level_name
+from .mpiabi import MPI, provided_thread_level, thread_level_name
 
 __all__ = ['install_abort_hook', 'abort_job', 'StallInspector', 'PendingAges',
            'format_report', 'who_pushed', 'rank_list']

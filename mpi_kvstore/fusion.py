@@ -5,7 +5,7 @@ so every rank derives the same buckets.
 """
 import numpy as np
 
-__all__ = ['plan', 'fusable', 'BufferPool']
+__all__ = ['plan', 'fusable', 'pieces', 'BufferPool']
 
 
 class BufferPool:
@@ -82,3 +82,10 @@ def plan(requests, threshold, device_threshold=None):
     if current:
         buckets.append(current)
     return buckets
+
+
+def pieces(count, width):
+    """(counts, displacements) of ``count`` elements cut into ``width`` near-equal pieces,
+    the larger ones first: a reduce-scatter's shares."""
+    counts = [count // width + (i < count % width) for i in range(width)]
+    return counts, [sum(counts[:i]) for i in range(width)]

@@ -5,7 +5,7 @@ import numpy as np
 
 from mxnet import gluon
 
-from .collectives import broadcast_, default_store
+from .functional import broadcast_, default_store
 
 __all__ = ['broadcast_parameters', 'DistributedTrainer']
 

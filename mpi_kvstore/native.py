@@ -12,7 +12,7 @@ one taken before the op ran.
   GIL released, reads the record and later completes the op by calling the
   engine's callback itself.
 - :func:`run_chained_address` (chained): runs the call's collectives itself
-  through MPI's C entry points (comm.CApi): the agreement (an int32
+  through MPI's C entry points (mpiabi.CApi): the agreement (an int32
   MIN-allreduce, as in agreement.py), then each bucket (fused by memcpy into a
   buffer Python reserved, reduced, averaged, copied back), then completes the
   op and writes an eventfd. Whatever it cannot do natively it hands to Python
@@ -48,6 +48,7 @@ from numba.extending import intrinsic
 
 from . import agreement, engine  # agreement.HEADER: a constant of the message format
 from .libmxnet import address_of
+from .mpiabi import c_api, c_datatype
 
 __all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'mark_ready_address', 'run_chained_address',
            'SCALES', 'Stage']
@@ -73,7 +74,7 @@ PENDING, READY, DONE = 0, 1, 2        # STATE
 ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # bucket kinds
 # A polled wait first calls MPI_Test SPIN_TESTS times in a row (the other ranks are
 # often there already), then sleeps, doubling from 1 us up to its limit, and calls
-# MPI_Test up to TESTS_PER_WAKE times after each sleep (= comm.PROGRESS_TESTS, a test checks: MPICH
+# MPI_Test up to TESTS_PER_WAKE times after each sleep (= progress.PROGRESS_TESTS, a test checks: MPICH
 # moves a bounded amount of data per Test).
 SPIN_TESTS, TESTS_PER_WAKE = 32, 8
 # How an averaged bucket is divided by the number of ranks, by dtype (as Design._average:
@@ -130,7 +131,6 @@ def _functions():
 
 def _add_mpi(table):
     if not table[F_ALLREDUCE]:
-        from .comm import c_api  # noqa: WPS433 (mpi4py is loaded: a store exists)
         api = c_api()
         table[[F_ALLREDUCE, F_BCAST, F_BARRIER, C_IN_PLACE, C_SUM, C_MIN, C_INT32,
                F_IALLREDUCE, F_TEST]] = [
@@ -143,7 +143,7 @@ def _caller(ret_bits, arg_bits):
     """An intrinsic ``call(fn, (args...))``: the C function at address ``fn``, taking C
     integers (or pointers) of ``arg_bits`` bits and returning ``ret_bits`` (0: void),
     called with int64 arguments; -> int64 (0 for void). MPICH's handles are C ints
-    passed in 64-bit registers, as ctypes passes them (comm.CApi)."""
+    passed in 64-bit registers, as ctypes passes them (mpiabi.CApi)."""
     @intrinsic
     def call(typingctx, fn, args):
         if not isinstance(args, types.BaseTuple) or len(args) != len(arg_bits):
@@ -276,7 +276,7 @@ def _copy_arrays(rec, first, arrays, fused, into_fused):
 def _allreduce(rec, ptr, count, dtype, op, comm, poll_us):
     """MPI_Allreduce in place; with poll_us > 0, MPI_Iallreduce then MPI_Test with sleeps
     of up to poll_us (the engine worker leaves its core to compute while it waits, as
-    comm.wait_polling does in Python). -> MPI's error code."""
+    progress.wait_polling does in Python). -> MPI's error code."""
     fns = _table_of(rec)
     if poll_us <= 0:
         return _call_allreduce(fns[F_ALLREDUCE], (fns[C_IN_PLACE], ptr, count, dtype, op, comm))
@@ -484,7 +484,7 @@ class ChainedPlan:
             words[_KIND], words[_FIRST], words[_ARRAYS], words[_COUNT] = (
                 kind, first, arrays_here, count)
             if head.dtype is not None:
-                words[_DTYPE] = _c_datatype(head.dtype)
+                words[_DTYPE] = c_datatype(head.dtype)
             words[_ROOT] = head.root
             words[_SCALE] = SCALES[head.dtype] if head.average else 0
             if arrays_here > 1:
@@ -530,11 +530,6 @@ class ChainedOp(NativeOp):
 
     def forget(self):
         _fallbacks.pop(self.address, None)
-
-
-def _c_datatype(dtype):
-    from .comm import c_datatype  # noqa: WPS433
-    return c_datatype(dtype)
 
 
 class Waker:

@@ -1,7 +1,6 @@
 """MPIKVStore: MXNet's KVStore contract on top of the designs."""
 import atexit
 import collections
-import functools
 import logging
 import os
 import sys
@@ -12,8 +11,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, engine, tune
-from .comm import MPI
+from . import compression, engine, tuning
+from .mpiabi import MPI
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
@@ -22,7 +21,6 @@ from .faults import StallInspector, install_abort_hook
 from .keys import KeyTable, request, same_array
 from .collective import Collective
 from .designs import check_thread_level, get_design
-from .designs.base import new_comm
 from .timeline import Timeline
 
 __all__ = ['MPIKVStore']
@@ -66,10 +64,8 @@ class MPIKVStore(KVStoreBase):
         self._closed = False
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
-        table = tune.load(self._config.tune_table, comm)
-        # The design is handed how to make its communicators (and their GPU transports).
-        self._design = design(comm, self._config, self._errors.record, self._timeline, table,
-                              functools.partial(new_comm, comm, self._config, table))
+        table = tuning.load(self._config.tune_table, comm)
+        self._design = design(comm, self._config, self._errors.record, self._timeline, table)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,
                                          self._pending_now)
@@ -331,7 +327,7 @@ class MPIKVStore(KVStoreBase):
     def array_collective(self, kind, name, tensor, root=0, average=False):
         """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
         sum, or the mean with ``average``) or 'bcast' (root's value). The entry point of the
-        Horovod-style helpers (collectives.py); ``name`` identifies the collective across
+        Horovod-style helpers (functional.py); ``name`` identifies the collective across
         ranks, as a key does.
 
         The data travels through a staging buffer the store keeps per (name, shape, dtype,

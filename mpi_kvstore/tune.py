@@ -18,147 +18,29 @@ The table keeps the fastest lossless algorithm per size; a second pass times the
 dispatch against every single algorithm (and every single GPU transport), in the same
 run, and prints how far from the best each size is.
 
-The store loads a table with the option ``tune_table`` (MPI_KVSTORE_TUNE_TABLE). Rank 0
-reads the file and broadcasts it, so every rank holds the same table, and a size's
-algorithm is a pure function of (op, size, communicator size): the ranks always make the
-same calls. A table measured on another number of ranks is ignored, with a warning.
-Between measured sizes the nearer one (in log scale) decides. Without a table: 'mpi'.
-A device buffer takes the device rows' transport for its size where gpu_transport is
-'auto' (a named gpu_transport wins); a row naming a transport that cannot run in this
-job (the concurrent design and NCCL, say) gives way to auto's choice, on every rank
-alike, with a warning. The transports mixed this way run on one thread per
-communicator, in one issue order, and where control passes from one to another the new
-one's stream waits for an event on the old one's (comm.Comm.device_transport).
+The store loads the table with the option ``tune_table`` (tuning.py, docs/tuning.md).
 """
 import argparse
-import bisect
 import json
-import logging
 import math
 import sys
 import time
 
 import numpy as np
 
+from . import compression, transports
 from .cli import console, to_stdout
+from .comm import Comm
+from .config import parse_bytes
 from .errors import ConfigError
+from .mpiabi import MPI
+from .tuning import LOSSLESS, LOSSY, Table
 
-__all__ = ['Table', 'Steps', 'load', 'main', 'LOSSLESS']
-
-log = logging.getLogger('mpi_kvstore')
-
-LOSSLESS = ('mpi', 'rsag', 'hierarchical')
-LOSSY = ('fp16', 'bf16', 'fp16-ring', 'bf16-ring')   # timed, never chosen
-VERSION = 1
+__all__ = ['main']
 
 
-class Steps:
-    """A value per measured size; between two sizes the nearer one (in log scale) decides."""
-
-    def __init__(self, sizes, values):
-        order = np.argsort(sizes)
-        self.sizes = [int(sizes[i]) for i in order]
-        self.values = [values[i] for i in order]
-        # Halfway in log scale: the integer geometric mean, the same on every machine (a
-        # float edge could round apart on two ranks, and they would call different MPI).
-        self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
-        self._chosen = {}   # nbytes -> value: the step's sizes repeat every step
-
-    def __call__(self, nbytes):
-        found = self._chosen.get(nbytes)
-        if found is None:
-            if len(self._chosen) > 4096:
-                self._chosen.clear()
-            found = self._chosen[nbytes] = self.values[bisect.bisect_right(self._edges,
-                                                                             nbytes)]
-        return found
-
-
-class Table:
-    """Which allreduce algorithm each message size takes (see the module), and optionally
-    which GPU transport a device buffer of each size takes (``device``: a list of
-    (bytes, transport name), as tune measured where every rank had a GPU)."""
-
-    def __init__(self, sizes, backends, comm_size, device=None):
-        if len(sizes) != len(backends) or not sizes:
-            raise ValueError('a tune table needs one algorithm per size')
-        bad = [b for b in backends if b not in LOSSLESS]
-        if bad:
-            raise ValueError('unknown allreduce algorithm(s) %s (known: %s)' % (bad, LOSSLESS))
-        self._host = Steps(sizes, backends)
-        self.sizes, self.backends = self._host.sizes, self._host.values
-        self.comm_size = int(comm_size)
-        self.device = None   # Steps of transport names, or None: gpu_transport decides
-        if device:
-            from .transports import REGISTRY   # noqa: WPS433 (no CuPy on import)
-            bad = [name for _, name in device if name not in REGISTRY]
-            if bad:
-                raise ValueError('unknown GPU transport(s) %s (known: %s)'
-                                 % (bad, tuple(REGISTRY)))
-            self.device = Steps([int(n) for n, _ in device], [name for _, name in device])
-
-    def choose(self, nbytes):
-        """The algorithm for an allreduce of nbytes (identical on every rank)."""
-        return self._host(nbytes)
-
-    def choose_device(self, nbytes):
-        """The GPU transport the table measured fastest for nbytes, or None (no device rows)."""
-        return None if self.device is None else self.device(nbytes)
-
-    @property
-    def needs_hierarchy(self):
-        return 'hierarchical' in self.backends
-
-    def to_json(self, measured=None):
-        payload = {'version': VERSION, 'comm_size': self.comm_size,
-                   'allreduce': [{'bytes': s, 'algorithm': b}
-                                 for s, b in zip(self.sizes, self.backends)],
-                   'measured_ms': measured or {}}
-        if self.device is not None:
-            payload['device'] = [{'bytes': s, 'transport': t}
-                                 for s, t in zip(self.device.sizes, self.device.values)]
-        return payload
-
-    @classmethod
-    def from_json(cls, payload):
-        if not isinstance(payload, dict) or payload.get('version') != VERSION:
-            raise ValueError('not a version-%d mpi_kvstore tune table' % VERSION)
-        rows = payload['allreduce']
-        device = [(r['bytes'], r['transport']) for r in payload.get('device') or ()]
-        return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
-                   payload['comm_size'], device)
-
-
-def load(path, comm):
-    """Collective: the Table of ``path`` for this communicator, or None (no path, or a
-    table of another communicator size). Rank 0 reads; every rank gets its reading, and a
-    bad file raises ConfigError on every rank alike."""
-    if not path:
-        return None
-    payload = why = None
-    if comm.Get_rank() == 0:
-        try:
-            with open(path) as fh:
-                payload = json.load(fh)
-            Table.from_json(payload)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            why = '%s: %s' % (type(err).__name__, err)
-    payload, why = comm.bcast((payload, why), root=0)
-    if why:
-        raise ConfigError('tune_table %r cannot be used: %s (run python -m mpi_kvstore tune '
-                          'to make one)' % (path, why))
-    table = Table.from_json(payload)
-    if table.comm_size != comm.Get_size() and comm.Get_rank() == 0:
-        log.warning('mpi_kvstore: tune_table %r was measured on %d ranks, this store has %d: '
-                    'ignored (every allreduce takes MPI_Allreduce)', path, table.comm_size,
-                    comm.Get_size())
-    return table if table.comm_size == comm.Get_size() else None
-
-
-# -- the command --------------------------------------------------------------------------
 def _sizes(text):
-    from .config import _parse_bytes   # noqa: WPS433
-    sizes = [_parse_bytes(part) for part in text.split(',') if part.strip()]
+    sizes = [parse_bytes(part) for part in text.split(',') if part.strip()]
     if not sizes or any(s < 4 for s in sizes):
         raise SystemExit('--sizes: sizes of at least 4 bytes, like 4K,1M,64M')
     return sizes
@@ -167,7 +49,6 @@ def _sizes(text):
 def _interleaved(comm, fns, trials):
     """{name: median over trials of the slowest rank's seconds}; each round runs every fn
     once, starting at a different one, so drifting load slows them alike."""
-    from mpi4py import MPI  # noqa: WPS433
     names = list(fns)
     for name in names:
         fns[name]()                                      # warm
@@ -182,7 +63,6 @@ def _interleaved(comm, fns, trials):
 
 
 def _runners(comm, hier, buf):
-    from . import compression   # noqa: WPS433
     runners = {'mpi': lambda: comm.allreduce_with(buf, 'mpi'),
                'rsag': lambda: comm.allreduce_with(buf, 'rsag')}
     if hier is not None and hier.hierarchical:
@@ -214,9 +94,8 @@ def _pick(times):
 def _gpu_present():
     """Every rank sees a GPU through CuPy (agreed, so every rank times device buffers or
     none does)."""
-    from mpi4py import MPI  # noqa: WPS433
     try:
-        import cupy  # noqa: WPS433
+        import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
         mine = int(cupy.cuda.runtime.getDeviceCount() > 0)
     except Exception:    # noqa: B902 (no CuPy, no driver, no device)
         mine = 0
@@ -226,8 +105,7 @@ def _gpu_present():
 def _device_transports(comm, say):
     """Collective: every GPU transport that every rank can use (transports.decide's rules),
     built, and the one gpu_transport=auto would take. -> ({name: Transport}, default)"""
-    import cupy  # noqa: WPS433
-    from . import transports  # noqa: WPS433
+    import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
     device = comm.rank % cupy.cuda.runtime.getDeviceCount()
     usable, shared = transports.agreed(comm, device)
     runnable = []
@@ -241,7 +119,7 @@ def _device_transports(comm, say):
 
 
 def _device_buffer(transport, nbytes):
-    import cupy  # noqa: WPS433
+    import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
     with cupy.cuda.Device(transport.device):
         return cupy.zeros(max(nbytes // 4, 1), cupy.float32)
 
@@ -314,8 +192,6 @@ def main(argv=None):
     parser.add_argument('--trials', type=int, default=7)
     parser.add_argument('--out', default='mpi_kvstore_tune.json')
     args = parser.parse_args(argv)
-    from mpi4py import MPI  # noqa: WPS433
-    from .comm import Comm  # noqa: WPS433
     world = MPI.COMM_WORLD
     sizes = _sizes(args.sizes)
     comm = Comm(world, 'off')

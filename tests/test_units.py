@@ -151,7 +151,7 @@ def test_the_transports_import_without_mxnet():
             "import numpy as np\n"
             "from mpi_kvstore import transports, comm, reduce\n"
             "from mpi_kvstore.collective import Collective\n"
-            "from mpi_kvstore.comm import MPI\n"
+            "from mpi_kvstore.mpiabi import MPI\n"
             "c = comm.Comm(MPI.COMM_WORLD, 'off')\n"
             "req = Collective('allreduce', 'k', np.dtype('f4'), (3,), place='cpu')\n"
             "req.view = np.arange(3, dtype='f4')\n"
@@ -168,13 +168,13 @@ def test_cuda_awareness_is_asked_of_the_loaded_mpi():
     """mpi4py 4.1 has no Query_cuda_support: 'auto' asks the library's MPIX_ query, which
     the PyPI mpich wheel answers with no; 'on' and 'off' override it."""
     import ctypes
-    from mpi_kvstore import comm
-    lib = ctypes.CDLL(comm._loaded_libmpi())
+    from mpi_kvstore import mpiabi
+    lib = ctypes.CDLL(mpiabi._loaded_libmpi())
     assert hasattr(lib, 'MPIX_Query_cuda_support') or hasattr(lib, 'MPIX_GPU_query_support')
     lib.MPIX_Query_cuda_support.restype = ctypes.c_int
-    assert comm.cuda_aware('auto') is bool(lib.MPIX_Query_cuda_support())
-    assert comm.cuda_aware('auto') is False            # the mpich wheel is not CUDA-aware
-    assert comm.cuda_aware('on') is True and comm.cuda_aware('off') is False
+    assert mpiabi.cuda_aware('auto') is bool(lib.MPIX_Query_cuda_support())
+    assert mpiabi.cuda_aware('auto') is False            # the mpich wheel is not CUDA-aware
+    assert mpiabi.cuda_aware('on') is True and mpiabi.cuda_aware('off') is False
     assert cfg.Config(cuda_aware=True).cuda_aware == 'on'
     with pytest.raises(cfg.ConfigError, match='auto, on or off'):
         cfg.Config(cuda_aware='maybe')
@@ -220,7 +220,7 @@ def test_fusion_plans_from_agreed_metadata_only():
 
 
 def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
-    from mpi_kvstore.tune import Table
+    from mpi_kvstore.tuning import Table
     table = Table([4096, 1 << 20, 1 << 26], ['mpi', 'rsag', 'mpi'], 2)
     assert [table.choose(n) for n in (4, 4096, 65535, 65536, 1 << 20, (8 << 20) - 1, 8 << 20,
                                       1 << 30)] \
@@ -234,7 +234,8 @@ def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
 
 def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
     """auto's transport stays unless another is 3% faster (closer is noise)."""
-    from mpi_kvstore.tune import Table, _pick_device
+    from mpi_kvstore.tune import _pick_device
+    from mpi_kvstore.tuning import Table
     assert _pick_device({'nccl': 1.0, 'staged': 0.98}, 'nccl') == 'nccl'
     assert _pick_device({'nccl': 1.0, 'staged': 0.96}, 'nccl') == 'staged'
     assert _pick_device({'staged': 2.0}, 'staged') == 'staged'
@@ -247,9 +248,9 @@ def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
 
 
 def test_compiled_polling_takes_as_many_tests_per_wake_as_python():
-    """native.py keeps its own copy (numba's cache cannot see a change in comm.py)."""
-    from mpi_kvstore import comm, native
-    assert native.TESTS_PER_WAKE == comm.PROGRESS_TESTS
+    """native.py keeps its own copy (numba's cache cannot see a change in progress.py)."""
+    from mpi_kvstore import native, progress
+    assert native.TESTS_PER_WAKE == progress.PROGRESS_TESTS
 
 
 def test_gpu_transport_choice_is_a_pure_agreed_function():

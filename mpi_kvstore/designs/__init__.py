@@ -3,7 +3,7 @@
 config.py validates ``design`` against :data:`REGISTRY`, and the tests take
 their parameters from :data:`NAMES` and :data:`ENGINE_NAMES`.
 """
-from ..comm import provided_thread_level, thread_level_name
+from ..mpiabi import provided_thread_level, thread_level_name
 from ..errors import ConfigError, ThreadLevelError
 from .blocking import Blocking
 from .chained import Chained

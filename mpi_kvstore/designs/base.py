@@ -7,14 +7,15 @@ import numpy as np
 
 from .. import agreement
 from ..arrays import flat_view, view_at
-from ..comm import MPI, Comm
+from ..comm import Comm
+from ..mpiabi import MPI
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
 from ..fusion import plan
 from ..reduce import Reducer
 from ..collective import SIG_LIMIT
 from . import join
 
-__all__ = ['Design', 'native_view', 'progress', 'new_comm', 'transports_of']
+__all__ = ['Design', 'native_view', 'progress', 'new_comm', 'comm_factory']
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +28,13 @@ class Design:
     thread_level = MPI.THREAD_SERIALIZED
     in_engine = True  # its collectives are MXNet engine ops
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
-        """``transport(concurrent=False)``: a new communicator for this design's collectives
-        (comm.Comm, with its device transports); the store passes one built from its options
-        (new_comm), so the design does not choose how data moves."""
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+        """``make_comm(concurrent=False)``: a new communicator (comm.Comm) for this design's
+        collectives; by default :func:`new_comm` of the options, so the design does not
+        choose how data moves."""
         self.config = config
-        self.new_transport = transports_of(comm, config, table, transport)
-        self.table = table  # tune.Table, or None: how each allreduce size runs (new_comm)
+        self.make_comm = comm_factory(comm, config, table, make_comm)
+        self.table = table  # tuning.Table, or None: how each allreduce size runs (new_comm)
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._sink = sink
@@ -255,9 +256,9 @@ def progress(config):
     return config.progress_sleep_us, config.progress_min_bytes
 
 
-def transports_of(comm, config, table, transport=None):
-    """``transport``, or by default a factory of communicators from the options (new_comm)."""
-    return transport or functools.partial(new_comm, comm, config, table)
+def comm_factory(comm, config, table, make_comm=None):
+    """``make_comm``, or by default a factory of communicators from the options (new_comm)."""
+    return make_comm or functools.partial(new_comm, comm, config, table)
 
 
 def new_comm(comm, config, table=None, concurrent=False):

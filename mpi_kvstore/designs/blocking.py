@@ -1,5 +1,5 @@
 """The blocking baseline."""
-from ..comm import MPI
+from ..mpiabi import MPI
 from .base import Design
 
 __all__ = ['Blocking']
@@ -23,9 +23,9 @@ class Blocking(Design):
     synchronous = True
     in_engine = False
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
-        super().__init__(comm, config, sink, timeline, table, transport)
-        self._comm = self.join_comm = self.new_transport()
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm)
+        self._comm = self.join_comm = self.make_comm()
 
     def _submit(self, reqs, priority):
         for req in reqs:

@@ -8,7 +8,8 @@ import mxnet as mx
 import numpy as np
 
 from .. import agreement, engine, native
-from ..comm import AGREEMENT_POLL_US, MPI, c_datatype
+from ..mpiabi import MPI, c_datatype
+from ..progress import AGREEMENT_POLL_US
 from ..fusion import BufferPool
 from ..timeline import op_name
 from .base import Design, progress as _progress
@@ -49,9 +50,9 @@ class Chained(Design):
     name = 'chained'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
-        super().__init__(comm, config, sink, timeline, table, transport)
-        self._comm = self.join_comm = self.new_transport()
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm)
+        self._comm = self.join_comm = self.make_comm()
         self._chain = mx.nd.zeros((1,))
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.
         self._native = (config.native_ops and not config.naive_engine and not timeline

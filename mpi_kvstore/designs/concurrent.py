@@ -2,8 +2,8 @@
 import queue
 import threading
 
-from ..comm import MPI
-from .base import transports_of
+from ..mpiabi import MPI
+from .base import comm_factory
 from .negotiated import Negotiated
 
 __all__ = ['Concurrent']
@@ -28,17 +28,17 @@ class Concurrent(Negotiated):
     name = 'concurrent'
     thread_level = MPI.THREAD_MULTIPLE
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
         self._lanes = []
-        transport = transports_of(comm, config, table, transport)
+        make_comm = comm_factory(comm, config, table, make_comm)
         for i in range(config.lanes):
-            lane = (transport(concurrent=True), queue.SimpleQueue())
+            lane = (make_comm(concurrent=True), queue.SimpleQueue())
             worker = threading.Thread(target=self._serve, args=lane,
                                       name='mpi_kvstore-lane%d' % i, daemon=True)
             self._lanes.append(lane + (worker,))
             worker.start()
         self._bucket = 0
-        super().__init__(comm, config, sink, timeline, table, transport)
+        super().__init__(comm, config, sink, timeline, table, make_comm)
 
     def dispatch(self, agreed):
         for bucket in self.buckets(agreed):

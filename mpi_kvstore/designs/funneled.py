@@ -1,5 +1,5 @@
 """The funneled design."""
-from ..comm import MPI
+from ..mpiabi import MPI
 from .negotiated import Negotiated
 
 __all__ = ['Funneled']
@@ -21,8 +21,8 @@ class Funneled(Negotiated):
     name = 'funneled'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
-        super().__init__(comm, config, sink, timeline, table, transport)
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm)
         self._data = self._control  # one thread, one order: one communicator suffices
 
     def dispatch(self, agreed):

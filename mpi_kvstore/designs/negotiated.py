@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from .. import engine, native
-from ..comm import wait_polling
+from ..progress import wait_polling
 from .. import agreement
 from ..timeline import op_name
 from .base import Design
@@ -39,9 +39,9 @@ __all__ = ['Negotiated']
 class Negotiated(Design):
     """Engine ops mark requests ready; one negotiation thread decides what runs."""
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, transport=None):
-        super().__init__(comm, config, sink, timeline, table, transport)
-        self._control = self.new_transport()
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm)
+        self._control = self.make_comm()
         self._lock = threading.Lock()
         self._waker = native.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to

@@ -4,7 +4,7 @@ Chosen only where the MPI says it is CUDA-aware (comm.cuda_aware: MPIX_Query_cud
 or MPIX_GPU_query_support) or the user says so (cuda_aware=on): a device pointer handed
 to an MPI that cannot take it crashes the process or reads garbage.
 """
-from ..comm import cuda_aware
+from ..mpiabi import cuda_aware
 from .base import Transport, register
 
 

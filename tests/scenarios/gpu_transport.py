@@ -21,13 +21,13 @@ import threading
 import cupy
 import numpy as np
 
-from mpi_kvstore import comm as comm_mod
+from mpi_kvstore import comm as comm_mod, debug
 from mpi_kvstore import reduce as reduce_mod
 from mpi_kvstore import transports
 from mpi_kvstore.collective import Collective
 from mpi_kvstore.errors import ConfigError
 from mpi_kvstore.fusion import plan
-from mpi_kvstore.tune import Table
+from mpi_kvstore.tuning import Table
 from common import RANK, SIZE, WORLD, close, done, expect_raises
 
 TRANSPORT = sys.argv[1]
@@ -43,6 +43,7 @@ TABLE = (Table([4], ['mpi'], SIZE, device=[(4096, 'nccl'), (64 << 20, 'staged')]
          if sys.argv[3:] == ['mixed'] else None)
 
 comm = comm_mod.Comm(WORLD, 'off', gpu_transport=TRANSPORT, table=TABLE)
+START = debug.snapshot()
 failed = []                                   # (key, error) this rank's requests failed with
 
 
@@ -235,9 +236,9 @@ check_broadcast()
 if SIZE > 1:   # at one rank the store reduces nothing, so nothing can fail
     check_local_failures()
 if SIZE > 1:
-    ran = dict(comm_mod.transports_run)
+    ran = debug.since(START, 'transport')
     assert comm.transport in RAN and set(ran) == RAN, (comm.transport, ran)
-    mpi_calls = comm_mod.algorithms_run['mpi']   # host MPI_Allreduce calls
+    mpi_calls = debug.since(START, 'algorithm').get('mpi', 0)   # host MPI_Allreduce calls
     assert mpi_calls > 0 if RAN & {'staged', 'cuda_mpi'} else mpi_calls == 0, mpi_calls
     if RANK == 0:
         for name in sorted(RAN):

@@ -66,7 +66,7 @@ def check_state(kv):
             'rank %d: %s: hierarchical is %s, expected %s (nodes=%d)'
             % (RANK, DESIGN, comm.hierarchical, active, comm.nodes))
         if active:
-            assert comm._uniform == (EXPECT == 'scatter'), comm._uniform
+            assert comm.hierarchy.uniform == (EXPECT == 'scatter'), comm.hierarchy.uniform
             assert comm.nodes > 1 and comm.node.Get_size() >= 1, comm.nodes
         elif MODE == 'on':
             assert comm.node is None and comm.cross is None

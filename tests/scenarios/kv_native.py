@@ -14,7 +14,7 @@ import mxnet as mx
 from mxnet import gluon
 
 import mpi_kvstore
-from mpi_kvstore import engine
+from mpi_kvstore import debug
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()
@@ -85,10 +85,10 @@ def main():
     kv = mpi_kvstore.create('dist_mpi', design=DESIGN, native_ops=NATIVE)
     kv.pushpull('warm', mx.nd.ones((4,)))
     kv.wait()
-    before = engine.trampoline_calls()
+    before = debug.snapshot()
     pushpulls(kv)
     other_forms(kv)
-    entered = engine.trampoline_calls() - before
+    entered = debug.since(before, 'engine_python').get('', 0)
     if NATIVE:
         assert entered == 0, 'rank %d: %d engine ops ran Python code' % (RANK, entered)
     else:  # the control: the same calls through the Python op do enter it

@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mpi_kvstore
-from mpi_kvstore import comm as comm_module, tune
+from mpi_kvstore import debug, tune, tuning
 from common import RANK, SIZE, design_arg, done, expect_raises
 
 DESIGN = design_arg()
@@ -44,8 +44,8 @@ path = write('table.json', table)
 if RANK != 0:
     path = path + '.only-rank-0-reads-it'        # another rank's path is never opened
 kv = mpi_kvstore.create('dist_mpi', design=DESIGN, tune_table=path)
-before = dict(comm_module.algorithms_run)
-chooser = tune.Table.from_json(table)
+before = debug.snapshot()
+chooser = tuning.Table.from_json(table)
 assert [chooser.choose_device(n) for n in (4, (1 << 19) - 1, 1 << 19, 1 << 30)] == ['nccl', 'nccl', 'staged', 'staged']
 for n in (1, 255, 4096, 16384, 100000, 1 << 20):       # float32 elements: 4 B to 4 MB
     assert chooser.choose(4 * n) in ('mpi', 'rsag')
@@ -60,7 +60,7 @@ kv.pushpull(keys, values)
 for i, v in enumerate(values):
     np.testing.assert_allclose(v.asnumpy(), sum(r + i for r in range(SIZE)))
 kv.wait()
-ran = {k: comm_module.algorithms_run[k] - before.get(k, 0) for k in ('mpi', 'rsag')}
+ran = dict({'mpi': 0, 'rsag': 0}, **debug.since(before, 'algorithm'))
 # each size took its algorithm (chained's compiled op runs the 'mpi' ones itself)
 assert ran['rsag'] >= 3 and (ran['mpi'] >= 2 or DESIGN == 'chained'), ran
 kv.close()

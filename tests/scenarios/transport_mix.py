@@ -10,11 +10,11 @@ real transports where a GPU exists.
 """
 import numpy as np
 
-from mpi_kvstore import comm as comm_mod, transports
+from mpi_kvstore import debug, transports
 from mpi_kvstore.comm import Comm
 from mpi_kvstore.errors import ConfigError
 from mpi_kvstore.transports.base import Transport, register
-from mpi_kvstore.tune import Table
+from mpi_kvstore.tuning import Table
 from common import RANK, SIZE, WORLD, done
 
 HANDOVERS = []   # (to, from): every Transport.follow, in order
@@ -90,8 +90,7 @@ def summed(n, comm):
 
 
 def ran(before):
-    return {k: comm_mod.transports_run[k] - before.get(k, 0) for k in comm_mod.transports_run
-            if comm_mod.transports_run[k] != before.get(k, 0)}
+    return debug.since(before, 'transport')
 
 
 # 1. Round trip, and a name no transport has is refused.
@@ -106,7 +105,7 @@ except ValueError as err:
 # 2. By size: 4 KB and under 'small', from the log-scale midpoint (64 KB) on 'large';
 # each hand-over is recorded once, in order, and the sums are numpy's.
 comm = Comm(WORLD, 'off', table=table(rows))
-before = dict(comm_mod.transports_run)
+before = debug.snapshot()
 for n in (16, 1000, 16384, 300000, 16, 16):
     summed(n, comm)
 assert comm.transport == 'small', comm.transport          # auto's own choice
@@ -122,7 +121,7 @@ comm.free()
 # 3. A named gpu_transport wins over the table.
 HANDOVERS.clear()
 comm = Comm(WORLD, 'off', table=table(rows), gpu_transport='large')
-before = dict(comm_mod.transports_run)
+before = debug.snapshot()
 for n in (16, 300000):
     summed(n, comm)
 assert ran(before) == {'large': 2} and HANDOVERS == [], (ran(before), HANDOVERS)
@@ -132,11 +131,11 @@ comm.free()
 # only rank 0 can use, and one the concurrent design's lanes must not use.
 comm = Comm(WORLD, 'off', table=table([(4096, 'rank0only'), (1 << 20, 'large')]),
             concurrent=True)
-before = dict(comm_mod.transports_run)
+before = debug.snapshot()
 for n in (16, 300000):
     summed(n, comm)
 assert ran(before) == {'small': 2}, ran(before)
-assert set(comm._transports) == {'small'}, comm._transports
+assert set(comm.router.built) == {'small'}, comm.router.built
 comm.free()
 
 # 5. rank0only named outright fails on every rank alike, with the reason.

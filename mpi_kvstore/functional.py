@@ -1,4 +1,5 @@
-"""Horovod-style collectives on NDArrays and Python objects, over a default store.
+"""The functional, Horovod-style API: collectives on NDArrays and Python objects over a
+default store (``mpi_kvstore.allreduce``, ``broadcast``, ...).
 
 Every function is collective: all ranks call it, in the same order. Array
 functions are asynchronous like the store (read the result to wait); object
@@ -9,7 +10,7 @@ import threading
 import mxnet as mx
 import numpy as np
 
-from .comm import MPI
+from .mpiabi import MPI
 from .config import launcher_local_rank
 from .store import MPIKVStore
 

@@ -1,0 +1,35 @@
+"""The one debug interface: counters of which paths the library ran.
+
+Tests and diagnosis read them to tell which allreduce algorithm, which device
+transport, or whether Python on an engine thread ran; the library only counts.
+
+    from mpi_kvstore import debug
+    before = debug.snapshot()
+    ...                                # collectives
+    debug.since(before, 'algorithm')   # {'rsag': 2}
+"""
+import collections
+
+__all__ = ['count', 'snapshot', 'since', 'KINDS']
+
+# algorithm: Comm.allreduce_host by algorithm name; transport: device collectives by
+# transport name; engine_python: engine ops that ran Python code (name '').
+KINDS = ('algorithm', 'transport', 'engine_python')
+
+_counts = collections.Counter()
+
+
+def count(kind, name=''):
+    """One more run of ``name`` of ``kind`` (one of :data:`KINDS`)."""
+    _counts[kind, name] += 1
+
+
+def snapshot():
+    """A copy of every counter, to subtract later with :func:`since`."""
+    return collections.Counter(_counts)
+
+
+def since(before, kind):
+    """{name: runs} of ``kind`` since ``before`` (a :func:`snapshot`), non-zero only."""
+    return {name: n - before[k, name] for (k, name), n in _counts.items()
+            if k == kind and n != before[k, name]}

@@ -1,0 +1,128 @@
+"""Tune tables: which allreduce algorithm, and which GPU transport, each message size takes.
+
+``python -m mpi_kvstore tune`` (tune.py) measures a table on the job itself; the store
+loads it with the option ``tune_table``. Rank 0 reads the file and broadcasts it, so every
+rank holds the same table, and a size's choice is a pure function of (size, communicator
+size): the ranks always make the same calls. A table measured on another number of ranks
+is ignored, with a warning. Between measured sizes the nearer one (in log scale) decides.
+docs/tuning.md shows the format and how the mixed GPU transports hand over.
+"""
+import bisect
+import json
+import logging
+import math
+
+import numpy as np
+
+from .errors import ConfigError
+from .transports.base import REGISTRY
+
+__all__ = ['Table', 'BySize', 'load', 'LOSSLESS', 'LOSSY']
+
+log = logging.getLogger('mpi_kvstore')
+
+LOSSLESS = ('mpi', 'rsag', 'hierarchical')
+LOSSY = ('fp16', 'bf16', 'fp16-ring', 'bf16-ring')   # timed, never chosen
+VERSION = 1
+
+
+class BySize:
+    """A value per measured size; between two sizes the nearer one (in log scale) decides."""
+
+    def __init__(self, sizes, values):
+        order = np.argsort(sizes)
+        self.sizes = [int(sizes[i]) for i in order]
+        self.values = [values[i] for i in order]
+        # Halfway in log scale: the integer geometric mean, the same on every machine (a
+        # float edge could round apart on two ranks, and they would call different MPI).
+        self._edges = [math.isqrt(a * b) for a, b in zip(self.sizes, self.sizes[1:])]
+        self._chosen = {}   # nbytes -> value: the step's sizes repeat every step
+
+    def __call__(self, nbytes):
+        found = self._chosen.get(nbytes)
+        if found is None:
+            if len(self._chosen) > 4096:
+                self._chosen.clear()
+            found = self._chosen[nbytes] = self.values[bisect.bisect_right(self._edges,
+                                                                             nbytes)]
+        return found
+
+
+class Table:
+    """Which allreduce algorithm each message size takes (see the module), and optionally
+    which GPU transport a device buffer of each size takes (``device``: a list of
+    (bytes, transport name), as tune measured where every rank had a GPU)."""
+
+    def __init__(self, sizes, backends, comm_size, device=None):
+        if len(sizes) != len(backends) or not sizes:
+            raise ValueError('a tune table needs one algorithm per size')
+        bad = [b for b in backends if b not in LOSSLESS]
+        if bad:
+            raise ValueError('unknown allreduce algorithm(s) %s (known: %s)' % (bad, LOSSLESS))
+        self._host = BySize(sizes, backends)
+        self.sizes, self.backends = self._host.sizes, self._host.values
+        self.comm_size = int(comm_size)
+        self.device = None   # BySize of transport names, or None: gpu_transport decides
+        if device:
+            bad = [name for _, name in device if name not in REGISTRY]
+            if bad:
+                raise ValueError('unknown GPU transport(s) %s (known: %s)'
+                                 % (bad, tuple(REGISTRY)))
+            self.device = BySize([int(n) for n, _ in device], [name for _, name in device])
+
+    def choose(self, nbytes):
+        """The algorithm for an allreduce of nbytes (identical on every rank)."""
+        return self._host(nbytes)
+
+    def choose_device(self, nbytes):
+        """The GPU transport the table measured fastest for nbytes, or None (no device rows)."""
+        return None if self.device is None else self.device(nbytes)
+
+    @property
+    def needs_hierarchy(self):
+        return 'hierarchical' in self.backends
+
+    def to_json(self, measured=None):
+        payload = {'version': VERSION, 'comm_size': self.comm_size,
+                   'allreduce': [{'bytes': s, 'algorithm': b}
+                                 for s, b in zip(self.sizes, self.backends)],
+                   'measured_ms': measured or {}}
+        if self.device is not None:
+            payload['device'] = [{'bytes': s, 'transport': t}
+                                 for s, t in zip(self.device.sizes, self.device.values)]
+        return payload
+
+    @classmethod
+    def from_json(cls, payload):
+        if not isinstance(payload, dict) or payload.get('version') != VERSION:
+            raise ValueError('not a version-%d mpi_kvstore tune table' % VERSION)
+        rows = payload['allreduce']
+        device = [(r['bytes'], r['transport']) for r in payload.get('device') or ()]
+        return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
+                   payload['comm_size'], device)
+
+
+def load(path, comm):
+    """Collective: the Table of ``path`` for this communicator, or None (no path, or a
+    table of another communicator size). Rank 0 reads; every rank gets its reading, and a
+    bad file raises ConfigError on every rank alike."""
+    if not path:
+        return None
+    payload = why = None
+    if comm.Get_rank() == 0:
+        try:
+            with open(path) as fh:
+                payload = json.load(fh)
+            Table.from_json(payload)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            why = '%s: %s' % (type(err).__name__, err)
+    payload, why = comm.bcast((payload, why), root=0)
+    if why:
+        raise ConfigError('tune_table %r cannot be used: %s (run python -m mpi_kvstore tune '
+                          'to make one)' % (path, why))
+    table = Table.from_json(payload)
+    if table.comm_size != comm.Get_size() and comm.Get_rank() == 0:
+        log.warning('mpi_kvstore: tune_table %r was measured on %d ranks, this store has %d: '
+                    'ignored (every allreduce takes MPI_Allreduce)', path, table.comm_size,
+                    comm.Get_size())
+    return table if table.comm_size == comm.Get_size() else None
