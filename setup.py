@@ -44,7 +44,8 @@ setup(
         'mpich': ['mpich'],
         'examples': ['tqdm'],
         'bench': ['matplotlib'],
-        'test': ['pytest', 'hypothesis'],
+        # ruff and import-linter: the suite checks lint and the layers (tests/test_layout.py).
+        'test': ['pytest', 'hypothesis', 'ruff', 'import-linter'],
         # GPU users bring their own mxnet-cu11x 1.9.1 wheel (CUDA 11); the last CuPy
         # wheel for CUDA 11 is cupy-cuda11x 13.6.0 ('cupy' alone is the source package,
         # which needs nvcc).

@@ -13,8 +13,8 @@ import sys
 from mxnet.gluon.model_zoo import vision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (lives beside this script)
-from cifar_resnet import resnet20  # noqa: E402
+import common
+from cifar_resnet import resnet20
 
 ZOO_MODELS = ('resnet18_v1', 'resnet34_v1', 'resnet18_v2', 'resnet34_v2')
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 10000, 2000

@@ -16,7 +16,7 @@ import numpy as np
 from mxnet.gluon.model_zoo import vision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (lives beside this script)
+import common
 
 IMAGE_SIZE = 224
 SYNTHETIC_TRAIN, SYNTHETIC_VAL = 1281167, 50000  # ImageNet-1k's sizes, so epochs mean the same

@@ -15,7 +15,7 @@ import time
 import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (lives beside this script)
+import common
 
 SYNTHETIC_TRAIN, SYNTHETIC_TEST = 10000, 2000
 

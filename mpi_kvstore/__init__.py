@@ -21,8 +21,8 @@ except ImportError as _err:
     def __getattr__(name):
         """Submodules import as usual (those that need MXNet raise for themselves); the
         store's names say why they are missing."""
-        import importlib  # noqa: WPS433
-        import importlib.util  # noqa: WPS433
+        import importlib  # optional dependency, loaded where used
+        import importlib.util  # optional dependency, loaded where used
         if name.startswith('__'):
             raise AttributeError(name)
         if importlib.util.find_spec('%s.%s' % (__name__, name)) is not None:
@@ -31,11 +31,30 @@ except ImportError as _err:
 else:
     from .config import Config, options_table
     from .designs import NAMES as DESIGNS
-    from .errors import (ArrayLayoutError, CollectiveError, ConfigError, JoinError,
-                         MPIKVStoreError, RankMismatchError, ThreadLevelError, UnknownKeyError)
-    from .functional import (allgather, allgather_object, allreduce, allreduce_, broadcast,
-                              broadcast_, broadcast_object, default_store, local_rank,
-                              local_size, rank, size)
+    from .errors import (
+        ArrayLayoutError,
+        CollectiveError,
+        ConfigError,
+        JoinError,
+        MPIKVStoreError,
+        RankMismatchError,
+        ThreadLevelError,
+        UnknownKeyError,
+    )
+    from .functional import (
+        allgather,
+        allgather_object,
+        allreduce,
+        allreduce_,
+        broadcast,
+        broadcast_,
+        broadcast_object,
+        default_store,
+        local_rank,
+        local_size,
+        rank,
+        size,
+    )
     from .gluon import DistributedTrainer, broadcast_parameters
     from .store import MPIKVStore
 

@@ -18,12 +18,12 @@ def main():
     args, rest = parser.parse_known_args()
     to_stdout()
     if args.command == 'tune':
-        from .tune import main as tune  # noqa: PLC0415 (it initialises MPI; the options table must not)
+        from .tune import main as tune  # it initialises MPI; the options table must not
         raise SystemExit(tune(rest))
     if rest:
         parser.error('unrecognized arguments: %s' % ' '.join(rest))
     if args.command == 'doctor':
-        from .doctor import main as doctor  # noqa: PLC0415 (it initialises MPI; the options table must not)
+        from .doctor import main as doctor  # it initialises MPI; the options table must not
         doctor()
         return
     console.info(options_table())

@@ -74,7 +74,7 @@ def array_pointer(array):
 
 def require_cupy():
     try:
-        import cupy  # noqa: WPS433 (optional dependency, loaded on first GPU array)
+        import cupy  # optional dependency, loaded on first GPU array
     except ImportError as err:
         raise ImportError("mpi_kvstore needs CuPy for GPU arrays: pip install 'mpi_kvstore[gpu]' "
                           '(cupy-cuda11x 13.6.0, the last CuPy for CUDA 11, which the '

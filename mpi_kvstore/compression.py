@@ -41,12 +41,13 @@ import numpy as np
 
 from . import device_codecs
 from .collective import SIG_LIMIT
+from .config import COMPRESSIONS
 from .fusion import pieces
 from .mpiabi import MPI
 
 __all__ = ['WireCast', 'TwoBit', 'wire_cast', 'from_params', 'from_spec', 'sign']
 
-WIRE_TYPES = ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring')
+WIRE_TYPES = COMPRESSIONS   # the option's values (config owns the vocabulary)
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -75,7 +76,7 @@ class WireCast:
         if kind == 'fp16':
             self.wire = np.dtype(np.float16)
         else:
-            import ml_dtypes  # noqa: WPS433 (only where bf16 is asked for)
+            import ml_dtypes  # only where bf16 is asked for
             self.wire = np.dtype(ml_dtypes.bfloat16)
 
     def applies_to(self, dtype):
@@ -103,7 +104,7 @@ class WireCast:
         for req, size in zip(reqs, sizes):
             try:   # prescaled and cast in one pass
                 self._encode(req.buffer().reshape(-1), scale, encoded[offset:offset + size])
-            except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+            except Exception as err:
                 failed[req] = err
                 encoded[offset:offset + size] = 0
             offset += size
@@ -134,7 +135,7 @@ class WireCast:
         for req, size in zip(reqs, sizes):
             try:
                 views.append((offset, req.buffer().reshape(-1)))
-            except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+            except Exception as err:
                 failed[req] = err
                 views.append((offset, None))
             offset += size
@@ -151,14 +152,14 @@ class WireCast:
                     continue
                 try:
                     self._encode(view[lo - at:hi - at], scale, send[lo - start:hi - start])
-                except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+                except Exception as err:
                     failed.setdefault(req, err)
                     send[lo - start:hi - start] = 0
             recv = np.empty((n, chunk), np.uint16)
             pieces.append([start, stop, chunk, recv, None, comm.start_alltoall(send, recv)])
 
         def reduce(piece):
-            start, stop, chunk, recv, _, request = piece
+            _, _, chunk, recv, _, request = piece
             comm.wait(request)
             gathered = np.empty(n * chunk, np.uint16)
             self._sum_rows(recv, gathered[rank * chunk:(rank + 1) * chunk])
@@ -382,7 +383,7 @@ class TwoBit:
                     _quantize_pack(view, residual, self.threshold, out)
                 else:
                     device_codecs.quantize_pack(view, residual, self.threshold, out)
-            except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+            except Exception as err:
                 failed[req] = err
                 out[...] = 0
         return failed
@@ -395,7 +396,7 @@ class TwoBit:
         -> (the requantised codes as one row, in host memory; each request's (offset, count)
         in it)"""
         n, rank = comm.size, comm.rank
-        widths = [-(-(-(-count // 4)) // n) for _, count in spans]   # code bytes a rank owns
+        widths = [_ceil(_ceil(count, 4), n) for _, count in spans]   # code bytes a rank owns
         starts = np.concatenate([[0], np.cumsum(widths)]).astype(int)
         block = int(starts[-1])
         send = _host_empty((n, block), np.uint8, device)
@@ -446,7 +447,7 @@ def _float32_values(reqs, sizes, scale):
             if not isinstance(values, np.ndarray):
                 values = values.get()
             np.multiply(values, scale, dtype=np.float32, out=flat[offset:offset + size])
-        except Exception as err:    # noqa: B902 (zeros go out, and it fails)
+        except Exception as err:
             failed[req] = err
             flat[offset:offset + size] = 0
         offset += size
@@ -490,7 +491,7 @@ def _host_empty(shape, dtype, device):
     """Host memory for MPI: pinned where it is copied to and from a GPU."""
     if device is None:
         return np.empty(shape, dtype)
-    import cupyx  # noqa: WPS433
+    import cupyx  # optional dependency, loaded where used
     return cupyx.empty_pinned(shape, dtype)
 
 
@@ -666,3 +667,8 @@ def from_spec(spec):
     if spec[0] == '2bit':
         return TwoBit(*spec[1:])
     return WireCast(spec[0], ring=spec[1:] == ('ring',))
+
+
+def _ceil(a, b):
+    """ceil(a / b) for non-negative integers."""
+    return -(-a // b)

@@ -5,8 +5,8 @@ value : an NDArray, or a list of NDArrays (one per device, summed first);
         for a list of keys, one such entry per key
 out   : the same grammar; None means in place into value
 """
-import numpy as np
 import mxnet as mx
+import numpy as np
 
 from .arrays import array_meta
 

@@ -19,7 +19,7 @@ import logging
 
 from . import engine
 from .errors import CollectiveError, MPIKVStoreError
-from .poison import poison, poison_value  # noqa: F401 (re-exported)
+from .poison import poison, poison_value
 
 __all__ = ['DeferredErrors', 'poison', 'poison_value']
 

@@ -14,7 +14,7 @@ __all__ = ['encode16', 'decode16', 'sum_rows16', 'quantize_pack', 'count_sum']
 
 @functools.lru_cache(maxsize=None)
 def _kernels():
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     to_bf16 = cupy.ElementwiseKernel(
         'T x, float32 scale', 'uint16 out',
         '''float v = (float)x * scale;
@@ -53,12 +53,12 @@ def _kernels():
 
 def _to_half(values, scale, out):
     """float32 product, then CuPy's float16 cast (round to nearest even, overflow to inf)."""
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     out.view(cupy.float16)[...] = cupy.multiply(values, scale, dtype=cupy.float32)
 
 
 def _from_half(bits, scale, out):
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     out[...] = cupy.multiply(bits.view(cupy.float16), scale, dtype=cupy.float32)
 
 
@@ -76,7 +76,7 @@ def decode16(bits, scale, kind, out):
 def sum_rows16(rows, kind, out):
     """out (uint16) = the 16-bit float of the float32 sum of ``rows`` (ranks, n; 16-bit
     floats' bits), added row by row in rank order as numpy's add.reduce over axis 0 adds."""
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     total = cupy.empty(rows.shape[1], cupy.float32)
     one = cupy.float32(1)
     decode16(rows[0], one, kind, total)

@@ -25,19 +25,19 @@ __all__ = ['report']
 def _version(module):
     try:
         found = importlib.import_module(module)
-    except Exception as err:    # noqa: B902 (absent or broken: say which)
+    except Exception as err:
         return 'not available (%s: %s)' % (type(err).__name__, err)
     return getattr(found, '__version__', 'present')
 
 
 def _nccl():
     try:
-        from cupy.cuda import nccl  # noqa: WPS433
-    except Exception as err:    # noqa: B902
+        from cupy.cuda import nccl  # optional dependency, loaded where used
+    except Exception as err:
         return 'not available (%s)' % type(err).__name__
     try:
         return 'version %d' % nccl.get_version()
-    except Exception as err:    # noqa: B902
+    except Exception as err:
         return 'present, version unknown (%s)' % err
 
 
@@ -63,9 +63,9 @@ def _designs(config, provided):
 
 def _gpus():
     try:
-        import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
+        import cupy  # CuPy only where a GPU is used
         return cupy.cuda.runtime.getDeviceCount(), None
-    except Exception as err:    # noqa: B902 (no CuPy, no driver, no device)
+    except Exception as err:
         return 0, '%s: %s' % (type(err).__name__, err)
 
 

@@ -188,7 +188,7 @@ def consume_raised():
 
     Only arrays whose op already completed are listed, so this never waits on MPI.
     """
-    from mxnet.base import MXNetError  # noqa: WPS433 (mxnet is loaded; keep the top light)
+    from mxnet.base import MXNetError  # mxnet is loaded; keep the top light
     while _raised:
         array = _raised.popleft()
         try:

@@ -68,7 +68,7 @@ _hooks_installed = False
 
 def install_abort_hook():
     """Make an unhandled exception on any rank end the whole job (once per process)."""
-    global _hooks_installed
+    global _hooks_installed  # noqa: PLW0603 (once per process, under the lock)
     with _hook_lock:
         if _hooks_installed:
             return

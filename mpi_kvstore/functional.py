@@ -10,8 +10,8 @@ import threading
 import mxnet as mx
 import numpy as np
 
-from .mpiabi import MPI
 from .config import launcher_local_rank
+from .mpiabi import MPI
 from .store import MPIKVStore
 
 __all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'broadcast', 'broadcast_',

@@ -2,7 +2,6 @@
 import types
 
 import numpy as np
-
 from mxnet import gluon
 
 from .functional import broadcast_, default_store

@@ -7,8 +7,8 @@ call, so a rejected call leaves the store as it was.
 import mxnet as mx
 import numpy as np
 
-from .errors import UnknownKeyError
 from .collective import Collective, place_of, signature
+from .errors import UnknownKeyError
 
 __all__ = ['KeyState', 'KeyTable', 'same_array', 'request']
 

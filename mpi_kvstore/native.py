@@ -508,7 +508,7 @@ class ChainedOp(NativeOp):
 
     __slots__ = ('buckets',)
 
-    def __init__(self, plan, reqs, arrays, on_python):  # noqa: WPS231 (no super(): a copy)
+    def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
         rec = plan.record.copy()
         rec[SELF] = rec.ctypes.data
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep

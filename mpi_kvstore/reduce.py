@@ -125,7 +125,7 @@ def _xp(array):
 def _zeros(count, dtype, device):
     if device is None:
         return np.zeros(count, dtype=dtype)
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     return cupy.zeros(count, dtype=dtype)   # on the current device: _scope's
 
 
@@ -150,7 +150,7 @@ def device_of(bucket):
         context = getattr(req.array, 'context', None)
         if context is not None:
             return context.device_id
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     return cupy.cuda.runtime.getDevice()
 
 
@@ -163,7 +163,7 @@ def _scope(bucket, comm):
     if bucket[0].place == 'cpu':
         yield None
         return
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     device = device_of(bucket)
     # by the bucket's agreed size: the transport its collective will take (tune's table)
     transport = comm.device_transport(device, sum(r.nbytes for r in bucket))
@@ -184,7 +184,7 @@ _streams = {}
 
 
 def _stream(device):
-    import cupy  # noqa: WPS433
+    import cupy  # optional dependency, loaded where used
     found = _streams.get(device)
     if found is None:
         found = _streams[device] = cupy.cuda.Stream()

@@ -12,15 +12,15 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import compression, engine, tuning
-from .mpiabi import MPI
+from .collective import Collective
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
+from .designs import check_thread_level, get_design
 from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
 from .keys import KeyTable, request, same_array
-from .collective import Collective
-from .designs import check_thread_level, get_design
+from .mpiabi import MPI
 from .timeline import Timeline
 
 __all__ = ['MPIKVStore']

@@ -95,9 +95,9 @@ def _gpu_present():
     """Every rank sees a GPU through CuPy (agreed, so every rank times device buffers or
     none does)."""
     try:
-        import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
+        import cupy  # CuPy only where a GPU is used
         mine = int(cupy.cuda.runtime.getDeviceCount() > 0)
-    except Exception:    # noqa: B902 (no CuPy, no driver, no device)
+    except Exception:
         mine = 0
     return bool(MPI.COMM_WORLD.allreduce(mine, op=MPI.MIN))
 
@@ -105,7 +105,7 @@ def _gpu_present():
 def _device_transports(comm, say):
     """Collective: every GPU transport that every rank can use (transports.decide's rules),
     built, and the one gpu_transport=auto would take. -> ({name: Transport}, default)"""
-    import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
+    import cupy  # CuPy only where a GPU is used
     device = comm.rank % cupy.cuda.runtime.getDeviceCount()
     usable, shared = transports.agreed(comm, device)
     runnable = []
@@ -119,7 +119,7 @@ def _device_transports(comm, say):
 
 
 def _device_buffer(transport, nbytes):
-    import cupy  # noqa: PLC0415 (CuPy only where a GPU is used)
+    import cupy  # CuPy only where a GPU is used
     with cupy.cuda.Device(transport.device):
         return cupy.zeros(max(nbytes // 4, 1), cupy.float32)
 
@@ -136,7 +136,7 @@ def _device_times(comm, made, sizes, trials, say):
     found = {}
     for nbytes in sizes:
         buf = _device_buffer(next(iter(made.values())), nbytes)
-        fns = {name: (lambda t=t: _on(t, buf)) for name, t in made.items()}
+        fns = {name: (lambda t=t, buf=buf: _on(t, buf)) for name, t in made.items()}
         times = _interleaved(comm, fns, trials)
         found[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
         say('%10d B  GPU  ' % nbytes + '  '.join('%s %.3f ms' % (n, t * 1e3)
@@ -158,13 +158,14 @@ def _device_check(comm, tuned, made, sizes, trials, say):
     for nbytes in sizes:
         buf = _device_buffer(next(iter(made.values())), nbytes)
 
-        def table_run():
+        def table_run(buf=buf):
             tuned.allreduce(buf)
             buf.device.synchronize()
         mine, singles = {}, {}
         for name, transport in made.items():
             paired = _interleaved(comm, {'table': table_run,
-                                         name: lambda t=transport: _on(t, buf)}, trials)
+                                         name: lambda t=transport, buf=buf: _on(t, buf)},
+                                    trials)
             mine[name], singles[name] = paired['table'], paired[name]
         best = min(singles, key=singles.get)
         ratio = mine[best] / singles[best]
@@ -225,7 +226,7 @@ def main(argv=None):
     worst = 0.0
     for nbytes in sizes:
         buf = np.zeros(max(nbytes // 4, 1), np.float32)
-        table_run = lambda: tuned.allreduce(buf)   # noqa: E731
+        table_run = lambda buf=buf: tuned.allreduce(buf)   # noqa: E731
         trials = 6 * args.trials * (SMALL_TRIALS if nbytes <= SMALL_BYTES else 1)
         mine, singles = {}, {}
         for name, run in _runners(comm, hier, buf).items():

@@ -1,7 +1,8 @@
 """The agreement messages (mpi_kvstore.agreement), with the MPI MIN done by numpy."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpi_kvstore import agreement as ag
 from mpi_kvstore.collective import SIG_LIMIT

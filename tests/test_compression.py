@@ -9,7 +9,8 @@ scenarios/kv_compression.py.
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpi_kvstore import compression as cp
 

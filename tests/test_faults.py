@@ -13,11 +13,12 @@ import types
 
 import pytest
 
-from mpi_harness import MPIRunError, run_mpi
 from mpi_kvstore import faults
 from mpi_kvstore.comm import MPI
 from mpi_kvstore.config import Config, ConfigError
 from mpi_kvstore.designs import ENGINE_NAMES
+
+from mpi_harness import MPIRunError, run_mpi
 
 EXCEPTION_EXIT_S = 30   # the other ranks are gone this soon after one raised
 KILL_EXIT_S = 10        # ... after one was killed

@@ -15,10 +15,11 @@ that ranks given different modes all raise ConfigError. About 2 minutes on 2 idl
 import pytest
 
 import testbed
-from mpi_harness import run_mpi
 from mpi_kvstore import ConfigError
 from mpi_kvstore import config as cfg
 from mpi_kvstore.designs import NAMES as DESIGNS
+
+from mpi_harness import run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 RATE = '10gbit'       # correctness only: the fastest shaped link

@@ -4,9 +4,9 @@ inside MXNet's engine, at 2 and 3 ranks (rank 1 fails).
 """
 import pytest
 
-from mpi_harness import run_mpi
-
 from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
+
+from mpi_harness import run_mpi
 
 
 def _ok(output, design):

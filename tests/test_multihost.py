@@ -23,12 +23,13 @@ import re
 import time
 
 import pytest
+from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_MARGIN
 
 import testbed
-from mpi_harness import MPIRunError, run_mpi
 from mpi_kvstore import faults
 from mpi_kvstore.designs import NAMES as DESIGNS
-from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_MARGIN
+
+from mpi_harness import MPIRunError, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 pytestmark = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')

@@ -7,9 +7,9 @@ the 2-core VM.
 """
 import pytest
 
-from mpi_harness import run_mpi
-
 from mpi_kvstore.designs import NAMES as DESIGNS
+
+from mpi_harness import run_mpi
 
 
 @pytest.mark.parametrize('design', DESIGNS)

@@ -5,9 +5,10 @@ against a single-process run, on every rank; a failing rank aborts the job.
 """
 import pytest
 
-from mpi_harness import MPI_SIZES, run_mpi
+from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
+from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS, NAMES as DESIGNS
+from mpi_harness import MPI_SIZES, run_mpi
 
 
 def _ok(output, name):

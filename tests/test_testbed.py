@@ -13,8 +13,9 @@ import time
 import pytest
 
 import testbed
-from mpi_harness import REPO_ROOT, run_mpi
 from testbed import hosts as tb
+
+from mpi_harness import REPO_ROOT, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 needs_testbed = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')

@@ -3,11 +3,12 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mpi_kvstore import config as cfg
-from mpi_kvstore.fusion import plan
 from mpi_kvstore.collective import Collective, signature
+from mpi_kvstore.fusion import plan
 
 
 def test_config_precedence_argument_env_default():
@@ -168,6 +169,7 @@ def test_cuda_awareness_is_asked_of_the_loaded_mpi():
     """mpi4py 4.1 has no Query_cuda_support: 'auto' asks the library's MPIX_ query, which
     the PyPI mpich wheel answers with no; 'on' and 'off' override it."""
     import ctypes
+
     from mpi_kvstore import mpiabi
     lib = ctypes.CDLL(mpiabi._loaded_libmpi())
     assert hasattr(lib, 'MPIX_Query_cuda_support') or hasattr(lib, 'MPIX_GPU_query_support')

@@ -7,12 +7,12 @@ import numpy as np
 
 from .. import agreement
 from ..arrays import flat_view, view_at
+from ..collective import SIG_LIMIT
 from ..comm import Comm
-from ..mpiabi import MPI
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
 from ..fusion import plan
+from ..mpiabi import MPI
 from ..reduce import Reducer
-from ..collective import SIG_LIMIT
 from . import join
 
 __all__ = ['Design', 'native_view', 'progress', 'new_comm', 'comm_factory']

@@ -8,11 +8,12 @@ import mxnet as mx
 import numpy as np
 
 from .. import agreement, engine, native
+from ..fusion import BufferPool
 from ..mpiabi import MPI, c_datatype
 from ..progress import AGREEMENT_POLL_US
-from ..fusion import BufferPool
 from ..timeline import op_name
-from .base import Design, progress as _progress
+from .base import Design
+from .base import progress as _progress
 
 __all__ = ['Chained']
 

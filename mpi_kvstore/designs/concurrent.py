@@ -42,7 +42,7 @@ class Concurrent(Negotiated):
 
     def dispatch(self, agreed):
         for bucket in self.buckets(agreed):
-            comm, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
+            _, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
             self._bucket += 1
             jobs.put(bucket)
 

@@ -27,9 +27,8 @@ import threading
 
 import numpy as np
 
-from .. import engine, native
+from .. import agreement, engine, native
 from ..progress import wait_polling
-from .. import agreement
 from ..timeline import op_name
 from .base import Design
 

@@ -12,8 +12,8 @@ Nothing here imports MXNet, so the transports run on CuPy arrays alone.
 import numpy as np
 
 from ..errors import ConfigError
-from .base import REGISTRY, Transport, register
 from . import cuda_mpi, nccl, staged
+from .base import REGISTRY, Transport, register
 
 BUILT_IN = (nccl.NCCL, cuda_mpi.CudaMPI, staged.Staged)   # each registered itself
 
@@ -29,8 +29,9 @@ MODES = ('auto',) + tuple(REGISTRY)
 
 def devices_shared(comm, device):
     """Collective: whether two ranks of one host use one GPU (NCCL refuses that)."""
-    import socket  # noqa: WPS433
-    import cupy  # noqa: WPS433
+    import socket  # optional dependency, loaded where used
+
+    import cupy  # optional dependency, loaded where used
     uuid = _uuid(cupy, device)
     seen = comm.mpi.allgather((socket.gethostname(), uuid))
     return len(set(seen)) < len(seen)

@@ -38,7 +38,7 @@ class Transport:
     def __init__(self, comm, device):
         """``comm``: the host communicator (comm.Comm); ``device``: a CUDA device id.
         Runs on every rank at the same point of the collective sequence."""
-        import cupy  # noqa: WPS433 (GPU only)
+        import cupy  # GPU only
         self.comm = comm
         self.device = device
         with cupy.cuda.Device(device):
@@ -55,7 +55,7 @@ class Transport:
     @contextlib.contextmanager
     def scope(self):
         """This transport's device and stream, current for CuPy inside the block."""
-        import cupy  # noqa: WPS433
+        import cupy  # optional dependency, loaded where used
         with cupy.cuda.Device(self.device), self.stream:
             yield self
 

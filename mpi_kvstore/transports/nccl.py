@@ -18,7 +18,7 @@ _NCCL_TYPES = {'int8': 'NCCL_INT8', 'uint8': 'NCCL_UINT8', 'int32': 'NCCL_INT32'
 
 
 def _nccl():
-    from cupy.cuda import nccl  # noqa: WPS433 (optional)
+    from cupy.cuda import nccl  # optional
     if not getattr(nccl, 'available', True):
         raise ImportError('this CuPy was built without NCCL')
     return nccl
@@ -39,7 +39,7 @@ class NCCL(Transport):
 
     def __init__(self, comm, device):
         super().__init__(comm, device)
-        import cupy  # noqa: WPS433
+        import cupy  # optional dependency, loaded where used
         nccl = self._lib = _nccl()
         uid = nccl.get_unique_id() if comm.rank == 0 else None
         uid = comm.mpi.bcast(uid, root=0)

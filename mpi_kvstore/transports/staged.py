@@ -22,7 +22,7 @@ class Staged(Transport):
 
     def __init__(self, comm, device):
         super().__init__(comm, device)
-        import cupyx  # noqa: WPS433
+        import cupyx  # optional dependency, loaded where used
         # pinned host buffers, one per dtype (this transport is per device)
         self._host = BufferPool(lambda count, dtype: cupyx.empty_pinned((count,), dtype),
                                 minimum=1 << 16)
@@ -38,7 +38,7 @@ class Staged(Transport):
         return host
 
     def allreduce(self, buf, algorithm='mpi'):
-        import cupy  # noqa: WPS433
+        import cupy  # optional dependency, loaded where used
         step = max(1, PIECE_BYTES // buf.itemsize)
         host = self._pinned(buf)
         pieces = [(start, min(start + step, buf.size)) for start in range(0, buf.size, step)]

@@ -36,7 +36,7 @@ def expect_raises(exc_type, fn, *args, contains=None, **kwargs):
     except exc_type as err:
         if contains and contains not in str(err):
             raise AssertionError('%s raised, but %r is not in its message: %s'
-                                 % (exc_type.__name__, contains, err))
+                                 % (exc_type.__name__, contains, err)) from err
         return err
     raise AssertionError('%s was not raised by %s' % (exc_type.__name__, fn.__name__))
 

@@ -1,10 +1,13 @@
 """python -m mpi_kvstore doctor, checked against what this process finds by itself."""
+import json
 import os
+import tempfile
 
 import numba
 from mpi4py import MPI
 
 from mpi_kvstore import doctor
+
 from common import RANK, SIZE, done
 
 lines = doctor.report()
@@ -23,7 +26,6 @@ if 'MPI_LOCALRANKID' in os.environ:       # hydra sets it
 assert 'tune table:       none' in text, text
 
 # With a table: its rows as the store would read them, device rows included.
-import json, tempfile  # noqa: E401,E402
 path = os.path.join(tempfile.mkdtemp(prefix='doctor_'), 'table.json')
 with open(path, 'w') as fh:
     json.dump({'version': 1, 'comm_size': SIZE, 'measured_ms': {},

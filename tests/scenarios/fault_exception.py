@@ -22,6 +22,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+
 from common import RANK, SIZE
 
 FAILING_RANK, FAILING_STEP = 1, 3

@@ -7,8 +7,9 @@ collective for it. The job must end within seconds, non-zero.
 import os
 import signal
 
-from common import RANK
 from fault_exception import FAILING_RANK, FAILING_STEP, announce, batches, train
+
+from common import RANK
 
 
 def kill_at(step):

@@ -33,6 +33,7 @@ import numpy as np
 import mpi_kvstore
 from mpi_kvstore import reduce
 from mpi_kvstore.designs import base
+
 from common import RANK, SIZE, WORLD, close, design_arg, done
 
 DESIGN = design_arg()

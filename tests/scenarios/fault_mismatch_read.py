@@ -10,6 +10,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+
 from common import RANK, design_arg
 
 DESIGN = design_arg()

@@ -18,6 +18,7 @@ import time
 import mxnet as mx
 
 import mpi_kvstore
+
 from common import RANK, design_arg
 
 SKIPPING_RANK = 1

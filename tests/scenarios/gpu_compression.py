@@ -15,6 +15,7 @@ from mpi_kvstore import comm as comm_mod
 from mpi_kvstore import compression, device_codecs
 from mpi_kvstore.collective import Collective
 from mpi_kvstore.reduce import Reducer
+
 from common import RANK, SIZE, WORLD, done, same_on_all_ranks
 
 DEVICE = RANK % cupy.cuda.runtime.getDeviceCount()

@@ -21,13 +21,14 @@ import threading
 import cupy
 import numpy as np
 
-from mpi_kvstore import comm as comm_mod, debug
+from mpi_kvstore import comm as comm_mod
+from mpi_kvstore import debug, transports
 from mpi_kvstore import reduce as reduce_mod
-from mpi_kvstore import transports
 from mpi_kvstore.collective import Collective
 from mpi_kvstore.errors import ConfigError
 from mpi_kvstore.fusion import plan
 from mpi_kvstore.tuning import Table
+
 from common import RANK, SIZE, WORLD, close, done, expect_raises
 
 TRANSPORT = sys.argv[1]
@@ -72,7 +73,7 @@ def on_fresh_thread(fn, *args):
     def run():
         try:
             box['value'] = fn(*args)
-        except BaseException as err:   # noqa: B902 (re-raised on the caller's thread)
+        except BaseException as err:
             box['error'] = err
     thread = threading.Thread(target=run)
     thread.start()
@@ -160,7 +161,7 @@ def check_broadcast():
 class _Unreadable:
     """An array whose engine op could not read it (view None): only its context is known."""
 
-    class context:   # noqa: N801 (as an NDArray's)
+    class context:
         device_id = DEVICE
 
 

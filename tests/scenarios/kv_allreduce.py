@@ -5,6 +5,7 @@ usage: kv_allreduce.py DESIGN
 import mxnet as mx
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()

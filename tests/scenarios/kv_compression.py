@@ -11,13 +11,14 @@ and, for both, results bitwise identical on every rank, float64 keys untouched b
 errors on every rank (not hangs) for a rank that compresses differently and for an
 fp16 overflow, and a store that goes on working after them.
 """
-import mxnet as mx
 import ml_dtypes
+import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
 from mpi_kvstore import compression
+
 from common import RANK, SIZE, design_arg, done, expect_raises, same_on_all_ranks
 
 DESIGN = design_arg()

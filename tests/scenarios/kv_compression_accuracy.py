@@ -14,6 +14,7 @@ from mpi4py import MPI
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+
 from common import RANK, SIZE, design_arg, done
 
 DESIGN = design_arg()

@@ -10,6 +10,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+
 from common import RANK, SIZE, WORLD, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()

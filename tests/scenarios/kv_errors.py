@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()

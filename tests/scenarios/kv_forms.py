@@ -6,6 +6,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done
 
 DESIGN = design_arg()
@@ -105,7 +106,7 @@ def check_many_small_keys(kv):
     for k in keys:
         kv.init(k, arr((33,), 0))
     vals = [arr((33,), (RANK + 1) * (k % 7 + 1)) for k in keys]
-    for step in range(2):
+    for _step in range(2):
         for i, k in enumerate(keys):
             kv.pushpull(k, vals[i], priority=-i)
     for k, v in zip(keys, vals):

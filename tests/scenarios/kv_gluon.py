@@ -11,6 +11,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()

@@ -8,6 +8,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
 
 kv = mpi_kvstore.create('dist_mpi', design=design_arg())

@@ -16,8 +16,9 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from common import RANK, SIZE, WORLD, close, done, expect_raises
 from mpi_kvstore.comm import MPI, Comm
+
+from common import RANK, SIZE, WORLD, close, done, expect_raises
 
 DESIGN = sys.argv[1]
 EXPECT = sys.argv[2]
@@ -141,7 +142,7 @@ def check_wire_cast(kind):
     with mpi_kvstore.create('dist_mpi', design=DESIGN, hierarchical=MODE,
                             compression=kind) as kv:
         for n in (1, 3, 1001, 300_001):
-            def part(rank):
+            def part(rank, n=n):
                 rng = np.random.default_rng([rank, n])
                 return (rng.standard_normal(n) * 3).astype(np.float32)
             val = mx.nd.array(part(RANK))

@@ -12,6 +12,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
 
 DESIGN = design_arg()

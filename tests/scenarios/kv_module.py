@@ -9,6 +9,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()

@@ -15,6 +15,7 @@ from mxnet import gluon
 
 import mpi_kvstore
 from mpi_kvstore import debug
+
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()
@@ -27,7 +28,7 @@ def pushpulls(kv):
     worker), half with data ready (the op runs inline on this thread)."""
     grads = [mx.nd.ones((256,)) for _ in range(4)]
     for step in range(CALLS // 2):
-        for i, grad in enumerate(grads):   # written by an op just pushed: not ready yet
+        for _i, grad in enumerate(grads):   # written by an op just pushed: not ready yet
             mx.nd.ones((256,), out=grad)
         kv.pushpull(list(range(4)), grads)
         kv.wait()
@@ -50,7 +51,7 @@ def other_forms(kv):
         out = mx.nd.zeros((6,))
         kv.broadcast('b%d' % step, root_value, out=out)
         ints_sum = sum(r + step for r in range(SIZE))
-        for i, arr in enumerate(ints):
+        for _i, arr in enumerate(ints):
             close(arr.asnumpy(), ints_sum, 'fused int32 pushpull %d' % step)
         for arr in doubles:
             close(arr.asnumpy(), SIZE * (SIZE + 1), 'fused float64 pushpull %d' % step)

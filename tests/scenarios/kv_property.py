@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 
 import mpi_kvstore
 from mpi_kvstore.contract import SUPPORTED_DTYPES
+
 from common import RANK, SIZE, WORLD, design_arg, done
 
 DESIGN = design_arg()
@@ -440,7 +441,7 @@ class Call:
 
     def _targets(self, pos, values, outs, result, checks, what):
         call, mode = self.op['call'], self.op['out']
-        in_place = (mode == 'same' or mode is None and call in ('pushpull', 'broadcast_from'))
+        in_place = (mode == 'same' or (mode is None and call in ('pushpull', 'broadcast_from')))
         for dev, arr in enumerate(values):
             mine = contribution(RANK, self.index, pos, dev, self.specs[pos])
             checks.add(arr, result if in_place else mine, what)

@@ -12,6 +12,7 @@ import time
 import mxnet as mx
 
 import mpi_kvstore
+
 from common import RANK, SIZE, close, design_arg, done
 
 DESIGN = design_arg()

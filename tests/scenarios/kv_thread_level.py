@@ -5,6 +5,7 @@ Run with MPI4PY_RC_THREAD_LEVEL=serialized (mpi4py then initialises MPI so).
 from mpi4py import MPI
 
 import mpi_kvstore
+
 from common import done, expect_raises
 
 provided = MPI.Query_thread()

@@ -8,14 +8,15 @@ import sys
 import mxnet as mx
 
 import mpi_kvstore
-from common import RANK, SIZE, WORLD, done
 from mpi_kvstore.timeline import trace_path
+
+from common import RANK, SIZE, WORLD, done
 
 design, path = sys.argv[1], sys.argv[2]
 kv = mpi_kvstore.create('dist_mpi', design=design, timeline=path)
 keys = ['w%d' % i for i in range(5)]
 kv.init(keys, [mx.nd.zeros((100 * (i + 1),)) for i in range(5)])
-for step in range(3):
+for _step in range(3):
     for i, k in enumerate(keys):
         kv.pushpull(k, mx.nd.ones((100 * (i + 1),)), priority=-i)
 kv.close()

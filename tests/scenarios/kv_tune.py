@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 import mpi_kvstore
 from mpi_kvstore import debug, tune, tuning
+
 from common import RANK, SIZE, design_arg, done, expect_raises
 
 DESIGN = design_arg()

@@ -16,6 +16,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
+
 from common import RANK, SIZE, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()
@@ -40,7 +41,7 @@ def quantize(values, residual):
 def owned_slice(key):
     """The values of key whose chunk this rank owns: 4 * ceil(ceil(n / 4) / N) a rank."""
     count = int(np.prod(SHAPES[key]))
-    width = 4 * -(-(-(-count // 4)) // SIZE)
+    width = 4 * -(-(-(-count // 4)) // SIZE)  # noqa: B002 (ceil(ceil(n / 4) / N) in integers)
     return width * RANK, width
 
 

@@ -15,6 +15,7 @@ from mpi_kvstore.comm import Comm
 from mpi_kvstore.errors import ConfigError
 from mpi_kvstore.transports.base import Transport, register
 from mpi_kvstore.tuning import Table
+
 from common import RANK, SIZE, WORLD, done
 
 HANDOVERS = []   # (to, from): every Transport.follow, in order

@@ -1,0 +1,50 @@
+"""The package's shape: layers that point down (import-linter), lint (ruff), and the option
+vocabularies that config.py spells as literals, against the registries that implement them."""
+import os
+import shutil
+import subprocess
+import sys
+
+from mpi_kvstore import compression, designs, mpiabi, transports
+from mpi_kvstore import config as cfg
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool(name):
+    """A console script of the environment running the tests (CI's venv)."""
+    found = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
+    assert found, '%s is missing: pip install -e ".[test]"' % name
+    return found
+
+
+def _run(argv):
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_imports_follow_the_layers():
+    """.importlinter states the layers; lint-imports fails on an upward import or a cycle."""
+    out = _run([_tool('lint-imports'), '--config', os.path.join(REPO_ROOT, '.importlinter')])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert 'Contracts: 2 kept, 0 broken.' in out.stdout, out.stdout[-2000:]
+
+
+def test_ruff_finds_nothing():
+    out = _run([_tool('ruff'), 'check', '--no-cache', REPO_ROOT])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_config_vocabularies_equal_the_registries():
+    assert cfg.DESIGNS == tuple(designs.REGISTRY)
+    assert cfg.GPU_TRANSPORTS == ('auto',) + tuple(transports.REGISTRY)
+    assert cfg.COMPRESSIONS == compression.WIRE_TYPES
+    assert compression.wire_cast('none') is None
+    for name in cfg.COMPRESSIONS[1:]:   # every named wire cast builds
+        assert compression.wire_cast(name) is not None
+    for mode in cfg.HIERARCHICAL_MODES:
+        assert cfg.Config(environ={}, hierarchical=mode).hierarchical == mode
+    for mode in cfg.CUDA_AWARE_MODES:
+        assert cfg.Config(environ={}, cuda_aware=mode).cuda_aware == mode
+        assert mpiabi.cuda_aware(mode) in (True, False)
