@@ -89,12 +89,12 @@ def sum_rows16(rows, kind, out):
 
 
 def quantize_pack(grad, residual, threshold, out):
-    """compression._quantize_pack on the GPU: residual += grad, four codes a byte."""
+    """compression.kernels.quantize_pack on the GPU: residual += grad, four codes a byte."""
     _kernels()['2bit'][0](grad, threshold, grad.size, out, residual)
 
 
 def count_sum(codes, offset, count, threshold, out):
-    """compression._count_sum on the GPU: ``codes`` (ranks, bytes), C-contiguous on the
+    """compression.kernels.count_sum on the GPU: ``codes`` (ranks, bytes), C-contiguous on the
     device, this request's bytes from ``offset``; out[:count] = threshold * (ups - downs)."""
     _kernels()['2bit'][1](codes.reshape(-1), codes.shape[0], codes.shape[1], offset,
                           threshold, out[:count])

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpi_kvstore import compression as cp
+from mpi_kvstore.compression import buckets, kernels
 
 
 def mxnet_quantize_2bit(grad, residual, threshold):
@@ -62,7 +63,7 @@ def unpack_2bit(packed, count):
 def compiled_codes(grad, residual, threshold):
     """The compiled quantize+pack, unpacked: -> codes; residual in place."""
     packed = np.empty(-(-grad.size // 4), np.uint8)
-    cp._quantize_pack(grad, residual, np.float32(threshold), packed)
+    kernels.quantize_pack(grad, residual, np.float32(threshold), packed)
     return unpack_2bit(packed, grad.size)
 
 
@@ -103,10 +104,10 @@ def test_reference_pack_unpack_round_trip(codes):
 def test_pack_layout_is_mxnets():
     """MXNet writes the first value of a byte in its two highest bits: 11 = +t, 10 = -t."""
     out = np.empty(1, np.uint8)
-    cp._quantize_pack(np.array([0.5, -0.5, 0, 0.5], np.float32), np.zeros(4, np.float32),
+    kernels.quantize_pack(np.array([0.5, -0.5, 0, 0.5], np.float32), np.zeros(4, np.float32),
                       np.float32(0.5), out)
     assert out.tolist() == [0b11100011]
-    cp._quantize_pack(np.array([-0.5], np.float32), np.zeros(1, np.float32), np.float32(0.5), out)
+    kernels.quantize_pack(np.array([-0.5], np.float32), np.zeros(1, np.float32), np.float32(0.5), out)
     assert out.tolist() == [0b10000000]
     assert pack_2bit(np.array([3, 2, 0, 3], np.uint8)).tolist() == [0b11100011]
 
@@ -144,7 +145,7 @@ def test_params_defaults_and_none():
 def test_ring_pieces_follow_each_key():
     """Piece i of the ring holds piece i of every request, so a value's path round the ring
     depends on its key alone, not on which keys share its bucket."""
-    pieces = cp._ring_pieces([5, 2, 7], 3)
+    pieces = buckets.ring_pieces([5, 2, 7], 3)
     assert pieces == [[(0, 2), (5, 1), (7, 3)], [(2, 2), (6, 1), (10, 2)], [(4, 1), (12, 2)]]
     covered = sorted(i for spans in pieces for start, width in spans
                      for i in range(start, start + width))
@@ -167,13 +168,13 @@ def test_compiled_kernels_match_the_reference(steps, threshold, ranks):
     for values in steps:
         grad = np.array(values[:size], np.float32)
         packed = np.empty(-(-size // 4), np.uint8)
-        cp._quantize_pack(grad, fast, t, packed)
+        kernels.quantize_pack(grad, fast, t, packed)
         codes = quantize_2bit(grad, slow, t)
         np.testing.assert_array_equal(packed, pack_2bit(codes))
         np.testing.assert_array_equal(fast, slow)
         every = np.stack([np.roll(packed, r) for r in range(ranks)])   # other ranks' codes
         out = np.empty(size, np.float32)
-        cp._count_sum(every, size, t, out, cp._DELTAS)
+        kernels.count_sum(every, size, t, out, kernels.DELTAS)
         unpacked = unpack_2bit(every, size)
         expected = ((unpacked == 3).sum(0) - (unpacked == 2).sum(0)).astype(np.float32) * t
         np.testing.assert_array_equal(out, expected)
@@ -182,7 +183,7 @@ def test_compiled_kernels_match_the_reference(steps, threshold, ranks):
 def test_float16_decode_is_numpys_for_every_half():
     halves = np.arange(1 << 16, dtype=np.uint16)
     out = np.empty(halves.size, np.float32)
-    cp._decode_f16(halves, np.float32(1), out)
+    kernels.decode_f16(halves, np.float32(1), out)
     expected = halves.view(np.float16).astype(np.float32)
     nan = np.isnan(expected)          # times the scale, a NaN may come back quietened
     np.testing.assert_array_equal(out[~nan].view(np.uint32), expected[~nan].view(np.uint32))
@@ -204,7 +205,7 @@ def test_float16_encode_is_numpys_bit_for_bit():
         np.nextafter(mid, np.float32(-np.inf)),
         np.array([65504, 65520, 65519.996, 1e-8, -1e-8, 6e-8, 3e-8], np.float32)])
     out = np.empty(values.size, np.uint16)
-    cp._encode_f16(values, np.float32(1), out)
+    kernels.encode_f16(values, np.float32(1), out)
     with np.errstate(all='ignore'):
         expected = values.astype(np.float16).view(np.uint16)
     nan = np.isnan(values)
@@ -216,7 +217,7 @@ def test_float16_row_sums_round_once_in_rank_order():
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((3, 5000)).astype(np.float16)
     out = np.empty(5000, np.uint16)
-    cp._sum_rows_f16(rows.view(np.uint16), out)
+    kernels.sum_rows_f16(rows.view(np.uint16), out)
     acc = np.zeros(5000, np.float32)
     for row in rows:
         acc += row.astype(np.float32)

@@ -215,12 +215,12 @@ def main():
         check_wire_cast(kind)
     # Buckets of over 2 pieces go through the pipelined compress-once: pieces small enough
     # here that the 3000-value key and the fused call are cut into several.
-    real, compression.PIPELINE_VALUES = compression.PIPELINE_VALUES, 700
+    real, compression.WireCast.pipeline_values = compression.WireCast.pipeline_values, 700
     try:
         for kind in ('fp16', 'bf16'):
             check_wire_cast(kind)
     finally:
-        compression.PIPELINE_VALUES = real
+        compression.WireCast.pipeline_values = real
     done('kv_compression[%s]' % DESIGN)
 
 

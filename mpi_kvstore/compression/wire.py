@@ -1,0 +1,261 @@
+"""WireCast: float32/float64 buckets exchanged as float16 or bfloat16 (see the package)."""
+import numpy as np
+
+from .. import device_codecs
+from ..fusion import pieces
+from ..mpiabi import MPI
+from .buckets import device_module, float32_values, host_empty, packed, ring_pieces
+from .kernels import decode_f16, encode_f16, sum_rows_f16
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+class WireCast:
+    """float32/float64 buckets exchanged as float16 or bfloat16 (see the module).
+
+    ``ring``: the compression-assisted ring of seed 003 instead of compressing once: a ring
+    reduce-scatter in which every hop's partial sum travels as 16-bit floats (decoded,
+    added to the receiver's own float32 values, encoded again for the next hop), then a
+    ring allgather of the owners' 16-bit sums. Same bytes as compress-once (2 (N-1)/N of the
+    16-bit data a rank), point-to-point only, but N-1 roundings of partial sums instead of
+    one: the error bound grows with N (docs/compression.md).
+    """
+
+    # Values a piece of the pipelined compress-once (1M values: 2 MB of 16-bit floats).
+    pipeline_values = 1 << 20
+
+    def __init__(self, kind, ring=False):
+        if kind not in ('fp16', 'bf16'):
+            raise ValueError("a wire cast is fp16 or bf16, not %r" % (kind,))
+        self.kind = kind
+        self.ring = bool(ring)
+        self.spec = (kind, 'ring') if ring else (kind,)
+        if kind == 'fp16':
+            self.wire = np.dtype(np.float16)
+        else:
+            import ml_dtypes  # only where bf16 is asked for
+            self.wire = np.dtype(ml_dtypes.bfloat16)
+
+    def applies_to(self, dtype):
+        return dtype in (np.float32, np.float64)
+
+    def exchange(self, reqs, comm):
+        """Sum the requests' buffers over ranks in place; -> {req: error} of local failures."""
+        n = comm.size
+        if n == 1:
+            return {}
+        if self.ring:
+            return self._exchange_ring(reqs, comm)
+        device = device_module(reqs)                # CuPy for a GPU bucket, else None
+        if comm.uniform_hierarchy and device is None:
+            return self._exchange_hierarchical(reqs, comm)
+        failed, sizes = {}, [r.nbytes // r.dtype.itemsize for r in reqs]
+        count = sum(sizes)
+        if device is None and count >= 2 * self.pipeline_values:
+            return self._exchange_pipelined(reqs, sizes, comm)
+        chunk = -(-count // n)
+        send = host_empty(n * chunk, np.uint16, device)   # the 16-bit floats' bits
+        encoded = send if device is None else device.zeros(n * chunk, np.uint16)
+        encoded[count:] = 0
+        scale, offset = np.float32(1.0 / n), 0
+        for req, size in zip(reqs, sizes):
+            try:   # prescaled and cast in one pass
+                self._encode(req.buffer().reshape(-1), scale, encoded[offset:offset + size])
+            except Exception as err:
+                failed[req] = err
+                encoded[offset:offset + size] = 0
+            offset += size
+        if device is not None:   # only the 16-bit bits come down
+            encoded.get(out=send)
+        recv = host_empty((n, chunk), np.uint16, device)
+        comm.alltoall(send, recv.reshape(-1))
+        gathered = host_empty(n * chunk, np.uint16, device)
+        mine = gathered[comm.rank * chunk:(comm.rank + 1) * chunk]
+        if device is None:
+            self._sum_rows(recv, mine)
+        else:      # summed on the GPU too: the host only moves bytes
+            summed = device.empty(chunk, np.uint16)
+            self._sum_rows(device.asarray(recv), summed)
+            summed.get(out=mine)
+        comm.allgather(MPI.IN_PLACE, gathered)
+        gathered = gathered[:count] if device is None else device.asarray(gathered[:count])
+        return self._deliver(reqs, sizes, gathered, n, failed)
+
+    def _exchange_pipelined(self, reqs, sizes, comm):
+        """Compress-once in pieces of ``pipeline_values``, overlapped: while piece p's all-to-all
+        is on the wire, piece p+1 is encoded; while p+1's is, p is summed and its allgather
+        starts; the pieces' collectives start in one order on every rank. Each value is still
+        the sum of the ranks' 16-bit values in rank order, so the bits are compress-once's."""
+        n, rank = comm.size, comm.rank
+        count = sum(sizes)
+        failed, views, offset = {}, [], 0
+        for req, size in zip(reqs, sizes):
+            try:
+                views.append((offset, req.buffer().reshape(-1)))
+            except Exception as err:
+                failed[req] = err
+                views.append((offset, None))
+            offset += size
+        scale = np.float32(1.0 / n)
+        bounds = list(range(0, count, self.pipeline_values)) + [count]
+        pieces = []   # per piece: start, stop, chunk, recv, gathered, request
+
+        def encode(start, stop):
+            chunk = -(-(stop - start) // n)
+            send = np.zeros(n * chunk, np.uint16)
+            for (at, view), req, size in zip(views, reqs, sizes):
+                lo, hi = max(start, at), min(stop, at + size)
+                if lo >= hi or view is None:
+                    continue
+                try:
+                    self._encode(view[lo - at:hi - at], scale, send[lo - start:hi - start])
+                except Exception as err:
+                    failed.setdefault(req, err)
+                    send[lo - start:hi - start] = 0
+            recv = np.empty((n, chunk), np.uint16)
+            pieces.append([start, stop, chunk, recv, None, comm.start_alltoall(send, recv)])
+
+        def reduce(piece):
+            _, _, chunk, recv, _, request = piece
+            comm.wait(request)
+            gathered = np.empty(n * chunk, np.uint16)
+            self._sum_rows(recv, gathered[rank * chunk:(rank + 1) * chunk])
+            piece[4], piece[5] = gathered, comm.start_allgather(gathered)
+
+        for p in range(len(bounds) - 1):
+            encode(bounds[p], bounds[p + 1])
+            if p >= 1:
+                reduce(pieces[p - 1])
+        reduce(pieces[-1])
+        bits = np.empty(count, np.uint16)
+        for start, stop, _, _, gathered, request in pieces:
+            comm.wait(request)
+            bits[start:stop] = gathered[:stop - start]
+        return self._deliver(reqs, sizes, bits, n, failed)
+
+    def _exchange_hierarchical(self, reqs, comm):
+        """Through the hosts (the Comm's hierarchy, every host with L ranks): a float32
+        reduce-scatter inside each host (shared memory, exact), the compress-once exchange of
+        each host-summed piece among the ranks of its local rank (one a host: the only bytes
+        that cross the network, 16 bits each), and an allgather of the 16-bit sums inside each
+        host. Every rank decodes the same bits. Elementwise the result is the flat one's with
+        hosts in place of ranks: each host's sum / N rounded to 16 bits, summed in float32 in
+        host order, rounded again, times N."""
+        n, node, cross = comm.size, comm.node, comm.cross
+        sizes = [r.nbytes // r.dtype.itemsize for r in reqs]
+        count = sum(sizes)
+        flat, failed = float32_values(reqs, sizes, np.float32(1))
+        counts, displs = pieces(count, node.Get_size())
+        piece = np.empty(counts[node.Get_rank()], np.float32)
+        node.Reduce_scatter(flat, piece, counts, op=MPI.SUM)     # this host's sum, my piece
+        hosts = cross.Get_size()
+        chunk = -(-piece.size // hosts)
+        send = np.zeros(hosts * chunk, np.uint16)
+        self._encode(piece, np.float32(1.0 / n), send[:piece.size])
+        recv = np.empty((hosts, chunk), np.uint16)
+        cross.Alltoall(send, recv.reshape(-1))
+        mine = np.empty(chunk, np.uint16)
+        self._sum_rows(recv, mine)
+        summed = np.empty(hosts * chunk, np.uint16)
+        cross.Allgather(mine, summed)
+        bits = np.empty(count, np.uint16)
+        node.Allgatherv(summed[:piece.size], (bits, (counts, displs)))
+        return self._deliver(reqs, sizes, bits, n, failed)
+
+    def _exchange_ring(self, reqs, comm):
+        """The compression-assisted ring (see the class). Host memory: GPU buffers are
+        copied down once and back once."""
+        n, rank = comm.size, comm.rank
+        sizes = [r.nbytes // r.dtype.itemsize for r in reqs]
+        count = sum(sizes)
+        # this rank's values / N, then partial sums
+        acc, failed = float32_values(reqs, sizes, np.float32(1.0 / n))
+        piece = ring_pieces(sizes, n)    # piece i: piece i of every request, in order
+        counts = [sum(w for _, w in spans) for spans in piece]
+        out = np.empty(max(counts), np.uint16)
+        into = np.empty(max(counts), np.uint16)
+        got = np.empty(max(counts), np.float32)
+        right, left = (rank + 1) % n, (rank - 1) % n
+        one = np.float32(1)
+        for step in range(n - 1):                   # reduce-scatter, 16 bits a hop
+            send, recv = (rank - step) % n, (rank - step - 1) % n
+            for start, width, at in packed(piece[send]):
+                self._encode(acc[start:start + width], one, out[at:at + width])
+            comm.sendrecv(out[:counts[send]], right, into[:counts[recv]], left)
+            self._decode(into[:counts[recv]], one, got[:counts[recv]])
+            for start, width, at in packed(piece[recv]):
+                acc[start:start + width] += got[at:at + width]
+        own = (rank + 1) % n                        # the piece whose sum this rank holds
+        pieces = {own: np.empty(counts[own], np.uint16)}
+        for start, width, at in packed(piece[own]):
+            self._encode(acc[start:start + width], one, pieces[own][at:at + width])
+        for step in range(n - 1):                   # allgather of the owners' bits
+            send, recv = (own - step) % n, (own - step - 1) % n
+            pieces[recv] = np.empty(counts[recv], np.uint16)
+            comm.sendrecv(pieces[send], right, pieces[recv], left)
+        bits = np.empty(count, np.uint16)
+        for i, spans in enumerate(piece):
+            for start, width, at in packed(spans):
+                bits[start:start + width] = pieces[i][at:at + width]
+        return self._deliver(reqs, sizes, bits, n, failed)
+
+    def _deliver(self, reqs, sizes, bits, n, failed):
+        """Decode the summed 16-bit ``bits`` (the bucket's, alike on every rank) times N into
+        each request that did not fail here; an fp16 sum that overflowed fails every request
+        on every rank (they all hold these bits, so they all decide alike).
+        -> {req: error}. Host bits for a GPU request (the ring) are decoded, then copied up."""
+        if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
+            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
+        offset = 0
+        for req, size in zip(reqs, sizes):
+            if req not in failed:
+                buf = req.buffer().reshape(-1)
+                part = bits[offset:offset + size]
+                if isinstance(part, np.ndarray) and not isinstance(buf, np.ndarray):
+                    host = np.empty(size, buf.dtype)
+                    self._decode(part, np.float32(n), host)
+                    buf.set(host)
+                else:
+                    self._decode(part, np.float32(n), buf)
+            offset += size
+        return failed
+
+    # float16: compiled conversions (numpy 1.23's take 5x longer); bfloat16: ml_dtypes'.
+    def _encode(self, values, scale, out):
+        """out (uint16) = the 16-bit float of float32(values) * scale."""
+        if not isinstance(values, np.ndarray):
+            device_codecs.encode16(values, scale, self.kind, out)
+        elif self.kind == 'fp16':
+            encode_f16(values, scale, out)
+        else:
+            with np.errstate(over='ignore', invalid='ignore'):
+                np.multiply(values, scale, dtype=np.float32, out=out.view(self.wire),
+                            casting='unsafe')
+
+    def _sum_rows(self, rows, out):
+        """out (uint16) = the 16-bit float of the float32 sum of the rows, in rank order."""
+        if not isinstance(rows, np.ndarray):
+            device_codecs.sum_rows16(rows, self.kind, out)
+        elif self.kind == 'fp16':
+            sum_rows_f16(rows, out)
+        else:
+            with np.errstate(over='ignore', invalid='ignore'):
+                out.view(self.wire)[...] = np.add.reduce(rows.view(self.wire), axis=0,
+                                                         dtype=np.float32)
+
+    def _decode(self, bits, scale, out):
+        """out (float32 or float64) = float32(the 16-bit floats) * scale."""
+        if not isinstance(out, np.ndarray):
+            device_codecs.decode16(bits, scale, self.kind, out)
+        elif self.kind == 'fp16':
+            decode_f16(bits, scale, out)
+        else:
+            np.multiply(bits.view(self.wire), scale, dtype=np.float32, out=out, casting='unsafe')
+
+
+def _fp16_overflow(n):
+    return OverflowError(
+        'fp16 compression: the sum over ranks of this bucket is not finite in float16 '
+        '(each rank sends its values / %d; the largest float16 is %g): the gradients are '
+        'too large or not finite; use compression=bf16 (float32 range) or none'
+        % (n, FLOAT16_MAX))
