@@ -16,7 +16,7 @@ one taken before the op ran.
   MIN-allreduce, as in agreement.py), then each bucket (fused by memcpy into a
   buffer Python reserved, reduced, averaged, copied back), then completes the
   op and writes an eventfd. Whatever it cannot do natively it hands to Python
-  (:func:`on_python`) at a named stage, on the same engine thread, before it
+  (native_records.ChainedOp's ``on_python``) at a named stage, on the same engine thread, before it
   completes: an array it could not read in place or that lives on a GPU, an
   agreement that shows a mismatch or a joined rank, an MPI error. Those are the
   rare paths; the Python side finishes the collective exactly as its Python op
@@ -30,14 +30,14 @@ A record is an int64 array owned by Python until the op completes::
      per bucket (BSLOT words, chained only): kind, first array, arrays, count,
          MPI datatype, root, scale, fusion buffer address]
 
+native_records.py holds the Python side of a record (NativeOp, ChainedPlan, ChainedOp).
+
 NaiveEngine runs every op inline on the pushing thread, which holds the GIL
 (libmxnet.py) and, for mark_ready, checks that the op completed before its
 function returned: there the designs keep their Python op.
 """
 import ctypes
 import enum
-import os
-import select
 
 import numba
 import numpy as np
@@ -48,10 +48,9 @@ from numba.extending import intrinsic
 
 from . import agreement, engine  # agreement.HEADER: a constant of the message format
 from .libmxnet import address_of
-from .mpiabi import c_api, c_datatype
+from .mpiabi import c_api
 
-__all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'mark_ready_address', 'run_chained_address',
-           'SCALES', 'Stage']
+__all__ = ['mark_ready_address', 'run_chained_address', 'SCALES', 'Stage']
 
 # Header words. ONE holds 1 (what an eventfd write adds); MSG and MINE hold 6 int32
 # each: the agreement message after the MIN, and this rank's own. POLL_US: the longest
@@ -77,7 +76,7 @@ ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # bucket kinds
 # MPI_Test up to TESTS_PER_WAKE times after each sleep (= progress.PROGRESS_TESTS, a test checks: MPICH
 # moves a bounded amount of data per Test).
 SPIN_TESTS, TESTS_PER_WAKE = 32, 8
-# How an averaged bucket is divided by the number of ranks, by dtype (as Design._average:
+# How an averaged bucket is divided by the number of ranks, by dtype (as reduce.Reducer does:
 # floats multiply by 1/size in their own precision, integers floor-divide).
 SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3,
           np.dtype(np.int64): 4}
@@ -239,7 +238,7 @@ def _array_address(rec, i):
 
 @numba.njit(cache=True)
 def _scale(ptr, count, how, size):
-    """Divide by the number of ranks as Design._average does (SCALES)."""
+    """Divide by the number of ranks as reduce.Reducer does (SCALES)."""
     if how == 1:
         a32 = numba.carray(_f32(ptr), count)
         s32 = np.float32(1.0 / size)
@@ -398,160 +397,3 @@ def run_chained_address():
     """The address of the chained op."""
     _add_mpi(_functions())
     return _compile('run_chained', _run_chained)
-
-
-class NativeOp:
-    """The record of one engine op over ``arrays``, whose requests are ``reqs``."""
-
-    __slots__ = ('record', 'arrays', 'reqs', 'keep')
-
-    def __init__(self, arrays, reqs, eventfd, extra=0):
-        rec = np.zeros(HEADER + SLOT * len(arrays) + extra, dtype=np.int64)
-        rec[COUNT], rec[EVENTFD], rec[SELF], rec[ONE] = len(arrays), eventfd, rec.ctypes.data, 1
-        rec[FNS] = _functions().ctypes.data
-        rec[HEADER:HEADER + SLOT * len(arrays):SLOT] = [a.handle.value for a in arrays]
-        self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, ()
-
-    @property
-    def address(self):
-        return int(self.record[SELF])
-
-    @property
-    def ready(self):
-        return self.record[STATE] == READY
-
-    @property
-    def done(self):
-        return self.record[STATE] == DONE
-
-    def callback(self):
-        """(callback, engine, param) of the engine's completion record."""
-        return int(self.record[CALLBACK]), int(self.record[ENGINE]), int(self.record[PARAM])
-
-    def pointer(self, i):
-        """(address, DLPack device type, device id) of array ``i``, as taken inside the op;
-        None if the op could not read it."""
-        slot = HEADER + SLOT * i
-        if not self.record[slot + 1]:   # MXNDArrayToDLPack gave no tensor
-            return None
-        device = int(self.record[slot + _DEVICE])
-        address = int(self.record[slot + _DATA]) + int(self.record[slot + _OFFSET])
-        return address, device & 0xffffffff, device >> 32
-
-
-class ChainedPlan:
-    """What every call of one shape shares: the record of its op with everything but the
-    addresses filled in, its buckets as spans of the call's requests, and the fusion
-    buffers it reduces in. Built once per shape (the design caches it), so a call copies
-    a record instead of building one.
-
-    ``buckets``: lists of requests as fusion.plan made them; ``message``: this rank's
-    agreement message (agreement.group_message), or None when it runs alone;
-    ``fusion(dtype, count)``: a host buffer for a fused bucket. Ops run one at a time
-    (the chain), so every op of a plan may share its buffers. ``progress``: (longest
-    sleep in us, smallest bucket in bytes) of polled allreduces (config's
-    progress_sleep_us and progress_min_bytes; a sleep of 0: every MPI call blocks);
-    where it polls, the agreement is polled too, with sleeps of up to ``poll_us``.
-    """
-
-    __slots__ = ('record', 'spans', 'keep', 'handles')
-
-    def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0):
-        reqs = [r for bucket in buckets for r in bucket]
-        arrays = [r.array for r in reqs if r.array is not None]
-        rec = NativeOp(arrays, reqs, eventfd, extra=BSLOT * len(buckets)).record
-        rec[SELF] = 0
-        rec[COMM], rec[SIZE], rec[NBUCKETS] = comm.handle, comm.size, len(buckets)
-        sleep_us, min_bytes = progress
-        if sleep_us > 0:
-            rec[PROGRESS_US] = max(1, int(sleep_us))
-            rec[POLL_US] = max(1, int(poll_us))
-        rec[HEADER + _NBYTES:HEADER + SLOT * len(arrays):SLOT] = [
-            r.nbytes for r in reqs if r.array is not None]
-        if message is not None and comm.size > 1:
-            rec[MSGLEN] = len(message)
-            rec[MINE:MINE + 3].view(np.int32)[:] = message
-        keep, spans, first, start = [], [], 0, 0
-        for b, bucket in enumerate(buckets):
-            head = bucket[0]
-            words = rec[HEADER + SLOT * len(arrays) + BSLOT * b:][:BSLOT]
-            kind = {'allreduce': ALLREDUCE, 'bcast': BCAST, 'barrier': BARRIER}[head.kind]
-            arrays_here = sum(r.array is not None for r in bucket)
-            nbytes = sum(r.nbytes for r in bucket)
-            count = nbytes // head.dtype.itemsize if head.dtype else 0
-            if kind == ALLREDUCE and rec[PROGRESS_US] and nbytes >= min_bytes:
-                kind = ALLREDUCE_POLLED
-            words[_KIND], words[_FIRST], words[_ARRAYS], words[_COUNT] = (
-                kind, first, arrays_here, count)
-            if head.dtype is not None:
-                words[_DTYPE] = c_datatype(head.dtype)
-            words[_ROOT] = head.root
-            words[_SCALE] = SCALES[head.dtype] if head.average else 0
-            if arrays_here > 1:
-                buf = fusion(head.dtype, count)
-                keep.append(buf)
-                words[_FUSION] = buf.ctypes.data
-            first += arrays_here
-            spans.append((start, start + len(bucket)))
-            start += len(bucket)
-        self.record, self.spans, self.keep = rec, spans, keep
-        self.handles = None   # the engine's handle array, which the design builds once
-
-
-class ChainedOp(NativeOp):
-    """One chained call, run by :func:`run_chained_address`: a copy of its plan's record.
-
-    ``reqs`` in plan order; ``on_python(op)``: called on the engine thread when the op
-    hands over (see :class:`Stage`); it must complete the op and call
-    :meth:`finish_in_python`.
-    """
-
-    __slots__ = ('buckets',)
-
-    def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
-        rec = plan.record.copy()
-        rec[SELF] = rec.ctypes.data
-        self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
-        self.buckets = [reqs[a:b] for a, b in plan.spans]
-        _fallbacks[self.address] = lambda: on_python(self)
-
-    @property
-    def stage(self):
-        """(Stage, bucket, MPI error code) of a hand-over."""
-        return int(self.record[STAGE]), int(self.record[BUCKET]), int(self.record[ERRCODE])
-
-    def message(self):
-        """The agreement message after the MIN (int32)."""
-        return self.record[MSG:MSG + 3].view(np.int32).copy()
-
-    def finish_in_python(self):
-        self.record[STATE] = DONE
-        os.eventfd_write(int(self.record[EVENTFD]), 1)
-
-    def forget(self):
-        _fallbacks.pop(self.address, None)
-
-
-class Waker:
-    """An eventfd: native ops and Python threads write it; one thread waits on it."""
-
-    def __init__(self):
-        self.fd = os.eventfd(0, os.EFD_NONBLOCK)
-
-    def notify(self):
-        os.eventfd_write(self.fd, 1)
-
-    def wait(self, timeout=None):
-        """Until written (or ``timeout`` seconds), with the GIL released; drains it.
-
-        Non-blocking, so that where two threads wait, the one that finds the counter
-        drained by the other goes back to its caller instead of blocking.
-        """
-        if select.select([self.fd], [], [], timeout)[0]:
-            try:
-                os.eventfd_read(self.fd)
-            except BlockingIOError:
-                pass
-
-    def close(self):
-        os.close(self.fd)

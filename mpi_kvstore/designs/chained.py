@@ -7,7 +7,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from .. import agreement, engine, native
+from .. import agreement, engine, native, native_records
 from ..fusion import BufferPool
 from ..mpiabi import MPI, c_datatype
 from ..progress import AGREEMENT_POLL_US
@@ -59,19 +59,19 @@ class Chained(Design):
         self._native = (config.native_ops and not config.naive_engine and not timeline
                         and not self._comm.hierarchical)
         self._fusion = BufferPool()           # host buffers for fused buckets
-        self._plans = {}                      # call shape -> native.ChainedPlan
+        self._plans = {}                      # call shape -> native_records.ChainedPlan
         self._inflight = collections.deque()  # native ops, in push (= completion) order
         self._reap_lock = threading.Lock()
         self._waker = None
         if self._native:
             native.run_chained_address()      # compile now, not in the first step
-            self._waker = native.Waker()
+            self._waker = native_records.Waker()
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
         plan_ = self._plan(reqs, arrays) if self._native else None
         if plan_ is not None:
-            op = native.ChainedOp(plan_, reqs, arrays, self._in_python)
+            op = native_records.ChainedOp(plan_, reqs, arrays, self._in_python)
             for req in reqs:
                 req.waiter = self._wait
             self._inflight.append(op)
@@ -125,7 +125,7 @@ class Chained(Design):
             return None
         message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
                    if self.size > 1 else None)
-        found = native.ChainedPlan(buckets, self._comm,
+        found = native_records.ChainedPlan(buckets, self._comm,
                                    message, self._waker.fd, self._fusion_buffer,
                                    _progress(self.config), AGREEMENT_POLL_US)
         found.handles = engine.Handles(arrays + [self._chain])

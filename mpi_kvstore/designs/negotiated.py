@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from .. import agreement, engine, native
+from .. import agreement, engine, native, native_records
 from ..progress import wait_polling
 from ..timeline import op_name
 from .base import Design
@@ -42,7 +42,7 @@ class Negotiated(Design):
         super().__init__(comm, config, sink, timeline, table, make_comm)
         self._control = self.make_comm()
         self._lock = threading.Lock()
-        self._waker = native.Waker()      # engine ops, calls and close() wake the thread
+        self._waker = native_records.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
         # complete before its function returns (native.py).
         self._native = config.native_ops and not config.naive_engine
@@ -68,7 +68,7 @@ class Negotiated(Design):
         # Priorities take effect where the order is decided: each round runs its agreed
         # requests by priority, then push order (fusion.order).
         if self._native:
-            op = native.NativeOp(arrays, reqs, self._waker.fd)
+            op = native_records.NativeOp(arrays, reqs, self._waker.fd)
             with self._lock:
                 self._inflight.append(op)
             engine.push_native(native.mark_ready_address(), op.record.ctypes.data, arrays,
