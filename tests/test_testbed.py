@@ -14,7 +14,7 @@ import pytest
 
 import testbed
 from mpi_harness import REPO_ROOT, run_mpi
-from testbed import hosts as tb
+from testbed import network
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 needs_testbed = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
@@ -38,9 +38,9 @@ def _gone(prefix):
     assert testbed.artifacts(prefix) == []
     netns = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True).stdout
     assert prefix not in netns
-    assert not os.path.exists(os.path.join(tb.STATE_ROOT, prefix))
-    if os.path.isdir(tb.NETNS_ETC):
-        assert not [n for n in os.listdir(tb.NETNS_ETC) if n.startswith(prefix)]
+    assert not os.path.exists(os.path.join(network.STATE_ROOT, prefix))
+    if os.path.isdir(network.NETNS_ETC):
+        assert not [n for n in os.listdir(network.NETNS_ETC) if n.startswith(prefix)]
     links = subprocess.run(['ip', '-o', 'link'], capture_output=True, text=True).stdout
     assert prefix not in links
     with open('/proc/self/mountinfo') as f:
@@ -61,9 +61,9 @@ def test_parse_rate():
 
 
 def test_tbf_bucket_holds_two_milliseconds_and_a_packet():
-    assert tb.tbf_args(10 ** 9)[:4] == ['tbf', 'rate', '1000000000bit', 'burst']
-    assert int(tb.tbf_args(10 ** 9)[4]) == 250000
-    assert int(tb.tbf_args(10 ** 6)[4]) == tb.TBF_MIN_BURST
+    assert network.tbf_args(10 ** 9)[:4] == ['tbf', 'rate', '1000000000bit', 'burst']
+    assert int(network.tbf_args(10 ** 9)[4]) == 250000
+    assert int(network.tbf_args(10 ** 6)[4]) == network.TBF_MIN_BURST
 
 
 def test_not_a_package_of_the_library():
@@ -125,7 +125,7 @@ def test_job_timeout_kills_every_process_of_the_job():
         start = time.monotonic()
         result = hosts.run(['sh', '-c', 'sleep 60 & sleep 60'], host='h1', timeout=2)
         assert result.timed_out and time.monotonic() - start < 10
-        assert tb.processes_inside(hosts.prefix) == []
+        assert network.processes_inside(hosts.prefix) == []
 
 
 @needs_testbed
@@ -141,7 +141,7 @@ def test_owner_killed_leaves_nothing(how):
     prefix = proc.stdout.readline().strip()
     assert prefix.startswith('mkvtb%d' % proc.pid)
     deadline = time.monotonic() + 10
-    while not tb.processes_inside(prefix) and time.monotonic() < deadline:
+    while not network.processes_inside(prefix) and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(getattr(signal, how))
     status = proc.wait(timeout=30)
