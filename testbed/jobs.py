@@ -18,7 +18,7 @@ import uuid
 
 from .machine import TestbedError, find_mpiexec, is_hydra, need_tool
 from .network import IFACE, run_dir
-from .processes import kill_marked, start_group, wait_or_stop
+from .processes import kill_marked, marked_environ, start_group, wait_or_stop
 
 # Real TCP between ranks on different hosts: MPICH's default (UCX with every
 # transport) finds the shared memory of the one kernel even across namespaces.
@@ -62,13 +62,7 @@ def run_job(argv, timeout=DEFAULT_TIMEOUT, env=None, stream=False, cwd=None):
     output goes to ours as it comes, else it is collected into the result.
     """
     run_id = uuid.uuid4().hex
-    child = dict(os.environ)
-    for name, value in (env or {}).items():
-        if value is None:
-            child.pop(name, None)
-        else:
-            child[name] = str(value)
-    child[RUN_VAR] = run_id
+    child = marked_environ(os.environ, env, RUN_VAR, run_id)
     start = time.monotonic()
     # A file, not a pipe: a process that outlived the job would keep a pipe open.
     log = None if stream else tempfile.TemporaryFile()

@@ -119,6 +119,21 @@ def wait_gone(find, grace):
     return found
 
 
+def marked_environ(base, overrides, var, value):
+    """A copy of BASE with OVERRIDES (a value of None removes a variable) and VAR=VALUE.
+
+    VAR=VALUE is the marker that marked() finds in every process of the job.
+    """
+    env = dict(base)
+    for name, setting in (overrides or {}).items():
+        if setting is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(setting)
+    env[var] = value
+    return env
+
+
 def marked(var, value):
     """Live pids whose environment carries VAR=VALUE."""
     marker = ('%s=%s' % (var, value)).encode()
