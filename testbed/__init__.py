@@ -25,6 +25,6 @@ from .machine import TestbedError, available, find_mpiexec
 from .network import IFACE, NAME_BASE, artifacts, parse_rate
 from .registry import cleanup_stale, list_runs, teardown
 
-__all__ = ['Hosts', 'RunResult', 'TestbedError', 'available', 'cleanup_stale', 'list_runs',
-           'teardown', 'artifacts', 'parse_rate', 'run_job', 'find_mpiexec', 'TCP_ENV',
-           'IFACE', 'NAME_BASE']
+__all__ = ['IFACE', 'NAME_BASE', 'TCP_ENV', 'Hosts', 'RunResult', 'TestbedError', 'artifacts',
+           'available', 'cleanup_stale', 'find_mpiexec', 'list_runs', 'parse_rate', 'run_job',
+           'teardown']

@@ -8,6 +8,7 @@ MPICH's hydra reaches the hosts through a launcher script that stands in for ssh
 (``mpiexec -launcher ssh -launcher-exec PREFIX/launch``); TCP_ENV makes ranks on
 different hosts talk real TCP over the links.
 """
+import contextlib
 import functools
 import os
 import shlex
@@ -65,8 +66,8 @@ def run_job(argv, timeout=DEFAULT_TIMEOUT, env=None, stream=False, cwd=None):
     child = marked_environ(os.environ, env, RUN_VAR, run_id)
     start = time.monotonic()
     # A file, not a pipe: a process that outlived the job would keep a pipe open.
-    log = None if stream else tempfile.TemporaryFile()
-    try:
+    # Streamed output goes to ours: no file (None).
+    with contextlib.nullcontext() if stream else tempfile.TemporaryFile() as log:
         proc = start_group(argv, stdin=subprocess.DEVNULL, stdout=log,
                            stderr=None if stream else subprocess.STDOUT, env=child, cwd=cwd)
         try:
@@ -77,9 +78,6 @@ def run_job(argv, timeout=DEFAULT_TIMEOUT, env=None, stream=False, cwd=None):
         if log is not None:
             log.seek(0)
             output = log.read().decode('utf-8', 'replace')
-    finally:
-        if log is not None:
-            log.close()
     if leftovers:
         output += '\n[testbed] killed %d leftover process(es)\n' % len(leftovers)
     return RunResult(list(argv), returncode, output, timed_out,

@@ -36,7 +36,8 @@ def need_tool(tool):
 
 def sh(*argv):
     """Run ARGV; its stdout, or TestbedError with what it said on failure."""
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          check=False)
     if proc.returncode != 0:
         raise TestbedError('%s: %s' % (shlex.join(argv), (proc.stderr or proc.stdout).strip()))
     return proc.stdout
@@ -54,7 +55,7 @@ def find_mpiexec():
 def is_hydra(mpiexec):
     try:
         out = subprocess.run([mpiexec, '--version'], stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=30).stdout
+                             capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
     return 'HYDRA' in out
@@ -64,7 +65,7 @@ def _probe(argv):
     """'' when ARGV runs, else why not."""
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=30)
+                              text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return str(err)
     if proc.returncode != 0:

@@ -203,7 +203,8 @@ def _umount_all(path):
     for _ in range(8):   # a file can carry stacked mounts
         if path not in mount_points():
             return
-        subprocess.run([umount, path], stdin=subprocess.DEVNULL, capture_output=True)
+        subprocess.run([umount, path], stdin=subprocess.DEVNULL, capture_output=True,
+                       check=False)
 
 
 def _rmdir_if_empty(path):
@@ -221,7 +222,7 @@ def remove(prefix):
     ip = which('ip') or 'ip'
     for name in netns_names(prefix):
         subprocess.run([ip, 'netns', 'delete', name], stdin=subprocess.DEVNULL,
-                       capture_output=True)
+                       capture_output=True, check=False)
         _umount_all(os.path.join(NETNS_RUN, name))   # in case ip could not
         try:
             os.remove(os.path.join(NETNS_RUN, name))
@@ -241,8 +242,8 @@ def artifacts(prefix):
     """What test bed PREFIX has on this machine: namespaces, mounts, files, processes."""
     found = ['netns ' + name for name in netns_names(prefix)]
     found += ['mount ' + path for path in mount_points()
-              if path.startswith(run_dir(prefix) + '/')
-              or path.startswith(os.path.join(NETNS_RUN, prefix + '-'))]
+              if path.startswith((run_dir(prefix) + '/',
+                                  os.path.join(NETNS_RUN, prefix + '-')))]
     if os.path.lexists(run_dir(prefix)):
         found.append('dir ' + run_dir(prefix))
     found += ['dir ' + os.path.join(NETNS_ETC, name) for name in listdir(NETNS_ETC)

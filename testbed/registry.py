@@ -14,8 +14,19 @@ import sys
 import threading
 
 from .machine import TestbedError
-from .network import (NAME_BASE, NAMED_RE, NETNS_ETC, PREFIX_RE, STATE_ROOT, artifacts, listdir,
-                      netns_names, processes_inside, remove, run_dir)
+from .network import (
+    NAME_BASE,
+    NAMED_RE,
+    NETNS_ETC,
+    PREFIX_RE,
+    STATE_ROOT,
+    artifacts,
+    listdir,
+    netns_names,
+    processes_inside,
+    remove,
+    run_dir,
+)
 from .processes import kill, start_time, wait_gone
 
 LOCK = threading.RLock()   # one claim or teardown at a time in this process
@@ -162,7 +173,8 @@ def unguard(hosts):
 
 @atexit.register
 def _down_at_exit():
-    for hosts in list(_LIVE):
+    # A copy: down() takes each one out of _LIVE.
+    for hosts in list(_LIVE):   # noqa: PERF101
         try:
             hosts.down()
         except Exception as err:   # noqa: BLE001 (exiting: report, go on)
