@@ -16,12 +16,15 @@ over the (optionally rate-limited) links.
         print(result.returncode, result.output)
 
 Needs root, ``ip``, ``nsenter`` and ``unshare`` (and ``tc`` for a rate). Not part of
-the installed library (setup.py packages mpi_kvstore only). See testbed/README.md.
+the installed library (setup.py packages mpi_kvstore only). See testbed/README.md
+for what each module holds.
 """
-from .hosts import (IFACE, NAME_BASE, TCP_ENV, Hosts, RunResult, TestbedError, artifacts,
-                    available, cleanup_stale, find_mpiexec, list_runs, parse_rate, run_job,
-                    teardown)
+from .hosts import Hosts
+from .jobs import TCP_ENV, RunResult, run_job
+from .machine import TestbedError, available, find_mpiexec
+from .network import IFACE, NAME_BASE, artifacts, parse_rate
+from .registry import cleanup_stale, list_runs, teardown
 
-__all__ = ['Hosts', 'RunResult', 'TestbedError', 'available', 'cleanup_stale', 'list_runs',
-           'teardown', 'artifacts', 'parse_rate', 'run_job', 'find_mpiexec', 'TCP_ENV',
-           'IFACE', 'NAME_BASE']
+__all__ = ['IFACE', 'NAME_BASE', 'TCP_ENV', 'Hosts', 'RunResult', 'TestbedError', 'artifacts',
+           'available', 'cleanup_stale', 'find_mpiexec', 'list_runs', 'parse_rate', 'run_job',
+           'teardown']

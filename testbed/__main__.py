@@ -12,10 +12,13 @@ import argparse
 import subprocess
 import sys
 
-from . import hosts as tb
+from .hosts import Hosts
+from .machine import TestbedError, available
+from .registry import list_runs, teardown
 
 TIMED_OUT_STATUS = 124
 INTERRUPTED_STATUS = 130
+KEEPER_ARGV = ['sleep', '2147483647']   # the owner of a test bed from `up`: sleeps until `down`
 
 
 def _command(words):
@@ -74,14 +77,14 @@ def _status(result):
 
 
 def _check_available(rate):
-    ok, why = tb.available(rate=bool(rate))
+    ok, why = available(rate=bool(rate))
     if not ok:
         raise SystemExit('testbed: %s' % why)
 
 
 def _attached(prefix):
     if prefix is None:
-        ups = [p for p, info in tb.list_runs().items()
+        ups = [p for p, info in list_runs().items()
                if info['live'] and info['state'] and info['state'].get('keeper')]
         if len(ups) != 1:
             raise SystemExit('testbed: %s; name one with --prefix' % (
@@ -89,18 +92,18 @@ def _attached(prefix):
                 else 'several test beds are up: %s' % ', '.join(ups)))
         prefix = ups[0]
     try:
-        return tb.Hosts.attach(prefix)
-    except tb.TestbedError as err:
+        return Hosts.attach(prefix)
+    except TestbedError as err:
         raise SystemExit('testbed: %s' % err)
 
 
 def up(args):
     _check_available(args.rate)
     # The keeper is the owner: the test bed is stale once it is gone.
-    keeper = subprocess.Popen(tb.KEEPER_ARGV, stdin=subprocess.DEVNULL,
+    keeper = subprocess.Popen(KEEPER_ARGV, stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
-    hosts = tb.Hosts(args.hosts, args.rate)
+    hosts = Hosts(args.hosts, args.rate)
     try:
         hosts.up(owner=keeper.pid, keeper=True)
     except BaseException:
@@ -121,7 +124,7 @@ def up(args):
 
 
 def down(args):
-    runs = tb.list_runs()
+    runs = list_runs()
     chosen = []
     for prefix, info in runs.items():
         if args.prefix and prefix not in args.prefix:
@@ -136,9 +139,9 @@ def down(args):
         status = 1
     for prefix in chosen:
         try:
-            tb.teardown(prefix)
+            teardown(prefix)
             print('test bed %s down' % prefix)
-        except tb.TestbedError as err:
+        except TestbedError as err:
             print('testbed: %s' % err, file=sys.stderr)
             status = 1
     if not chosen and not unknown:
@@ -147,7 +150,7 @@ def down(args):
 
 
 def list_(args):
-    runs = tb.list_runs()
+    runs = list_runs()
     if not runs:
         print('no test bed')
     for prefix, info in runs.items():
@@ -174,7 +177,7 @@ def mpiexec(args):
 def run(args):
     command = _command(args.command)
     _check_available(args.rate)
-    with tb.Hosts(args.hosts, args.rate) as hosts:
+    with Hosts(args.hosts, args.rate) as hosts:
         return _status(hosts.mpirun(args.np, command, ppn=args.ppn, tcp=not args.shm,
                                     timeout=args.timeout, stream=True))
 
@@ -188,7 +191,7 @@ def main(argv=None):
     except KeyboardInterrupt:
         print('testbed: interrupted', file=sys.stderr)
         return INTERRUPTED_STATUS
-    except tb.TestbedError as err:
+    except TestbedError as err:
         print('testbed: %s' % err, file=sys.stderr)
         return 1
 
