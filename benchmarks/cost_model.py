@@ -29,7 +29,7 @@ link:
 
 Store. The gradients (sizes s_i in the Trainer's order) travel as collectives. With fusion,
 neighbouring arrays of at most `threshold` bytes share one collective of at most `threshold`
-bytes and bigger ones travel alone (as mpi_kvstore/fusion.py plans); without, one collective
+bytes and bigger ones travel alone (mpi_kvstore.fusion.plan, the store's own planner); without, one collective
 per array. funneled and concurrent fuse whatever is pending when they negotiate (gluon.Trainer's
 per-parameter calls too); chained and blocking run each call on its own, so they fuse only
 inside one grouped call (DistributedTrainer). On top of MPI the store costs sigma once per
@@ -160,25 +160,24 @@ class Store:
         self.per_collective = per_collective
 
 
+class _Gradient:
+    """What mpi_kvstore.fusion.plan reads of a request: a float32 allreduce on the CPU, all of
+    one priority, so that it keeps the order given (seq)."""
+    kind, priority, dtype, average, place = 'allreduce', 0, 'float32', False, 'cpu'
+
+    def __init__(self, index, nbytes, seq):
+        self.index, self.nbytes, self.seq = index, nbytes, seq
+
+
 def buckets(sizes, threshold):
-    """[[index, ...], ...] as mpi_kvstore/fusion.py plans them, in the order given: an array
-    above the threshold alone, neighbouring smaller ones together up to the threshold."""
-    out, current, total = [], [], 0
-    for i, size in sizes:
-        if threshold <= 0 or size > threshold:
-            if current:
-                out.append(current)
-                current, total = [], 0
-            out.append([i])
-            continue
-        if current and total + size > threshold:
-            out.append(current)
-            current, total = [], 0
-        current.append(i)
-        total += size
-    if current:
-        out.append(current)
-    return out
+    """[[index, ...], ...] of [(index, bytes), ...] as the store plans them, in the order
+    given: an array above the threshold alone, neighbouring smaller ones together up to the
+    threshold; threshold 0: each alone."""
+    # Imported here: mpi_kvstore's package imports MXNet and starts MPI, which --calibrate
+    # would otherwise do before it launches its MPI jobs.
+    from mpi_kvstore.fusion import plan
+    requests = [_Gradient(i, size, seq) for seq, (i, size) in enumerate(sizes)]
+    return [[req.index for req in bucket] for bucket in plan(requests, threshold)]
 
 
 def on(topo, hierarchical=False):
