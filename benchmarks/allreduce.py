@@ -1,14 +1,15 @@
 """Allreduce through kv.pushpull: every mpi_kvstore design against raw MPI and MXNet's dist_sync.
 
-    mpiexec -n 2 python benchmarks/allreduce.py --quick
-    mpiexec -n N python benchmarks/allreduce.py [--sizes 4K,1M,256M] [--warmups W] [--trials T]
-        [--designs funneled,concurrent,chained,blocking] [--no-dist-sync] [--out DIR]
+    mpiexec -n 2 python -m benchmarks.allreduce --quick
+    mpiexec -n N python -m benchmarks.allreduce [--sizes 4K,1M,256M] [--warmups W] [--trials T]
+        [--designs funneled,concurrent,chained,blocking] [--no-dist-sync | --p3] [--out DIR]
 
 Measured in one run, on the same float32 arrays:
   raw_mpi        comm.Allreduce(send, recv) on numpy buffers: the reference for busbw/raw;
   raw_mpi:in_place  comm.Allreduce(IN_PLACE, buf): the ceiling for a store that sums in place;
   mpi_kvstore:D  kv.pushpull(key, arr) in place, then arr.wait_to_read(), for each design D;
-  dist_sync      MXNet's own ps-lite store, scheduler and one server on 127.0.0.1;
+  dist_sync      MXNet's own ps-lite store, scheduler and one server on 127.0.0.1
+                 (dist_sync:p3 with --p3: ps-lite's P3 van);
   engine_floor   no MPI: the same arrays moved by MXNet's own copyto, then waited for. One
                  engine round trip, which any engine-embedded collective also pays, so
                  raw_mpi + engine_floor is the best a pushpull-then-wait can do (column
@@ -17,18 +18,13 @@ The fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer does, an
 the total with one raw Allreduce of the same 1.6 MB.
 """
 import argparse
+import functools
 import gc
-import os
 
-import numpy as np
 from mpi4py import MPI
 
-import common
-
-common.use_checkout()
-import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
-
-import mpi_kvstore  # noqa: E402
+import mpi_kvstore  # noqa: F401  (registers dist_mpi with mx.kv.create)
+from benchmarks import harness, peers
 
 COMM = MPI.COMM_WORLD
 FUSION_KEY0 = 1000       # fusion keys sit apart from the size sweep's keys 0, 1, ...
@@ -37,152 +33,72 @@ TARGET_FUSION_RATIO = 3.0
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    common.add_common_args(parser)
+    harness.add_common_args(parser)
     parser.add_argument('--designs', default=None,
                         help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
-    parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
+    peers.add_args(parser)
     parser.add_argument('--fusion-keys', type=int, default=100, help='keys in the fusion case')
-    parser.add_argument('--fusion-size', type=common.parse_size, default=16 << 10,
+    parser.add_argument('--fusion-size', type=harness.parse_size, default=16 << 10,
                         help='bytes per key in the fusion case (default 16K)')
-    return common.resolve_quick(parser.parse_args(argv))
-
-
-# ---------------------------------------------------------------- what one trial does
-
-def _check(values, expected, what):
-    """The first result must be the sum over ranks: timing a wrong answer is worthless."""
-    if not np.allclose(values, expected):
-        raise RuntimeError(f'{what}: got {np.unique(values)[:5]}, expected {expected}')
-
-
-def raw_op(nbytes, count=1):
-    """`count` Allreduces of nbytes each on numpy float32 buffers (count > 1: unfused keys)."""
-    sends = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
-    recvs = [np.empty_like(buf) for buf in sends]
-
-    def op():
-        for send, recv in zip(sends, recvs):
-            COMM.Allreduce(send, recv, op=MPI.SUM)
-    op()
-    _check(recvs[-1], COMM.size, 'raw MPI Allreduce')
-    return op
-
-
-def raw_in_place_op(nbytes):
-    """Allreduce(IN_PLACE): no send-to-receive copy, as a store that sums in place can do, so
-    the fair ceiling for one (about 1.4x faster than two buffers at 16 MB here)."""
-    buf = np.ones(nbytes // 4, np.float32)
-
-    def op():
-        COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    op()
-    _check(buf, COMM.size, 'raw MPI Allreduce(IN_PLACE)')
-    buf[:] = 0      # repeated in-place sums of zeros cannot overflow
-    return op
-
-
-def engine_floor_op(nbytes, count=1):
-    """`count` MXNet copyto engine ops (one per key), then wait for all: no MPI at all."""
-    sources = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in range(count)]
-    targets = [mx.nd.zeros((nbytes // 4,), dtype='float32') for _ in range(count)]
-
-    def op():
-        for source, target in zip(sources, targets):
-            source.copyto(target)
-        for target in targets:
-            target.wait_to_read()
-    op()
-    _check(targets[-1].asnumpy(), 1, 'engine copyto')
-    return op
-
-
-def kv_op(kv, keys, nbytes):
-    """pushpull every key in place, one call per key (priority -i, as Trainer passes), then
-    wait for all. Arrays are zeroed after a checked first round so that repeated in-place
-    sums neither grow to inf nor change the work done."""
-    arrays = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in keys]
-    kv.init(list(keys), arrays)
-
-    def op():
-        for i, (key, array) in enumerate(zip(keys, arrays)):
-            kv.pushpull(key, array, priority=-i)
-        for array in arrays:
-            array.wait_to_read()
-    op()
-    # 2-bit compression (a '+2bit=T' design) sends T for a value of 1 >= T, 0 below it.
-    codec = getattr(kv, '_codec', None)
-    sent = 1.0 if codec is None else (float(codec.threshold) if codec.threshold <= 1 else 0.0)
-    _check(arrays[-1].asnumpy(), COMM.size * sent, f'{kv.type} pushpull')
-    for array in arrays:
-        array[:] = 0
-    mx.nd.waitall()
-    return op
+    return harness.resolve_quick(parser.parse_args(argv))
 
 
 # ---------------------------------------------------------------- one run's bookkeeping
 
-class Run:
+class Run(harness.Run):
     """Results so far; saved after every method so a killed job still leaves them."""
 
     def __init__(self, args):
-        self.args, self.rows, self.skipped, self.on_expire = args, [], {}, None
-        base = os.path.join(args.out, f'allreduce_n{COMM.size}')
-        self.json_path, self.png_path = base + '.json', base + '.png'
+        super().__init__('allreduce', args)
+        self.rows = []
 
     def time(self, method, case, nbytes, make_op, keys=1):
         """Build the op, time it under a deadline, keep the summary."""
-        what = f'{method} {case} {common.format_size(nbytes)} x {keys}'
-        with common.deadline(self.args.timeout, what, self.on_expire):
-            times = common.measure(COMM, make_op(), self.args.warmups, self.args.trials)
-        row = common.summarize(times, nbytes * keys, COMM.size)
+        what = f'{method} {case} {harness.format_size(nbytes)} x {keys}'
+        with harness.deadline(self.args.timeout, what, self.on_expire):
+            times = harness.measure(COMM, make_op(), self.args.warmups, self.args.trials)
+        row = harness.summarize(times, nbytes * keys, COMM.size)
         self.rows.append({'method': method, 'case': case, 'keys': keys, **row})
-
-    def skip(self, method, why):
-        self.skipped[method] = why
-        common.rank0_print(f'  skipped {method}: {why}')
-
-    def config(self):
-        config = dict(vars(self.args), script='benchmarks/allreduce.py', nranks=COMM.size)
-        config['sizes'] = [common.format_size(n) for n in self.args.sizes]
-        return config
 
     def save(self):
         derive(self.rows)
-        payload = {'benchmark': 'allreduce', 'results': self.rows, 'skipped': self.skipped}
-        common.write_json(self.json_path, payload, self.config())
+        self.write({'results': self.rows},
+                   sizes=[harness.format_size(n) for n in self.args.sizes])
 
 
 def time_store(run, method, kv):
     """The size sweep and the fusion case on one store."""
-    common.rank0_print(f'measuring {method} ...')
+    harness.rank0_print(f'measuring {method} ...')
     for index, nbytes in enumerate(run.args.sizes):
-        run.time(method, 'allreduce', nbytes, lambda: kv_op(kv, [index], nbytes))
+        run.time(method, 'allreduce', nbytes, functools.partial(harness.pushpull_op, kv, [index], nbytes))
     keys = range(FUSION_KEY0, FUSION_KEY0 + run.args.fusion_keys)
-    run.time(method, 'fusion', run.args.fusion_size, lambda: kv_op(kv, keys, run.args.fusion_size),
-             keys=len(keys))
+    run.time(method, 'fusion', run.args.fusion_size,
+             functools.partial(harness.pushpull_op, kv, keys, run.args.fusion_size), keys=len(keys))
 
 
 # ---------------------------------------------------------------- the three kinds of method
 
 def bench_raw(run):
-    common.rank0_print('measuring raw_mpi ...')
+    harness.rank0_print('measuring raw_mpi ...')
+    raw = functools.partial(peers.raw_allreduce_op, in_place=False)
     for nbytes in run.args.sizes:
-        run.time('raw_mpi', 'allreduce', nbytes, lambda: raw_op(nbytes))
-        run.time('raw_mpi:in_place', 'allreduce', nbytes, lambda: raw_in_place_op(nbytes))
+        run.time('raw_mpi', 'allreduce', nbytes, functools.partial(raw, nbytes))
+        run.time('raw_mpi:in_place', 'allreduce', nbytes, functools.partial(peers.raw_allreduce_op, nbytes))
     keys, size = run.args.fusion_keys, run.args.fusion_size
-    run.time('raw_mpi', 'fusion_reference', size * keys, lambda: raw_op(size * keys))
-    run.time('raw_mpi', 'fusion', size, lambda: raw_op(size, keys), keys=keys)
-    common.rank0_print('measuring engine_floor ...')
+    run.time('raw_mpi', 'fusion_reference', size * keys, functools.partial(raw, size * keys))
+    run.time('raw_mpi', 'fusion', size, functools.partial(raw, size, keys), keys=keys)
+    harness.rank0_print('measuring engine_floor ...')
     for nbytes in run.args.sizes:
-        run.time('engine_floor', 'allreduce', nbytes, lambda: engine_floor_op(nbytes))
-    run.time('engine_floor', 'fusion', size, lambda: engine_floor_op(size, keys), keys=keys)
+        run.time('engine_floor', 'allreduce', nbytes, functools.partial(peers.engine_floor_op, nbytes))
+    run.time('engine_floor', 'fusion', size, functools.partial(peers.engine_floor_op, size, keys),
+             keys=keys)
     run.save()
 
 
 def bench_mpi_kvstore(run):
-    for design in common.designs(run.args.designs):
+    for design in harness.designs(run.args.designs):
         method = f'mpi_kvstore:{design}'
-        kv, why = common.create_store(design, run.args.timeout)
+        kv, why = harness.create_store(design, run.args.timeout)
         if why:
             run.skip(method, why)
             continue
@@ -196,12 +112,12 @@ def bench_mpi_kvstore(run):
 def bench_dist_sync(run):
     """Last: ps-lite allows one worker per process, and a hang here is the likeliest."""
     # Each case is bounded by --timeout; the servers' own alarm bounds all of them together.
-    dist_sync = common.DistSync(run, lifetime=run.args.timeout * (len(run.args.sizes) + 3))
+    dist_sync = peers.DistSync(run, lifetime=run.args.timeout * (len(run.args.sizes) + 3))
     why = dist_sync.start()
     if why:
-        run.skip('dist_sync', why)
+        run.skip(dist_sync.name, why)
         return
-    time_store(run, 'dist_sync', dist_sync.kv)
+    time_store(run, dist_sync.name, dist_sync.kv)
     dist_sync.stop()
     run.save()
 
@@ -210,10 +126,11 @@ def bench_dist_sync(run):
 
 def derive(rows):
     """Add busbw/raw (the same as raw latency / latency, for one size and rank count) and the
-    speed-up over dist_sync to every row that has both references."""
+    speed-up over dist_sync (or dist_sync:p3) to every row that has both references."""
     def latency_of(method):
         return {(r['case'], r['bytes']): r['latency_us'] for r in rows if r['method'] == method}
-    raw, dist = latency_of('raw_mpi'), latency_of('dist_sync')
+    pslite = next((r['method'] for r in rows if r['method'].startswith('dist_sync')), 'dist_sync')
+    raw, dist = latency_of('raw_mpi'), latency_of(pslite)
     floor = latency_of('engine_floor')
     one_op = next((r['latency_us'] for r in rows if r['case'] == 'fusion_reference'), None)
     for row in rows:
@@ -232,18 +149,18 @@ def _ratio(value):
 
 
 def print_sizes(run):
-    common.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, median of {run.args.trials} trials '
-                       f'(max over ranks), GB = 1e9 bytes')
-    common.rank0_print(f'{"size":>8}  {"method":<24}{"latency(us)":>12}{"algbw(GB/s)":>13}'
-                       f'{"busbw(GB/s)":>13}{"busbw/raw":>11}{"vs floor":>10}{"vs dist_sync":>14}')
+    harness.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, median of {run.args.trials} trials '
+                        f'(max over ranks), GB = 1e9 bytes')
+    harness.rank0_print(f'{"size":>8}  {"method":<24}{"latency(us)":>12}{"algbw(GB/s)":>13}'
+                        f'{"busbw(GB/s)":>13}{"busbw/raw":>11}{"vs floor":>10}{"vs dist_sync":>14}')
     derive(run.rows)
     for nbytes in run.args.sizes:
         for row in (r for r in run.rows if r['case'] == 'allreduce' and r['bytes'] == nbytes):
-            common.rank0_print(f'{common.format_size(nbytes):>8}  {row["method"]:<24}'
-                               f'{row["latency_us"]:12.1f}{row["algbw_GBps"]:13.3f}{row["busbw_GBps"]:13.3f}'
-                               f'{_ratio(row["busbw_vs_raw"]):>11}{_ratio(row["vs_floor"]):>10}'
-                               f'{_ratio(row["speedup_vs_dist_sync"]):>14}')
-        common.rank0_print()
+            harness.rank0_print(f'{harness.format_size(nbytes):>8}  {row["method"]:<24}'
+                                f'{row["latency_us"]:12.1f}{row["algbw_GBps"]:13.3f}{row["busbw_GBps"]:13.3f}'
+                                f'{_ratio(row["busbw_vs_raw"]):>11}{_ratio(row["vs_floor"]):>10}'
+                                f'{_ratio(row["speedup_vs_dist_sync"]):>14}')
+        harness.rank0_print()
 
 
 def print_fusion(run):
@@ -251,21 +168,21 @@ def print_fusion(run):
     reference = next((r for r in run.rows if r['case'] == 'fusion_reference'), None)
     if reference is None:
         return
-    common.rank0_print(f'fusion: {keys} keys x {common.format_size(size)}, one pushpull each, then wait; '
-                       f'vs one raw Allreduce of {common.format_size(keys * size)} '
-                       f'({reference["latency_us"]:.1f} us); target <= {TARGET_FUSION_RATIO:g}x')
-    common.rank0_print(f'{"method":<24}{"total(us)":>12}{"x raw 1 op":>12}{"vs floor":>10}'
-                       f'{"vs dist_sync":>14}')
+    harness.rank0_print(f'fusion: {keys} keys x {harness.format_size(size)}, one pushpull each, then wait; '
+                        f'vs one raw Allreduce of {harness.format_size(keys * size)} '
+                        f'({reference["latency_us"]:.1f} us); target <= {TARGET_FUSION_RATIO:g}x')
+    harness.rank0_print(f'{"method":<24}{"total(us)":>12}{"x raw 1 op":>12}{"vs floor":>10}'
+                        f'{"vs dist_sync":>14}')
     derive(run.rows)
     for row in (r for r in run.rows if r['case'] == 'fusion'):
         ratio = row['vs_one_raw_allreduce']
         verdict = '  ok' if ratio <= TARGET_FUSION_RATIO else '  over target'
         verdict = '' if row['method'] in ('raw_mpi', 'engine_floor') else verdict
-        common.rank0_print(f'{row["method"]:<24}{row["latency_us"]:12.1f}{ratio:11.2f}x'
-                           f'{_ratio(row["vs_floor"]):>10}{_ratio(row["speedup_vs_dist_sync"]):>14}'
-                           f'{verdict}')
-    common.rank0_print("vs floor: (raw_mpi + engine_floor) / total, the share of what an op inside "
-                       "MXNet's engine can reach")
+        harness.rank0_print(f'{row["method"]:<24}{row["latency_us"]:12.1f}{ratio:11.2f}x'
+                            f'{_ratio(row["vs_floor"]):>10}{_ratio(row["speedup_vs_dist_sync"]):>14}'
+                            f'{verdict}')
+    harness.rank0_print("vs floor: (raw_mpi + engine_floor) / total, the share of what an op inside "
+                        "MXNet's engine can reach")
 
 
 def plot(run):
@@ -278,14 +195,14 @@ def plot(run):
         xs.append(row['bytes'])
         ys.append(max(row[field], 1e-6))
     title = f'allreduce via pushpull, {COMM.size} ranks, float32'
-    return common.plot_lines(run.png_path, series, 'bytes', field.replace('_GBps', ' (GB/s)'), title)
+    return harness.plot_lines(run.png_path, series, 'bytes', field.replace('_GBps', ' (GB/s)'), title)
 
 
 def main(argv=None):
     run = Run(parse_args(argv))
-    common.rank0_print(f'allreduce benchmark: {COMM.size} ranks, sizes '
-                       f'{",".join(common.format_size(n) for n in run.args.sizes)}, '
-                       f'{run.args.warmups} warmups, {run.args.trials} trials')
+    harness.rank0_print(f'allreduce benchmark: {COMM.size} ranks, sizes '
+                        f'{",".join(harness.format_size(n) for n in run.args.sizes)}, '
+                        f'{run.args.warmups} warmups, {run.args.trials} trials')
     bench_raw(run)
     bench_mpi_kvstore(run)
     bench_dist_sync(run)
@@ -297,4 +214,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    common.run_main(main)
+    harness.run_main(main)

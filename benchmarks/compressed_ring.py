@@ -1,7 +1,7 @@
 """Compression-assisted ring against compress-once: time and error, in one run.
 
-    mpiexec -n N python benchmarks/compressed_ring.py [--mb 16] [--trials 7]
-    python -m testbed run --hosts 2 --rate 1gbit -n 4 -- python benchmarks/compressed_ring.py
+    mpiexec -n N python -m benchmarks.compressed_ring [--mb 16] [--trials 7]
+    python -m testbed run --hosts 2 --rate 1gbit -n 4 -- python -m benchmarks.compressed_ring
 
 For one float32 buffer of --mb MB of rank-seeded normal values, each codec exchanges it
 (compression.WireCast: fp16 and bf16 compressed once, fp16-ring and bf16-ring with every hop
@@ -11,18 +11,25 @@ max and mean |error| over the values, and max |error| / sum |x_i|, whose bound i
 compress-once and N u for the ring (u: 2^-11 fp16, 2^-8 bf16). Rank 0 prints the table.
 """
 import argparse
-import os
-import sys
 
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mpi_kvstore import compression  # noqa: E402
-from mpi_kvstore.comm import Comm  # noqa: E402
-from mpi_kvstore.tune import _interleaved, _Plain  # noqa: E402
+from benchmarks import harness
+from mpi_kvstore import compression
+from mpi_kvstore.comm import Comm
 
 UNIT = {'fp16': 2.0 ** -11, 'bf16': 2.0 ** -8}
+
+
+class Plain:
+    """The least of a request that a codec exchanges: one flat buffer, no mirror."""
+
+    def __init__(self, buf):
+        self.buf, self.nbytes, self.dtype, self.mirror, self.key = buf, buf.nbytes, buf.dtype, False, 'bench'
+
+    def buffer(self):
+        return self.buf
 
 
 def main():
@@ -43,31 +50,33 @@ def main():
     buf = values.copy()
     runs = {'raw MPI_Allreduce': lambda: comm.allreduce_host(buf, 'mpi')}
     for kind, codec in codecs.items():
-        runs[kind] = lambda codec=codec: codec.exchange([_Plain(buf)], comm)
-    times = _interleaved(comm, runs, args.trials)
+        runs[kind] = lambda codec=codec: codec.exchange([Plain(buf)], comm)
+    # one untimed round to warm, then the median of the slowest rank's interleaved rounds
+    times = {name: harness.median(t) for name, t in
+             harness.interleaved(runs, args.trials, warmups=1, comm=comm.mpi).items()}
     rows = []
     for kind, codec in codecs.items():
         out = values.copy()
-        failed = codec.exchange([_Plain(out)], comm)
+        failed = codec.exchange([Plain(out)], comm)
         assert not failed, failed
         error = np.abs(out.astype(np.float64) - exact)
         share = float((error / np.maximum(magnitude, 1e-30)).max())
         bound = (n if kind.endswith('ring') else 2) * UNIT[kind[:4]]
         rows.append((kind, times[kind], float(error.max()), float(error.mean()), share, bound))
     if comm.rank == 0:
-        print('%g MB float32, %d ranks, %d trials' % (args.mb, n, args.trials))
+        print(f'{args.mb:g} MB float32, {n} ranks, {args.trials} trials')
         print('| codec | ms | x compress-once time | x raw MPI time | max abs error | '
               'mean abs error | max error / sum of abs | its bound |')
         print('|---|---|---|---|---|---|---|---|')
         raw = times['raw MPI_Allreduce']
-        print('| raw MPI_Allreduce | %.1f | - | 1.00 | 0 | 0 | 0 | - |' % (raw * 1e3))
+        print(f'| raw MPI_Allreduce | {raw * 1e3:.1f} | - | 1.00 | 0 | 0 | 0 | - |')
         for kind, t, emax, emean, share, bound in rows:
             once = times[kind.split('-')[0]]
-            print('| %s | %.1f | %.2f | %.2f | %.3g | %.3g | %.3g | %.3g |'
-                  % (kind, t * 1e3, t / once, t / raw, emax, emean, share, bound))
+            print(f'| {kind} | {t * 1e3:.1f} | {t / once:.2f} | {t / raw:.2f} | {emax:.3g} | '
+                  f'{emean:.3g} | {share:.3g} | {bound:.3g} |')
         assert all(share <= bound * 1.01 for *_, share, bound in rows), 'an error over its bound'
     comm.free()
 
 
 if __name__ == '__main__':
-    main()
+    harness.run_main(main)

@@ -1,12 +1,12 @@
 """An alpha-beta model of a data-parallel training step, calibrated on the test bed.
 
-    python benchmarks/cost_model.py                  # seconds: fit, check and predict from the
+    python -m benchmarks.cost_model                  # seconds: fit, check and predict from the
                                                      # json of benchmarks/testbed_scaling.py
-    python benchmarks/cost_model.py --measured FILE [--calibration FILE,...] [--out DIR]
-    python benchmarks/cost_model.py --calibrate [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
+    python -m benchmarks.cost_model --measured FILE [--calibration FILE,...] [--out DIR]
+    python -m benchmarks.cost_model --calibrate [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
                                                      # measures first (minutes): allreduce
                                                      # sweeps and a 1-rank job on the test bed
-    python benchmarks/cost_model.py --predict-only [--gpus 256 --gpu-images-per-s 125 ...]
+    python -m benchmarks.cost_model --predict-only [--gpus 256 --gpu-images-per-s 125 ...]
 
 The model (times in seconds, sizes in bytes)
 --------------------------------------------
@@ -29,7 +29,7 @@ link:
 
 Store. The gradients (sizes s_i in the Trainer's order) travel as collectives. With fusion,
 neighbouring arrays of at most `threshold` bytes share one collective of at most `threshold`
-bytes and bigger ones travel alone (as mpi_kvstore/fusion.py plans); without, one collective
+bytes and bigger ones travel alone (mpi_kvstore.fusion.plan, the store's own planner); without, one collective
 per array. funneled and concurrent fuse whatever is pending when they negotiate (gluon.Trainer's
 per-parameter calls too); chained and blocking run each call on its own, so they fuse only
 inside one grouped call (DistributedTrainer). On top of MPI the store costs sigma once per
@@ -77,9 +77,11 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(HERE)
-DEFAULT_DIR = os.path.join(REPO_ROOT, 'benchmarks', 'results', 'testbed')
+import testbed
+from benchmarks import harness
+
+REPO_ROOT = harness.REPO_ROOT
+DEFAULT_DIR = os.path.join(harness.DEFAULT_OUT, 'testbed')
 DEFAULT_MEASURED = os.path.join(DEFAULT_DIR, 'testbed_scaling.json')
 CALIBRATION_DIR = os.path.join(DEFAULT_DIR, 'calibration')
 TARGET_ERROR = 0.15
@@ -158,25 +160,24 @@ class Store:
         self.per_collective = per_collective
 
 
+class _Gradient:
+    """What mpi_kvstore.fusion.plan reads of a request: a float32 allreduce on the CPU, all of
+    one priority, so that it keeps the order given (seq)."""
+    kind, priority, dtype, average, place = 'allreduce', 0, 'float32', False, 'cpu'
+
+    def __init__(self, index, nbytes, seq):
+        self.index, self.nbytes, self.seq = index, nbytes, seq
+
+
 def buckets(sizes, threshold):
-    """[[index, ...], ...] as mpi_kvstore/fusion.py plans them, in the order given: an array
-    above the threshold alone, neighbouring smaller ones together up to the threshold."""
-    out, current, total = [], [], 0
-    for i, size in sizes:
-        if threshold <= 0 or size > threshold:
-            if current:
-                out.append(current)
-                current, total = [], 0
-            out.append([i])
-            continue
-        if current and total + size > threshold:
-            out.append(current)
-            current, total = [], 0
-        current.append(i)
-        total += size
-    if current:
-        out.append(current)
-    return out
+    """[[index, ...], ...] of [(index, bytes), ...] as the store plans them, in the order
+    given: an array above the threshold alone, neighbouring smaller ones together up to the
+    threshold; threshold 0: each alone."""
+    # Imported here: mpi_kvstore's package imports MXNet and starts MPI, which --calibrate
+    # would otherwise do before it launches its MPI jobs.
+    from mpi_kvstore.fusion import plan
+    requests = [_Gradient(i, size, seq) for seq, (i, size) in enumerate(sizes)]
+    return [[req.index for req in bucket] for bucket in plan(requests, threshold)]
 
 
 def on(topo, hierarchical=False):
@@ -563,26 +564,26 @@ def _pct(x):
 
 
 def calibration_table(cal):
-    lines = ['Raw MPI Allreduce(IN_PLACE) on each test bed, fitted a + b n (a from sizes <= 64 KB, '
-             'b the median per-byte time of sizes >= 4 MB):', '',
+    lines = [('Raw MPI Allreduce(IN_PLACE) on each test bed, fitted a + b n (a from sizes <= 64 KB, '
+             'b the median per-byte time of sizes >= 4 MB):'), '',
              '| test bed | timed | a (us) | 1/b (GB/s) | sizes: measured ms (fit ms) |',
              '|---|---|---:|---:|---|']
     for (rate, ranks, ppn), line in sorted(cal.lines.items(), key=_bed_order):
-        pts = ', '.join(f'{_size(n)} {t * 1e3:.2f} ({line(n) * 1e3:.2f})'
+        pts = ', '.join(f'{harness.format_size(n)} {t * 1e3:.2f} ({line(n) * 1e3:.2f})'
                         for n, t in sorted(line.points.items()))
         lines.append(f'| {ranks} ranks, {ppn} a host, {rate} | {line.source} | {line.a * 1e6:.0f} | '
                      f'{_gbps(line.b)} | {pts} |')
-    lines += ['', 'Per link (2 ranks, 1 a host: a = 2 a_net, b = b_net). Inside a host: what the '
+    lines += ['', ('Per link (2 ranks, 1 a host: a = 2 a_net, b = b_net). Inside a host: what the '
               '4-rank line leaves once the traffic across hosts is taken off, read hierarchically '
-              '(see the topology table):', '',
+              '(see the topology table):'), '',
               '| link | a_net (us) | b_net (GB/s) | a_shm (us) | b_shm (GB/s) |', '|---|---:|---:|---:|---:|']
     for rate, net in sorted(cal.net.items(), key=lambda kv: _rate_bits(kv[0])):
         shm = cal.shm.get(rate)
         lines.append(f'| {rate} | {net.alpha * 1e6:.0f} | {_gbps(net.beta)} | '
                      f'{"-" if shm is None else f"{shm.alpha * 1e6:.0f}"} | '
                      f'{"-" if shm is None else _gbps(shm.beta)} |')
-    lines += ['', f'Software: exchange alone on 1 rank (no network), scaled by ranks / cores '
-              f'({cal.cores} cores) where ranks outnumber them:', '',
+    lines += ['', (f'Software: exchange alone on 1 rank (no network), scaled by ranks / cores '
+              f'({cal.cores} cores) where ranks outnumber them:'), '',
               '| model | config | ms on 1 rank |', '|---|---|---:|']
     for (model, config), seconds in cal.software.items():
         lines.append(f'| {model} | {config} | {seconds * 1e3:.1f} |')
@@ -590,24 +591,17 @@ def calibration_table(cal):
 
 
 def topology_table(rows):
-    lines = ['| test bed | size | 2 ranks, 1 a host (ms) | N ranks (ms) | ratio | flat: link alone (ms) '
-             '| hierarchical: link alone (ms) | inside a host, if hierarchical (GB/s) |',
+    lines = [('| test bed | size | 2 ranks, 1 a host (ms) | N ranks (ms) | ratio | flat: link alone (ms) '
+             '| hierarchical: link alone (ms) | inside a host, if hierarchical (GB/s) |'),
              '|---|---:|---:|---:|---:|---:|---:|---:|']
     for r in rows:
         two = '-' if r['two_rank_ms'] is None else f'{r["two_rank_ms"]:.1f}'
         ratio = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}'
         intra = '-' if r['intra_GBps'] is None else f'{r["intra_GBps"]:.2f}'
-        lines.append(f'| {r["ranks"]} ranks, {r["ppn"]} a host, {r["rate"]} | {_size(r["bytes"])} | {two} | '
+        lines.append(f'| {r["ranks"]} ranks, {r["ppn"]} a host, {r["rate"]} | {harness.format_size(r["bytes"])} | {two} | '
                      f'{r["measured_ms"]:.1f} | {ratio} | {r["flat_ms"]:.1f} | {r["hierarchical_ms"]:.1f} | '
                      f'{intra} |')
     return '\n'.join(lines)
-
-
-def _size(n):
-    for unit, scale in (('GB', 1 << 30), ('MB', 1 << 20), ('KB', 1 << 10)):
-        if n >= scale:
-            return f'{n / scale:.3g}{unit}'
-    return f'{n}B'
 
 
 def _bed_order(item):
@@ -620,23 +614,19 @@ def _gbps(beta):
 
 
 def _rate_bits(rate):
-    if rate is None:
-        return 0
-    units = {'k': 1e3, 'm': 1e6, 'g': 1e9}
-    text = rate.lower().removesuffix('bit')
-    return float(text[:-1]) * units[text[-1]] if text[-1] in units else float(text)
+    return testbed.parse_rate(rate) if rate else 0
 
 
 def validation_table(points):
-    lines = ['| test bed | config | arrays -> collectives | compute ms | exchange alone: measured '
+    lines = [('| test bed | config | arrays -> collectives | compute ms | exchange alone: measured '
              '| model | error '
-             '| step: measured | model | error | hidden (measured) |',
+             '| step: measured | model | error | hidden (measured) |'),
              '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
     for p in points:
         if 'skipped' in p:
             lines.append(f'| {p["job"]} | {p["config"]} | skipped: {p["skipped"]} |' + ' |' * 8)
             continue
-        flag = lambda e: f'**{_pct(e)}**' if abs(e) > TARGET_ERROR else _pct(e)   # noqa: E731
+        flag = lambda e: f'**{_pct(e)}**' if abs(e) > TARGET_ERROR else _pct(e)
         lines.append(f'| {p["layout"]}{", " + p["rate"] if p["rate"] else ""} | {p["config"]} | '
                      f'{p["collectives"]} | {p["compute_ms"]:.0f} | {p["alone_ms"]:.0f} | '
                      f'{p["alone_model_ms"]:.0f} | {flag(p["alone_error"])} | {p["step_ms"]:.0f} | '
@@ -662,33 +652,33 @@ def validation_summary(points):
 def assumptions_text(args, sizes):
     steps = math.ceil(args.images / (args.batch_per_gpu * args.gpus))
     return [
-        f'- model: resnet50_v1 (model zoo, 1000 classes), {len(sizes)} gradient arrays, '
-        f'{sum(sizes) / 1e6:.1f} MB float32',
-        f'- data: {args.images:,} images per epoch, batch {args.batch_per_gpu} per GPU: '
-        f'{steps} steps per epoch at {args.gpus} GPUs',
-        f'- GPU: {args.gpu_images_per_s:g} images/s per GPU for forward+backward+update '
+        (f'- model: resnet50_v1 (model zoo, 1000 classes), {len(sizes)} gradient arrays, '
+        f'{sum(sizes) / 1e6:.1f} MB float32'),
+        (f'- data: {args.images:,} images per epoch, batch {args.batch_per_gpu} per GPU: '
+        f'{steps} steps per epoch at {args.gpus} GPUs'),
+        (f'- GPU: {args.gpu_images_per_s:g} images/s per GPU for forward+backward+update '
         f'(compute {1e3 * args.batch_per_gpu / args.gpu_images_per_s:.0f} ms a step; '
-        f'forward {args.fwd_share:.2f} of it)',
-        f'- cluster: {args.gpus} GPUs, {args.gpus_per_node} a node '
-        f'({args.gpus // args.gpus_per_node} nodes), one NIC a node',
-        f'- network: {args.net_gbit:g} Gbit/s a node a way at {args.net_efficiency:.0%} efficiency '
+        f'forward {args.fwd_share:.2f} of it)'),
+        (f'- cluster: {args.gpus} GPUs, {args.gpus_per_node} a node '
+        f'({args.gpus // args.gpus_per_node} nodes), one NIC a node'),
+        (f'- network: {args.net_gbit:g} Gbit/s a node a way at {args.net_efficiency:.0%} efficiency '
         f'({args.net_gbit * GBIT * args.net_efficiency / 1e9:.2f} GB/s), {args.net_latency_us:g} us '
-        'a message step',
+        'a message step'),
         f'- inside a node: {args.intra_gbytes:g} GB/s, {args.intra_latency_us:g} us a step; GPU '
         + (f'buffers staged through host memory at {args.stage_gbytes:g} GB/s each way'
            if args.stage_gbytes > 0 else 'buffers read by a CUDA-aware MPI in place'),
-        f'- store: {args.sigma_us:g} us per collective plus one 8-byte agreement allreduce, '
+        (f'- store: {args.sigma_us:g} us per collective plus one 8-byte agreement allreduce, '
         f'{args.kappa_us:g} us per array; fusion threshold {FUSION_THRESHOLD >> 20} MB when on; '
-        'overlap on = wait-free backpropagation (h = 1)',
-        '- flat: an MPI Allreduce that is not node-aware (recursive halving and doubling over all '
+        'overlap on = wait-free backpropagation (h = 1)'),
+        ('- flat: an MPI Allreduce that is not node-aware (recursive halving and doubling over all '
         'ranks); MPICH 5.0.2 on the test bed reduces inside hosts first (topology table), so with '
-        'it read the hierarchical rows',
+        'it read the hierarchical rows'),
     ]
 
 
 def prediction_table(rows):
-    lines = ['| variant | collectives | exchange alone ms | step ms | exposed ms | images/s | '
-             'epoch s | efficiency |', '|---|---:|---:|---:|---:|---:|---:|---:|']
+    lines = [('| variant | collectives | exchange alone ms | step ms | exposed ms | images/s | '
+             'epoch s | efficiency |'), '|---|---:|---:|---:|---:|---:|---:|---:|']
     for name, r in rows:
         lines.append(f'| {name} | {r["collectives"]} | {r["exchange_alone_ms"]:.1f} | '
                      f'{r["step_ms"]:.1f} | {r["exposed_ms"]:.1f} | {r["images_per_s"]:.0f} | '
@@ -709,12 +699,9 @@ def sensitivity_table(by, key, label, fmt):
 
 
 def plot(points, scale, path):
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return 'matplotlib is not installed: no plot'
+    plt = harness.pyplot()
+    if plt is None:
+        return harness.NO_MATPLOTLIB
     fig, axes = plt.subplots(2, 2, figsize=(14, 10.5))
     axes = axes.ravel()
     ok = [p for p in points if 'skipped' not in p]
@@ -762,10 +749,7 @@ def plot(points, scale, path):
            title=f'{scale["gpus"]} GPUs: scaling efficiency against GPU speed', ylim=(0, 1.05))
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return f'plot written to {path}'
+    return harness.save_figure(plt, fig, path, dpi=110)
 
 
 # ---------------------------------------------------------------- main
@@ -820,11 +804,10 @@ def calibration_files():
 def run_calibration(args):
     """The network: allreduce sweeps on 2 hosts at every rate (testbed_scaling.py
     --allreduce-only); the software: one 1-rank training job (and its sweep)."""
-    sys.path.insert(0, HERE)
-    import testbed_scaling
+    from benchmarks import testbed_scaling  # only here: it builds test beds
     network, software = calibration_files()
     common = ['--checkout', args.checkout] + (['--designs', args.designs] if args.designs else [])
-    multi = ','.join(r for r in args.ranks.split(',') if r.strip() and int(r) > 1)
+    multi = ','.join(r for r in harness.names(args.ranks) if int(r) > 1)
     status = testbed_scaling.main(['--allreduce-only', '--rates', args.rates, '--ranks', multi,
                                    '--out', os.path.dirname(network)] + common)
     status |= testbed_scaling.main(['--allreduce', '--ranks', '1', '--out',
@@ -860,17 +843,17 @@ def main(argv=None):
                                                for p in args.calibration.split(',')) + ')', '',
                calibration_table(cal), '',
                '## Topology: flat against hierarchical', '',
-               'Flat, N ranks N/2 a host carry N/2 times the bytes of 2 ranks over each link: '
+               ('Flat, N ranks N/2 a host carry N/2 times the bytes of 2 ranks over each link: '
                'their allreduce cannot take less than the "flat: link alone" column (the 2-rank '
                'fit times N/2, shared memory free). Hierarchical, the link carries what 2 ranks '
                'carry, and the rest of the time is a reduce-scatter and an allgather inside each '
                'host, whose rate the last column infers. Measured times below the '
                'flat bound, and one inferred rate at every link rate, mean that MPICH reduces '
                'inside the hosts first (it has node-aware allreduce algorithms); the validation '
-               'uses each test bed\'s own measured line, so it does not depend on this reading.', '',
+               'uses each test bed\'s own measured line, so it does not depend on this reading.'), '',
                topology_table(topology_check(cal)), '',
-               f'## Validation against {os.path.relpath(args.measured, REPO_ROOT)} '
-               '(overlap h = 0 on the test bed)', '',
+               (f'## Validation against {os.path.relpath(args.measured, REPO_ROOT)} '
+               '(overlap h = 0 on the test bed)'), '',
                validation_table(points), '', validation_summary(points), '']
     sizes = resnet50_sizes()
     rows = [(name, predict(args, sizes, args.gpus, h, thr, hier)) for name, h, thr, hier in VARIANTS]
@@ -889,16 +872,16 @@ def main(argv=None):
     readings = what_reads_50s(args, sizes)
     implied = args.images / 50.0 / args.gpus
     md += [f'## Prediction: ResNet-50 on ImageNet-1k, {args.gpus} GPUs', '',
-           'Assumptions (the paper text available here, the arXiv abstract, states the result but '
-           'not the GPUs or the network; these are ours):', ''] + assumptions_text(args, sizes) + [
+           ('Assumptions (the paper text available here, the arXiv abstract, states the result but '
+           'not the GPUs or the network; these are ours):'), ''] + assumptions_text(args, sizes) + [
            '', prediction_table(rows), '',
-           f'Headline ({HEADLINE}): **{headline["epoch_s"]:.0f} s per epoch** '
+           (f'Headline ({HEADLINE}): **{headline["epoch_s"]:.0f} s per epoch** '
            f'({headline["images_per_s"]:.0f} images/s, {headline["efficiency"]:.2f} of compute-only '
            f'{headline["epoch_compute_only_s"]:.0f} s). The paper reports about 50 s; 50 s means '
-           f'{implied:.0f} images/s per GPU delivered.', ''] + readings + [
-           '', f'Where overlap, fusion and hierarchy matter: epoch seconds (and compute-only step / '
+           f'{implied:.0f} images/s per GPU delivered.'), ''] + readings + [
+           '', (f'Where overlap, fusion and hierarchy matter: epoch seconds (and compute-only step / '
            f'step) at {args.gpus} GPUs, against the GPU\'s speed (faster GPUs leave less backward '
-           'to hide the exchange behind) and the network:', '',
+           'to hide the exchange behind) and the network:'), '',
            sensitivity_table(scale['by_gpu_speed'], 'gpu_images_per_s', 'img/s', lambda v: f'{v:g}'), '',
            sensitivity_table(scale['by_net'], 'net_gbit', 'Gbit/s', lambda v: f'{v:g}'), '']
     report['prediction'] = {'rows': dict(rows), 'by_gpus': scale['by_gpus'], 'by_net': scale['by_net'],

@@ -1,6 +1,6 @@
 """GPU transports on CuPy arrays, against the device's own copy and NCCL's own allreduce.
 
-    mpiexec -n N python benchmarks/gpu_bandwidth.py [--mb 64] [--repeats 20]
+    mpiexec -n N python -m benchmarks.gpu_bandwidth [--mb 64] [--repeats 20]
 
 Needs CuPy and a GPU, not MXNet. In one run, for one float32 buffer of --mb MB:
 - CuPy's device-to-device copy of it (the device's own speed);
@@ -16,24 +16,21 @@ Rank 0 prints a table: ms, GB/s (algorithm bandwidth: bytes / time) and the rati
 D2D copy and to the baseline of the same kind. Figures go into the README's GPU section.
 """
 import argparse
-import os
-import statistics
-import sys
 import threading
-import time
 
 import cupy
 import cupyx
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mpi_kvstore import comm as comm_mod, compression, transports  # noqa: E402
-from mpi_kvstore.collective import Collective  # noqa: E402
-from mpi_kvstore.errors import ConfigError  # noqa: E402
-from mpi_kvstore.fusion import plan  # noqa: E402
-from mpi_kvstore.reduce import Reducer  # noqa: E402
-from mpi_kvstore.transports import staged  # noqa: E402
+from benchmarks import harness
+from mpi_kvstore import comm as comm_mod
+from mpi_kvstore import compression, transports
+from mpi_kvstore.collective import Collective
+from mpi_kvstore.errors import ConfigError
+from mpi_kvstore.fusion import plan
+from mpi_kvstore.reduce import Reducer
+from mpi_kvstore.transports import staged
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -42,16 +39,9 @@ cupy.cuda.Device(DEVICE).use()
 
 
 def timed(fn, repeats):
-    """Median seconds of fn() over repeats, after two warm-ups, ranks started together."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        WORLD.Barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return WORLD.allreduce(statistics.median(times), op=MPI.MAX)
+    """Median seconds of fn() over repeats (each the slowest rank's, ranks started together),
+    after two warm-ups."""
+    return harness.median(harness.measure(WORLD, fn, 2, repeats))
 
 
 def on_thread(fn):
@@ -61,7 +51,7 @@ def on_thread(fn):
     def run():
         try:
             fn()
-        except BaseException as err:   # noqa: B902 (raised again on the caller's thread)
+        except BaseException as err:   # noqa: BLE001 (raised again on the caller's thread)
             box.append(err)
     thread = threading.Thread(target=run)
     thread.start()
@@ -74,7 +64,7 @@ def reducer_pushpull(comm, bufs, threshold, codec=None):
     seq = iter(range(1 << 30))
 
     def failed(*args):
-        raise RuntimeError('bench: a collective failed: %s' % (args,))
+        raise RuntimeError(f'bench: a collective failed: {args}')
     reducer = Reducer(SIZE, failed, failed)
     reqs = []
     for i, buf in enumerate(bufs):
@@ -120,7 +110,7 @@ def main():
     def in_pieces():
         for start in range(0, count, step):
             WORLD.Allreduce(MPI.IN_PLACE, pinned[start:start + step], op=MPI.SUM)
-    rows.append(('raw MPI_Allreduce, pinned host, %d MB pieces' % (staged.PIECE_BYTES >> 20),
+    rows.append((f'raw MPI_Allreduce, pinned host, {staged.PIECE_BYTES >> 20} MB pieces',
                  timed(in_pieces, args.repeats), 'raw MPI_Allreduce, pinned host'))
 
     probe = comm_mod.Comm(WORLD, 'off')
@@ -152,20 +142,20 @@ def main():
                 with t.scope():
                     t.allreduce(buf)
                     t.finish()
-            rows.append(('%s transport allreduce' % name, timed(alone, args.repeats), base))
+            rows.append((f'{name} transport allreduce', timed(alone, args.repeats), base))
         else:
-            rows.append(('%s pushpull (store path)' % name,
+            rows.append((f'{name} pushpull (store path)',
                          timed(reducer_pushpull(comm, [buf], 64 << 20), args.repeats), base))
             if name == 'staged':   # the codecs encode on the GPU; MPI moves their bytes
                 for codec in (compression.WireCast('fp16'), compression.WireCast('bf16'),
                               compression.TwoBit(0.5)):
-                    rows.append(('%s pushpull, %s on the GPU' % (name, codec.spec[0]),
+                    rows.append((f'{name} pushpull, {codec.spec[0]} on the GPU',
                                  timed(reducer_pushpull(comm, [buf], 64 << 20, codec),
-                                       args.repeats), '%s pushpull (store path)' % name))
+                                       args.repeats), f'{name} pushpull (store path)'))
             pieces = [buf[i * (count // 256):(i + 1) * (count // 256)] for i in range(256)]
             one = None
             for threshold in (0, 4 << 20, 16 << 20, 64 << 20):
-                what = '%s, 256 arrays, device fusion %d MB' % (name, threshold >> 20)
+                what = f'{name}, 256 arrays, device fusion {threshold >> 20} MB'
                 rows.append((what, timed(reducer_pushpull(comm, pieces, threshold),
                                          max(5, args.repeats // 4)), one))
                 one = one or what
@@ -173,25 +163,24 @@ def main():
 
     if RANK == 0:
         seconds = {what: s for what, s, _ in rows}
-        print('GPU bandwidth: %d MB float32, %d rank(s), %s, CuPy %s, NCCL %s'
-              % (args.mb, SIZE, cupy.cuda.runtime.getDeviceProperties(DEVICE)['name'].decode(),
-                 cupy.__version__, _nccl_version()))
+        device = cupy.cuda.runtime.getDeviceProperties(DEVICE)['name'].decode()
+        print(f'GPU bandwidth: {args.mb} MB float32, {SIZE} rank(s), {device}, '
+              f'CuPy {cupy.__version__}, NCCL {_nccl_version()}')
         print('| what | ms | GB/s | x D2D copy time | x baseline time (baseline) |')
         print('|---|---|---|---|---|')
         d2d = seconds['cupy D2D copy']
         for what, s, base in rows:
-            ratio = '%.2f (%s)' % (s / seconds[base], base) if base else '-'
-            print('| %s | %.3f | %.1f | %.2f | %s |' % (what, s * 1e3, nbytes / s / 1e9,
-                                                       s / d2d, ratio))
+            ratio = f'{s / seconds[base]:.2f} ({base})' if base else '-'
+            print(f'| {what} | {s * 1e3:.3f} | {nbytes / s / 1e9:.1f} | {s / d2d:.2f} | {ratio} |')
 
 
 def _nccl_version():
     try:
         from cupy.cuda import nccl
         return nccl.get_version()
-    except Exception:   # noqa: B902
+    except Exception:   # noqa: BLE001 (no NCCL in this CuPy: say so in the header)
         return 'none'
 
 
 if __name__ == '__main__':
-    main()
+    harness.run_main(main)

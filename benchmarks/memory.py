@@ -1,7 +1,7 @@
 """RSS growth over many pushpulls: does a long run's memory stay flat?
 
-    mpiexec -n 1 python benchmarks/memory.py --quick
-    mpiexec -n N python benchmarks/memory.py [--calls 1000000] [--keys 10] [--kbytes 16]
+    mpiexec -n 1 python -m benchmarks.memory --quick
+    mpiexec -n N python -m benchmarks.memory [--calls 1000000] [--keys 10] [--kbytes 16]
         [--designs funneled,concurrent,chained] [--ready] [--timeout S] [--out DIR]
 
 Each method runs a warm-up of 5% of --calls, then --calls measured calls, in steps of
@@ -25,17 +25,13 @@ import argparse
 import gc
 import os
 
-import numpy as np
+import mxnet as mx
 from mpi4py import MPI
 
-import common
-
-common.use_checkout()
-import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
-
-import mpi_kvstore  # noqa: E402
-from mpi_kvstore import engine  # noqa: E402
-from memory_probe import Gate, gated_step, rss_mb  # noqa: E402
+import mpi_kvstore  # noqa: F401  (registers dist_mpi with mx.kv.create)
+from benchmarks import harness, peers
+from benchmarks.memory_probe import Gate, gated_step, rss_mb
+from mpi_kvstore import engine
 
 COMM = MPI.COMM_WORLD
 ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')   # the designs that push engine ops
@@ -61,7 +57,7 @@ def parse_args(argv=None):
                         help='warm-up calls as a fraction of --calls (default 0.05)')
     parser.add_argument('--timeout', type=float, default=3600.0,
                         help='seconds one method may take before the job is ended (default 3600)')
-    parser.add_argument('--out', default=common.DEFAULT_OUT, help='folder for the JSON results')
+    parser.add_argument('--out', default=harness.DEFAULT_OUT, help='folder for the JSON results')
     args = parser.parse_args(argv)
     if args.calls is None:
         args.calls = 100000 if args.quick else 1000000
@@ -86,7 +82,7 @@ def measure(step, args, sync=None):
     gc.collect()
     COMM.Barrier()
     samples = [rss_mb()]
-    with common.Timer() as timer:
+    with harness.Timer() as timer:
         for i in range(SAMPLES):
             for _ in range(steps * (i + 1) // SAMPLES - steps * i // SAMPLES):
                 step()
@@ -102,26 +98,10 @@ def measure(step, args, sync=None):
             'MB_per_million': growth * 1e6 / calls, 'us_per_call': seconds / calls * 1e6}
 
 
-def _check(values, expected, what):
-    """The first result must be the sum over ranks: measuring a wrong answer is worthless."""
-    if not np.allclose(values, expected):
-        raise RuntimeError(f'{what}: got {np.unique(values)[:5]}, expected {expected}')
-
-
 # ---------------------------------------------------------------- the methods
 
 def bench_raw(args):
-    buffers = [np.ones(args.kbytes * 256, dtype=np.float32) for _ in range(args.keys)]
-    for buf in buffers:
-        COMM.Allreduce(MPI.IN_PLACE, buf)
-    _check(buffers[0], COMM.size, 'raw MPI Allreduce(IN_PLACE)')
-    for buf in buffers:
-        buf[:] = 0      # sums of zeros stay zero: the loop needs no reset
-
-    def step():
-        for buf in buffers:
-            COMM.Allreduce(MPI.IN_PLACE, buf)
-    return measure(step, args)
+    return measure(peers.raw_allreduce_op(args.kbytes << 10, args.keys), args)
 
 
 def _arrays(args, value=0.0):
@@ -153,7 +133,7 @@ def bench_store(args, design, kv):
     def step():
         gated_step(kv, keys, arrays, gate)
     step()
-    _check(arrays[0].asnumpy(), COMM.size, f'mpi_kvstore:{design} pushpull')
+    harness.check_sum(arrays[0].asnumpy(), COMM.size, f'mpi_kvstore:{design} pushpull')
     for array in arrays:
         array[:] = 0
     mx.nd.waitall()
@@ -162,34 +142,28 @@ def bench_store(args, design, kv):
 
 # ---------------------------------------------------------------- one run
 
-class Run:
+class Run(harness.Run):
     """Rows so far; saved after every method so a killed job still leaves them."""
 
     def __init__(self, args):
-        self.args, self.rows, self.skipped = args, [], {}
-        self.json_path = os.path.join(args.out, f'memory_n{COMM.size}.json')
+        super().__init__('memory', args)
+        self.rows = []
 
     def method(self, name, bench, *bench_args):
-        common.rank0_print(f'measuring {name} ...')
-        with common.deadline(self.args.timeout, f'{name} over {self.args.calls} calls'):
+        harness.rank0_print(f'measuring {name} ...')
+        with harness.deadline(self.args.timeout, f'{name} over {self.args.calls} calls'):
             row = bench(self.args, *bench_args)
         self.rows.append({'method': name, **row})
-        common.rank0_print(f'  {format_row(self.rows[-1], self.baseline())}')
+        harness.rank0_print(f'  {format_row(self.rows[-1], self.baseline())}')
         self.save()
-
-    def skip(self, name, why):
-        self.skipped[name] = why
-        common.rank0_print(f'  skipped {name}: {why}')
 
     def baseline(self):
         return next((r for r in self.rows if r['method'] == 'raw_mpi'), None)
 
     def save(self):
-        config = dict(vars(self.args), script='benchmarks/memory.py', nranks=COMM.size,
-                      pattern='ready' if self.args.ready else 'gated (engine ops on workers)',
-                      target_MB_per_million=TARGET_MB_PER_MILLION)
-        payload = {'benchmark': 'memory', 'results': self.rows, 'skipped': self.skipped}
-        common.write_json(self.json_path, payload, config)
+        self.write({'results': self.rows},
+                   pattern='ready' if self.args.ready else 'gated (engine ops on workers)',
+                   target_MB_per_million=TARGET_MB_PER_MILLION)
 
 
 def format_row(row, baseline):
@@ -213,15 +187,15 @@ HEADER = (f'{"method":<24}{"calls":>9}{"RSS0(MB)":>10}{"RSS1(MB)":>10}{"grow(MB)
 def main(argv=None):
     args = parse_args(argv)
     run = Run(args)
-    common.rank0_print(f'memory benchmark: {COMM.size} ranks, {args.calls} calls per method after '
-                       f'{args.warmup_fraction:.0%} warm-up, {args.keys} keys x {args.kbytes} KB '
-                       f'float32, {"ready arrays" if args.ready else "engine ops on workers"}')
-    common.rank0_print(HEADER)
+    harness.rank0_print(f'memory benchmark: {COMM.size} ranks, {args.calls} calls per method after '
+                        f'{args.warmup_fraction:.0%} warm-up, {args.keys} keys x {args.kbytes} KB '
+                        f'float32, {"ready arrays" if args.ready else "engine ops on workers"}')
+    harness.rank0_print(HEADER)
     run.method('raw_mpi', bench_raw)
     run.method('engine_op', bench_engine_op)
-    for design in common.designs(args.designs):
+    for design in harness.designs(args.designs):
         name = f'mpi_kvstore:{design}'
-        kv, why = common.create_store(design, args.timeout)
+        kv, why = harness.create_store(design, args.timeout)
         if why:
             run.skip(name, why)
             continue
@@ -229,16 +203,16 @@ def main(argv=None):
         kv.close()
         del kv
         gc.collect()
-    common.rank0_print(f'\nRSS growth after the warm-up, largest over ranks; -raw = growth minus '
-                       f'raw_mpi\'s, x raw = the ratio; MB/1M = growth per 1,000,000 calls '
-                       f'(target < {TARGET_MB_PER_MILLION:g})')
-    common.rank0_print(HEADER)
+    harness.rank0_print(f'\nRSS growth after the warm-up, largest over ranks; -raw = growth minus '
+                        f'raw_mpi\'s, x raw = the ratio; MB/1M = growth per 1,000,000 calls '
+                        f'(target < {TARGET_MB_PER_MILLION:g})')
+    harness.rank0_print(HEADER)
     baseline = run.baseline()
     for row in run.rows:
-        common.rank0_print(format_row(row, baseline))
+        harness.rank0_print(format_row(row, baseline))
     run.save()
-    common.rank0_print(f'\nresults written to {run.json_path}')
+    harness.rank0_print(f'\nresults written to {run.json_path}')
 
 
 if __name__ == '__main__':
-    common.run_main(main)
+    harness.run_main(main)

@@ -10,7 +10,7 @@ import threading
 
 from mpi_kvstore import engine
 
-__all__ = ['rss_mb', 'Gate', 'gated_step']
+__all__ = ['Gate', 'gated_step', 'rss_mb']
 
 _PAGE = os.sysconf('SC_PAGE_SIZE')
 

@@ -1,6 +1,6 @@
 """Render mpi_kvstore timeline traces (MPI_KVSTORE_TIMELINE) to a PNG.
 
-    python benchmarks/plot_timeline.py trace.rank0.json trace.rank1.json -o timeline.png
+    python -m benchmarks.plot_timeline trace.rank0.json trace.rank1.json -o timeline.png
 
 One band per rank, one row per key inside it; each collective is drawn as its
 phases: QUEUED (waiting for its data in the engine), NEGOTIATE (ready, waiting
@@ -11,6 +11,8 @@ the backward pass.
 import argparse
 import json
 import sys
+
+from benchmarks import harness
 
 COLORS = {'QUEUED': '#d9d9d9', 'NEGOTIATE': '#fdae61'}
 COLLECTIVE_COLOR = '#2c7bb6'
@@ -27,7 +29,7 @@ def load(paths):
             if event.get('ph') == 'X':
                 ranks.setdefault(event['pid'], []).append(event)
     if not ranks:
-        raise SystemExit('no complete events in %s' % ', '.join(paths))
+        raise SystemExit(f'no complete events in {", ".join(paths)}')
     return ranks
 
 
@@ -39,14 +41,11 @@ def layout(ranks):
             key = (rank, event['args']['key'])
             if key not in rows:
                 rows[key] = len(rows)
-                labels.append('r%d %s' % key)
+                labels.append(f'r{key[0]} {key[1]}')
     return rows, labels
 
 
-def draw(ranks, output, title):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+def draw(plt, ranks, output, title):
     rows, labels = layout(ranks)
     fig, ax = plt.subplots(figsize=(12, min(14, max(3, 0.18 * len(rows) + 1.5))))
     for rank, events in ranks.items():
@@ -61,7 +60,7 @@ def draw(ranks, output, title):
         starts = [i for i, label in enumerate(labels)
                   if i == 0 or label.split()[0] != labels[i - 1].split()[0]]
         ax.set_yticks(starts)
-        ax.set_yticklabels(['rank %s' % labels[i].split()[0][1:] for i in starts], fontsize=8)
+        ax.set_yticklabels([f'rank {labels[i].split()[0][1:]}' for i in starts], fontsize=8)
         for y in starts[1:]:
             ax.axhline(y - 0.5, color='black', lw=0.5)
     ax.set_ylabel('one row per key')
@@ -70,8 +69,7 @@ def draw(ranks, output, title):
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (*COLORS.values(), COLLECTIVE_COLOR)]
     ax.legend(handles, [*COLORS, 'collective'], loc='lower right', fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output, dpi=120)
+    return harness.save_figure(plt, fig, output)
 
 
 def main(argv=None):
@@ -80,11 +78,10 @@ def main(argv=None):
     parser.add_argument('-o', '--output', default='timeline.png')
     parser.add_argument('--title', default='mpi_kvstore timeline')
     args = parser.parse_args(argv)
-    try:
-        draw(load(args.traces), args.output, args.title)
-    except ImportError:
-        sys.exit('matplotlib is needed: pip install matplotlib')
-    print('wrote %s' % args.output)
+    plt = harness.pyplot()
+    if plt is None:
+        sys.exit(harness.NO_MATPLOTLIB)
+    print(draw(plt, load(args.traces), args.output, args.title))
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """Where one small pushpull's time goes: its parts, each measured alone in one run.
 
-    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/profile_pushpull.py [--size 4K]
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.profile_pushpull [--size 4K]
         [--designs funneled,chained] [--calls 2000] [--top 12]
 
 Per design D (rank 0 prints; every part is a median over interleaved rounds):
@@ -24,50 +24,49 @@ import io
 import pstats
 import time
 
+import mxnet as mx
 import numpy as np
 from mpi4py import MPI
 
-import common
-
-common.use_checkout()
-import mxnet as mx  # noqa: E402
-
-import mpi_kvstore  # noqa: E402,F401  (the checkout's package, which common.create_store uses)
+from benchmarks import harness, peers
 
 COMM = MPI.COMM_WORLD
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--size', type=common.parse_size, default=4 << 10)
-    parser.add_argument('--designs', type=common.designs, default='funneled,chained')
+    parser.add_argument('--size', type=harness.parse_size, default=4 << 10)
+    parser.add_argument('--designs', type=harness.designs, default='funneled,chained')
     parser.add_argument('--calls', type=int, default=2000, help='timed calls per part')
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--top', type=int, default=12, help='profile lines to print')
     return parser.parse_args(argv)
 
 
-def timed(fn, calls):
-    """Median seconds per call over ``calls`` calls, after a barrier."""
+def timed(fn, calls, after=None):
+    """Median seconds per call of fn() over ``calls`` calls, after a barrier; after(), when
+    given, runs untimed after each call."""
     COMM.Barrier()
     samples = np.empty(calls)
     for i in range(calls):
         start = time.perf_counter()
         fn()
         samples[i] = time.perf_counter() - start
+        if after:
+            after()
     return float(np.median(samples))
 
 
 def parts(args):
     count = args.size // 4
-    buf = np.ones(count, np.float32)
-    src, dst = mx.nd.ones((count,)), mx.nd.zeros((count,))
+    raw, floor = peers.raw_allreduce_op(args.size), peers.engine_floor_op(args.size)
+    dst = mx.nd.zeros((count,))
     inline, queued = _noop_op(dst, True), _noop_op(dst, False)
     stores = {}
     for design in args.designs:
-        kv, why = common.create_store(design, 600)
+        kv, why = harness.create_store(design, 600)
         if kv is None:
-            raise SystemExit('%s: %s' % (design, why))
+            raise SystemExit(f'{design}: {why}')
         stores[design] = kv
     arrays = {d: mx.nd.ones((count,)) for d in args.designs}
     for design, kv in stores.items():      # warm: keys known, code compiled
@@ -75,21 +74,18 @@ def parts(args):
             kv.pushpull('p', arrays[design])
         kv.wait()
 
-    out = {}
-    for _ in range(args.rounds):
-        sample = {
-            'raw_mpi': timed(lambda: COMM.Allreduce(MPI.IN_PLACE, buf), args.calls),
-            'engine_floor': timed(lambda: (src.copyto(dst), dst.wait_to_read()), args.calls),
-            'inline_op': timed(lambda: (inline(), dst.wait_to_read()), args.calls),
-            'queued_op': timed(lambda: (queued(), dst.wait_to_read()), args.calls),
-        }
-        for design in args.designs:
-            kv, arr = stores[design], arrays[design]
-            sample['total:' + design] = timed(
-                lambda: (kv.pushpull('p', arr), arr.wait_to_read()), args.calls)
-            sample['submit:' + design] = _submit_time(kv, arr, args.calls)
-        for name, value in sample.items():
-            out.setdefault(name, []).append(value)
+    ops = {'raw_mpi': (raw, None), 'engine_floor': (floor, None),
+             'inline_op': (lambda: (inline(), dst.wait_to_read()), None),
+             'queued_op': (lambda: (queued(), dst.wait_to_read()), None)}
+    for design in args.designs:
+        kv, arr = stores[design], arrays[design]
+        ops['total:' + design] = (lambda kv=kv, arr=arr: (kv.pushpull('p', arr), arr.wait_to_read()),
+                                  None)
+        # pushpull() returning, its output waited for untimed
+        ops['submit:' + design] = (lambda kv=kv, arr=arr: kv.pushpull('p', arr), arr.wait_to_read)
+    # Each round times every part (`calls` calls each), in an order that rotates.
+    out = harness.interleaved(ops, args.rounds,
+                              time_one=lambda name, op: timed(op[0], args.calls, after=op[1]))
     medians = {name: float(np.median(v)) for name, v in out.items()}
     for design in args.designs:
         medians['rest:' + design] = (medians['total:' + design] - medians['submit:' + design]
@@ -98,18 +94,6 @@ def parts(args):
     for kv in stores.values():
         kv.close()
     return medians, profile
-
-
-def _submit_time(kv, arr, calls):
-    """Seconds per pushpull() return, waiting (untimed) after each call."""
-    COMM.Barrier()
-    samples = np.empty(calls)
-    for i in range(calls):
-        start = time.perf_counter()
-        kv.pushpull('p', arr)
-        samples[i] = time.perf_counter() - start
-        arr.wait_to_read()
-    return float(np.median(samples))
 
 
 def _profile(kv, arr, calls, top):
@@ -128,8 +112,9 @@ def _profile(kv, arr, calls, top):
 
 def _noop_op(array, inline):
     """A push of a compiled op that completes at once (inline when ``array`` is ready)."""
-    import numba  # noqa: WPS433
+    import numba
     from numba import types
+
     from mpi_kvstore import engine, native
 
     complete = native._call_void_3   # the store's own call of the engine's callback
@@ -148,14 +133,14 @@ def main():
     medians, profile = parts(args)
     if COMM.rank:
         return
-    print('pushpull of %s at %d ranks: median us per call (%d calls x %d rounds)'
-          % (common.format_size(args.size), COMM.size, args.calls, args.rounds))
+    print(f'pushpull of {harness.format_size(args.size)} at {COMM.size} ranks: median us per '
+          f'call ({args.calls} calls x {args.rounds} rounds)')
     raw = medians['raw_mpi']
     for name, value in medians.items():
-        print('  %-18s %8.1f us   %6.2fx raw' % (name, value * 1e6, value / raw))
-    print('\ncProfile of the submit path (%s), by own time:' % args.designs[0])
+        print(f'  {name:<18} {value * 1e6:8.1f} us   {value / raw:6.2f}x raw')
+    print(f'\ncProfile of the submit path ({args.designs[0]}), by own time:')
     print(profile)
 
 
 if __name__ == '__main__':
-    common.run_main(main)
+    harness.run_main(main)

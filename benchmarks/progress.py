@@ -1,8 +1,8 @@
 """How an allreduce's progress loop shares the CPU with compute: blocking MPI against a
 non-blocking collective polled with sleeps, alone and beside a compute thread.
 
-    python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python benchmarks/progress.py
-    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/progress.py [--size 16M] [--polls 0,100,1000]
+    python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python -m benchmarks.progress
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.progress [--size 16M] [--polls 0,100,1000]
 
 Per mode, in one run (medians over --trials, the slowest rank):
   compute alone       a fixed amount of numpy work (matmuls, which release the GIL) on a
@@ -18,20 +18,21 @@ Modes: 'blocking' is MPI_Allreduce (MPICH busy-polls inside it); 'poll:U' is MPI
 then Test with sleeps doubling up to U microseconds (0: Test in a tight loop).
 """
 import argparse
+import functools
 import threading
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-import common
+from benchmarks import harness
 
 COMM = MPI.COMM_WORLD
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--size', type=common.parse_size, default=16 << 20)
+    parser.add_argument('--size', type=harness.parse_size, default=16 << 20)
     parser.add_argument('--polls', default='0,100,1000,5000',
                         help='comma-separated longest sleeps in us for the poll modes')
     parser.add_argument('--trials', type=int, default=7)
@@ -66,12 +67,12 @@ def slowest(value):
 
 def timed(fn, busy=None):
     COMM.Barrier()
-    start = common.machine_busy() if busy is not None else 0.0
+    start = harness.machine_busy() if busy is not None else 0.0
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if busy is not None:
-        busy.append((common.machine_busy() - start, wall))
+        busy.append((harness.machine_busy() - start, wall))
     return slowest(wall), slowest(cpu)
 
 
@@ -88,7 +89,7 @@ def both(buf, poll_us, work):
 def main():
     args = parse_args()
     buf = np.ones(args.size // 4, np.float32)
-    modes = [('blocking', None)] + [('poll:%s' % p, int(p)) for p in args.polls.split(',') if p]
+    modes = [('blocking', None)] + [(f'poll:{p}', int(p)) for p in harness.names(args.polls)]
     work = args.work
     if not work:   # calibrate: compute about as long as one blocking exchange
         exchange(buf, None)
@@ -100,7 +101,7 @@ def main():
     for name, poll in modes:
         exchange(buf, poll)   # warm
         busy = []
-        alone = [timed(lambda: exchange(buf, poll), busy) for _ in range(args.trials)]
+        alone = [timed(functools.partial(exchange, buf, poll), busy) for _ in range(args.trials)]
         machine = sum(b for b, _ in busy) / sum(w for _, w in busy)
         joint = [both(buf, poll, work)[0] for _ in range(args.trials)]
         wall = float(np.median([a[0] for a in alone]))
@@ -109,14 +110,14 @@ def main():
         rows.append((name, wall, cpu / wall, machine, together,
                      1 - (together - compute_alone) / wall))
     if COMM.rank == 0:
-        print('%d ranks, %s per exchange, compute alone %.1f ms (%d matmuls)'
-              % (COMM.size, common.format_size(args.size), compute_alone * 1e3, work))
-        print('%-12s %12s %10s %14s %10s %8s' % ('mode', 'exchange ms', 'cpu/wall',
-                                                  'machine cores', 'both ms', 'hidden'))
+        print(f'{COMM.size} ranks, {harness.format_size(args.size)} per exchange, compute alone '
+              f'{compute_alone * 1e3:.1f} ms ({work} matmuls)')
+        print(f'{"mode":<12} {"exchange ms":>12} {"cpu/wall":>10} {"machine cores":>14} '
+              f'{"both ms":>10} {"hidden":>8}')
         for name, wall, share, machine, together, hidden in rows:
-            print('%-12s %12.1f %10.2f %14.2f %10.1f %8.2f' % (name, wall * 1e3, share, machine,
-                                                                together * 1e3, hidden))
+            print(f'{name:<12} {wall * 1e3:12.1f} {share:10.2f} {machine:14.2f} '
+                  f'{together * 1e3:10.1f} {hidden:8.2f}')
 
 
 if __name__ == '__main__':
-    common.run_main(main)
+    harness.run_main(main)

@@ -1,9 +1,9 @@
 """Training throughput on synthetic data: every mpi_kvstore design against no exchange at all.
 
-    OMP_NUM_THREADS=1 mpiexec -n 2 python benchmarks/scaling.py --quick
-    OMP_NUM_THREADS=1 mpiexec -n N python benchmarks/scaling.py [--models resnet20,resnet18_v1]
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.scaling --quick
+    OMP_NUM_THREADS=1 mpiexec -n N python -m benchmarks.scaling [--models resnet20,resnet18_v1]
         [--batch-size B] [--warmup-steps W] [--steps S] [--designs funneled,chained]
-        [--no-dist-sync] [--raw-allreduce 4K,16M] [--timeout S] [--out DIR]
+        [--no-dist-sync | --p3] [--raw-allreduce 4K,16M] [--timeout S] [--out DIR]
 
 Per model (resnet20 and resnet18_v1 on 32x32 CIFAR-10 shaped batches, resnet50_v1 on 224x224
 ImageNet shaped ones), in one run, on one net whose weights every config shares:
@@ -13,7 +13,8 @@ ImageNet shaped ones), in one run, on one net whose weights every config shares:
   mpi_kvstore:D          gluon.Trainer(kvstore=store of design D, update_on_kvstore=False);
   DistributedTrainer:D   mpi_kvstore.DistributedTrainer (one grouped pushpull per step);
   horovod                horovod.mxnet.DistributedTrainer, when it imports;
-  dist_sync              MXNet's ps-lite store (scheduler and one server on 127.0.0.1).
+  dist_sync              MXNet's ps-lite store (scheduler and one server on 127.0.0.1;
+                         dist_sync:p3 with --p3, ps-lite's P3 van).
 A step is forward, backward, trainer.step, then mx.nd.waitall(); its time is the slowest rank's.
 With --steps-per-round K a timed op is K steps in a row and one waitall at the end, and a step's
 time is the op's over K: the next step's forward may then start while the last gradients are
@@ -29,24 +30,18 @@ OMP_NUM_THREADS=1.
 import argparse
 import gc
 import os
-import sys
 import time
 
+import mxnet as mx
 import numpy as np
 from mpi4py import MPI
+from mxnet import autograd, gluon
+from mxnet.gluon.model_zoo import vision
+from mxnet.kvstore import KVStoreBase
 
-import common
-
-common.use_checkout()
-import mxnet as mx  # noqa: E402  (after use_checkout, like mpi_kvstore below)
-from mxnet import autograd, gluon  # noqa: E402
-from mxnet.gluon.model_zoo import vision  # noqa: E402
-from mxnet.kvstore import KVStoreBase  # noqa: E402
-
-import mpi_kvstore  # noqa: E402
-
-sys.path.insert(0, os.path.join(common.REPO_ROOT, 'examples'))
-from cifar_resnet import resnet20  # noqa: E402  (the net examples/train_cifar10.py trains)
+import mpi_kvstore
+from benchmarks import harness, peers
+from examples.cifar_resnet import resnet20  # the net examples/train_cifar10.py trains
 
 COMM = MPI.COMM_WORLD
 TARGET_VS_NONE = 0.9          # the best design should reach 90% of the no-exchange ceiling
@@ -77,7 +72,7 @@ QUICK_MODELS, QUICK_BATCH, QUICK_WARMUPS, QUICK_STEPS = 'resnet20,resnet18_v1', 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    common.add_common_args(parser, sizes=False)
+    harness.add_common_args(parser, sizes=False)
     _rehelp(parser, '--quick', f'a smoke run: {QUICK_WARMUPS} warmup and {QUICK_STEPS} timed steps, '
                                f'models {QUICK_MODELS}, batch {QUICK_BATCH}')
     _rehelp(parser, '--warmups', 'untimed rounds (one step of every config each; default 2)')
@@ -94,7 +89,7 @@ def parse_args(argv=None):
                              f'32x32 models, 4 for resnet50_v1; quick {QUICK_BATCH})')
     parser.add_argument('--designs', default=None,
                         help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
-    parser.add_argument('--trainer-designs', default=None, type=lambda t: [d for d in t.split(',') if d],
+    parser.add_argument('--trainer-designs', default=None, type=harness.names,
                         help="comma-separated designs for mpi_kvstore.DistributedTrainer, which may "
                              "carry store options, the trainer's group_bytes and 2-bit gradient "
                              "compression's threshold: 'chained,funneled+group_bytes=0,"
@@ -102,9 +97,9 @@ def parse_args(argv=None):
     parser.add_argument('--steps-per-round', type=int, default=1,
                         help='steps in a row per timed op, one waitall after the last (default 1: '
                              'every step ends with waitall); step times are per step')
-    parser.add_argument('--no-dist-sync', action='store_true', help="skip MXNet's ps-lite baseline")
+    peers.add_args(parser)
     parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
-    parser.add_argument('--raw-allreduce', type=common.parse_sizes, default=None, metavar='SIZES',
+    parser.add_argument('--raw-allreduce', type=harness.parse_sizes, default=None, metavar='SIZES',
                         help='also time raw MPI Allreduce(IN_PLACE) of these sizes (e.g. 4K,1M,43M), '
                              'interleaved with the exchange-alone rounds (default: none)')
     return resolve(parser.parse_args(argv))
@@ -121,8 +116,7 @@ def resolve(args):
     args.trials = args.trials if args.trials is not None else QUICK_STEPS if args.quick else 10
     if args.quick and args.batch_size is None:
         args.batch_size = QUICK_BATCH
-    args.models = [m for m in (args.models or (QUICK_MODELS if args.quick else ','.join(MODELS)))
-                   .split(',') if m]
+    args.models = harness.names(args.models or (QUICK_MODELS if args.quick else ','.join(MODELS)))
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         raise SystemExit(f'unknown model(s) {",".join(unknown)}: choose from {",".join(MODELS)}')
@@ -203,15 +197,6 @@ def exchange_op(trainer):
     return op
 
 
-def raw_allreduce_op(nbytes):
-    """MPI Allreduce(IN_PLACE) of nbytes of float32 zeros (zeros: repeated sums stay 0)."""
-    buf = np.zeros(nbytes // 4, np.float32)
-
-    def op():
-        COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    return op
-
-
 def sgd_trainer(model, kvstore):
     return gluon.Trainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), kvstore=kvstore,
                          update_on_kvstore=False if kvstore is not None else None)
@@ -231,7 +216,7 @@ class Config:
 
 def _closer(run, kv):
     def close():
-        with common.deadline(run.args.timeout, f'closing {kv!r}'):
+        with harness.deadline(run.args.timeout, f'closing {kv!r}'):
             kv.wait()       # re-raises any error the store deferred
             kv.close()
     return close
@@ -243,7 +228,7 @@ def _trained(name, model, trainer, normalise_by, close=None):
 
 def store_config(run, model, design):
     """gluon.Trainer on a store of one design: one pushpull per parameter, as Gluon does."""
-    kv, why = common.create_store(design, run.args.timeout)
+    kv, why = harness.create_store(design, run.args.timeout)
     if why:
         return run.skip(f'mpi_kvstore:{design}', why)
     return _trained(f'mpi_kvstore:{design}', model, sgd_trainer(model, kv),
@@ -256,24 +241,18 @@ def distributed_trainer_config(run, model, spec=None):
     parts = (spec or '').split('+')
     group = [p.split('=', 1)[1] for p in parts if p.startswith('group_bytes=')]
     store_spec = '+'.join(p for p in parts if not p.startswith('group_bytes=')) or None
-    kv, why = common.create_store(store_spec, run.args.timeout)
+    kv, why = harness.create_store(store_spec, run.args.timeout)
     name = f'DistributedTrainer:{spec or kv.design if not why else spec}'
     if why:
         return run.skip(name, why)
-    extra = {'group_bytes': 0 if group and group[0] == '0' else common.parse_size(group[0])} if group else {}
+    extra = {'group_bytes': 0 if group and group[0] == '0' else harness.parse_size(group[0])} if group else {}
     trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv,
                                              **extra)
     return _trained(name, model, trainer, model.batch * COMM.size, _closer(run, kv))
 
 
 def horovod_config(run, model):
-    try:
-        import horovod.mxnet as hvd
-        hvd.init()
-        why = None
-    except Exception as exc:     # not installed (the usual case here): nothing to compare
-        why = f'horovod.mxnet does not import ({type(exc).__name__}: {exc})'
-    why = common.agree(why)
+    hvd, why = peers.horovod()
     if why:
         return None if 'horovod' in run.skipped else run.skip('horovod', why)
     trainer = hvd.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]))
@@ -284,12 +263,12 @@ def make_configs(run, model, dist_sync, index):
     """Every config of one model; the stores they hold stay open until the model is done."""
     configs = [Config('single', step_op(model, sgd_trainer(model, None), model.batch), ranks=1),
                Config('none', step_op(model, sgd_trainer(model, None), model.batch))]
-    configs += [store_config(run, model, design) for design in common.designs(run.args.designs)]
+    configs += [store_config(run, model, design) for design in harness.designs(run.args.designs)]
     configs += [distributed_trainer_config(run, model, spec)
                 for spec in (run.args.trainer_designs or [None])]
     configs += [horovod_config(run, model)]
     if dist_sync.kv is not None:
-        configs.append(_trained('dist_sync', model,
+        configs.append(_trained(dist_sync.name, model,
                                 sgd_trainer(model, ShiftedKeys(dist_sync.kv, index * KEY_STRIDE)),
                                 model.batch * COMM.size))
     return [c for c in configs if c is not None]
@@ -309,43 +288,45 @@ def time_once(run, what, op, ranks):
     """(seconds, machine busy seconds) of one run of op on the slowest of `ranks` ranks (1: rank
     0, others idle). The busy seconds (all cores of the machine, kernel included) are counted
     only when every rank runs on one machine (run.one_machine), else None."""
-    busy = common.machine_busy() if run.one_machine and COMM.rank == 0 else None
-    with common.deadline(run.args.timeout, what, run.on_expire):
+    busy = harness.machine_busy() if run.one_machine and COMM.rank == 0 else None
+    with harness.deadline(run.args.timeout, what, run.on_expire):
         if ranks == COMM.size:
-            seconds = common.measure(COMM, op, 0, 1)[0]
+            seconds = harness.timed_once(op, COMM)
         else:
-            seconds = common.measure(MPI.COMM_SELF, op, 0, 1)[0] if COMM.rank == 0 else None
+            seconds = harness.timed_once(op, MPI.COMM_SELF) if COMM.rank == 0 else None
             wait_idle(COMM)
             seconds = COMM.bcast(seconds, root=0)
     if busy is not None:
-        busy = common.machine_busy() - busy
+        busy = harness.machine_busy() - busy
     return seconds, COMM.bcast(busy, root=0)
 
 
 def rounds(run, model, jobs, phase, per=1):
-    """{name: [seconds]} of `trials` timed rounds after `warmups` untimed ones; round r runs
-    every job once, starting at job r mod len(jobs), so that no job always follows the same
-    one and load that drifts over the run slows every job alike. `per`: what one run of an
-    op does, in the units reported (steps per training op): times and busy are divided by it."""
-    times = {name: [] for name, _, _ in jobs}
-    for r in range(run.args.warmups + run.args.trials):
-        for name, op, ranks in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
-            seconds, busy = time_once(run, f'{model.name} {name} ({phase})', op, ranks)
-            seconds, busy = seconds / per, (busy / per if busy is not None else None)
-            if r >= run.args.warmups:
-                times[name].append(seconds)
-                if busy is not None:
-                    run.busy.setdefault((model.name, phase, name), []).append(busy)
-    return times
+    """{name: [seconds]} of `trials` timed rounds after `warmups` untimed ones, interleaved
+    (harness.interleaved: every round runs every job once, in an order that rotates). `per`:
+    what one run of an op does, in the units reported (steps per training op): times and
+    busy are divided by it. Machine busy seconds per round go to run.busy."""
+    ranks = {name: count for name, _, count in jobs}
+
+    def time_one(name, op):
+        seconds, busy = time_once(run, f'{model.name} {name} ({phase})', op, ranks[name])
+        return seconds / per, (busy / per if busy is not None else None)
+    timed = harness.interleaved({name: op for name, op, _ in jobs}, run.args.trials,
+                                run.args.warmups, time_one)
+    for name, values in timed.items():
+        busy = [b for _, b in values if b is not None]
+        if busy:
+            run.busy[(model.name, phase, name)] = busy
+    return {name: [seconds for seconds, _ in values] for name, values in timed.items()}
 
 
 def bench_model(run, model, dist_sync, index):
     configs = make_configs(run, model, dist_sync, index)
-    common.rank0_print(f'measuring {model.name}: {len(configs)} configs, batch {model.batch} per '
-                       f'rank, {run.args.warmups} + {run.args.trials} rounds ...')
+    harness.rank0_print(f'measuring {model.name}: {len(configs)} configs, batch {model.batch} per '
+                        f'rank, {run.args.warmups} + {run.args.trials} rounds ...')
     steps = rounds(run, model, [(c.name, c.step, c.ranks) for c in configs], 'training',
                    per=model.steps_per_op)
-    raw = [(f'raw_mpi:{n}', raw_allreduce_op(n), COMM.size) for n in run.args.raw_allreduce or []]
+    raw = [(f'raw_mpi:{n}', peers.raw_allreduce_op(n), COMM.size) for n in run.args.raw_allreduce or []]
     alone = rounds(run, model, [(c.name, c.exchange, COMM.size) for c in configs if c.exchange] + raw,
                    'exchange alone')
     for config in configs:
@@ -354,7 +335,7 @@ def bench_model(run, model, dist_sync, index):
     if raw:
         run.add_raw(model, {n: alone[f'raw_mpi:{n}'] for n in run.args.raw_allreduce})
     if not model.all_finite():     # NaN or inf arithmetic runs at other speeds
-        common.rank0_print(f'  warning: {model.name} has non-finite weights after training')
+        harness.rank0_print(f'  warning: {model.name} has non-finite weights after training')
     gc.collect()
 
 
@@ -396,16 +377,15 @@ class ShiftedKeys(KVStoreBase):
 
 # ---------------------------------------------------------------- one run's bookkeeping
 
-class Run:
+class Run(harness.Run):
     """Results so far; saved after every model so a killed job still leaves them."""
 
     def __init__(self, args):
-        self.args, self.models, self.skipped, self.on_expire = args, {}, {}, None
-        self.one_machine = common.one_machine(COMM)
+        super().__init__('scaling', args)
+        self.models = {}
+        self.one_machine = harness.one_machine(COMM)
         self.cores = os.cpu_count()
         self.busy = {}          # (model, phase, config) -> [machine busy seconds per round]
-        base = os.path.join(args.out, f'scaling_n{COMM.size}')
-        self.json_path, self.png_path = base + '.json', base + '.png'
 
     def add(self, model, config, step_times, alone_times=None):
         entry = self.models.setdefault(model.name, {'info': model.info(), 'rows': []})
@@ -425,20 +405,10 @@ class Run:
                                   for n, t in sorted(times.items())]
         self.save()
 
-    def skip(self, config, why):
-        self.skipped[config] = why
-        common.rank0_print(f'  skipped {config}: {why}')
-
-    def config(self):
-        return dict(vars(self.args), script='benchmarks/scaling.py', nranks=COMM.size,
-                    optimizer=OPTIMIZER)
-
     def save(self):
         for entry in self.models.values():
             derive(entry['rows'])
-        payload = {'benchmark': 'scaling', 'models': self.models, 'skipped': self.skipped,
-                   'definitions': DEFINITIONS}
-        common.write_json(self.json_path, payload, self.config())
+        self.write({'models': self.models, 'definitions': DEFINITIONS}, optimizer=OPTIMIZER)
 
 
 # ---------------------------------------------------------------- report
@@ -518,7 +488,7 @@ def _model_header(name, entry, run):
     info = entry['info']
     return (f'\n{name}: input {"x".join(map(str, info["input_shape"][1:]))}, batch '
             f'{info["batch_per_rank"]} per rank ({info["global_batch"]} global), '
-            f'{info["gradient_arrays"]} gradient arrays, {common.format_size(info["gradient_bytes"])} '
+            f'{info["gradient_arrays"]} gradient arrays, {harness.format_size(info["gradient_bytes"])} '
             f'in all; {info["global_batch"] // info["batch_per_rank"]} ranks, median of '
             f'{run.args.trials} interleaved rounds '
             f'(each step the slowest rank)')
@@ -534,15 +504,15 @@ def _row_text(row):
 def print_model(run, name):
     entry = run.models[name]
     derive(entry['rows'])
-    common.rank0_print(_model_header(name, entry, run))
-    common.rank0_print(f'{"config":<28}{"step(ms)":>9}{"spread":>8}{"images/s":>9}{"scaling eff":>12}'
-                       f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
+    harness.rank0_print(_model_header(name, entry, run))
+    harness.rank0_print(f'{"config":<28}{"step(ms)":>9}{"spread":>8}{"images/s":>9}{"scaling eff":>12}'
+                        f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
     for row in entry['rows']:
-        common.rank0_print(_row_text(row))
+        harness.rank0_print(_row_text(row))
     _print_cpu(entry['rows'])
     if entry.get('raw_allreduce'):
-        common.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
-                           ', '.join(f'{common.format_size(r["bytes"])} {r["median_ms"]:.2f}'
+        harness.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
+                            ', '.join(f'{harness.format_size(r["bytes"])} {r["median_ms"]:.2f}'
                                      for r in entry['raw_allreduce']))
     _print_verdict(entry['rows'])
 
@@ -551,14 +521,14 @@ def _print_cpu(rows):
     rows = [r for r in rows if r.get('busy_cores') is not None]
     if not rows:
         return
-    common.rank0_print(f'every rank on this machine ({rows[0]["machine_cores"]} cores): CPU per step, '
-                       'and the fastest step those cores allow')
-    common.rank0_print(f'{"config":<28}{"busy cores":>11}{"exch cpu(ms)":>13}{"cpu floor(ms)":>14}'
-                       f'{"hidden max":>11}')
+    harness.rank0_print(f'every rank on this machine ({rows[0]["machine_cores"]} cores): CPU per step, '
+                        'and the fastest step those cores allow')
+    harness.rank0_print(f'{"config":<28}{"busy cores":>11}{"exch cpu(ms)":>13}{"cpu floor(ms)":>14}'
+                        f'{"hidden max":>11}')
     for row in rows:
-        common.rank0_print(f'{row["config"]:<28}{row["busy_cores"]:11.2f}'
-                           f'{_cell(row["exchange_cpu_ms"], ".1f", 13)}'
-                           f'{_cell(row["cpu_floor_ms"], ".1f", 14)}{_cell(row["hidden_max"], ".2f", 11)}')
+        harness.rank0_print(f'{row["config"]:<28}{row["busy_cores"]:11.2f}'
+                            f'{_cell(row["exchange_cpu_ms"], ".1f", 13)}'
+                            f'{_cell(row["cpu_floor_ms"], ".1f", 14)}{_cell(row["hidden_max"], ".2f", 11)}')
 
 
 def _print_verdict(rows):
@@ -567,22 +537,22 @@ def _print_verdict(rows):
         return
     best = max(ours, key=lambda r: r['images_per_s'])
     ok = best['vs_none'] >= TARGET_VS_NONE and best['overhead_pct'] <= TARGET_OVERHEAD
-    common.rank0_print(f'best mpi_kvstore config: {best["config"]}, {best["vs_none"]:.2f}x of none, '
-                       f'{best["overhead_pct"]:+.1f}% step time (target >= {TARGET_VS_NONE:g}x and '
-                       f'<= {TARGET_OVERHEAD:+g}%): {"met" if ok else "NOT met"}')
+    harness.rank0_print(f'best mpi_kvstore config: {best["config"]}, {best["vs_none"]:.2f}x of none, '
+                        f'{best["overhead_pct"]:+.1f}% step time (target >= {TARGET_VS_NONE:g}x and '
+                        f'<= {TARGET_OVERHEAD:+g}%): {"met" if ok else "NOT met"}')
 
 
 def print_definitions():
-    common.rank0_print('\nhow to read the tables:')
+    harness.rank0_print('\nhow to read the tables:')
     for key, text in DEFINITIONS.items():
-        common.rank0_print(f'  {key}: {text}')
+        harness.rank0_print(f'  {key}: {text}')
 
 
 def plot(run):
     panels = {name: {r['config']: r['images_per_s'] for r in entry['rows']}
               for name, entry in run.models.items()}
     title = f'training throughput, {COMM.size} ranks, synthetic data (higher is better)'
-    return common.plot_bars(run.png_path, panels, 'images/s', title)
+    return harness.plot_bars(run.png_path, panels, 'images/s', title)
 
 
 def _omp_note():
@@ -595,14 +565,14 @@ def _omp_note():
 def main(argv=None):
     args = parse_args(argv)
     run = Run(args)
-    common.rank0_print(f'scaling benchmark: {COMM.size} ranks, models {",".join(args.models)}, '
-                       f'{args.warmups} warmup + {args.trials} timed rounds; {_omp_note()}')
-    dist_sync = common.DistSync(run, lifetime=PSLITE_LIFETIME)
+    harness.rank0_print(f'scaling benchmark: {COMM.size} ranks, models {",".join(args.models)}, '
+                        f'{args.warmups} warmup + {args.trials} timed rounds; {_omp_note()}')
+    dist_sync = peers.DistSync(run, lifetime=PSLITE_LIFETIME)
     why = dist_sync.start()
     if why:
-        run.skip('dist_sync', why)
+        run.skip(dist_sync.name, why)
     # A store of the blocking design (no threads) for the first broadcast of every model.
-    setup, why = common.create_store('blocking', args.timeout)
+    setup, why = harness.create_store('blocking', args.timeout)
     if why:
         raise RuntimeError(f'cannot create an mpi_kvstore store: {why}')
     for index, name in enumerate(args.models):
@@ -618,4 +588,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    common.run_main(main)
+    harness.run_main(main)

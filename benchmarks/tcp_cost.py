@@ -1,7 +1,7 @@
 """The CPU that TCP itself costs: plain sockets moving N bytes each way between two ranks,
 against MPI's allreduce of the same bytes, with the busy time of the whole machine.
 
-    python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python benchmarks/tcp_cost.py [--size 42M]
+    python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python -m benchmarks.tcp_cost [--size 42M]
 
 For the multi-host test bed (testbed/), where both "hosts" are network namespaces of one
 machine: /proc/stat then counts what both ranks and the kernel's network work cost
@@ -24,17 +24,15 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import common
-
-common.use_checkout()
-from mpi_kvstore.comm import PROGRESS_TESTS, wait_polling  # noqa: E402 (the store's own wait)
+from benchmarks import harness
+from mpi_kvstore.comm import PROGRESS_TESTS, wait_polling  # the store's own wait
 
 COMM = MPI.COMM_WORLD
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--size', type=common.parse_size, default=42 << 20)
+    parser.add_argument('--size', type=harness.parse_size, default=42 << 20)
     parser.add_argument('--trials', type=int, default=5)
     return parser.parse_args(argv)
 
@@ -82,11 +80,11 @@ def measure(fn, trials):
     walls, busy = [], []
     for _ in range(trials):
         COMM.Barrier()
-        start_busy, start = common.machine_busy(), time.perf_counter()
+        start_busy, start = harness.machine_busy(), time.perf_counter()
         fn()
         COMM.Barrier()
         walls.append(time.perf_counter() - start)
-        busy.append(common.machine_busy() - start_busy)
+        busy.append(harness.machine_busy() - start_busy)
     return float(np.median(walls)), float(np.median(busy))
 
 
@@ -94,9 +92,9 @@ def main():
     args = parse_args()
     if COMM.size != 2:
         raise SystemExit('tcp_cost.py runs on exactly 2 ranks (one per test host)')
-    if not common.one_machine(COMM):
-        common.rank0_print('note: the ranks run on different machines; machine core-ms counts '
-                           "rank 0's machine only")
+    if not harness.one_machine(COMM):
+        harness.rank0_print('note: the ranks run on different machines; machine core-ms counts '
+                            "rank 0's machine only")
     count = args.size // 4 * 4
     send = np.ones(count, np.uint8)
     recv = np.empty(count, np.uint8)
@@ -109,14 +107,12 @@ def main():
                                                  PROGRESS_TESTS))]
     rows = [(name,) + measure(fn, args.trials) for name, fn in modes]
     conn.close()
-    common.rank0_print('%s each way between 2 ranks, median of %d trials' %
-                       (common.format_size(count), args.trials))
-    common.rank0_print('%-12s %10s %18s %14s' % ('mode', 'wall ms', 'machine core-ms',
-                                                 'machine cores'))
+    harness.rank0_print(f'{harness.format_size(count)} each way between 2 ranks, median of '
+                        f'{args.trials} trials')
+    harness.rank0_print(f'{"mode":<12} {"wall ms":>10} {"machine core-ms":>18} {"machine cores":>14}')
     for name, wall, busy in rows:
-        common.rank0_print('%-12s %10.1f %18.0f %14.2f' % (name, wall * 1e3, busy * 1e3,
-                                                           busy / wall))
+        harness.rank0_print(f'{name:<12} {wall * 1e3:10.1f} {busy * 1e3:18.0f} {busy / wall:14.2f}')
 
 
 if __name__ == '__main__':
-    common.run_main(main)
+    harness.run_main(main)

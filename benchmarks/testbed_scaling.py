@@ -1,14 +1,15 @@
 """Training throughput over the multi-host test bed: benchmarks/scaling.py at several link rates.
 
-    python benchmarks/testbed_scaling.py --quick                  # smoke run, about 2 minutes
-    python benchmarks/testbed_scaling.py [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
+    python -m benchmarks.testbed_scaling --quick                  # smoke run, about 2 minutes
+    python -m benchmarks.testbed_scaling [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
         [--models resnet18_v1] [--designs funneled,concurrent,chained,blocking]
         [--warmup-steps W] [--steps S] [--batch-size B] [--step-timeout S] [--run-timeout S]
         [--raw-sizes 4K,...|none] [--allreduce | --allreduce-only] [--allreduce-sizes 4K,...]
         [--allreduce-designs D,...] [--checkout DIR] [--out DIR] [--report-only]
 
 Runs as root from the repository root, not under mpiexec: it builds the test bed itself
-(testbed/README.md). The grid, one scaling.py job each, every job under a timeout and its
+(testbed/README.md). The grid, one scaling.py job each (python -m benchmarks.scaling in the
+--checkout tree), every job under a timeout and its
 test bed torn down whatever happens:
 
   1 rank           on one host alone (no network: the rate does not apply);
@@ -42,13 +43,10 @@ import shlex
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(HERE)
-sys.path.insert(0, REPO_ROOT)
+import testbed
+from benchmarks import harness
 
-import testbed  # noqa: E402  (the repository's test bed package)
-
-DEFAULT_OUT = os.path.join(REPO_ROOT, 'benchmarks', 'results', 'testbed')
+DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'testbed')
 DEFAULT_RATES = '1gbit,3gbit,10gbit'
 DEFAULT_RANKS = '1,2,4'
 DEFAULT_MODELS = 'resnet18_v1'
@@ -92,7 +90,7 @@ def parse_args(argv=None):
     parser.add_argument('--run-timeout', type=float, default=None,
                         help='seconds one whole job may take before it is killed '
                              '(default: estimated from the rounds, at least 600)')
-    parser.add_argument('--checkout', default=REPO_ROOT,
+    parser.add_argument('--checkout', default=harness.REPO_ROOT,
                         help='the tree whose benchmarks/scaling.py and mpi_kvstore run (default: '
                              'this repository; e.g. an export of a commit, to measure that commit)')
     parser.add_argument('--raw-sizes', default=DEFAULT_RAW_SIZES,
@@ -115,8 +113,8 @@ def parse_args(argv=None):
                         help='run nothing: rebuild the table and plot from the json files in --out')
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {}
-    args.rates = _split(args.rates or quick.get('rates') or DEFAULT_RATES)
-    args.ranks = [int(r) for r in _split(args.ranks or quick.get('ranks') or DEFAULT_RANKS)]
+    args.rates = harness.names(args.rates or quick.get('rates') or DEFAULT_RATES)
+    args.ranks = [int(r) for r in harness.names(args.ranks or quick.get('ranks') or DEFAULT_RANKS)]
     args.models = args.models or DEFAULT_MODELS
     args.designs = args.designs or quick.get('designs')
     args.warmups = args.warmups if args.warmups is not None else quick.get('warmups', DEFAULT_WARMUPS)
@@ -133,10 +131,6 @@ def parse_args(argv=None):
     args.checkout = os.path.abspath(args.checkout)
     args.out = os.path.abspath(args.out)
     return args
-
-
-def _split(text):
-    return [part.strip() for part in text.split(',') if part.strip()]
 
 
 # ---------------------------------------------------------------- the grid
@@ -172,7 +166,9 @@ def grid(args):
 
 
 def scaling_argv(args, job, out_dir):
-    argv = [sys.executable, os.path.join(args.checkout, 'benchmarks', 'scaling.py'),
+    # Run as a module, in the --checkout tree (_launch's working directory): its benchmarks
+    # and mpi_kvstore come first on sys.path.
+    argv = [sys.executable, '-m', 'benchmarks.scaling',
             '--models', args.models, '--warmup-steps', str(args.warmups), '--steps', str(args.steps),
             '--no-dist-sync', '--timeout', f'{args.step_timeout:g}', '--out', out_dir]
     if args.designs:
@@ -189,7 +185,7 @@ def scaling_argv(args, job, out_dir):
 
 
 def allreduce_argv(args, job, out_dir):
-    argv = [sys.executable, os.path.join(args.checkout, 'benchmarks', 'allreduce.py'),
+    argv = [sys.executable, '-m', 'benchmarks.allreduce',
             '--sizes', args.allreduce_sizes, '--warmups', str(ALLREDUCE_WARMUPS),
             '--trials', str(args.allreduce_trials), '--no-dist-sync',
             '--timeout', f'{args.step_timeout:g}', '--out', out_dir,
@@ -203,16 +199,10 @@ def allreduce_timeout(args, job):
     n bytes a way per host on 2 ranks, twice that on 4 (2 a host): allow 3x that time."""
     if args.run_timeout:
         return args.run_timeout
-    methods = 3 + len(_split(args.allreduce_designs))
-    sweep_bytes = sum(_bytes(size) for size in _split(args.allreduce_sizes))
+    methods = 3 + len(harness.names(args.allreduce_designs))
+    sweep_bytes = sum(harness.parse_sizes(args.allreduce_sizes))
     per_round = sweep_bytes * 8 / 1e9 * max(1, job.ranks // 2) * 3
     return max(300.0, STARTUP_S + methods * (ALLREDUCE_WARMUPS + args.allreduce_trials) * per_round)
-
-
-def _bytes(size):
-    units = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
-    size = size.upper().removesuffix('B')
-    return int(float(size[:-1]) * units[size[-1]]) if size[-1] in units else int(size)
 
 
 def run_timeout(args, job):
@@ -220,10 +210,11 @@ def run_timeout(args, job):
     2 s per step and rank (4 ranks on 2 cores at 1 Gbit/s take about 1.5 s a step)."""
     if args.run_timeout:
         return args.run_timeout
-    configs = (3 + (len(_split(args.designs)) if args.designs else 4) + len(_split(args.raw_sizes))
-               + (len(_split(args.trainer_designs)) if args.trainer_designs else 1))
+    configs = (3 + (len(harness.names(args.designs)) if args.designs else 4)
+               + len(harness.names(args.raw_sizes))
+               + (len(harness.names(args.trainer_designs)) if args.trainer_designs else 1))
     rounds = (args.warmups + args.steps) * (1 + args.steps_per_round)   # training, exchange alone
-    models = len(_split(args.models))
+    models = len(harness.names(args.models))
     return max(600.0, STARTUP_S + models * rounds * configs * 2.0 * max(1, job.ranks // 2))
 
 
@@ -337,14 +328,14 @@ def markdown(combined):
     config = combined['config']
     for model, data in rows_by_model(combined).items():
         info = data['info']
-        lines += [f'## {model}: batch {info["batch_per_rank"]} per rank, '
-                  f'{info["gradient_bytes"] / 1e6:.1f} MB of gradients in {info["gradient_arrays"]} arrays',
+        lines += [(f'## {model}: batch {info["batch_per_rank"]} per rank, '
+                  f'{info["gradient_bytes"] / 1e6:.1f} MB of gradients in {info["gradient_arrays"]} arrays'),
                   '',
-                  f'Median of {config["steps"]} interleaved rounds after {config["warmups"]} warm-up '
+                  (f'Median of {config["steps"]} interleaved rounds after {config["warmups"]} warm-up '
                   'rounds; each step the slowest rank. Cell: step ms / exchange alone ms / hidden '
                   'share / the most any overlap could hide on these cores (hidden max: from the '
                   "machine's CPU, scaling.py) / step of `none` (compute only) divided by this "
-                  'step.', '']
+                  'step.'), '']
         layouts = []
         for layout, rate in data['cells']:
             if layout not in layouts:
@@ -379,7 +370,7 @@ def markdown(combined):
         if job.get('ok'):
             continue
         what = job.get('error') or ', '.join(
-            f'{name} {"timed out" if s["timed_out"] else "status %s" % s["returncode"]}'
+            f'{name} ' + ('timed out' if s['timed_out'] else f'status {s["returncode"]}')
             for name, s in job['steps'].items() if s['returncode'] != 0 or s['timed_out'])
         lines.append(f'- job {job["job"]} did not finish: {what} (partial results, if any, '
                      'are in the table)')
@@ -389,12 +380,9 @@ def markdown(combined):
 
 def plot(combined, out):
     """Per model: step time and hidden share against link rate, one panel per layout."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return ['matplotlib is not installed: no plot']
+    plt = harness.pyplot()
+    if plt is None:
+        return [harness.NO_MATPLOTLIB]
     messages = []
     for model, data in rows_by_model(combined).items():
         layouts = []
@@ -415,7 +403,7 @@ def plot(combined, out):
                 if name == 'single':
                     continue
                 steps = [data['cells'][(layout, r)].get(name, {}).get('step_ms') for r in rates]
-                style = dict(linestyle='--', color='black') if name == 'none' else {}
+                style = {'linestyle': '--', 'color': 'black'} if name == 'none' else {}
                 label = 'none (compute only)' if name == 'none' else name
                 axes[0][col].plot(gbits, steps, marker='o', label=label, **style)
                 hidden = [data['cells'][(layout, r)].get(name, {}).get('hidden') for r in rates]
@@ -434,11 +422,8 @@ def plot(combined, out):
                 ax.legend(fontsize=7)
         fig.suptitle('training step over the test bed\n(2 hosts, TCP over tbf-shaped links; '
                      'all hosts share the machine\'s cores)', fontsize=10)
-        fig.tight_layout()
-        path = os.path.join(out, f'testbed_scaling_{model}.png')
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        messages.append(f'plot written to {path}')
+        messages.append(harness.save_figure(plt, fig, os.path.join(out, f'testbed_scaling_{model}.png'),
+                                            dpi=110))
     return messages
 
 

@@ -19,10 +19,9 @@ import mpi_kvstore
 
 from common import RANK, SIZE, WORLD, close, design_arg, done
 
-# One gate and one RSS probe for this test and benchmarks/memory.py.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..',
-                                'benchmarks'))
-from memory_probe import Gate, gated_step, rss_mb
+# One gate and one RSS probe for this test and benchmarks/memory.py (the repository root is on
+# PYTHONPATH: mpi_harness puts it there).
+from benchmarks.memory_probe import Gate, gated_step, rss_mb
 
 
 def main():

@@ -1,0 +1,34 @@
+"""Benchmarks of mpi_kvstore against raw MPI, MXNet's dist_sync (and its P3 van) and Horovod.
+
+Each script runs as a module from the repository root, under mpiexec where it is an MPI
+program (``--help`` gives its options; results go to benchmarks/results/):
+
+    mpiexec -n 2 python -m benchmarks.allreduce --quick
+
+Scripts:
+    allreduce         kv.pushpull of one array over a size sweep, and 100 small keys (fusion):
+                      every design against raw MPI, the engine floor and dist_sync
+    scaling           training steps on synthetic data (resnet20, resnet18_v1, resnet50_v1):
+                      every design, DistributedTrainer, Horovod and dist_sync against no exchange
+    testbed_scaling   scaling (and allreduce) over two test hosts at several link rates; runs as
+                      root, not under mpiexec (it builds the test bed itself)
+    cost_model        an alpha-beta model of a training step, calibrated and checked on
+                      testbed_scaling's results; ResNet-50 on ImageNet at scale (no mpiexec)
+    hierarchical      hierarchical against flat allreduce, ranks on several test hosts
+    compressed_ring   fp16/bf16 compression-assisted ring against compress-once: time and error
+    memory            RSS over many pushpulls: does a long run's memory stay flat?
+    progress          blocking MPI against a polled non-blocking allreduce, beside compute
+    tcp_cost          the machine CPU that TCP itself costs, against MPI (two test hosts)
+    profile_pushpull  where one small pushpull's time goes, and a cProfile of its Python path
+    gpu_bandwidth     GPU transports on CuPy arrays (needs CuPy and a GPU)
+    plot_timeline     MPI_KVSTORE_TIMELINE traces drawn to a PNG (no mpiexec)
+
+What they share:
+    harness           arguments, timing (repeated and interleaved), checks, stores, JSON
+                      with versions and configuration, plots, deadlines
+    peers             what mpi_kvstore is compared with: raw MPI, the engine floor, ps-lite's
+                      dist_sync and P3, Horovod
+    memory_probe      RSS and an engine-op gate, shared with tests/scenarios/kv_memory.py
+
+tests/test_benchmarks.py runs every script briefly, so that none rots unnoticed.
+"""

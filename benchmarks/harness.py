@@ -1,0 +1,476 @@
+"""What every benchmark script shares: arguments, timing, checks, stores, output, failure handling.
+
+Scripts run as modules from the repository root (``mpiexec -n 2 python -m benchmarks.NAME``);
+rank 0 prints and writes files. Sizes are in bytes of float32 data; bandwidths are in GB/s
+with GB = 1e9 bytes, as nccl-tests reports them.
+
+Timing: :func:`measure` times one op again and again; :func:`interleaved` times several in
+rounds, each round running every op once in an order that rotates, so slow phases of a
+shared VM hit every op alike. A trial counts the slowest rank (a collective is done only
+when its last rank is), and :func:`spread` reports min, median and max.
+
+mpi4py is imported on first use, not here: cost_model.py and testbed_scaling.py use this
+module outside mpiexec, where importing it would start MPI for nothing.
+"""
+import argparse
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO_ROOT, 'benchmarks', 'results')
+_UNITS = {'': 1, 'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
+DEFAULT_SIZES = [4096 * 4 ** i for i in range(9)]          # 4 KB .. 256 MB
+QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+# Defaults of the shared options: a full run's, and what --quick makes of them.
+FULL = {'sizes': DEFAULT_SIZES, 'warmups': 5, 'trials': 20}
+QUICK = {'sizes': QUICK_SIZES, 'warmups': 2, 'trials': 5}
+NO_MATPLOTLIB = 'matplotlib is not installed: no plot (pip install matplotlib)'
+
+
+def _mpi():
+    from mpi4py import MPI  # on first use: see the module docstring
+    return MPI
+
+
+def world():
+    return _mpi().COMM_WORLD
+
+
+# ---------------------------------------------------------------- sizes and arguments
+
+def parse_size(text):
+    """'4K', '1M', '256MB', '4096' -> bytes; must be a positive multiple of 4 (float32)."""
+    spec = text.strip().upper().removesuffix('B')
+    unit = spec[-1:] if spec[-1:] in _UNITS else ''
+    try:
+        nbytes = int(float(spec[:len(spec) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'bad size {text!r}: use e.g. 4K, 1M, 256M') from None
+    if nbytes <= 0 or nbytes % 4:
+        raise argparse.ArgumentTypeError(f'size {text!r} must be a positive multiple of 4 bytes')
+    return nbytes
+
+
+def parse_sizes(text):
+    """'4K,1M,256M' -> [4096, 1048576, 268435456]."""
+    return [parse_size(part) for part in names(text)]
+
+
+def names(text):
+    """'a, b,,c' -> ['a', 'b', 'c']: a comma-separated option as a list."""
+    return [part.strip() for part in text.split(',') if part.strip()]
+
+
+def format_size(nbytes):
+    """4096 -> '4KB', 1638400 -> '1.56MB'."""
+    for unit in ('G', 'M', 'K'):
+        scale = _UNITS[unit]
+        if nbytes >= scale:
+            return f'{nbytes / scale:.3g}{unit}B'
+    return f'{nbytes}B'
+
+
+def add_common_args(parser, default_out=DEFAULT_OUT, sizes=True, quick=True, full=None,
+                    timeout=600.0, timeout_help=None):
+    """The options every benchmark shares; call resolve_quick(args, full) after parsing.
+    sizes=False leaves out --sizes, for a script that does not sweep message sizes;
+    quick=False leaves out --quick; full: the defaults of a full run (FULL's keys)."""
+    full = dict(FULL, **(full or {}))
+    sweep = ','.join(format_size(n) for n in full['sizes'])
+
+    def default(key):
+        return f'default {full[key]}' + (f', quick {QUICK[key]}' if quick else '')
+    if quick:
+        parser.add_argument('--quick', action='store_true',
+                            help='few small sizes and few trials (a smoke run, well under a minute)')
+    if sizes:
+        parser.add_argument('--sizes', type=parse_sizes, default=None,
+                            help=f'comma-separated sizes in bytes, e.g. 4K,1M,256M (default {sweep})')
+    parser.add_argument('--warmups', type=int, default=None, help=f'untimed runs per case ({default("warmups")})')
+    parser.add_argument('--trials', type=int, default=None, help=f'timed runs per case ({default("trials")})')
+    parser.add_argument('--timeout', type=float, default=timeout,
+                        help=timeout_help or f'seconds one case may take before the job is ended '
+                                             f'(default {timeout:g})')
+    parser.add_argument('--out', default=default_out, help='folder for JSON and PNG results')
+    return parser
+
+
+def resolve_quick(args, full=None):
+    """Fill the defaults that depend on --quick; explicit options always win."""
+    defaults = QUICK if getattr(args, 'quick', False) else dict(FULL, **(full or {}))
+    for key, value in defaults.items():
+        if getattr(args, key, False) is None:
+            setattr(args, key, value)
+    if args.warmups < 0 or args.trials < 1:
+        raise SystemExit('--warmups must be >= 0 and --trials >= 1')
+    return args
+
+
+# ---------------------------------------------------------------- timing
+
+class Timer:
+    """with Timer() as t: ...; t.elapsed is in seconds (time.perf_counter)."""
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.elapsed = time.perf_counter() - self.start
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def spread(values):
+    """{'min', 'median', 'max'} of some timings: the median is what tables compare, min and
+    max tell whether the run was steady."""
+    return {'min': min(values), 'median': median(values), 'max': max(values)}
+
+
+def machine_busy():
+    """Seconds of CPU this machine has spent busy so far, all cores together (user, system,
+    irq and softirq from /proc/stat: the kernel's network work too, which no process is
+    charged for). None where /proc/stat is missing."""
+    try:
+        with open('/proc/stat') as fh:
+            fields = [int(v) for v in fh.readline().split()[1:8]]
+    except OSError:
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf('SC_CLK_TCK')   # less idle, iowait
+
+
+def one_machine(comm):
+    """Whether every rank of comm runs on this kernel (test hosts of testbed/ do: network
+    namespaces of one machine), so that /proc/stat counts what all of them cost."""
+    try:
+        with open('/proc/sys/kernel/random/boot_id') as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = None
+    boots = comm.allgather(boot)
+    return boot is not None and len(set(boots)) == 1
+
+
+def timed_once(op, comm=None):
+    """Seconds of one op() on the slowest rank of comm (default: every rank), the ranks
+    released together by a barrier. The same on every rank."""
+    comm = world() if comm is None else comm
+    comm.Barrier()
+    with Timer() as timer:
+        op()
+    return comm.allreduce(timer.elapsed, op=_mpi().MAX)
+
+
+def rotation(items, r):
+    """Round r's order: every item once, starting at item r mod len(items), so that no item
+    always follows the same one."""
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
+def interleaved(ops, trials, warmups=0, time_one=None, comm=None):
+    """{name: [one value per timed round]} of {name: op}: round r runs every op once, in
+    rotation(names, r), so that load which drifts over the run slows every op alike; the
+    first `warmups` rounds are not kept. time_one(name, op) times one run (default: the
+    slowest rank's seconds, timed_once on comm)."""
+    names_ = list(ops)
+    if time_one is None:
+        def time_one(name, op):
+            return timed_once(op, comm)
+    kept = {name: [] for name in names_}
+    for r in range(warmups + trials):
+        for name in rotation(names_, r):
+            value = time_one(name, ops[name])
+            if r >= warmups:
+                kept[name].append(value)
+    return kept
+
+
+def measure(comm, op, warmups, trials):
+    """Seconds of each of `trials` runs of op() after `warmups` untimed ones, the slowest
+    rank's, identical on every rank."""
+    return interleaved({'op': op}, trials, warmups, comm=comm)['op']
+
+
+def algbw(nbytes, seconds):
+    """Algorithm bandwidth in GB/s."""
+    return nbytes / seconds / 1e9
+
+
+def busbw(alg_bw, nranks):
+    """Allreduce bus bandwidth: what each link carries in a ring (nccl-tests' 2(n-1)/n)."""
+    return alg_bw * 2 * (nranks - 1) / nranks
+
+
+def summarize(times, nbytes, nranks):
+    """Median latency, its min and max, and bandwidths of one case, as stored in the JSON."""
+    stats = spread(times)
+    alg = algbw(nbytes, stats['median'])
+    return {'bytes': nbytes, 'latency_us': stats['median'] * 1e6, 'min_us': stats['min'] * 1e6,
+            'max_us': stats['max'] * 1e6, 'algbw_GBps': alg, 'busbw_GBps': busbw(alg, nranks),
+            'trials_us': [t * 1e6 for t in times]}
+
+
+# ---------------------------------------------------------------- what is timed
+
+def check_sum(values, expected, what):
+    """The first result must be the sum over ranks: timing a wrong answer is worthless."""
+    if not np.allclose(values, expected):
+        raise RuntimeError(f'{what}: got {np.unique(values)[:5]}, expected {expected}')
+
+
+def summed_op(reduce, nbytes, expected, what, count=1):
+    """An op that runs reduce(buf) on `count` float32 buffers of nbytes each. Checked once
+    (buffers of ones must sum to `expected`), then zeroed: repeated in-place sums of zeros
+    neither grow to inf nor change the work done."""
+    buffers = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
+
+    def op():
+        for buf in buffers:
+            reduce(buf)
+    op()
+    check_sum(buffers[-1], expected, what)
+    for buf in buffers:
+        buf[:] = 0
+    return op
+
+
+def pushpull_op(kv, keys, nbytes, expected=None):
+    """pushpull every key in place, one call per key (priority -i, as Trainer passes), then
+    wait for all. Arrays are zeroed after a checked first round (the sum over ranks, or
+    `expected`) so that repeated in-place sums neither grow to inf nor change the work done."""
+    import mxnet as mx
+    arrays = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in keys]
+    kv.init(list(keys), arrays)
+
+    def op():
+        for i, (key, array) in enumerate(zip(keys, arrays)):
+            kv.pushpull(key, array, priority=-i)
+        for array in arrays:
+            array.wait_to_read()
+    op()
+    if expected is None:
+        # 2-bit compression (a '+2bit=T' design) sends T for a value of 1 >= T, 0 below it.
+        codec = getattr(kv, '_codec', None)
+        sent = 1.0 if codec is None else (float(codec.threshold) if codec.threshold <= 1 else 0.0)
+        expected = kv.num_workers * sent
+    check_sum(arrays[-1].asnumpy(), expected, f'{kv.type} pushpull')
+    for array in arrays:
+        array[:] = 0
+    mx.nd.waitall()
+    return op
+
+
+# ---------------------------------------------------------------- mpi_kvstore's stores
+
+def agree(error, comm=None):
+    """Collective: every rank's error (or None) -> the first one, the same on all ranks."""
+    comm = world() if comm is None else comm
+    return next((e for e in comm.allgather(error) if e), None)
+
+
+def designs(text):
+    """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has.
+
+    A design may carry store options after '+': 'funneled+native_ops=0' is the
+    funneled design with the Python engine op, for an A/B in one run; '+2bit=T' sets
+    2-bit gradient compression with threshold T (kv.set_gradient_compression).
+    """
+    import mpi_kvstore
+    return names(text) if text else list(mpi_kvstore.DESIGNS)
+
+
+def store_options(spec):
+    """'funneled+native_ops=0' -> {'design': 'funneled', 'native_ops': '0'}; None -> {}."""
+    if not spec:
+        return {}
+    name, *pairs = spec.split('+')
+    return dict([('design', name)] + [tuple(p.split('=', 1)) for p in pairs])
+
+
+def create_store(design, timeout, **extra):
+    """Collective: (mpi_kvstore store, None) on every rank, or (None, why) on every rank.
+    design None takes the default (MPI_KVSTORE_DESIGN, else funneled); see designs().
+    `extra` store options add to the design's."""
+    import mpi_kvstore
+    options = dict(store_options(design), **extra)
+    two_bit = options.pop('2bit', None)
+    with deadline(timeout, f'creating mpi_kvstore design {design or "default"!r}'):
+        try:
+            kv, why = mpi_kvstore.create('dist_mpi', **options), None
+            if two_bit is not None:
+                kv.set_gradient_compression({'type': '2bit', 'threshold': float(two_bit)})
+        except Exception as exc:    # noqa: BLE001 (e.g. a design this MPI's thread level refuses)
+            kv, why = None, f'{type(exc).__name__}: {exc}'
+        why = agree(why)
+    return (None, why) if why else (kv, None)
+
+
+# ---------------------------------------------------------------- output
+
+def rank0_print(*args, comm=None, **kwargs):
+    if (world() if comm is None else comm).rank == 0:
+        print(*args, flush=True, **kwargs)
+
+
+def _version_of(module_name):
+    try:
+        return __import__(module_name).__version__
+    except Exception as exc:    # noqa: BLE001 (a missing optional package is a fact to record)
+        return f'unavailable ({type(exc).__name__})'
+
+
+def versions():
+    """Everything needed to tell two result files apart."""
+    MPI = _mpi()
+    return {'python': platform.python_version(), 'numpy': _version_of('numpy'),
+            'mxnet': _version_of('mxnet'), 'mpi4py': _version_of('mpi4py'),
+            'mpi_kvstore': _version_of('mpi_kvstore'),
+            'mpi_library': MPI.Get_library_version().strip(),
+            'mpi_thread_level': MPI.Query_thread(), 'hostname': socket.gethostname(),
+            'platform': platform.platform(), 'cpu_count': os.cpu_count()}
+
+
+def _relevant_env():
+    prefixes = ('OMP_', 'MXNET_', 'MPI_KVSTORE_', 'DMLC_', 'MPICH_', 'UCX_', 'FI_')
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+
+
+def write_json(path, payload, config=None, comm=None):
+    """Write payload plus versions, environment, rank count and configuration (rank 0 only)."""
+    comm = world() if comm is None else comm
+    if comm.rank != 0:
+        return
+    record = {'versions': versions(), 'env': _relevant_env(), 'nranks': comm.size,
+              'config': config or {}, 'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **payload}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w') as handle:
+        json.dump(record, handle, indent=1, default=str)
+    os.replace(tmp, path)   # a reader never sees half a file, even if the job is killed
+
+
+class Run:
+    """One run's bookkeeping: its arguments, the methods it skipped and why, what a deadline
+    kills first (on_expire), and where results go: <out>/<name>_n<ranks>[_<label>].json
+    and .png. write() saves what there is so far, so a killed job still leaves it."""
+
+    def __init__(self, name, args, label='', comm=None):
+        self.name, self.args = name, args
+        self.comm = world() if comm is None else comm
+        self.skipped, self.on_expire = {}, None
+        base = os.path.join(args.out, f'{name}_n{self.comm.size}' + (f'_{label}' if label else ''))
+        self.json_path, self.png_path = base + '.json', base + '.png'
+
+    def skip(self, method, why):
+        self.skipped[method] = why
+        rank0_print(f'  skipped {method}: {why}', comm=self.comm)
+
+    def write(self, payload, **config):
+        """payload plus the benchmark's name and skipped methods; config: what the JSON's
+        configuration adds to the arguments."""
+        config = dict(vars(self.args), script=f'benchmarks/{self.name}.py',
+                      nranks=self.comm.size, **config)
+        write_json(self.json_path, {'benchmark': self.name, **payload, 'skipped': self.skipped},
+                   config, self.comm)
+
+
+def pyplot():
+    """matplotlib.pyplot drawing into files (the Agg backend), or None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def plot_lines(path, series, xlabel, ylabel, title):
+    """Log-log plot, one line per {label: (xs, ys)}; returns a message saying what happened."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker='o', label=label)
+    ax.set(xscale='log', yscale='log', xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend()
+    return save_figure(plt, fig, path)
+
+
+def plot_bars(path, panels, ylabel, title):
+    """Bar charts side by side, one per {panel: {label: value}} (each panel with its own
+    scale: models differ by orders of magnitude); returns a message saying what happened."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(1 + 4.5 * max(1, len(panels)), 5.5),
+                             squeeze=False)
+    for ax, (name, bars) in zip(axes[0], panels.items()):
+        positions = range(len(bars))
+        ax.bar(positions, list(bars.values()))
+        ax.set_xticks(list(positions))
+        ax.set_xticklabels(list(bars), rotation=40, ha='right', fontsize=8)
+        ax.set(title=name, ylabel=ylabel)
+        ax.grid(True, axis='y', alpha=0.3)
+    fig.suptitle(title)
+    return save_figure(plt, fig, path)
+
+
+def save_figure(plt, fig, path, dpi=120):
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return f'plot written to {path}'
+
+
+# ---------------------------------------------------------------- failure handling
+
+def run_main(main):
+    """Run main(); an uncaught exception on any rank ends the whole job instead of leaving
+    the other ranks waiting in a collective (what `python -m mpi4py` does)."""
+    try:
+        return main()
+    except SystemExit:
+        raise
+    except BaseException:   # noqa: BLE001 (any: the other ranks must not wait forever)
+        traceback.print_exc()
+        sys.stderr.flush()
+        world().Abort(1)
+
+
+def _expire(seconds, what, on_expire):
+    sys.stderr.write(f'[rank {world().rank}] {what} took more than {seconds:.0f} s; '
+                     'ending the job\n')
+    sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        if on_expire:
+            on_expire()
+    os._exit(124)   # nothing else stops a thread blocked in C; mpiexec then ends the other ranks
+
+
+@contextlib.contextmanager
+def deadline(seconds, what, on_expire=None):
+    """Kill this process (after on_expire()) if the body runs longer than `seconds`: a hung
+    collective or ps-lite handshake blocks in C, where no Python exception can reach it."""
+    timer = threading.Timer(seconds, _expire, (seconds, what, on_expire))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

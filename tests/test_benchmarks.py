@@ -1,0 +1,318 @@
+"""Every benchmark runs for a few iterations on tiny sizes, so that none rots unnoticed.
+
+Each runs as users run it, ``[mpiexec -n 2] python -m benchmarks.NAME`` from the repository
+root, under a timeout; the checks read what it wrote: the JSON's methods and their timings,
+or its report lines. testbed_scaling and tcp_cost run across two test hosts where the test
+bed can be built (root, as CI); cost_model then fits and validates on what testbed_scaling
+measured. gpu_bandwidth needs CuPy and a GPU. The whole file takes about a minute on 2 cores.
+"""
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import pytest
+from mpi_harness import REPO_ROOT, child_env, kill_leftovers, launcher_flags
+
+import testbed
+
+BENCHMARKS = os.path.join(REPO_ROOT, 'benchmarks')
+NPROCS = 2
+TIMEOUT = 180           # seconds for one job; each takes 2-40 s here (most of it imports)
+KILL_GRACE = 10         # seconds between SIGTERM (testbed.Hosts tears down) and SIGKILL
+TESTBED, WHY_NO_TESTBED = testbed.available(rate=True, mpi=True)
+needs_testbed = pytest.mark.skipif(not TESTBED, reason=WHY_NO_TESTBED or 'test bed available')
+
+
+def run(argv, timeout=TIMEOUT, env=None):
+    """Output of argv, run from the repository root. A non-zero exit or the timeout fails the
+    test, after every process of the job is ended: its process group, then any that left it
+    (hydra starts ranks in sessions of their own) by the run id child_env marks them with."""
+    run_id = uuid.uuid4().hex
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([str(word) for word in argv], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                env=child_env(env, run_id), start_new_session=True)
+        try:
+            status = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            status = None
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        finally:
+            kill_leftovers(run_id)
+        log.seek(0)
+        output = log.read().decode('utf-8', 'replace')
+    what = f'timed out after {timeout} s' if status is None else f'exited with {status}'
+    assert status == 0, f'{" ".join(map(str, argv))} {what}:\n{output[-4000:]}'
+    return output
+
+
+def _signal_group(pgid, sig):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def python_m(module, *args):
+    return [sys.executable, '-m', f'benchmarks.{module}', *args]
+
+
+def mpirun(mpiexec, module, *args, env=None):
+    """python -m benchmarks.MODULE ARGS on NPROCS ranks of this machine."""
+    return run([mpiexec, *launcher_flags(mpiexec), '-n', NPROCS, *python_m(module, *args)], env=env)
+
+
+def load(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def positive(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def table(output, names):
+    """{row name: [numbers]} of the report lines that start with one of `names` (a name
+    followed by more words, as 'mpi polled' after 'mpi', is another row)."""
+    found = {}
+    for line in output.splitlines():
+        for name in names:
+            row = re.match(rf'\s*{re.escape(name)}(?=\s)(?!\s+[A-Za-z])(.*)$', line)
+            if row:
+                found[name] = [float(v) for v in re.findall(r'[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?',
+                                                            row.group(1))]
+    assert set(found) == set(names), f'report rows {sorted(found)}, expected {sorted(names)}:\n{output[-3000:]}'
+    return found
+
+
+def check_run_record(record, benchmark):
+    """What every JSON a benchmark writes carries besides its results."""
+    assert record['benchmark'] == benchmark
+    assert record['nranks'] == NPROCS and record['config']['nranks'] == NPROCS
+    assert record['versions']['mpi_kvstore'] and record['versions']['mxnet']
+
+
+# ---------------------------------------------------------------- the package itself
+
+def test_benchmarks_is_a_package_without_path_edits():
+    """Scripts import each other as benchmarks.*; none edits sys.path, and the package's
+    docstring names every script."""
+    import benchmarks
+    scripts = sorted(name[:-3] for name in os.listdir(BENCHMARKS)
+                     if name.endswith('.py') and name != '__init__.py')
+    for name in scripts:
+        with open(os.path.join(BENCHMARKS, name + '.py')) as handle:
+            assert not re.search(r'sys\.path\.(insert|append|extend)|sys\.path\s*(\[|\+?=)',
+                                 handle.read()), name
+        assert re.search(rf'^\s+{name}\s', benchmarks.__doc__, re.MULTILINE), f'{name} not in the docstring'
+
+
+# ---------------------------------------------------------------- MPI benchmarks on this machine
+
+def test_allreduce(mpi_available, tmp_path):
+    out = mpirun(mpi_available, 'allreduce', '--sizes', '4K,64K', '--warmups', 1, '--trials', 2,
+                 '--fusion-keys', 4, '--fusion-size', '4K', '--designs', 'funneled,blocking',
+                 '--out', tmp_path)
+    record = load(tmp_path / f'allreduce_n{NPROCS}.json')
+    check_run_record(record, 'allreduce')
+    assert record['skipped'] == {}
+    rows = record['results']
+    methods = {'raw_mpi', 'raw_mpi:in_place', 'engine_floor', 'mpi_kvstore:funneled',
+               'mpi_kvstore:blocking', 'dist_sync'}
+    for size in (4096, 65536):
+        assert {r['method'] for r in rows if r['case'] == 'allreduce' and r['bytes'] == size} == methods
+    assert {r['method'] for r in rows if r['case'] == 'fusion'} == methods - {'raw_mpi:in_place'}
+    for row in rows:
+        assert len(row['trials_us']) == 2 and all(positive(t) for t in row['trials_us']), row
+        assert row['min_us'] <= row['latency_us'] <= row['max_us'], row
+        assert positive(row['algbw_GBps']), row
+    assert re.search(r'^\s+4KB  dist_sync\s+\d', out, re.MULTILINE), out[-3000:]
+    assert 'fusion: 4 keys x 4KB' in out
+    assert (tmp_path / f'allreduce_n{NPROCS}.png').exists()
+
+
+def test_scaling(mpi_available, tmp_path):
+    """A training step of every kind once (one design each), ps-lite with its P3 van."""
+    out = mpirun(mpi_available, 'scaling', '--models', 'resnet20', '--batch-size', 2,
+                 '--warmup-steps', 0, '--steps', 2, '--designs', 'blocking', '--trainer-designs',
+                 'chained', '--raw-allreduce', '4K', '--p3', '--out', tmp_path)
+    record = load(tmp_path / f'scaling_n{NPROCS}.json')
+    check_run_record(record, 'scaling')
+    entry = record['models']['resnet20']
+    configs = [r['config'] for r in entry['rows']]
+    assert configs[:2] == ['single', 'none']
+    expected = {'single', 'none', 'mpi_kvstore:blocking', 'DistributedTrainer:chained', 'dist_sync:p3'}
+    assert set(configs) - {'horovod'} == expected, (configs, record['skipped'])
+    assert 'horovod' in configs or 'horovod' in record['skipped']
+    for row in entry['rows']:
+        assert len(row['step_times_s']) == 2 and positive(row['step_ms']), row
+        assert positive(row['images_per_s']), row
+        if row['config'] not in ('single', 'none'):
+            assert positive(row['exchange_alone_ms']), row
+    (raw,) = entry['raw_allreduce']
+    assert raw['bytes'] == 4096 and positive(raw['median_ms'])
+    assert entry['info']['gradient_arrays'] == len(entry['info']['gradient_sizes']) > 0
+    assert 'best mpi_kvstore config:' in out and 'how to read the tables:' in out
+
+
+def test_hierarchical(mpi_available, tmp_path):
+    out = mpirun(mpi_available, 'hierarchical', '--sizes', '4K,64K', '--warmups', 1, '--trials', 2,
+                 '--label', 'smoke', '--out', tmp_path)
+    record = load(tmp_path / f'hierarchical_n{NPROCS}_smoke.json')
+    check_run_record(record, 'hierarchical')
+    rows = record['results']
+    # One host: the hierarchy does not apply, and the leaders' shape is not measured.
+    assert {r['method'] for r in rows} == {'mpi:flat', 'mpi:hier', 'kv:flat', 'kv:hier'}
+    for row in rows:
+        assert len(row['times_s']) == 2 and all(positive(t) for t in row['times_s']), row
+        assert row['min_s'] <= row['median_s'] <= row['max_s'], row
+        if row['method'].endswith(':flat'):
+            assert row['vs_flat'] == 1.0
+    assert 'ratios hierarchical / flat' in out
+
+
+def test_memory_and_plot_timeline(mpi_available, tmp_path):
+    """memory.py's stores write timeline traces, which plot_timeline draws."""
+    trace = tmp_path / 'trace.json'
+    mpirun(mpi_available, 'memory', '--calls', 200, '--keys', 4, '--kbytes', 4,
+           '--designs', 'funneled,chained', '--out', tmp_path, env={'MPI_KVSTORE_TIMELINE': trace})
+    record = load(tmp_path / f'memory_n{NPROCS}.json')
+    check_run_record(record, 'memory')
+    rows = record['results']
+    assert [r['method'] for r in rows] == ['raw_mpi', 'engine_op', 'mpi_kvstore:funneled',
+                                           'mpi_kvstore:chained']
+    for row in rows:
+        assert row['calls'] == 200 and len(row['rss_samples_MB']) == 11, row
+        assert positive(row['us_per_call']) and positive(row['rss_after_MB']), row
+    traces = [tmp_path / f'trace.rank{r}.json' for r in range(NPROCS)]
+    png = tmp_path / 'timeline.png'
+    out = run(python_m('plot_timeline', *traces, '-o', png))
+    assert f'plot written to {png}' in out and png.stat().st_size > 0
+
+
+def test_profile_pushpull(mpi_available):
+    out = mpirun(mpi_available, 'profile_pushpull', '--calls', 20, '--rounds', 2, '--top', 3,
+                 '--designs', 'funneled')
+    parts = ['raw_mpi', 'engine_floor', 'inline_op', 'queued_op', 'total:funneled',
+             'submit:funneled', 'rest:funneled']
+    rows = table(out, parts)
+    for name in parts[:-1]:     # rest = total - submit - raw may come out below 0
+        assert positive(rows[name][0]), (name, rows[name])
+    assert 'cProfile of the submit path (funneled)' in out
+
+
+def test_progress(mpi_available):
+    out = mpirun(mpi_available, 'progress', '--size', '64K', '--polls', '0,100', '--trials', 2)
+    rows = table(out, ['blocking', 'poll:0', 'poll:100'])
+    for name, (exchange_ms, cpu_share, machine, both_ms, hidden) in rows.items():
+        assert exchange_ms >= 0 and both_ms > 0 and cpu_share >= 0 and math.isfinite(hidden), name
+    assert re.search(r'compute alone [\d.]+ ms', out)
+
+
+def test_compressed_ring(mpi_available):
+    """Every codec loses some precision, within its bound (which the script asserts too)."""
+    out = mpirun(mpi_available, 'compressed_ring', '--mb', 1, '--trials', 2)
+    codecs = ['| fp16', '| fp16-ring', '| bf16', '| bf16-ring']
+    rows = table(out, ['| raw MPI_Allreduce', *codecs])
+    assert positive(rows['| raw MPI_Allreduce'][0])     # ms
+    for name in codecs:
+        # ms, x compress-once, x raw, max |error|, mean |error|, max error / sum |x|, its bound
+        ms, _, _, max_error, _, share, bound = rows[name]
+        assert ms >= 0 and max_error > 0 and 0 < share <= bound * 1.01, (name, rows[name])
+
+
+# ---------------------------------------------------------------- across test hosts
+
+def test_tcp_cost(mpi_available):
+    """On two test hosts where there are; else two ranks of this machine over its own address."""
+    args = python_m('tcp_cost', '--size', '1M', '--trials', 2)
+    if TESTBED:
+        out = run([sys.executable, '-m', 'testbed', 'run', '--hosts', 2, '--rate', '1gbit',
+                   '-n', NPROCS, '--timeout', TIMEOUT - 30, '--', *args])
+    else:
+        addresses = subprocess.run(['ip', '-4', '-o', 'addr', 'show', 'scope', 'global'],
+                                   capture_output=True, text=True, timeout=30, check=False).stdout
+        if not addresses.strip():
+            pytest.skip(f'no test bed ({WHY_NO_TESTBED}) and no global address to connect to')
+        out = run([mpi_available, *launcher_flags(mpi_available), '-n', NPROCS, *args])
+    rows = table(out, ['sockets', 'sockets+sum', 'mpi', 'mpi polled'])
+    for name, (wall_ms, core_ms, cores) in rows.items():
+        assert positive(wall_ms) and core_ms >= 0 and cores >= 0, name
+
+
+@needs_testbed
+def test_testbed_scaling_then_cost_model(mpi_available, tmp_path):
+    """One rank alone and two over two test hosts, then the model fitted and checked on them."""
+    out = run(python_m('testbed_scaling', '--ranks', '1,2', '--rates', '3gbit', '--allreduce',
+                       '--allreduce-sizes', '4K', '--allreduce-trials', 2,
+                       '--allreduce-designs', 'blocking', '--models', 'resnet20',
+                       '--designs', 'blocking', '--warmup-steps', 0, '--steps', 1,
+                       '--batch-size', 2, '--raw-sizes', '4K,64K', '--out', tmp_path),
+              timeout=2 * TIMEOUT)     # two jobs, each with a test bed of its own
+    combined = load(tmp_path / 'testbed_scaling.json')
+    jobs = {job['job']: job for job in combined['jobs']}
+    assert set(jobs) == {'n1', 'n2_ppn1_3gbit'}, out[-3000:]
+    for job in jobs.values():
+        assert job['ok'], job
+        configs = [r['config'] for r in job['scaling']['models']['resnet20']['rows']]
+        assert configs[:3] == ['single', 'none', 'mpi_kvstore:blocking'], configs
+        assert {r['method'] for r in job['allreduce']['results']} >= {'raw_mpi', 'mpi_kvstore:blocking'}
+    assert '**2 ranks, 2 hosts x 1**' in out
+    md = tmp_path / 'testbed_scaling.md'
+    md.unlink()
+    run(python_m('testbed_scaling', '--report-only', '--out', tmp_path))
+    assert '| mpi_kvstore:blocking |' in md.read_text()
+
+    model_out = tmp_path / 'model'
+    run(python_m('cost_model', '--measured', tmp_path / 'testbed_scaling.json', '--out', model_out))
+    report = load(model_out / 'cost_model.json')
+    points = [p for p in report['validation'] if p['config'] == 'mpi_kvstore:blocking']
+    assert len(points) == 1 and 'skipped' not in points[0], report['validation']
+    for key in ('alone_ms', 'alone_model_ms', 'step_ms', 'step_model_ms'):
+        assert positive(points[0][key]), points[0]
+    assert '3gbit/n2/ppn1' in report['calibration']['lines']
+    assert (model_out / 'cost_model.png').exists()
+
+
+def test_cost_model_predicts(tmp_path):
+    """The prediction alone: fusion (mpi_kvstore.fusion.plan) packs ResNet-50's arrays into
+    fewer collectives than arrays, and no fusion sends one collective per array."""
+    out = run(python_m('cost_model', '--predict-only', '--out', tmp_path))
+    report = load(tmp_path / 'cost_model.json')
+    rows, arrays = report['prediction']['rows'], len(report['prediction']['gradient_sizes'])
+    assert rows['overlap, no fusion, flat']['collectives'] == arrays > 100
+    assert 0 < rows['overlap, fusion, flat (funneled today)']['collectives'] < arrays
+    for row in rows.values():
+        assert positive(row['epoch_s']) and 0 < row['efficiency'] <= 1, row
+    assert 'Headline (' in out
+
+
+# ---------------------------------------------------------------- a GPU
+
+def _gpu_why_not():
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return 'gpu_bandwidth needs a GPU: CuPy sees none'
+    except Exception as exc:    # noqa: BLE001 (no CuPy, or no CUDA driver: nothing to run on)
+        return f'gpu_bandwidth needs CuPy and a GPU ({type(exc).__name__}: {exc})'
+
+
+GPU_WHY_NOT = _gpu_why_not()
+
+
+@pytest.mark.skipif(GPU_WHY_NOT is not None, reason=str(GPU_WHY_NOT))
+def test_gpu_bandwidth(mpi_available):
+    out = mpirun(mpi_available, 'gpu_bandwidth', '--mb', 4, '--repeats', 3)
+    assert re.search(r'^\| cupy D2D copy \| [\d.]+ \|', out, re.MULTILINE), out[-3000:]
