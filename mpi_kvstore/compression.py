@@ -62,7 +62,7 @@ class WireCast:
     added to the receiver's own float32 values, encoded again for the next hop), then a
     ring allgather of the owners' 16-bit sums. Same bytes as compress-once (2 (N-1)/N of the
     16-bit data a rank), point-to-point only, but N-1 roundings of partial sums instead of
-    one: the error bound grows with N (README, Gradient compression).
+    one: the error bound grows with N (docs/compression.md).
     """
 
     def __init__(self, kind, ring=False):
