@@ -16,7 +16,7 @@ except ImportError as _err:
     # run on CuPy arrays alone (the GPU tests run where MXNet cannot be installed).
     _MXNET_MISSING = ImportError(
         "mpi_kvstore needs MXNet 1.9.1: pip install 'mpi_kvstore[cpu]' for the CPU wheel, or an "
-        'mxnet-cu11x==1.9.1 wheel for GPUs (README, GPU arrays); (%s)' % (_err,))
+        'mxnet-cu11x==1.9.1 wheel for GPUs (docs/gpu.md); (%s)' % (_err,))
 
     def __getattr__(name):
         """Submodules import as usual (those that need MXNet raise for themselves); the

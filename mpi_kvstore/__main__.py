@@ -1,5 +1,5 @@
-"""``python -m mpi_kvstore``: the configuration table (the README's copy is generated from it),
-or ``doctor``: what this machine and this MPI give the store (doctor.py)."""
+"""``python -m mpi_kvstore``: the configuration table (docs/configuration.md's copy is
+generated from it), or ``doctor``: what this machine and this MPI give the store (doctor.py)."""
 import argparse
 
 from .cli import console, to_stdout

@@ -190,7 +190,7 @@ OPTIONS: Tuple[Option, ...] = (
            'Allreduces of at least progress_min_bytes run as MPI_Iallreduce polled with '
            'sleeps of up to this long (8 MPI_Test calls per wake-up), so the exchange leaves '
            'the core to compute instead of busy-polling in MPI: for training across hosts on '
-           'busy cores (README, Across hosts). Chained\'s compiled op polls its agreement '
+           'busy cores (docs/tuning.md). Chained\'s compiled op polls its agreement '
            'too. It adds latency over shared memory (benchmarks/allreduce.py). 0: blocking '
            'MPI_Allreduce.', _nonneg),
     Option('progress_min_bytes', parse_bytes, 0, 'bytes',
@@ -206,7 +206,7 @@ OPTIONS: Tuple[Option, ...] = (
            'Abort the whole job (MPI_Abort) once a collective has waited this long. '
            '0 (default) never aborts.', _nonneg),
     # auto is flat: MPICH's own Allreduce already goes through the hosts and nothing beat
-    # it reliably on the test bed (comm.AUTO_MIN_BYTES, README "Hierarchical allreduce").
+    # it reliably on the test bed (comm.AUTO_MIN_BYTES, docs/hierarchical.md).
     Option('hierarchical', _hierarchical, 'auto', 'auto/on/off',
            'Allreduce through the hosts where ranks span several and some host runs more '
            'than one: reduce-scatter inside each host, allreduce of each piece across hosts, '
@@ -259,7 +259,7 @@ class Config:
 
 
 def options_table():
-    """Markdown table of every knob, for the README."""
+    """Markdown table of every knob, for docs/configuration.md."""
     rows = ['| option | environment variable | unit | default | meaning |',
             '|---|---|---|---|---|']
     for o in OPTIONS:

@@ -103,15 +103,18 @@ def test_launcher_local_rank():
     assert cfg.launcher_local_rank({}) is None
 
 
-def test_readme_options_table_is_generated_from_config():
+def test_docs_options_table_is_generated_from_config():
     import os
     import re
-    readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
-    block = re.search(r'<!-- options-table:start -->\n(.*)\n<!-- options-table:end -->', readme,
+    path = os.path.join(os.path.dirname(__file__), '..', 'docs', 'configuration.md')
+    with open(path) as f:
+        page = f.read()
+    block = re.search(r'<!-- options-table:start -->\n(.*)\n<!-- options-table:end -->', page,
                       re.S)
-    assert block, 'README lost its options-table markers'
+    assert block, 'docs/configuration.md lost its options-table markers'
     assert block.group(1) == cfg.options_table(), (
-        'README options table is stale: regenerate with python -m mpi_kvstore --options-table')
+        'docs/configuration.md options table is stale: regenerate with '
+        'python -m mpi_kvstore --options-table')
 
 
 @given(st.lists(st.integers(0, 64), max_size=40), st.integers(0, 100))
