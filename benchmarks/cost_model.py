@@ -212,7 +212,7 @@ def step_time(compute, sizes, allreduce, store, overlap=0.0, fwd_share=1 / 3):
     plan = buckets([(i, sizes[i]) for i in order], store.threshold)
     end = 0.0
     for bucket in plan:
-        start = max(end, max(ready[i] for i in bucket))
+        start = max(end, *(ready[i] for i in bucket))
         end = start + collective_time(sum(sizes[i] for i in bucket), len(bucket), allreduce, store)
     step = max(compute, end + store.sigma)
     return step, step - compute, len(plan)
@@ -290,11 +290,11 @@ class Calibration:
         return max(1.0, ranks / self.cores) if self.cores else 1.0
 
     def as_dict(self):
-        return {'lines': {f'{r}/n{p}/ppn{k}': {'a_s': l.a, 'b_s_per_byte': l.b, 'source': l.source,
-                                                'points_s': l.points}
-                          for (r, p, k), l in self.lines.items()},
-                'net': {r: l.as_dict() for r, l in self.net.items()},
-                'shm': {r: l.as_dict() for r, l in self.shm.items()},
+        return {'lines': {f'{r}/n{p}/ppn{k}': {'a_s': line.a, 'b_s_per_byte': line.b, 'source': line.source,
+                                                'points_s': line.points}
+                          for (r, p, k), line in self.lines.items()},
+                'net': {r: line.as_dict() for r, line in self.net.items()},
+                'shm': {r: line.as_dict() for r, line in self.shm.items()},
                 'software_ms': {f'{m}/{c}': t * 1e3 for (m, c), t in self.software.items()},
                 'cores': self.cores}
 
@@ -470,8 +470,8 @@ def resnet50_sizes():
         shapes = dict(zip(sym.list_arguments(), sym.infer_shape(data=(1, 3, 224, 224))[0]))
         return [int(np.prod(shapes[name])) * 4 for name, p in params.items()
                 if p.grad_req != 'null' and name in shapes]
-    except Exception as exc:    # noqa: BLE001  (no MXNet here: say so, use nothing silently)
-        raise SystemExit(f'cannot build resnet50_v1 to size its gradients: {exc}')
+    except Exception as exc:
+        raise SystemExit(f'cannot build resnet50_v1 to size its gradients: {exc}') from exc
 
 
 def cluster_topology(args, gpus):
@@ -598,7 +598,8 @@ def topology_table(rows):
         two = '-' if r['two_rank_ms'] is None else f'{r["two_rank_ms"]:.1f}'
         ratio = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}'
         intra = '-' if r['intra_GBps'] is None else f'{r["intra_GBps"]:.2f}'
-        lines.append(f'| {r["ranks"]} ranks, {r["ppn"]} a host, {r["rate"]} | {harness.format_size(r["bytes"])} | {two} | '
+        lines.append(f'| {r["ranks"]} ranks, {r["ppn"]} a host, {r["rate"]} | '
+                     f'{harness.format_size(r["bytes"])} | {two} | '
                      f'{r["measured_ms"]:.1f} | {ratio} | {r["flat_ms"]:.1f} | {r["hierarchical_ms"]:.1f} | '
                      f'{intra} |')
     return '\n'.join(lines)
@@ -626,7 +627,8 @@ def validation_table(points):
         if 'skipped' in p:
             lines.append(f'| {p["job"]} | {p["config"]} | skipped: {p["skipped"]} |' + ' |' * 8)
             continue
-        flag = lambda e: f'**{_pct(e)}**' if abs(e) > TARGET_ERROR else _pct(e)
+        def flag(e):
+            return f'**{_pct(e)}**' if abs(e) > TARGET_ERROR else _pct(e)
         lines.append(f'| {p["layout"]}{", " + p["rate"] if p["rate"] else ""} | {p["config"]} | '
                      f'{p["collectives"]} | {p["compute_ms"]:.0f} | {p["alone_ms"]:.0f} | '
                      f'{p["alone_model_ms"]:.0f} | {flag(p["alone_error"])} | {p["step_ms"]:.0f} | '

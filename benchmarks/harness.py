@@ -312,7 +312,7 @@ def create_store(design, timeout, **extra):
             kv, why = mpi_kvstore.create('dist_mpi', **options), None
             if two_bit is not None:
                 kv.set_gradient_compression({'type': '2bit', 'threshold': float(two_bit)})
-        except Exception as exc:    # noqa: BLE001 (e.g. a design this MPI's thread level refuses)
+        except Exception as exc:
             kv, why = None, f'{type(exc).__name__}: {exc}'
         why = agree(why)
     return (None, why) if why else (kv, None)
@@ -328,7 +328,7 @@ def rank0_print(*args, comm=None, **kwargs):
 def _version_of(module_name):
     try:
         return __import__(module_name).__version__
-    except Exception as exc:    # noqa: BLE001 (a missing optional package is a fact to record)
+    except Exception as exc:
         return f'unavailable ({type(exc).__name__})'
 
 
@@ -447,7 +447,7 @@ def run_main(main):
         return main()
     except SystemExit:
         raise
-    except BaseException:   # noqa: BLE001 (any: the other ranks must not wait forever)
+    except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
         world().Abort(1)

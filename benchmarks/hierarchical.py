@@ -69,7 +69,7 @@ def main():
     active = hier.hierarchical
     if COMM.rank == 0:
         layout = ', '.join(f'{r}:{n}' for r, n in enumerate(names))
-        print(f'{COMM.size} ranks on {hier.nodes} hosts ({layout}); hierarchy active: '
+        print(f'{COMM.size} ranks on {hier.hierarchy.nodes} hosts ({layout}); hierarchy active: '
               f'{active}; {MPI.Get_library_version().splitlines()[0]}', flush=True)
     if not active:
         harness.rank0_print('the hierarchy does not apply here (one host, or one rank a '
@@ -90,7 +90,7 @@ def main():
                 # The store's other shape, for hosts of different sizes, forced on this layout
                 # (a private method: what Comm.allreduce runs where hosts differ in size).
                 makers['mpi:leaders'] = functools.partial(
-                    comm_op, hier._allreduce_via_leaders, nbytes, 'via leaders')
+                    comm_op, hier.hierarchy._via_leaders, nbytes, 'via leaders')
             for mode, kv in stores.items():
                 makers[f'kv:{"hier" if mode == "on" else "flat"}'] = functools.partial(
                     harness.pushpull_op, kv, [index], nbytes)
@@ -120,7 +120,7 @@ def main():
     flat.Free()
     run = harness.Run('hierarchical', args, label=args.label)
     run.write({'results': rows}, sizes=[harness.format_size(n) for n in args.sizes],
-              hosts=names, nodes=hier.nodes, hierarchy_active=active)
+              hosts=names, nodes=hier.hierarchy.nodes, hierarchy_active=active)
     harness.rank0_print('wrote', run.json_path)
 
 if __name__ == '__main__':

@@ -82,7 +82,7 @@ def horovod(comm=COMM):
         import horovod.mxnet as hvd
         hvd.init()
         why = None
-    except Exception as exc:     # noqa: BLE001 (not installed, the usual case: nothing to compare)
+    except Exception as exc:
         hvd, why = None, f'horovod.mxnet does not import ({type(exc).__name__}: {exc})'
     why = harness.agree(why, comm)
     return (None, why) if why else (hvd, None)
@@ -165,13 +165,13 @@ class PsLite:
         """Rank 0: start the processes; return (port, error)."""
         try:
             # open while the servers write to it; deleted when this object goes
-            self.log = tempfile.NamedTemporaryFile('w+', prefix='pslite-', suffix='.log')  # noqa: SIM115
+            self.log = tempfile.NamedTemporaryFile('w+', prefix='pslite-', suffix='.log')
             port = free_port()
             self.procs = [self._spawn(port, 'scheduler')]
             self.procs += [self._spawn(port, 'server') for _ in range(self.num_servers)]
             atexit.register(self.kill)
             error = self._wait_listening(port)
-        except Exception as exc:     # noqa: BLE001 (any failure here only means: no dist_sync baseline)
+        except Exception as exc:
             port, error = None, f'{type(exc).__name__}: {exc}'
         if error:
             self.kill()

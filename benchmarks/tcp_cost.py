@@ -12,7 +12,7 @@ together. Per mode, over --trials, the median wall time and the machine's busy c
   sockets+sum   the same, plus the float32 sum of what arrived (what an allreduce adds);
   mpi           MPI Allreduce(IN_PLACE) of --size bytes (MPICH busy-polls inside it);
   mpi polled    MPI_Iallreduce waited for as the store waits with progress_sleep_us=200
-                (comm.wait_polling: MPI_Test 8 times per wake-up, sleeps of up to 200 us).
+                (progress.wait_polling: MPI_Test 8 times per wake-up, sleeps of up to 200 us).
 The first two are the floor under any exchange's CPU on this machine (README, Across hosts).
 """
 import argparse
@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from benchmarks import harness
-from mpi_kvstore.comm import PROGRESS_TESTS, wait_polling  # the store's own wait
+from mpi_kvstore.progress import PROGRESS_TESTS, wait_polling  # the store's own wait
 
 COMM = MPI.COMM_WORLD
 

@@ -337,7 +337,7 @@ def markdown(combined):
                   "machine's CPU, scaling.py) / step of `none` (compute only) divided by this "
                   'step.'), '']
         layouts = []
-        for layout, rate in data['cells']:
+        for layout, _rate in data['cells']:
             if layout not in layouts:
                 layouts.append(layout)
         for layout in layouts:

@@ -94,7 +94,7 @@ def _attached(prefix):
     try:
         return Hosts.attach(prefix)
     except TestbedError as err:
-        raise SystemExit('testbed: %s' % err)
+        raise SystemExit('testbed: %s' % err) from err
 
 
 def up(args):

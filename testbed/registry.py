@@ -174,8 +174,8 @@ def unguard(hosts):
 @atexit.register
 def _down_at_exit():
     # A copy: down() takes each one out of _LIVE.
-    for hosts in list(_LIVE):   # noqa: PERF101
+    for hosts in list(_LIVE):
         try:
             hosts.down()
-        except Exception as err:   # noqa: BLE001 (exiting: report, go on)
+        except Exception as err:
             print('testbed: teardown at exit: %s' % err, file=sys.stderr)

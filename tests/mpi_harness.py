@@ -16,7 +16,6 @@ running afterwards (process groups and the run-id search: testbed.processes).
 """
 # The project formats with '%' throughout (as testbed/ruff.toml says for testbed/);
 # rewriting every format string here would be churn with no defect behind it.
-# ruff: noqa: UP031
 import functools
 import os
 import shutil
@@ -97,7 +96,7 @@ def require_mpiexec():
     return mpiexec
 
 
-@functools.lru_cache(maxsize=None)   # noqa: UP033 (functools.cache needs 3.9; we support 3.8)
+@functools.lru_cache(maxsize=None)
 def launcher_flags(mpiexec):
     """Extra mpiexec flags this MPI needs to run N ranks on a small machine.
 

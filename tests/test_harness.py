@@ -1,10 +1,10 @@
 """Tests of the multi-process harness itself (tests/mpi_harness.py)."""
 # The project formats with '%' throughout (as testbed/ruff.toml says for testbed/);
 # rewriting every format string here would be churn with no defect behind it.
-# ruff: noqa: UP031
 import time
 
 import pytest
+
 from mpi_harness import MPIRunError, MPITimeout, mpi_sizes, process_alive, run_mpi
 
 

@@ -5,7 +5,6 @@ tc, no namespaces). The pure parts run everywhere.
 """
 # The project formats with '%' throughout (as testbed/ruff.toml says for testbed/);
 # rewriting every format string here would be churn with no defect behind it.
-# ruff: noqa: UP031
 import os
 import re
 import signal
