@@ -71,24 +71,7 @@ class Comm:
         """The hierarchy is built and every host runs as many ranks (node and cross)."""
         return self.hierarchy.active and self.hierarchy.uniform
 
-    @property
-    def node(self):
-        return self.hierarchy.node
-
-    @property
-    def cross(self):
-        return self.hierarchy.cross
-
-    @property
-    def nodes(self):
-        return self.hierarchy.nodes
-
     # -- device buffers --------------------------------------------------------
-    @property
-    def transport(self):
-        """The agreed device transport's name, once chosen (None before)."""
-        return self.router.chosen
-
     def device_transport(self, device, nbytes=None):
         """The transport for a device buffer of ``nbytes`` (collective on first use)."""
         return self.router.transport(device, nbytes)
@@ -107,12 +90,18 @@ class Comm:
 
     def allreduce_with(self, buf, algorithm):
         """Allreduce in place with the named algorithm (tuning.LOSSLESS)."""
+        self._route(buf, lambda transport, data: transport.allreduce(data, algorithm),
+                    lambda data: self.allreduce_host(data, algorithm))
+
+    def _route(self, buf, on_device, on_host):
+        """``on_device(transport, data)`` for a device buffer, through its transport;
+        ``on_host(buf)`` for a host one; nothing at one rank."""
         if self.size == 1:
             return
         if _is_device(buf):
-            self.router.run(buf, lambda transport, data: transport.allreduce(data, algorithm))
+            self.router.run(buf, on_device)
         else:
-            self.allreduce_host(buf, algorithm)
+            on_host(buf)
 
     def allreduce_host(self, data, algorithm):
         """Allreduce in place with the named algorithm: 'mpi' (MPI_Allreduce, polled under
@@ -141,12 +130,8 @@ class Comm:
         run.raise_first()
 
     def bcast(self, buf, root):
-        if self.size == 1:
-            return
-        if _is_device(buf):
-            self.router.run(buf, lambda transport, data: transport.bcast(data, root))
-        else:
-            self.bcast_host(buf, root)
+        self._route(buf, lambda transport, data: transport.bcast(data, root),
+                    lambda data: self.bcast_host(data, root))
 
     def bcast_host(self, data, root):
         self.mpi.Bcast(data, root=root)
@@ -157,17 +142,18 @@ class Comm:
     def allgather(self, send, recv):
         """Every rank's ``send`` (host buffers, one size everywhere) into ``recv``, in rank
         order."""
-        if self._progress_us:
-            self.wait(self.mpi.Iallgather(send, recv))
-        else:
-            self.mpi.Allgather(send, recv)
+        self._polled(self.mpi.Iallgather, self.mpi.Allgather, send, recv)
 
     def alltoall(self, send, recv):
         """Chunk j of ``send`` to rank j; chunk i of ``recv`` from rank i (host buffers)."""
+        self._polled(self.mpi.Ialltoall, self.mpi.Alltoall, send, recv)
+
+    def _polled(self, start, blocking, *args):
+        """``start(*args)`` waited for with sleeps under progress, else ``blocking(*args)``."""
         if self._progress_us:
-            self.wait(self.mpi.Ialltoall(send, recv))
+            self.wait(start(*args))
         else:
-            self.mpi.Alltoall(send, recv)
+            blocking(*args)
 
     def start_alltoall(self, send, recv):
         """Non-blocking alltoall of host buffers; finish it with :meth:`wait`."""

@@ -10,7 +10,7 @@ Per size, on host float32 buffers, every algorithm this job can run:
   hierarchical  the hierarchy of comm.Comm (only where ranks span hosts and some host runs
                 more than one);
 and, reported but never chosen (they change the numbers), the fp16 and bf16 wire casts of
-compression.py (compressed once and as a ring). Where every rank has a GPU, each GPU
+compression/ (compressed once and as a ring). Where every rank has a GPU, each GPU
 transport every rank can use (transports/) is timed on CuPy buffers too (``device_ms``),
 and the table's ``device`` rows keep, per size, the one gpu_transport=auto would take
 unless another is faster by the margin.
@@ -79,8 +79,7 @@ def _runners(comm, hier, buf):
 # Below this size every algorithm is timed SMALL_TRIALS times as often.
 SMALL_BYTES, SMALL_TRIALS = 256 << 10, 8
 # Another algorithm replaces MPI_Allreduce only where it is this much faster: closer than
-# that, a pick is noise (4 ranks over 2 test hosts at 4 KB: rsag 0.311 ms against mpi 0.319
-# in one pass, mpi 0.191 against rsag 0.245 when timed again).
+# that, a pick is noise (docs/tuning.md).
 MARGIN = 0.97
 
 
@@ -199,7 +198,7 @@ def main(argv=None):
     hier = Comm(world, 'on')
     say = console.info if world.Get_rank() == 0 else (lambda *a, **k: None)
     say('tuning allreduce on %d ranks (%d host(s)), %d trials a size'
-        % (world.Get_size(), hier.nodes, args.trials))
+        % (world.Get_size(), hier.hierarchy.nodes, args.trials))
     measured, chosen = {}, []
     for nbytes in sizes:
         buf = np.zeros(max(nbytes // 4, 1), np.float32)

@@ -5,7 +5,7 @@ from .. import device_codecs
 from ..fusion import pieces
 from ..mpiabi import MPI
 from .buckets import device_module, float32_values, host_empty, packed, ring_pieces
-from .kernels import decode_f16, encode_f16, sum_rows_f16
+from .kernels import host_codec
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -13,7 +13,7 @@ FLOAT16_MAX = float(np.finfo(np.float16).max)
 class WireCast:
     """float32/float64 buckets exchanged as float16 or bfloat16 (see the module).
 
-    ``ring``: the compression-assisted ring of seed 003 instead of compressing once: a ring
+    ``ring``: the compression-assisted ring (docs/compression.md) instead of compressing once: a ring
     reduce-scatter in which every hop's partial sum travels as 16-bit floats (decoded,
     added to the receiver's own float32 values, encoded again for the next hop), then a
     ring allgather of the owners' 16-bit sums. Same bytes as compress-once (2 (N-1)/N of the
@@ -30,11 +30,8 @@ class WireCast:
         self.kind = kind
         self.ring = bool(ring)
         self.spec = (kind, 'ring') if ring else (kind,)
-        if kind == 'fp16':
-            self.wire = np.dtype(np.float16)
-        else:
-            import ml_dtypes  # only where bf16 is asked for
-            self.wire = np.dtype(ml_dtypes.bfloat16)
+        self._host = host_codec(kind)
+        self.wire = self._host.wire
 
     def applies_to(self, dtype):
         return dtype in (np.float32, np.float64)
@@ -141,7 +138,7 @@ class WireCast:
         host. Every rank decodes the same bits. Elementwise the result is the flat one's with
         hosts in place of ranks: each host's sum / N rounded to 16 bits, summed in float32 in
         host order, rounded again, times N."""
-        n, node, cross = comm.size, comm.node, comm.cross
+        n, node, cross = comm.size, comm.hierarchy.node, comm.hierarchy.cross
         sizes = [r.nbytes // r.dtype.itemsize for r in reqs]
         count = sum(sizes)
         flat, failed = float32_values(reqs, sizes, np.float32(1))
@@ -220,37 +217,27 @@ class WireCast:
             offset += size
         return failed
 
-    # float16: compiled conversions (numpy 1.23's take 5x longer); bfloat16: ml_dtypes'.
+    # A device buffer takes the CuPy kernels; a host one this kind's host codec (kernels.py).
     def _encode(self, values, scale, out):
         """out (uint16) = the 16-bit float of float32(values) * scale."""
-        if not isinstance(values, np.ndarray):
-            device_codecs.encode16(values, scale, self.kind, out)
-        elif self.kind == 'fp16':
-            encode_f16(values, scale, out)
+        if isinstance(values, np.ndarray):
+            self._host.encode(values, scale, out)
         else:
-            with np.errstate(over='ignore', invalid='ignore'):
-                np.multiply(values, scale, dtype=np.float32, out=out.view(self.wire),
-                            casting='unsafe')
+            device_codecs.encode16(values, scale, self.kind, out)
 
     def _sum_rows(self, rows, out):
         """out (uint16) = the 16-bit float of the float32 sum of the rows, in rank order."""
-        if not isinstance(rows, np.ndarray):
-            device_codecs.sum_rows16(rows, self.kind, out)
-        elif self.kind == 'fp16':
-            sum_rows_f16(rows, out)
+        if isinstance(rows, np.ndarray):
+            self._host.sum_rows(rows, out)
         else:
-            with np.errstate(over='ignore', invalid='ignore'):
-                out.view(self.wire)[...] = np.add.reduce(rows.view(self.wire), axis=0,
-                                                         dtype=np.float32)
+            device_codecs.sum_rows16(rows, self.kind, out)
 
     def _decode(self, bits, scale, out):
         """out (float32 or float64) = float32(the 16-bit floats) * scale."""
-        if not isinstance(out, np.ndarray):
-            device_codecs.decode16(bits, scale, self.kind, out)
-        elif self.kind == 'fp16':
-            decode_f16(bits, scale, out)
+        if isinstance(out, np.ndarray):
+            self._host.decode(bits, scale, out)
         else:
-            np.multiply(bits.view(self.wire), scale, dtype=np.float32, out=out, casting='unsafe')
+            device_codecs.decode16(bits, scale, self.kind, out)
 
 
 def _fp16_overflow(n):

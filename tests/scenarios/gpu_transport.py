@@ -221,7 +221,7 @@ if EXPECT == 'refused':
     buf = filled(64, 'float32', 1)
     expect_raises(ConfigError, on_fresh_thread, reducer.allreduce, [request('r', buf)], comm,
                   contains='one GPU')
-    assert comm.transport is None
+    assert comm.router.chosen is None
     if RANK == 0:
         print('%s refused on every rank: two ranks share one GPU' % TRANSPORT)
     done('gpu_transport[%s]' % TRANSPORT)
@@ -238,7 +238,7 @@ if SIZE > 1:   # at one rank the store reduces nothing, so nothing can fail
     check_local_failures()
 if SIZE > 1:
     ran = debug.since(START, 'transport')
-    assert comm.transport in RAN and set(ran) == RAN, (comm.transport, ran)
+    assert comm.router.chosen in RAN and set(ran) == RAN, (comm.router.chosen, ran)
     mpi_calls = debug.since(START, 'algorithm').get('mpi', 0)   # host MPI_Allreduce calls
     assert mpi_calls > 0 if RAN & {'staged', 'cuda_mpi'} else mpi_calls == 0, mpi_calls
     if RANK == 0:

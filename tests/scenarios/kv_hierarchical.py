@@ -65,12 +65,12 @@ def check_state(kv):
         active = EXPECT in ('scatter', 'leaders')
         assert comm.hierarchical == active, (
             'rank %d: %s: hierarchical is %s, expected %s (nodes=%d)'
-            % (RANK, DESIGN, comm.hierarchical, active, comm.nodes))
+            % (RANK, DESIGN, comm.hierarchical, active, comm.hierarchy.nodes))
         if active:
             assert comm.hierarchy.uniform == (EXPECT == 'scatter'), comm.hierarchy.uniform
-            assert comm.nodes > 1 and comm.node.Get_size() >= 1, comm.nodes
+            assert comm.hierarchy.nodes > 1 and comm.hierarchy.node.Get_size() >= 1, comm.hierarchy.nodes
         elif MODE == 'on':
-            assert comm.node is None and comm.cross is None
+            assert comm.hierarchy.node is None and comm.hierarchy.cross is None
     if DESIGN == 'chained':   # its native op would call MPI_Allreduce flat on the handle
         assert kv._design._native == (kv.config.native_ops and not comms[0].hierarchical)
     return len(comms)

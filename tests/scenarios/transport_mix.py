@@ -109,7 +109,7 @@ comm = Comm(WORLD, 'off', table=table(rows))
 before = debug.snapshot()
 for n in (16, 1000, 16384, 300000, 16, 16):
     summed(n, comm)
-assert comm.transport == 'small', comm.transport          # auto's own choice
+assert comm.router.chosen == 'small', comm.router.chosen          # auto's own choice
 assert ran(before) == {'small': 4, 'large': 2}, ran(before)
 assert HANDOVERS == [('large', 'small'), ('small', 'large')], HANDOVERS
 assert comm.device_transport(0, 65536).name == 'large'   # the midpoint is the larger's
