@@ -127,16 +127,13 @@ class Option:
 OPTIONS: Tuple[Option, ...] = (
     Option('design', _design, 'funneled', 'name',
            'Scheduling design: funneled, concurrent, chained, or blocking (baseline).'),
-    # Not Horovod's 64 MB: on a CPU the copies into and out of a fusion buffer cost as
-    # much as the collective from about 1 MB on, and MPICH reduces 1 MB pieces faster
-    # than one huge buffer (resnet18_v1's 45 MB of gradients: 15 ms at 1 MB, 41 at 64 MB).
+    # Not Horovod's 64 MB: on a CPU, copies into a larger buffer cost as much as the
+    # collective (docs/configuration.md, Why the defaults).
     Option('fusion_threshold', parse_bytes, 1 << 20, 'bytes',
            'Largest fused buffer; smaller gradients ready together travel in one collective, '
            'larger ones are reduced in their own memory. 0 disables fusion.', _nonneg),
-    # Not Horovod's 64 MB: 64 MB of 256 arrays through the staged transport (2 and 4 ranks on
-    # one H200, benchmarks/gpu_bandwidth.py) took 22.3 and 37.7 ms fused at 16 MB, 26.2 and
-    # 46.0 at 64 MB, 35.2 and 52.0 at 4 MB, 106 and 147 unfused. NCCL across GPUs is not
-    # measured here (one GPU lent, and NCCL refuses two ranks on one).
+    # 16 MB was the fastest fusion size through the staged transport on one GPU
+    # (docs/configuration.md, Why the defaults).
     Option('device_fusion_threshold', parse_bytes, 16 << 20, 'bytes',
            'Largest fused buffer of GPU arrays (fusion_threshold is for host arrays). '
            '0 disables their fusion.', _nonneg),
@@ -151,7 +148,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option('compression', _compression, 'none', 'name',
            'Wire casting of float32 and float64 gradients (push, pushpull): fp16 or bf16 '
            'halve the bytes; sums in float32, results bitwise identical on every rank, in '
-           'the original dtype (compression.py). fp16-ring, bf16-ring: a ring whose every hop '
+           'the original dtype (compression/). fp16-ring, bf16-ring: a ring whose every hop '
            'carries 16-bit partial sums (same bytes, N-1 roundings instead of one). none: exact '
            'MPI sums. For MXNet\'s 2-bit compression, call kv.set_gradient_compression.'),
     Option('two_phase_min_ranks', int, 32, 'ranks',
@@ -205,8 +202,8 @@ OPTIONS: Tuple[Option, ...] = (
     Option('stall_abort', float, 0.0, 'seconds',
            'Abort the whole job (MPI_Abort) once a collective has waited this long. '
            '0 (default) never aborts.', _nonneg),
-    # auto is flat: MPICH's own Allreduce already goes through the hosts and nothing beat
-    # it reliably on the test bed (comm.AUTO_MIN_BYTES, docs/hierarchical.md).
+    # auto is flat: MPICH's own Allreduce already goes through the hosts, and nothing beat it
+    # reliably (hierarchy.AUTO_MIN_BYTES, docs/hierarchical.md).
     Option('hierarchical', _hierarchical, 'auto', 'auto/on/off',
            'Allreduce through the hosts where ranks span several and some host runs more '
            'than one: reduce-scatter inside each host, allreduce of each piece across hosts, '

@@ -1,7 +1,7 @@
 """The codecs' kernels on CuPy arrays: gradients are encoded on the GPU, so only the
 compressed bytes are copied to the host for MPI, and decoded there after.
 
-Each kernel computes what its host counterpart in compression.py computes, bit for bit
+Each kernel computes what its host counterpart in compression/ computes, bit for bit
 (tests/scenarios/gpu_compression.py checks it on a GPU): IEEE float32 arithmetic in the same
 order, rounding to nearest even into float16 and bfloat16. So a 2-bit residual on a GPU
 is the residual numpy gives, and a rank's sums do not depend on where its arrays live.

@@ -381,7 +381,7 @@ _compiled = {}
 
 def _compile(name, fn):
     """The cfunc ``fn`` (compiled on first use in this process, or loaded from numba's
-    on-disk cache: see the closing note for both costs)."""
+    on-disk cache: docs/designs.md gives both costs)."""
     if name not in _compiled:
         _compiled[name] = numba.cfunc(_SIGNATURE, cache=True)(fn)
     return _compiled[name].address

@@ -74,7 +74,7 @@ class Reducer:
             comm.bcast(req.buffer(), req.root)
 
     def _coded(self, bucket, comm):
-        """A bucket with compressed requests: each codec exchanges its own (compression.py;
+        """A bucket with compressed requests: each codec exchanges its own (compression/;
         on the bucket's device for GPU arrays), the rest are reduced as usual. Buckets and
         codecs are agreed, so every rank makes the same calls in the same order."""
         codecs = []

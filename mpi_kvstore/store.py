@@ -295,7 +295,7 @@ class MPIKVStore(KVStoreBase):
         """MXNet's 2-bit compression of push and pushpull: {'type': '2bit', 'threshold': t}
         (t defaults to 0.5), or {'type': 'none'}. Every rank must set the same (their calls
         fail with RankMismatchError otherwise); it applies to the calls made after it, and
-        each key keeps its residual (compression.py)."""
+        each key keeps its residual (compression/)."""
         self._begin()
         self._codec = compression.from_params(compression_params,
                                               self._config.two_phase_min_ranks)

@@ -18,9 +18,10 @@ import tempfile
 import uuid
 
 import pytest
-from mpi_harness import REPO_ROOT, child_env, kill_leftovers, launcher_flags
 
 import testbed
+
+from mpi_harness import REPO_ROOT, child_env, kill_leftovers, launcher_flags
 
 BENCHMARKS = os.path.join(REPO_ROOT, 'benchmarks')
 NPROCS = 2
@@ -214,7 +215,7 @@ def test_profile_pushpull(mpi_available):
 def test_progress(mpi_available):
     out = mpirun(mpi_available, 'progress', '--size', '64K', '--polls', '0,100', '--trials', 2)
     rows = table(out, ['blocking', 'poll:0', 'poll:100'])
-    for name, (exchange_ms, cpu_share, machine, both_ms, hidden) in rows.items():
+    for name, (exchange_ms, cpu_share, _machine, both_ms, hidden) in rows.items():
         assert exchange_ms >= 0 and both_ms > 0 and cpu_share >= 0 and math.isfinite(hidden), name
     assert re.search(r'compute alone [\d.]+ ms', out)
 
@@ -305,7 +306,7 @@ def _gpu_why_not():
         if cupy.cuda.runtime.getDeviceCount() > 0:
             return None
         return 'gpu_bandwidth needs a GPU: CuPy sees none'
-    except Exception as exc:    # noqa: BLE001 (no CuPy, or no CUDA driver: nothing to run on)
+    except Exception as exc:
         return f'gpu_bandwidth needs CuPy and a GPU ({type(exc).__name__}: {exc})'
 
 

@@ -201,7 +201,7 @@ class Chained(Design):
 
 def _native_can_run(reqs):
     for req in reqs:
-        if req.kind == 'custom' or req.codec is not None:   # compressed: compression.py
+        if req.kind == 'custom' or req.codec is not None:   # compressed: compression/
             return False
         if req.place != 'cpu':   # device memory: a device transport (reduce.py)
             return False

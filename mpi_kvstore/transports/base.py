@@ -2,7 +2,7 @@
 
 A transport moves the data of one collective on one device. It does not agree with other
 ranks on what runs (agreement.py and the designs do), fuse, average or compress
-(reduce.py, compression.py): it is handed one flat CuPy buffer of agreed size and does the
+(reduce.py, compression/): it is handed one flat CuPy buffer of agreed size and does the
 collective in place. Every rank makes the same calls in the same order on one thread per
 communicator, so a transport may be collective in its constructor.
 

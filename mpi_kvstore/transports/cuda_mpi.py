@@ -1,6 +1,6 @@
 """MPI on device buffers directly, for a CUDA-aware MPI: no host copies.
 
-Chosen only where the MPI says it is CUDA-aware (comm.cuda_aware: MPIX_Query_cuda_support
+Chosen only where the MPI says it is CUDA-aware (mpiabi.cuda_aware: MPIX_Query_cuda_support
 or MPIX_GPU_query_support) or the user says so (cuda_aware=on): a device pointer handed
 to an MPI that cannot take it crashes the process or reads garbage.
 """

@@ -4,7 +4,7 @@ usage: gpu_compression.py
 
 The same gradients go through each codec twice: as CuPy arrays (encoded and decoded by
 device_codecs' kernels, only the compressed bytes crossing to the host) and as numpy
-arrays (compression.py's host kernels, which tests/test_compression.py checks against
+arrays (the host kernels of compression/kernels.py, which tests/test_compression.py checks against
 numpy references and MXNet's transcribed loop). Results, and 2-bit residuals after every
 step, must be bitwise equal, and equal on every rank. No MXNet.
 """

@@ -1,4 +1,4 @@
-"""Gradient compression (compression.py) against numpy simulations of every rank.
+"""Gradient compression (compression/) against numpy simulations of every rank.
 
 Each rank's gradients are a function of (rank, step, key), so every rank can compute
 what every other rank sends, and the expected result, with numpy alone:

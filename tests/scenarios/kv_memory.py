@@ -17,11 +17,11 @@ from mpi4py import MPI
 
 import mpi_kvstore
 
-from common import RANK, SIZE, WORLD, close, design_arg, done
-
 # One gate and one RSS probe for this test and benchmarks/memory.py (the repository root is on
 # PYTHONPATH: mpi_harness puts it there).
 from benchmarks.memory_probe import Gate, gated_step, rss_mb
+
+from common import RANK, SIZE, WORLD, close, design_arg, done
 
 
 def main():
