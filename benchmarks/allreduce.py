@@ -10,16 +10,29 @@ Measured in one run, on the same float32 arrays:
   mpi_kvstore:D  kv.pushpull(key, arr) in place, then arr.wait_to_read(), for each design D;
   dist_sync      MXNet's own ps-lite store, scheduler and one server on 127.0.0.1
                  (dist_sync:p3 with --p3: ps-lite's P3 van);
-  engine_floor   no MPI: the same arrays moved by MXNet's own copyto, then waited for. One
-                 engine round trip, which any engine-embedded collective also pays, so
+  engine_floor   no MPI: one MXNet engine op per array that has it as its mutable
+                 dependency but writes one element (slice_assign_scalar), then waited for.
+                 One engine hand-off, which any engine-embedded collective also pays, so
                  raw_mpi + engine_floor is the best a pushpull-then-wait can do (column
                  'vs floor'; the MXNet engine's thread hand-offs cost ~100 us on some VMs).
+                 Not a copy: a copy grows with the size, a hand-off does not.
 The fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer does, and compares
-the total with one raw Allreduce of the same 1.6 MB.
+the total with one raw Allreduce of the same 1.6 MB (fusion_reference, a raw_mpi row).
+
+Interleaved: every store is created first and all stay alive together; then each case (each
+size of the sweep, then the fusion case) runs harness.interleaved over every method, so that
+each round runs every method once, in an order that rotates from round to round. A shared
+VM's slow and fast phases then hit all methods alike, and the tables reproduce from run to
+run. Each case is bounded by --timeout; a row keeps the slowest rank's seconds of each round
+(trials_us) and the tables print their median, min and max. The JSON records that the run
+was interleaved, its command line (argv) and its date.
 """
 import argparse
 import functools
 import gc
+import shlex
+import sys
+import time
 
 from mpi4py import MPI
 
@@ -46,79 +59,107 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- one run's bookkeeping
 
 class Run(harness.Run):
-    """Results so far; saved after every method so a killed job still leaves them."""
+    """Results so far; saved after every case so a killed job still leaves them."""
 
     def __init__(self, args):
         super().__init__('allreduce', args)
         self.rows = []
+        self.started = time.strftime('%Y-%m-%dT%H:%M:%S%z')
 
-    def time(self, method, case, nbytes, make_op, keys=1):
-        """Build the op, time it under a deadline, keep the summary."""
-        what = f'{method} {case} {harness.format_size(nbytes)} x {keys}'
+    def time_case(self, case, nbytes, keys, makers):
+        """Build every method's op, time them in interleaved rounds under one deadline, keep
+        a row per method. makers: {name: make_op}, name a method, or 'fusion_reference'
+        (raw_mpi's one Allreduce of the case's keys * nbytes)."""
+        what = f'{case} {harness.format_size(nbytes)} x {keys}'
+        harness.rank0_print(f'measuring {what}: {", ".join(makers)} ...')
         with harness.deadline(self.args.timeout, what, self.on_expire):
-            times = harness.measure(COMM, make_op(), self.args.warmups, self.args.trials)
-        row = harness.summarize(times, nbytes * keys, COMM.size)
-        self.rows.append({'method': method, 'case': case, 'keys': keys, **row})
+            ops = {name: make() for name, make in makers.items()}
+            times = harness.interleaved(ops, self.args.trials, self.args.warmups, comm=COMM)
+        for name, seconds in times.items():
+            row = harness.summarize(seconds, nbytes * keys, COMM.size)
+            if name == 'fusion_reference':
+                self.rows.append({'method': 'raw_mpi', 'case': name, 'keys': 1, **row})
+            else:
+                self.rows.append({'method': name, 'case': case, 'keys': keys, **row})
+        del ops
+        gc.collect()
+        self.save()
 
     def save(self):
         derive(self.rows)
         self.write({'results': self.rows},
-                   sizes=[harness.format_size(n) for n in self.args.sizes])
+                   sizes=[harness.format_size(n) for n in self.args.sizes],
+                   interleaved=True, argv=sys.argv, date=self.started,
+                   command=f'mpiexec -n {COMM.size} python -m benchmarks.allreduce '
+                           + shlex.join(sys.argv[1:]))
 
 
-def time_store(run, method, kv):
-    """The size sweep and the fusion case on one store."""
-    harness.rank0_print(f'measuring {method} ...')
-    for index, nbytes in enumerate(run.args.sizes):
-        run.time(method, 'allreduce', nbytes, functools.partial(harness.pushpull_op, kv, [index], nbytes))
-    keys = range(FUSION_KEY0, FUSION_KEY0 + run.args.fusion_keys)
-    run.time(method, 'fusion', run.args.fusion_size,
-             functools.partial(harness.pushpull_op, kv, keys, run.args.fusion_size), keys=len(keys))
+# ---------------------------------------------------------------- the stores, and each case's ops
 
-
-# ---------------------------------------------------------------- the three kinds of method
-
-def bench_raw(run):
-    harness.rank0_print('measuring raw_mpi ...')
-    raw = functools.partial(peers.raw_allreduce_op, in_place=False)
-    for nbytes in run.args.sizes:
-        run.time('raw_mpi', 'allreduce', nbytes, functools.partial(raw, nbytes))
-        run.time('raw_mpi:in_place', 'allreduce', nbytes, functools.partial(peers.raw_allreduce_op, nbytes))
-    keys, size = run.args.fusion_keys, run.args.fusion_size
-    run.time('raw_mpi', 'fusion_reference', size * keys, functools.partial(raw, size * keys))
-    run.time('raw_mpi', 'fusion', size, functools.partial(raw, size, keys), keys=keys)
-    harness.rank0_print('measuring engine_floor ...')
-    for nbytes in run.args.sizes:
-        run.time('engine_floor', 'allreduce', nbytes, functools.partial(peers.engine_floor_op, nbytes))
-    run.time('engine_floor', 'fusion', size, functools.partial(peers.engine_floor_op, size, keys),
-             keys=keys)
-    run.save()
-
-
-def bench_mpi_kvstore(run):
+def create_stores(run):
+    """Collective: ({method: store} of every design that could be created, DistSync or None).
+    All stay alive together, so that every case can interleave them; a design that fails is
+    skipped with its reason. dist_sync comes last: ps-lite allows one worker per process,
+    and a hang there is the likeliest."""
+    stores = {}
     for design in harness.designs(run.args.designs):
         method = f'mpi_kvstore:{design}'
         kv, why = harness.create_store(design, run.args.timeout)
         if why:
             run.skip(method, why)
-            continue
-        time_store(run, method, kv)
-        kv.wait()     # re-raises any error the store deferred
-        del kv
-        gc.collect()
-        run.save()
-
-
-def bench_dist_sync(run):
-    """Last: ps-lite allows one worker per process, and a hang here is the likeliest."""
+        else:
+            stores[method] = kv
     # Each case is bounded by --timeout; the servers' own alarm bounds all of them together.
     dist_sync = peers.DistSync(run, lifetime=run.args.timeout * (len(run.args.sizes) + 3))
     why = dist_sync.start()
     if why:
         run.skip(dist_sync.name, why)
-        return
-    time_store(run, dist_sync.name, dist_sync.kv)
-    dist_sync.stop()
+        return stores, None
+    stores[dist_sync.name] = dist_sync.kv
+    return stores, dist_sync
+
+
+def close_stores(stores, dist_sync):
+    """Collective: close every mpi_kvstore store (re-raising any error one deferred), then
+    stop dist_sync, whose stop is collective and needs its store unreferenced."""
+    for method in list(stores):
+        if dist_sync is None or method != dist_sync.name:
+            kv = stores.pop(method)
+            kv.wait()
+            kv.close()
+            del kv
+    stores.clear()
+    gc.collect()
+    if dist_sync is not None:
+        dist_sync.stop()
+
+
+def makers(stores, keys, nbytes, fusion=False):
+    """{name: make_op} of one case, each op moving len(keys) arrays of nbytes: raw MPI (and
+    in place, or for the fusion case one Allreduce of all keys' bytes), the engine floor,
+    then each store's pushpull."""
+    count = len(keys)
+    found = {'raw_mpi': functools.partial(peers.raw_allreduce_op, nbytes, count, in_place=False)}
+    if fusion:
+        found['fusion_reference'] = functools.partial(peers.raw_allreduce_op, nbytes * count,
+                                                      in_place=False)
+    else:
+        found['raw_mpi:in_place'] = functools.partial(peers.raw_allreduce_op, nbytes, count)
+    found['engine_floor'] = functools.partial(peers.engine_floor_op, nbytes, count)
+    for method, kv in stores.items():
+        found[method] = functools.partial(harness.pushpull_op, kv, keys, nbytes)
+    return found
+
+
+def bench(run):
+    """Every case (the size sweep, then the fusion case), every method interleaved in each."""
+    stores, dist_sync = create_stores(run)
+    for index, nbytes in enumerate(run.args.sizes):
+        run.time_case('allreduce', nbytes, 1, makers(stores, [index], nbytes))
+    keys = list(range(FUSION_KEY0, FUSION_KEY0 + run.args.fusion_keys))
+    run.time_case('fusion', run.args.fusion_size, len(keys),
+                  makers(stores, keys, run.args.fusion_size, fusion=True))
+    close_stores(stores, dist_sync)
     run.save()
 
 
@@ -148,16 +189,24 @@ def _ratio(value):
     return f'{value:9.2f}x' if value is not None else ' ' * 9 + '-'
 
 
+def _latencies(row):
+    """Median, min and max latency of a row, in us, as the tables print them."""
+    return f'{row["latency_us"]:12.1f}{row["min_us"]:10.1f}{row["max_us"]:10.1f}'
+
+
+LATENCY_HEADER = f'{"median(us)":>12}{"min(us)":>10}{"max(us)":>10}'
+
+
 def print_sizes(run):
-    harness.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, median of {run.args.trials} trials '
-                        f'(max over ranks), GB = 1e9 bytes')
-    harness.rank0_print(f'{"size":>8}  {"method":<24}{"latency(us)":>12}{"algbw(GB/s)":>13}'
+    harness.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, {run.args.trials} interleaved rounds '
+                        f'(max over ranks): median, min, max; GB = 1e9 bytes')
+    harness.rank0_print(f'{"size":>8}  {"method":<24}{LATENCY_HEADER}{"algbw(GB/s)":>13}'
                         f'{"busbw(GB/s)":>13}{"busbw/raw":>11}{"vs floor":>10}{"vs dist_sync":>14}')
     derive(run.rows)
     for nbytes in run.args.sizes:
         for row in (r for r in run.rows if r['case'] == 'allreduce' and r['bytes'] == nbytes):
             harness.rank0_print(f'{harness.format_size(nbytes):>8}  {row["method"]:<24}'
-                                f'{row["latency_us"]:12.1f}{row["algbw_GBps"]:13.3f}{row["busbw_GBps"]:13.3f}'
+                                f'{_latencies(row)}{row["algbw_GBps"]:13.3f}{row["busbw_GBps"]:13.3f}'
                                 f'{_ratio(row["busbw_vs_raw"]):>11}{_ratio(row["vs_floor"]):>10}'
                                 f'{_ratio(row["speedup_vs_dist_sync"]):>14}')
         harness.rank0_print()
@@ -171,18 +220,18 @@ def print_fusion(run):
     harness.rank0_print(f'fusion: {keys} keys x {harness.format_size(size)}, one pushpull each, then wait; '
                         f'vs one raw Allreduce of {harness.format_size(keys * size)} '
                         f'({reference["latency_us"]:.1f} us); target <= {TARGET_FUSION_RATIO:g}x')
-    harness.rank0_print(f'{"method":<24}{"total(us)":>12}{"x raw 1 op":>12}{"vs floor":>10}'
+    harness.rank0_print(f'{"method":<24}{LATENCY_HEADER}{"x raw 1 op":>12}{"vs floor":>10}'
                         f'{"vs dist_sync":>14}')
     derive(run.rows)
     for row in (r for r in run.rows if r['case'] == 'fusion'):
         ratio = row['vs_one_raw_allreduce']
         verdict = '  ok' if ratio <= TARGET_FUSION_RATIO else '  over target'
         verdict = '' if row['method'] in ('raw_mpi', 'engine_floor') else verdict
-        harness.rank0_print(f'{row["method"]:<24}{row["latency_us"]:12.1f}{ratio:11.2f}x'
+        harness.rank0_print(f'{row["method"]:<24}{_latencies(row)}{ratio:11.2f}x'
                             f'{_ratio(row["vs_floor"]):>10}{_ratio(row["speedup_vs_dist_sync"]):>14}'
                             f'{verdict}')
-    harness.rank0_print("vs floor: (raw_mpi + engine_floor) / total, the share of what an op inside "
-                        "MXNet's engine can reach")
+    harness.rank0_print("x raw 1 op and vs floor compare medians; vs floor: (raw_mpi + engine_floor) "
+                        "/ total, the share of what an op inside MXNet's engine can reach")
 
 
 def plot(run):
@@ -202,10 +251,8 @@ def main(argv=None):
     run = Run(parse_args(argv))
     harness.rank0_print(f'allreduce benchmark: {COMM.size} ranks, sizes '
                         f'{",".join(harness.format_size(n) for n in run.args.sizes)}, '
-                        f'{run.args.warmups} warmups, {run.args.trials} trials')
-    bench_raw(run)
-    bench_mpi_kvstore(run)
-    bench_dist_sync(run)
+                        f'{run.args.warmups} warmups, {run.args.trials} trials, methods interleaved')
+    bench(run)
     print_sizes(run)
     print_fusion(run)
     run.save()

@@ -126,6 +126,7 @@ def test_allreduce(mpi_available, tmp_path):
                  '--out', tmp_path)
     record = load(tmp_path / f'allreduce_n{NPROCS}.json')
     check_run_record(record, 'allreduce')
+    assert record['config']['interleaved'] is True and '--fusion-keys' in record['config']['argv']
     assert record['skipped'] == {}
     rows = record['results']
     methods = {'raw_mpi', 'raw_mpi:in_place', 'engine_floor', 'mpi_kvstore:funneled',
