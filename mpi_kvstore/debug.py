@@ -13,8 +13,9 @@ import collections
 __all__ = ['count', 'snapshot', 'since', 'KINDS']
 
 # algorithm: Comm.allreduce_host by algorithm name; transport: device collectives by
-# transport name; engine_python: engine ops that ran Python code (name '').
-KINDS = ('algorithm', 'transport', 'engine_python')
+# transport name; engine_python: engine ops that ran Python code (name ''); call_cache:
+# push and pushpull calls that skipped their checks ('hit') or ran them ('miss').
+KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache')
 
 _counts = collections.Counter()
 

@@ -7,10 +7,11 @@ call, so a rejected call leaves the store as it was.
 import mxnet as mx
 import numpy as np
 
+from . import debug
 from .collective import Collective, place_of, signature
 from .errors import UnknownKeyError
 
-__all__ = ['KeyState', 'KeyTable', 'same_array', 'request']
+__all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request']
 
 
 def same_array(a, b):
@@ -104,18 +105,23 @@ class KeyTable:
     def get(self, key):
         return self._keys.get(key)
 
-    def with_value(self, key):
-        """The state of a key that holds a value (for pull)."""
+    def with_value(self, key, call='pull'):
+        """The state of a key that holds a value (for pull and push)."""
         state = self._keys.get(key)
         if state is None or state.value is None:
-            raise UnknownKeyError('key %r has no value in the store: init(), push() or '
-                                  'broadcast() it first (pushpull alone stores nothing)' % (key,))
+            raise UnknownKeyError(
+                '%s: key %r has no value in the store: it has not been initialised; call '
+                'init() or broadcast() for it on every rank first (pushpull alone stores '
+                'nothing, and needs no init)' % (call, key))
         return state
 
     # -- validation: no state changes -------------------------------------------
     def validate(self, entries, what='value', need_weights=False, fresh=False,
-                 writes_values=False):
+                 writes_values=False, needs_value=None):
         """Check a whole call against the known keys and against itself.
+
+        ``needs_value``: the name of a call (push) whose keys must hold a value already, as
+        MXNet's own stores require ("key has not been inited").
 
         A key may appear once per call, and an array the call writes (an out, or a
         value reduced in place when ``writes_values``) once: MXNet's engine cannot run
@@ -124,6 +130,8 @@ class KeyTable:
         _check_once(entries, writes_values)
         for entry in entries:
             state = self._keys.get(entry.key)
+            if needs_value and not need_weights:
+                self.with_value(entry.key, needs_value)
             if fresh and state is not None and state.value is not None:
                 raise ValueError('key %r is already initialised' % (entry.key,))
             if need_weights and (state is None or state.value is None):
@@ -142,38 +150,144 @@ class KeyTable:
         return state
 
     def plan(self, entry, in_place_ok):
-        """-> (state, work array for the collective, output targets, in place?)."""
+        """How one key of a push or pushpull runs (a :class:`Plan`), decided once per call
+        shape: :class:`CallCache` keeps it for the next call on the same arrays."""
         state = self.register(entry)
-        values = entry.values
-        targets = values if entry.outs is None else entry.outs
+        values = tuple(entry.values)
+        targets = values if entry.outs is None else tuple(entry.outs)
         in_place = (in_place_ok and self._config.zero_copy and self.updater is None
                     and len(values) == 1 and all(same_array(t, values[0]) for t in targets))
-        if in_place:
-            work = values[0]
-        else:
-            work = state.staging()
-            _reduce_into(values, work)
-        return state, work, (targets if in_place_ok else ()), in_place
+        work = values[0] if in_place else state.staging()
+        return Plan(state, values, work, targets if in_place_ok else (), in_place,
+                    place_of(work))
 
-    def deliver(self, state, work, targets):
+    def deliver(self, plan):
         """After the collective: run the optimizer or store the sum, then fill the outputs."""
-        source = work
+        state, source = plan.state, plan.work
         if self.updater is not None:
-            self.updater(state.key, work, state.value)
+            self.updater(state.key, source, state.value)
             source = state.value
             if not state.weights:  # those of the broadcast that gave the weights come first
-                state.weights = tuple(targets)
-        elif not targets:
-            work.copyto(state.stored())
+                state.weights = plan.targets
+        elif not plan.targets:
+            source.copyto(state.stored())
             return
-        for arr in targets:
+        for arr in plan.targets:
             if not same_array(arr, source):
                 source.copyto(arr)
 
 
-def request(kind, state, array, average=False, root=0, in_place=False):
-    """The collective of one key."""
-    place = place_of(array)
+class Plan:
+    """One key of a push or pushpull: its state, the arrays it sums (``values``), the
+    array the collective reduces (``work``: the value itself in place, else the key's
+    staging buffer), where the sum goes (``targets``), and the work array's place."""
+
+    __slots__ = ('state', 'values', 'work', 'targets', 'in_place', 'place')
+
+    def __init__(self, state, values, work, targets, in_place, place):
+        self.state, self.values, self.work = state, values, work
+        self.targets, self.in_place, self.place = targets, in_place, place
+
+    def stage(self):
+        """Sum the per-device values into the staging buffer (nothing to do in place)."""
+        if not self.in_place:
+            _reduce_into(self.values, self.work)
+
+
+def _flatten(obj):
+    """(form, arrays) of a value or out argument: an NDArray, or a list of NDArrays or of
+    lists of them; None for anything else (the full check then says what is wrong)."""
+    if isinstance(obj, mx.nd.NDArray):
+        return -1, (obj,)
+    if type(obj) not in (list, tuple):
+        return None
+    form, arrays = [], []
+    for item in obj:
+        if isinstance(item, mx.nd.NDArray):
+            form.append(-1)
+            arrays.append(item)
+        elif type(item) in (list, tuple):
+            form.append(len(item))
+            for arr in item:
+                if not isinstance(arr, mx.nd.NDArray):
+                    return None
+                arrays.append(arr)
+        else:
+            return None
+    return tuple(form), tuple(arrays)
+
+
+class CallCache:
+    """The plans of push and pushpull calls already checked, so that a training loop's
+    repeated call (the same key or keys, the same arrays) skips the normalisation, the
+    metadata queries, the validation and the planning, and only checks identity.
+
+    An entry holds its arrays, so their objects and handles cannot be reused for others
+    while it exists: an entry matches only the very same NDArray objects, with the
+    handles they had, in the same form. A reshape, a cast or a new array is another
+    object and takes the full path (and its checks) again. ``clear()`` is called where
+    a store-wide decision changes (set_optimizer changes what runs in place).
+    """
+
+    LIMIT = 4096   # entries (a model has a few per parameter); cleared when reached
+
+    def __init__(self):
+        self._entries = {}
+
+    @staticmethod
+    def _slot(call, key):
+        if isinstance(key, (list, tuple)):
+            key = tuple(key)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return call, type(key), key
+
+    def find(self, call, key, value, out):
+        """The plans of an earlier call with these very arguments, or None."""
+        slot = self._slot(call, key)
+        entry = self._entries.get(slot) if slot is not None else None
+        plans = None if entry is None else self._match(entry, value, out)
+        debug.count('call_cache', 'miss' if plans is None else 'hit')
+        return plans
+
+    @staticmethod
+    def _match(entry, value, out):
+        forms, arrays, handles, plans = entry
+        if (out is None) != (forms[1] is None):
+            return None
+        value, out = _flatten(value), (None if out is None else _flatten(out))
+        if value is None or value[0] != forms[0] or (out is not None and out[0] != forms[1]):
+            return None
+        current = value[1] if out is None else value[1] + out[1]
+        if len(current) != len(arrays):
+            return None
+        for arr, known, handle in zip(current, arrays, handles):
+            if arr is not known or arr.handle.value != handle:
+                return None
+        return plans
+
+    def remember(self, call, key, value, out, plans):
+        slot = self._slot(call, key)
+        flat_out = None if out is None else _flatten(out)
+        value = _flatten(value)
+        if slot is None or value is None or (out is not None and flat_out is None):
+            return
+        out = flat_out
+        arrays = value[1] + (out[1] if out is not None else ())
+        if len(self._entries) >= self.LIMIT:
+            self._entries.clear()
+        self._entries[slot] = ((value[0], None if out is None else out[0]), arrays,
+                               tuple(a.handle.value for a in arrays), plans)
+
+    def clear(self):
+        self._entries.clear()
+
+
+def request(kind, state, array, average=False, root=0, in_place=False, place=None):
+    """The collective of one key (``place``: the array's, when the caller knows it)."""
+    place = place_of(array) if place is None else place
     req = Collective(kind, state.key, state.dtype, state.shape, array=array, root=root,
                      average=average, nbytes=state.nbytes, sig=state.signature(kind, root, place),
                      place=place)

@@ -19,7 +19,7 @@ from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
 from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
-from .keys import KeyTable, request, same_array
+from .keys import CallCache, KeyTable, request, same_array
 from .mpiabi import MPI
 from .timeline import Timeline
 
@@ -56,6 +56,7 @@ class MPIKVStore(KVStoreBase):
         comm = MPI.COMM_WORLD if comm is None else comm
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._keys = KeyTable(self._config)
+        self._calls = CallCache()         # push and pushpull calls already checked
         self._wire = compression.wire_cast(self._config.compression)
         self._codec = None                # set_gradient_compression's (compression.TwoBit)
         self._helper_buffers = {}         # array_collective's staging buffers
@@ -182,29 +183,48 @@ class MPIKVStore(KVStoreBase):
         """Sum value over devices and ranks into out (in place when out is None).
 
         An allreduce: the key needs no init; its first use fixes its shape and dtype.
+        A call repeated on the same key and the very same arrays skips the checks that
+        passed the first time (keys.CallCache).
         """
         self._begin(priority)
-        entries = normalize(key, value, out)
-        self._keys.validate(entries, need_weights=self._updater is not None, writes_values=True)
-        self._exchange(entries, priority, in_place_ok=True)
+        plans = self._calls.find('pushpull', key, value, out)
+        if plans is None:
+            entries = normalize(key, value, out)
+            self._keys.validate(entries, need_weights=self._updater is not None,
+                                writes_values=True)
+            plans = [self._keys.plan(entry, True) for entry in entries]
+            self._calls.remember('pushpull', key, value, out, plans)
+        self._exchange(plans, priority)
 
     def push(self, key, value, priority=0):
-        """Sum value over devices and ranks into the store (through the optimizer if set)."""
-        self._begin(priority)
-        entries = normalize(key, value)
-        self._keys.validate(entries, need_weights=self._updater is not None)
-        self._exchange(entries, priority, in_place_ok=False)
+        """Sum value over devices and ranks into the store (through the optimizer if set).
 
-    def _exchange(self, entries, priority, in_place_ok):
-        plans = [self._keys.plan(entry, in_place_ok) for entry in entries]
-        reqs = [self._request('allreduce', state, work, in_place=in_place)
-                for state, work, _, in_place in plans]
+        As in MXNet's own stores, the key must have been given a value by init() or
+        broadcast() first; otherwise UnknownKeyError names the key, and nothing is sent.
+        """
+        self._begin(priority)
+        plans = self._calls.find('push', key, value, None)
+        if plans is None:
+            entries = normalize(key, value)
+            self._keys.validate(entries, need_weights=self._updater is not None,
+                                needs_value='push')
+            plans = [self._keys.plan(entry, False) for entry in entries]
+            self._calls.remember('push', key, value, None, plans)
+        self._exchange(plans, priority)
+
+    def _exchange(self, plans, priority):
+        average = self._config.average
+        reqs = []
+        for plan in plans:
+            plan.stage()
+            reqs.append(request('allreduce', plan.state, plan.work, average=average,
+                                in_place=plan.in_place, place=plan.place))
         if self._codec is not None or self._wire is not None:
             for req in reqs:
                 self._compress(req)
         self._submit(reqs, priority)
-        for state, work, targets, _ in plans:
-            self._keys.deliver(state, work, targets)
+        for plan in plans:
+            self._keys.deliver(plan)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Copy the stored value of each key into out."""
@@ -276,6 +296,7 @@ class MPIKVStore(KVStoreBase):
         """Run the optimizer in the store: every rank applies it to the same sums."""
         self._begin()
         self._keys.updater = mx.optimizer.get_updater(optimizer)
+        self._calls.clear()   # with an optimizer nothing runs in place: plans change
 
     def _require_updater(self):
         if self._updater is None:

@@ -46,6 +46,13 @@ def test_module_fit_three_ranks():
         'kv_module[funneled, MXNET_UPDATE_ON_KVSTORE=1]')
 
 
+@pytest.mark.parametrize('design', DESIGNS)
+def test_repeated_calls_skip_checks_and_sum_the_same(design):
+    """keys.CallCache: repeated calls hit it; a new array, a reshape, another dtype or out,
+    an optimizer set later are caught; push needs init (scenarios/kv_cache.py)."""
+    _ok(run_mpi(2, 'kv_cache.py', design, timeout=180), 'kv_cache[%s]' % design)
+
+
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', DESIGNS)
 def test_readiness_skew_between_ranks(design, nprocs):

@@ -41,6 +41,12 @@ def pull_needs_a_value(kv):
     expect_raises(mpi_kvstore.UnknownKeyError, kv.pull, 3, out=mx.nd.zeros((5, 3)),
                   contains='pushpull alone stores nothing')
     expect_raises(KeyError, kv.pull, 'never', out=mx.nd.zeros((1,)), contains="'never'")
+    # push, as in MXNet's own stores, needs init first; the refusal sends nothing
+    expect_raises(mpi_kvstore.UnknownKeyError, kv.push, 'p', mx.nd.ones((3,)),
+                  contains="push: key 'p' has no value in the store: it has not been initialised")
+    expect_raises(mpi_kvstore.UnknownKeyError, kv.push, ['w', 'p'],
+                  [mx.nd.ones((2, 2), dtype='float64'), mx.nd.ones((3,))], contains="push: key 'w'")
+    kv.init('p', mx.nd.zeros((3,)))                        # the store is still usable
     kv.push('p', mx.nd.ones((3,)) * (RANK + 1))           # push stores the sum
     got = mx.nd.zeros((3,))
     kv.pull('p', out=got)

@@ -9,7 +9,7 @@ per-device list (cpu(0), cpu(1)), out None / the value itself / separate arrays,
 int priorities. Some calls carry exactly one fault: a bad priority or root, a
 shape or dtype other than the key's first use, an out unlike its value, mixed key
 kinds, a value list of the wrong length, a bool or non-NDArray value, devices
-that differ, a pull of a key with no value, an init of an initialised key.
+that differ, a pull or push of a key with no value, an init of an initialised key.
 
 A faulty call must raise on the calling rank with a message that names the
 problem, and leave no trace: its arrays keep their contents, and a model of the
@@ -64,7 +64,8 @@ NOT_ARRAYS = ('numpy', 'floats', 'text', 'empty', 'none')
 # Faults each call can carry; pull's arrays are its outs.
 FAULTS = {
     'pushpull': ('priority', 'shape', 'out', 'mixed', 'count', 'bool', 'not_array', 'devices'),
-    'push': ('priority', 'shape', 'mixed', 'count', 'bool', 'not_array', 'devices'),
+    'push': ('priority', 'shape', 'mixed', 'count', 'bool', 'not_array', 'devices',
+             'no_value'),
     'pull': ('priority', 'shape', 'mixed', 'count', 'bool', 'not_array', 'devices',
              'no_value'),
     'init': ('shape', 'mixed', 'count', 'bool', 'not_array', 'devices', 'init_again'),
@@ -106,7 +107,7 @@ class Meta:
 
     def candidates(self, call):
         """Slots a valid call of this kind may name."""
-        if call == 'pull':
+        if call in ('pull', 'push'):   # push needs init or broadcast first, as in MXNet
             return self.valued
         if call == 'init':
             return set(range(SLOTS)) - self.valued
@@ -513,7 +514,7 @@ ATOMIC = {'slots': [((3,), 'float32'), ((2, 2), 'int32'), ((4,), 'float32'), LAR
                     ((1,), 'uint8'), ((5, 1), 'float16')],
           'ops': [explicit('pushpull', [0]),
                   explicit('pushpull', [2, 0], 'shape', 1, ((3,), 'float64'), ndev=[2, 1]),
-                  explicit('push', [4, 0], 'shape', 1, ((2,), 'float32')),
+                  explicit('push', [4], 'no_value', 0, single=True),
                   explicit('broadcast', [2, 4, 0], 'shape', 2, ((3, 1), 'float32'),
                            out=[(1, True)] * 3),
                   explicit('broadcast_from', [4, 0], 'shape', 1, ((3,), 'int32'), root=1),
@@ -525,7 +526,8 @@ ATOMIC = {'slots': [((3,), 'float32'), ((2, 2), 'int32'), ((4,), 'float32'), LAR
 
 # Every fault at least once, whatever the draws: calls on registered and valued keys.
 EVERY_FAULT = {'slots': ATOMIC['slots'],
-               'ops': [explicit('push', [0, 2], ndev=[2, 1]),
+               'ops': [explicit('init', [0, 2]),
+                       explicit('push', [0, 2], ndev=[2, 1]),
                        explicit('init', [1, 3]),
                        explicit('pushpull', [0], 'priority', 0, 1.5, single=True),
                        explicit('broadcast_from', [2], 'root', 0, SIZE),
