@@ -61,6 +61,8 @@ _push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_v
                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_void_p,
                      ctypes.c_int, ctypes.c_char_p, ctypes.c_bool)
 
+_push_async_released = bind('MXEnginePushAsyncND', *_push_async.argtypes, release_gil=True)
+
 _live = {}             # op id -> _Op, until the engine runs it
 _active = [0]          # engine threads inside _trampoline
 _active_lock = threading.Lock()
@@ -356,11 +358,13 @@ _NO_HANDLES = _handles(())
 
 
 def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstore',
-                inline_when_ready=False):
+                inline_when_ready=False, may_block=False):
     """Push a C function (``void f(run_ctx, on_complete, param)``) as an async engine op.
 
     No Python runs when the engine calls it. The caller keeps ``param``'s memory and
     the arrays alive until the op completes. ``mutable``: arrays, or :class:`Handles`.
+    ``may_block``: the op may run inline and wait for other ranks (the chained op), so
+    the push gives the GIL up meanwhile: other threads (the stall inspector) go on.
     """
     fn = _native_fns.get(fn_address)
     if fn is None:
@@ -368,13 +372,22 @@ def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstor
     if not isinstance(mutable, Handles):
         mutable = Handles(list(mutable))
     prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
-    ret = _push_async(fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0,
-                      mutable.array, mutable.count, prop, priority, _encoded(name), False)
+    push_ = _push_async_released if may_block else _push_async
+    ret = push_(fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0,
+                mutable.array, mutable.count, prop, priority, _encoded(name), False)
     if ret != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 
 _names = {}
+_native_name = ctypes.create_string_buffer(b'mpi_kvstore_chained')
+
+
+def native_push_constants():
+    """(CPU context, kCPUPrioritized property, op name) addresses, for native code that
+    pushes an op itself (the chained op's re-push to the priority worker)."""
+    return (_CPU_CONTEXT, _PROPERTY_ADDRESSES[CPU_PRIORITIZED],
+            ctypes.addressof(_native_name))
 
 
 def _encoded(name):

@@ -11,12 +11,14 @@ from mxnet.base import _LIB
 __all__ = ['bind', 'last_error', 'address_of']
 
 _QUICK = ctypes.PyDLL(_LIB._name)
+_RELEASED = ctypes.CDLL(_LIB._name)
 _LIB.MXGetLastError.restype = ctypes.c_char_p
 
 
-def bind(name, *argtypes):
-    """libmxnet's ``name`` (returning int), called with the GIL held."""
-    fn = getattr(_QUICK, name)
+def bind(name, *argtypes, release_gil=False):
+    """libmxnet's ``name`` (returning int), called with the GIL held (``release_gil``:
+    given up during the call, for a call that may wait)."""
+    fn = getattr(_RELEASED if release_gil else _QUICK, name)
     fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
     return fn
 

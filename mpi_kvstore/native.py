@@ -20,7 +20,10 @@ one taken before the op ran.
   completes: an array it could not read in place or that lives on a GPU, an
   agreement that shows a mismatch or a joined rank, an MPI error. Those are the
   rare paths; the Python side finishes the collective exactly as its Python op
-  would have, and completes.
+  would have, and completes. Pushed inline-when-ready (kAsync), it runs on the pushing
+  thread when its arrays are ready then; on any other thread (the engine's normal CPU
+  worker, which runs compute) it pushes :func:`_run_queued` to the priority worker instead
+  and returns, and the body runs there (docs/designs.md, chained).
 
 A record is an int64 array owned by Python until the op completes::
 
@@ -61,7 +64,10 @@ __all__ = ['mark_ready_address', 'run_chained_address', 'SCALES', 'Stage']
  BUCKET, ERRCODE, MSGLEN, FNS) = range(16)
 MSG, MINE = 16, 20
 POLL_US, PROGRESS_US, REQUEST, FLAG, STATUS = 24, 25, 26, 27, 28
-HEADER = 36
+# PUSHER: pthread_self() of the thread that pushed a chained op pushed inline-when-ready
+# (0: pushed to the priority worker); PRIORITY: the call's priority, for a re-push.
+PUSHER, PRIORITY = 36, 37
+HEADER = 38
 SLOT = 9                              # words per array
 _DATA, _DEVICE, _OFFSET, _NBYTES = 2, 3, 7, 8   # within a slot
 BSLOT = 8                             # words per bucket
@@ -100,7 +106,8 @@ class Stage(enum.IntEnum):
 # address every record carries (FNS), so numba caches it on disk (cache=True) and a
 # process loads it instead of compiling it (see _compile).
 (F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_ALLREDUCE, F_BCAST, F_BARRIER,
- C_IN_PLACE, C_SUM, C_MIN, C_INT32, F_USLEEP, F_IALLREDUCE, F_TEST, TABLE) = range(16)
+ C_IN_PLACE, C_SUM, C_MIN, C_INT32, F_USLEEP, F_IALLREDUCE, F_TEST, F_PTHREAD_SELF, F_PUSH,
+ C_CPU_CONTEXT, C_PRIORITIZED, C_NAME, F_QUEUED, TABLE) = range(22)
 
 _table = []        # [the table (int64 array), what keeps its entries alive]
 _fallbacks = {}    # record address -> what finishes its op in Python
@@ -121,9 +128,12 @@ def _functions():
         libc = ctypes.CDLL(None)
         table = np.zeros(TABLE, dtype=np.int64)
         entry = engine.python_entry(_run_in_python)
-        table[[F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_USLEEP]] = [
+        table[[F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_USLEEP,
+               F_PTHREAD_SELF, F_PUSH]] = [
             address_of('MXNDArrayToDLPack'), address_of('MXNDArrayCallDLPackDeleter'),
-            _address(libc.memcpy), _address(libc.write), _address(entry), _address(libc.usleep)]
+            _address(libc.memcpy), _address(libc.write), _address(entry), _address(libc.usleep),
+            _address(libc.pthread_self), address_of('MXEnginePushAsyncND')]
+        table[[C_CPU_CONTEXT, C_PRIORITIZED, C_NAME]] = engine.native_push_constants()
         _table.extend([table, entry])
     return _table[0]
 
@@ -187,6 +197,10 @@ _call_allreduce = _caller(32, (64, 64, 32, 64, 64, 64))
 _call_iallreduce = _caller(32, (64, 64, 32, 64, 64, 64, 64))
 _call_test = _caller(32, (64, 64, 64))              # MPI_Test(request*, flag*, status*)
 _call_usleep = _caller(32, (32,))
+_call_self = _caller(64, ())                        # pthread_self()
+# MXEnginePushAsyncND(fn, param, deleter, ctx, const, nconst, mutable, nmutable, prop,
+# priority, name, wait)
+_call_push = _caller(32, (64, 64, 64, 64, 64, 32, 64, 32, 64, 32, 64, 8))
 _call_bcast = _caller(32, (64, 32, 64, 32, 64))
 _f32, _f64 = _typed_pointer(types.float32), _typed_pointer(types.float64)
 _i32, _i64 = _typed_pointer(types.int32), _typed_pointer(types.int64)
@@ -346,10 +360,37 @@ def _runs_as_offered(msg, mine):
 
 def _run_chained(run_ctx, on_complete, param):
     head = numba.carray(param, HEADER, dtype=np.int64)
-    count, nbuckets = head[COUNT], head[NBUCKETS]
-    rec = numba.carray(param, HEADER + SLOT * count + BSLOT * nbuckets, dtype=np.int64)
+    rec = numba.carray(param, HEADER + SLOT * head[COUNT] + BSLOT * head[NBUCKETS],
+                       dtype=np.int64)
     done = numba.carray(on_complete, 3, dtype=np.int64)
     rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
+    if rec[PUSHER] != 0:
+        # Pushed as kAsync: the engine runs it inline on the pushing thread when its arrays
+        # were ready then, else on its normal CPU worker, which also runs compute. There it
+        # must not block: the call goes on from the priority worker, holding its arrays
+        # until it completes this op.
+        fns = _table_of(rec)
+        if _call_self(fns[F_PTHREAD_SELF], ()) != rec[PUSHER]:
+            if _call_push(fns[F_PUSH], (fns[F_QUEUED], rec[SELF], 0, fns[C_CPU_CONTEXT], 0, 0,
+                                        0, 0, fns[C_PRIORITIZED], rec[PRIORITY], fns[C_NAME],
+                                        0)) == 0:
+                return
+    _run_chained_body(rec)
+
+
+def _run_queued(run_ctx, on_complete, param):
+    """The rest of a chained op that did not run inline, on the priority worker. It holds
+    no arrays (the chained op does, until it completes): complete it at once."""
+    done = numba.carray(on_complete, 3, dtype=np.int64)
+    _call_void_3(done[0], (done[1], done[2], 0))
+    head = numba.carray(param, HEADER, dtype=np.int64)
+    _run_chained_body(numba.carray(param, HEADER + SLOT * head[COUNT] + BSLOT * head[NBUCKETS],
+                                   dtype=np.int64))
+
+
+@numba.njit(cache=True)
+def _run_chained_body(rec):
+    count, nbuckets = rec[COUNT], rec[NBUCKETS]
     if not _take_pointers(rec, count):
         _hand_over(rec, READ, -1, 0)
         return
@@ -395,5 +436,8 @@ def mark_ready_address():
 
 def run_chained_address():
     """The address of the chained op."""
-    _add_mpi(_functions())
+    table = _functions()
+    _add_mpi(table)
+    if not table[F_QUEUED]:
+        table[F_QUEUED] = _compile('run_queued', _run_queued)
     return _compile('run_chained', _run_chained)

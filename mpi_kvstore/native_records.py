@@ -41,7 +41,9 @@ from .native import (
     ONE,
     PARAM,
     POLL_US,
+    PRIORITY,
     PROGRESS_US,
+    PUSHER,
     READY,
     SCALES,
     SELF,
@@ -179,6 +181,11 @@ class ChainedOp(NativeOp):
     def message(self):
         """The agreement message after the MIN (int32)."""
         return self.record[MSG:MSG + 3].view(np.int32).copy()
+
+    def pushed_from(self, thread, priority):
+        """Pushed inline-when-ready from ``thread`` (pthread_self): on another thread the
+        op goes on from the priority worker, at ``priority``."""
+        self.record[PUSHER], self.record[PRIORITY] = thread, priority
 
     def finish_in_python(self):
         self.record[STATE] = DONE

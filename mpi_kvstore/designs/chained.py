@@ -1,5 +1,6 @@
 """The dependency-chained design."""
 import collections
+import ctypes
 import functools
 import threading
 import time
@@ -18,6 +19,8 @@ from .base import progress as _progress
 __all__ = ['Chained']
 
 _INT_MAX = (1 << 31) - 1   # MPI counts are C ints in the native op
+_pthread_self = ctypes.CDLL(None).pthread_self
+_pthread_self.restype = ctypes.c_uint64
 _MAX_PLANS = 4096          # call shapes remembered (a training loop has a few)
 _WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the records
 
@@ -26,7 +29,8 @@ class Chained(Design):
     """An engine dependency orders the collectives.
 
     Thread level: MPI_THREAD_SERIALIZED. Collectives run inside the engine ops,
-    on whichever engine worker runs them, but never two at once.
+    on whichever engine worker runs them (or inline on the calling thread when the
+    data is ready then: ``inline_ready``), but never two at once.
 
     Order: every op also writes one private chain variable, so the engine runs
     them strictly in push order (the sequence order) on every rank, whatever
@@ -63,8 +67,11 @@ class Chained(Design):
         self._inflight = collections.deque()  # native ops, in push (= completion) order
         self._reap_lock = threading.Lock()
         self._waker = None
+        # Ready data at push time: the op runs on this thread, no engine hand-offs
+        # (native.py: elsewhere it re-pushes itself to the priority worker).
+        self._inline = self._native and config.inline_ready
         if self._native:
-            native.run_chained_address()      # compile now, not in the first step
+            self._address = native.run_chained_address()   # compiled now, not in step one
             self._waker = native_records.Waker()
 
     def _submit(self, reqs, priority):
@@ -75,8 +82,11 @@ class Chained(Design):
             for req in reqs:
                 req.waiter = self._wait
             self._inflight.append(op)
-            engine.push_native(native.run_chained_address(), op.address, plan_.handles,
-                               priority=priority, name=op_name(reqs[0].kind))
+            if self._inline:
+                op.pushed_from(_pthread_self(), priority)
+            engine.push_native(self._address, op.address, plan_.handles, priority=priority,
+                               name=op_name(reqs[0].kind), inline_when_ready=self._inline,
+                               may_block=self._inline)
             return
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name=op_name(reqs[0].kind),
