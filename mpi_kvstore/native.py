@@ -88,6 +88,10 @@ SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 
           np.dtype(np.int64): 4}
 
 
+# arrays.huge_pages' constants, written here because numba's cache of this file cannot see
+# a change in another (tests/test_units.py checks they agree).
+HUGE_PAGE, HUGE_MIN_BYTES, MADV_HUGEPAGE, MADV_COLLAPSE = 2 << 20, 4 << 20, 14, 25
+
 # Why a chained op handed its collective to Python (the record's STAGE word):
 READ = 1       # an array was refused by MXNDArrayToDLPack, or is not host memory
 AGREED = 2     # the agreement found a mismatch or a joined rank; MSG holds it
@@ -107,7 +111,7 @@ class Stage(enum.IntEnum):
 # process loads it instead of compiling it (see _compile).
 (F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_ALLREDUCE, F_BCAST, F_BARRIER,
  C_IN_PLACE, C_SUM, C_MIN, C_INT32, F_USLEEP, F_IALLREDUCE, F_TEST, F_PTHREAD_SELF, F_PUSH,
- C_CPU_CONTEXT, C_PRIORITIZED, C_NAME, F_QUEUED, TABLE) = range(22)
+ C_CPU_CONTEXT, C_PRIORITIZED, C_NAME, F_QUEUED, F_MADVISE, TABLE) = range(23)
 
 _table = []        # [the table (int64 array), what keeps its entries alive]
 _fallbacks = {}    # record address -> what finishes its op in Python
@@ -133,6 +137,7 @@ def _functions():
             address_of('MXNDArrayToDLPack'), address_of('MXNDArrayCallDLPackDeleter'),
             _address(libc.memcpy), _address(libc.write), _address(entry), _address(libc.usleep),
             _address(libc.pthread_self), address_of('MXEnginePushAsyncND')]
+        table[F_MADVISE] = _address(libc.madvise)
         table[[C_CPU_CONTEXT, C_PRIORITIZED, C_NAME]] = engine.native_push_constants()
         _table.extend([table, entry])
     return _table[0]
@@ -197,6 +202,7 @@ _call_allreduce = _caller(32, (64, 64, 32, 64, 64, 64))
 _call_iallreduce = _caller(32, (64, 64, 32, 64, 64, 64, 64))
 _call_test = _caller(32, (64, 64, 64))              # MPI_Test(request*, flag*, status*)
 _call_usleep = _caller(32, (32,))
+_call_madvise = _caller(32, (64, 64, 32))           # madvise(addr, length, advice)
 _call_self = _caller(64, ())                        # pthread_self()
 # MXEnginePushAsyncND(fn, param, deleter, ctx, const, nconst, mutable, nmutable, prop,
 # priority, name, wait)
@@ -314,6 +320,19 @@ def _allreduce(rec, ptr, count, dtype, op, comm, poll_us):
 
 
 @numba.njit(cache=True)
+def _huge_pages(rec, ptr, nbytes):
+    """arrays.huge_pages in compiled code: MXNet's memory in transparent huge pages."""
+    if nbytes < HUGE_MIN_BYTES:
+        return
+    start = (ptr + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+    end = (ptr + nbytes) // HUGE_PAGE * HUGE_PAGE
+    if end > start:
+        fns = _table_of(rec)
+        _call_madvise(fns[F_MADVISE], (start, end - start, MADV_HUGEPAGE))
+        _call_madvise(fns[F_MADVISE], (start, end - start, MADV_COLLAPSE))
+
+
+@numba.njit(cache=True)
 def _run_bucket(rec, count, b, size, comm):
     """-> MPI's error code (0: success)."""
     fns = _table_of(rec)
@@ -324,6 +343,8 @@ def _run_bucket(rec, count, b, size, comm):
     if kind == BARRIER:
         return _call_i32_1(fns[F_BARRIER], (comm,))
     ptr = _array_address(rec, first)
+    if arrays == 1:
+        _huge_pages(rec, ptr, rec[HEADER + SLOT * first + _NBYTES])
     if kind == BCAST:
         return _call_bcast(fns[F_BCAST], (ptr, rec[s + _COUNT], rec[s + _DTYPE],
                                           rec[s + _ROOT], comm))

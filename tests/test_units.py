@@ -425,3 +425,44 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
     assert [m.device.id for m in made] == [1, 0, 1]
     assert made[0].data.base is made[2].data.base is not made[1].data.base
 
+
+
+def test_huge_page_advice_agrees_between_python_and_compiled_code():
+    from mpi_kvstore import arrays, native
+    assert (native.HUGE_PAGE, native.HUGE_MIN_BYTES, native.MADV_HUGEPAGE,
+            native.MADV_COLLAPSE) == (arrays.HUGE_PAGE, arrays.HUGE_MIN_BYTES,
+                                      arrays.MADV_HUGEPAGE, arrays.MADV_COLLAPSE)
+
+
+def _anon_huge_kb(address, nbytes):
+    """AnonHugePages (kB) of this process's mappings that overlap [address, +nbytes)."""
+    total, inside = 0, False
+    with open('/proc/self/smaps') as fh:
+        for line in fh:
+            head = line.split()[0]
+            if '-' in head and not head.endswith(':'):
+                lo, hi = (int(x, 16) for x in head.split('-'))
+                inside = lo < address + nbytes and address < hi
+            elif inside and head == 'AnonHugePages:':
+                total += int(line.split()[1])
+    return total
+
+
+def test_huge_pages_keep_an_arrays_content_and_make_huge_pages_where_the_kernel_can():
+    import platform
+
+    import mxnet as mx
+
+    from mpi_kvstore.arrays import HUGE_PAGE, array_pointer, huge_pages
+    values = np.arange(6 << 20, dtype=np.float32)          # 24 MB: MXNet's own memory
+    array = mx.nd.array(values)
+    array.wait_to_read()
+    address = array_pointer(array)[0]
+    before = _anon_huge_kb(address, values.nbytes)
+    huge_pages(address, values.nbytes)
+    np.testing.assert_array_equal(array.asnumpy(), values)
+    release = tuple(int(x) for x in platform.release().split('.')[:2] if x.isdigit())
+    with open('/sys/kernel/mm/transparent_hugepage/enabled') as fh:
+        thp = '[never]' not in fh.read()
+    if release >= (6, 1) and thp:   # MADV_COLLAPSE: at least the whole pages inside it
+        assert _anon_huge_kb(address, values.nbytes) - before >= (values.nbytes // HUGE_PAGE - 2) * 2048
