@@ -1,20 +1,26 @@
-"""Where one small pushpull's time goes: its parts, each measured alone in one run.
+"""Where one pushpull's time goes: its parts, each measured alone in one run.
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.profile_pushpull [--size 4K]
-        [--designs funneled,chained] [--calls 2000] [--top 12]
+        [--designs funneled,chained,chained+inline_max_bytes=0] [--calls 2000] [--top 12]
 
 Per design D (rank 0 prints; every part is a median over interleaved rounds):
-  raw_mpi         comm.Allreduce(IN_PLACE) of the same bytes: the MPI part;
-  engine_floor    MXNet's own copyto + wait_to_read: one op handed to an engine worker and
-                  back to the waiting thread, the least any engine-embedded collective pays;
+  raw_mpi         comm.Allreduce(IN_PLACE) of the same bytes on a numpy buffer: the MPI part;
+  raw_mpi:ndarray the same on an NDArray's own memory (a view of it): what MPI costs on the
+                  memory the store reduces in place (the store asks for huge pages on it
+                  from 4 MB on, as numpy does for its own buffers);
+  agreement       the MIN-allreduce of 6 int32 that precedes every chained call;
+  engine_floor    one engine op that writes one element of an array, then wait_to_read:
+                  an op handed to an engine worker and back to the waiting thread;
   inline_op       a no-op native engine op that runs inline (kAsync) + wait_to_read: the
                   cost of MXNet's push and wait without a thread hand-off;
-  queued_op       the same op pushed as the chained design pushes (kCPUPrioritized): it
-                  runs on an engine worker, so it pays the hand-offs there and back;
-  submit:D        kv.pushpull() returning (the Python path: checks, keys, request, record,
-                  push), data ready;
+  queued_op       the same op pushed to the priority worker (kCPUPrioritized), as chained
+                  with inline_max_bytes=0 pushes it: it pays the hand-offs there and back;
+  submit:D        kv.pushpull() returning, data ready: the Python path (checks, keys,
+                  request, record, push) and, where the op runs inline (chained with
+                  inline_max_bytes, 1 MB by default), the agreement and the collective too;
   total:D         kv.pushpull() then wait_to_read() of the output;
-  rest:D          total - submit - raw_mpi: hand-offs between threads and waiting.
+  rest:D          total - submit - raw_mpi: hand-offs between threads and waiting (negative
+                  where submit already holds the collective).
 Then a cProfile of the submit path of the first design, by own time, to name the Python
 functions that cost most.
 """
@@ -29,6 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from benchmarks import harness, peers
+from mpi_kvstore.arrays import array_pointer, host_view
 
 COMM = MPI.COMM_WORLD
 
@@ -60,6 +67,10 @@ def timed(fn, calls, after=None):
 def parts(args):
     count = args.size // 4
     raw, floor = peers.raw_allreduce_op(args.size), peers.engine_floor_op(args.size)
+    memory = mx.nd.zeros((count,))
+    memory.wait_to_read()
+    view = host_view(array_pointer(memory)[0], args.size, np.float32)
+    message = np.zeros(6, np.int32)
     dst = mx.nd.zeros((count,))
     inline, queued = _noop_op(dst, True), _noop_op(dst, False)
     stores = {}
@@ -74,7 +85,10 @@ def parts(args):
             kv.pushpull('p', arrays[design])
         kv.wait()
 
-    ops = {'raw_mpi': (raw, None), 'engine_floor': (floor, None),
+    ops = {'raw_mpi': (raw, None),
+           'raw_mpi:ndarray': (lambda: COMM.Allreduce(MPI.IN_PLACE, view, op=MPI.SUM), None),
+           'agreement': (lambda: COMM.Allreduce(MPI.IN_PLACE, message, op=MPI.MIN), None),
+           'engine_floor': (floor, None),
              'inline_op': (lambda: (inline(), dst.wait_to_read()), None),
              'queued_op': (lambda: (queued(), dst.wait_to_read()), None)}
     for design in args.designs:

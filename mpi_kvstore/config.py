@@ -180,11 +180,14 @@ OPTIONS: Tuple[Option, ...] = (
            'Engine ops are compiled code (numba): funneled and concurrent mark collectives '
            'ready with one, chained runs them in one through MPI\'s C API, so no Python runs '
            'on MXNet\'s engine threads; 0 uses a Python callback.'),
-    Option('inline_ready', _parse_bool, True, 'bool',
-           'Chained: a call whose arrays are ready when it is made runs its collective at '
-           'once on the calling thread, which saves two engine thread hand-offs; a call whose '
-           'arrays are still being computed runs on the engine\'s priority worker as before. '
-           '0: every call goes to the worker, so the caller never waits for other ranks.'),
+    # Inline, a call blocks its thread for its collective: worth it where the two hand-offs
+    # it saves are a large share (docs/designs.md, chained).
+    Option('inline_max_bytes', parse_bytes, 1 << 20, 'bytes',
+           'Chained: a call of at most this many bytes whose arrays are ready when it is made '
+           'runs its collective at once on the calling thread, which saves two engine thread '
+           'hand-offs; larger calls, and calls whose arrays are still being computed, run on '
+           'the engine\'s priority worker. 0: every call goes to the worker, so the caller '
+           'never waits for other ranks.', _nonneg),
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg),

@@ -112,7 +112,7 @@ class ChainedPlan:
     where it polls, the agreement is polled too, with sleeps of up to ``poll_us``.
     """
 
-    __slots__ = ('record', 'spans', 'keep', 'handles')
+    __slots__ = ('record', 'spans', 'keep', 'handles', 'nbytes')
 
     def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0):
         reqs = [r for bucket in buckets for r in bucket]
@@ -154,6 +154,7 @@ class ChainedPlan:
             start += len(bucket)
         self.record, self.spans, self.keep = rec, spans, keep
         self.handles = None   # the engine's handle array, which the design builds once
+        self.nbytes = 0       # the call's bytes (the design decides by them whether inline)
 
 
 class ChainedOp(NativeOp):

@@ -30,7 +30,7 @@ class Chained(Design):
 
     Thread level: MPI_THREAD_SERIALIZED. Collectives run inside the engine ops,
     on whichever engine worker runs them (or inline on the calling thread when the
-    data is ready then: ``inline_ready``), but never two at once.
+    data is ready then: ``inline_max_bytes``), but never two at once.
 
     Order: every op also writes one private chain variable, so the engine runs
     them strictly in push order (the sequence order) on every rank, whatever
@@ -69,7 +69,7 @@ class Chained(Design):
         self._waker = None
         # Ready data at push time: the op runs on this thread, no engine hand-offs
         # (native.py: elsewhere it re-pushes itself to the priority worker).
-        self._inline = self._native and config.inline_ready
+        self._inline_max = config.inline_max_bytes if self._native else -1
         if self._native:
             self._address = native.run_chained_address()   # compiled now, not in step one
             self._waker = native_records.Waker()
@@ -82,11 +82,12 @@ class Chained(Design):
             for req in reqs:
                 req.waiter = self._wait
             self._inflight.append(op)
-            if self._inline:
+            inline = plan_.nbytes <= self._inline_max
+            if inline:
                 op.pushed_from(_pthread_self(), priority)
             engine.push_native(self._address, op.address, plan_.handles, priority=priority,
-                               name=op_name(reqs[0].kind), inline_when_ready=self._inline,
-                               may_block=self._inline)
+                               name=op_name(reqs[0].kind), inline_when_ready=inline,
+                               may_block=inline)
             return
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name=op_name(reqs[0].kind),
@@ -139,6 +140,7 @@ class Chained(Design):
                                    message, self._waker.fd, self._fusion_buffer,
                                    _progress(self.config), AGREEMENT_POLL_US)
         found.handles = engine.Handles(arrays + [self._chain])
+        found.nbytes = sum(r.nbytes for r in reqs)
         return found
 
     def _fusion_buffer(self, dtype, count):

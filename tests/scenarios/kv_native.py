@@ -14,7 +14,7 @@ import mxnet as mx
 from mxnet import gluon
 
 import mpi_kvstore
-from mpi_kvstore import debug
+from mpi_kvstore import debug, native
 
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 
@@ -67,6 +67,30 @@ def other_forms(kv):
     avg.close()
 
 
+def inline_when_ready():
+    """chained: a call of at most inline_max_bytes whose data is ready runs on this thread
+    (its op is done when pushpull returns); a larger one, or any with inline_max_bytes=0,
+    goes to the worker. The sums are the same either way, on ready and unready data."""
+    for limit in (1 << 20, 0):
+        kv = mpi_kvstore.create('dist_mpi', design=DESIGN, native_ops=NATIVE,
+                                inline_max_bytes=limit)
+        for nbytes in (4 << 10, 2 << 20):
+            value = mx.nd.full((nbytes // 4,), RANK + 1)
+            value.wait_to_read()
+            kv.pushpull('inline%d' % nbytes, value)
+            if DESIGN == 'chained' and NATIVE and SIZE > 1:
+                op = kv._design._inflight[-1]
+                offered = bool(op.record[native.PUSHER])   # pushed to run inline if ready
+                assert offered == (nbytes <= limit) and (op.done or not offered), (
+                    'rank %d: %d bytes with inline_max_bytes=%d: offered inline %s, done '
+                    'when pushpull returned %s' % (RANK, nbytes, limit, offered, op.done))
+            close(value.asnumpy(), SIZE * (SIZE + 1) / 2, 'ready %d bytes' % nbytes)
+            busy = mx.nd.full((nbytes // 4,), RANK + 1) * 1   # still being computed
+            kv.pushpull('inline%d' % nbytes, busy)
+            close(busy.asnumpy(), SIZE * (SIZE + 1) / 2, 'unready %d bytes' % nbytes)
+        kv.close()
+
+
 def mkldnn_weight_fails_loudly(kv):
     """A conv weight after an inference-mode forward sits in an MKLDNN layout: on rank 0
     it is pushed, the others push a plain array of the same shape."""
@@ -94,6 +118,7 @@ def main():
         assert entered == 0, 'rank %d: %d engine ops ran Python code' % (RANK, entered)
     else:  # the control: the same calls through the Python op do enter it
         assert entered >= CALLS, 'rank %d: only %d trampoline entries' % (RANK, entered)
+    inline_when_ready()
     mkldnn_weight_fails_loudly(kv)
     print('rank %d: %d trampoline entries for %d calls' % (RANK, entered, CALLS), flush=True)
     done('kv_native[%s, native=%d]' % (DESIGN, NATIVE))
