@@ -1,7 +1,7 @@
 """Where one pushpull's time goes: its parts, each measured alone in one run.
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.profile_pushpull [--size 4K]
-        [--designs funneled,chained,chained+inline_max_bytes=0] [--calls 2000] [--top 12]
+        [--designs funneled,chained,chained+inline_max_bytes=1M] [--calls 2000] [--top 12]
 
 Per design D (rank 0 prints; every part is a median over interleaved rounds):
   raw_mpi         comm.Allreduce(IN_PLACE) of the same bytes on a numpy buffer: the MPI part;
@@ -14,10 +14,10 @@ Per design D (rank 0 prints; every part is a median over interleaved rounds):
   inline_op       a no-op native engine op that runs inline (kAsync) + wait_to_read: the
                   cost of MXNet's push and wait without a thread hand-off;
   queued_op       the same op pushed to the priority worker (kCPUPrioritized), as chained
-                  with inline_max_bytes=0 pushes it: it pays the hand-offs there and back;
+                  by default pushes it: it pays the hand-offs there and back;
   submit:D        kv.pushpull() returning, data ready: the Python path (checks, keys,
                   request, record, push) and, where the op runs inline (chained with
-                  inline_max_bytes, 1 MB by default), the agreement and the collective too;
+                  inline_max_bytes), the agreement and the collective too;
   total:D         kv.pushpull() then wait_to_read() of the output;
   rest:D          total - submit - raw_mpi: hand-offs between threads and waiting (negative
                   where submit already holds the collective).

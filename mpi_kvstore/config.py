@@ -180,9 +180,9 @@ OPTIONS: Tuple[Option, ...] = (
            'Engine ops are compiled code (numba): funneled and concurrent mark collectives '
            'ready with one, chained runs them in one through MPI\'s C API, so no Python runs '
            'on MXNet\'s engine threads; 0 uses a Python callback.'),
-    # Inline, a call blocks its thread for its collective: worth it where the two hand-offs
-    # it saves are a large share (docs/designs.md, chained).
-    Option('inline_max_bytes', parse_bytes, 1 << 20, 'bytes',
+    # Off by default: per-key training stepped 1-5% slower with it in four interleaved
+    # runs, while isolated calls gain (docs/designs.md, chained).
+    Option('inline_max_bytes', parse_bytes, 0, 'bytes',
            'Chained: a call of at most this many bytes whose arrays are ready when it is made '
            'runs its collective at once on the calling thread, which saves two engine thread '
            'hand-offs; larger calls, and calls whose arrays are still being computed, run on '

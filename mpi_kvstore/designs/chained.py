@@ -82,7 +82,11 @@ class Chained(Design):
             for req in reqs:
                 req.waiter = self._wait
             self._inflight.append(op)
-            inline = plan_.nbytes <= self._inline_max
+            # Offered inline only when no earlier op is pending: one that is would hold this
+            # one back, and an op offered inline whose data is not ready takes a detour
+            # through MXNet's compute worker (native.py), which slowed per-key training.
+            inline = (plan_.nbytes <= self._inline_max
+                      and (len(self._inflight) < 2 or self._inflight[-2].done))
             if inline:
                 op.pushed_from(_pthread_self(), priority)
             engine.push_native(self._address, op.address, plan_.handles, priority=priority,
