@@ -1,0 +1,691 @@
+"""A GPU-like workload: a model zoo net's parameters, with compute that takes wall time but no CPU.
+
+    python -m benchmarks.gpu_like [--model resnet50_v1] [--images-per-s 125] [--batch 32] [--steps 5]
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.gpu_like --trainer distributed|gluon|none
+        [--update-on-kvstore] [--design D] [--lr 0.1] [--out DIR]
+
+On a GPU node the forward and backward passes run on the GPU and leave the CPU to the
+gradient exchange. Here every layer's forward and backward is an engine op that sleeps, so a
+test bed of CPU ranks measures how the exchange is scheduled, not how it fights the model for
+cores.
+
+The model (:class:`GPULikeModel`, a gluon Block): one emulated layer per convolution or dense
+layer of ``mxnet.gluon.model_zoo.vision.get_model(name)`` (resnet18_v1, resnet50_v1, vgg11,
+vgg16). It owns that layer's weight and the parameters after it up to the next weight (its
+bias, the batch norm that follows), each with the zoo's name (less the net's prefix), shape,
+order (input side first) and grad_req: batch norm's running mean and variance get no
+gradient, as in the real model.
+
+Times: a step's compute is batch / images_per_s (the stated speed of one GPU), split over the
+layers in proportion to their forward FLOPs, a third to forward and two thirds to backward
+(backward = 2 x forward). A convolution's FLOPs are 2 * Cout * Cin/groups * kh * kw * Hout *
+Wout, a dense layer's 2 * in * out; biases and batch norm get no time of their own. Output
+sizes come from MXNet's shape inference on the zoo net's symbol for one 1x3x224x224 image (no
+compute). Speeds: ResNet-50 v1 at 125 images/s per GPU at batch 32 (a slower GPU) or 400 (a
+faster one), the figures issue 21 states; other models by the FLOP-proportional rule, at the
+FLOP throughput ResNet-50 has at 125 images/s: VGG-16, with 4.0x ResNet-50's FLOPs (30.9 G
+against 7.7 G a forward), gets 31.2 images/s. That assumes equal efficiency per FLOP (VGG's
+large convolutions usually run nearer a GPU's peak): a stated rule, not a measurement.
+
+The emulated GPU: every layer op is pushed to the engine's worker of context cpu(1), one
+thread, as a GPU runs its kernels one after another on a stream; the op is compiled code
+(numba), so it runs no Python and takes no GIL. It does its small real work, then sleeps in
+clock_nanosleep until its time is up: the work is part of the layer's time, not added to it.
+Engine dependencies are the real model's: layer i's forward reads its parameters and the
+previous activation (its output adds the weight's first element to it, one float), so the
+next step's forward of layer i waits for weight i's update, and layers run in order; layer
+i's backward writes its gradients when it ends, last layer first, so an exchange of layer i's
+gradients can start while the layers below are still in backward. MXNet's own compute worker
+(cpu(0)) and the store's threads stay free. This needs MXNet's default engine,
+ThreadedEnginePerDevice, which gives cpu(1) a worker of its own (NaiveEngine runs the ops, and
+their sleeps, on the pushing thread).
+
+A step takes a little longer than stated: ResNet-50 about 5 ms more at any speed (262 ms for
+256 at 125 images/s, 85 for 80 at 400), some 45 us per layer op of waking the sleeping
+thread and handing the next op over; and a layer whose gradient takes longer to write than
+its backward lasts as long as the write (VGG-16's fc6: 411 MB, about 18 ms against 4.5 ms of
+backward at 31.2 images/s, so 1046 ms for 1026). Compare a trainer's steps with the same
+model's "compute alone" (main prints both), not with the stated time alone.
+
+Gradients are deterministic: each step starts with ``model(scale)`` (scale = a float, the
+input; :func:`step_scale` gives each (step, rank) its own), and parameter j's gradient is then
+``grad_unit(j) * scale`` in every element, so sums over ranks and SGD updates can be
+recomputed in numpy. Writing them is the compute's only real CPU work: ResNet-50's 102 MB a
+step, filled by glibc's wmemset inside each layer's backward op (about 4.5 ms a step here).
+:func:`measure_compute` measures the whole CPU cost (pushing the ops, the fills, the engine)
+as a share of a core: 3.2-3.7% at ResNet-50's 125 images/s on this 2-core VM (9.5% at 400,
+where the same work fills a shorter step).
+
+Trainers: gluon.Trainer with an mpi_kvstore store (update_on_kvstore False or True) and
+mpi_kvstore.DistributedTrainer: ``model(scale); model.backward(); trainer.step(batch)``. Not
+autograd: autograd needs a Python CustomOp per layer, the usual way, and recording ResNet-50's
+54 of them cost about 40 ms of CPU a step here before any gradient was written (16% of a core
+at 125 images/s, three times what this workload may cost). Module: gpu_like_symbol builds the
+same layers as a symbol of such Python CustomOps (module_arg_params gives the initial values).
+Module binds them once, but the Python in each op's forward and backward still cost 45-70 ms
+of CPU a ResNet-50 step (measure_module: 20% of a core at 125 images/s, and 10-15% longer
+steps), so Module's path checks results, not timings.
+"""
+import argparse
+import collections
+import ctypes
+import functools
+import json
+import time
+
+import mxnet as mx
+import numba
+import numpy as np
+from mxnet import gluon
+from mxnet.base import _LIB
+from numba import types
+from numba.extending import intrinsic
+
+from benchmarks import harness
+from mpi_kvstore.arrays import array_pointer, host_view
+
+__all__ = ['MODELS', 'RESNET50_IMAGES_PER_S', 'BATCH', 'ParamSpec', 'Layer', 'Plan',
+           'zoo_params', 'total_flops', 'default_images_per_s', 'plan', 'grad_unit',
+           'step_scale', 'initial_value', 'GPULikeModel', 'measure_compute', 'gpu_like_symbol',
+           'fixed_param_names', 'module_arg_params', 'measure_module', 'main']
+
+MODELS = ('resnet18_v1', 'resnet50_v1', 'vgg11', 'vgg16')
+IMAGE = (1, 3, 224, 224)                # one ImageNet image: the zoo nets' input
+RESNET50_IMAGES_PER_S = (125.0, 400.0)  # per GPU at batch 32: the slow and the fast GPU
+BATCH = 32
+FORWARD_SHARE = 1 / 3                   # backward = 2 x forward
+COMPUTE_DEVICE = 1                      # cpu(1)'s engine worker is the emulated GPU's stream
+_SHAPE_OPS = {'Convolution', 'FullyConnected'}
+
+
+class ParamSpec(collections.namedtuple('ParamSpec', 'name shape grad_req flops')):
+    """One zoo parameter: name without the net's prefix, shape, grad_req, and the forward
+    FLOPs per image of the layer whose weight it is (0 for every other parameter)."""
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+
+class Layer(collections.namedtuple('Layer', 'index params flops forward_s backward_s')):
+    """One emulated layer: its parameters (ParamSpecs, the weight first), forward FLOPs per
+    image, and seconds of forward and of backward per step."""
+
+
+class Plan(collections.namedtuple('Plan', 'model images_per_s batch compute_s layers')):
+    """A model's emulated layers at a speed: compute_s = batch / images_per_s a step."""
+
+    @property
+    def params(self):
+        return [p for layer in self.layers for p in layer.params]
+
+    @property
+    def grad_bytes(self):
+        """Bytes of float32 gradients a step writes (what the exchange carries)."""
+        return 4 * sum(p.size for p in self.params if p.grad_req != 'null')
+
+
+# ---------------------------------------------------------------- shapes and FLOPs
+
+@functools.lru_cache(maxsize=None)
+def zoo_params(model):
+    """The ParamSpecs of model zoo net `model` (1000 classes), in its collect_params order.
+
+    Shapes, and each convolution's output shape, come from shape inference on the net's
+    symbol for one 224x224 image: nothing is allocated or computed."""
+    if model not in MODELS:
+        raise ValueError(f'unknown model {model!r}: use one of {", ".join(MODELS)}')
+    from mxnet.gluon.model_zoo import vision  # the zoo is needed only here
+    net = vision.get_model(model)
+    out = net(mx.sym.var('data'))
+    internals = out.get_internals()
+    arg_shapes, out_shapes, aux_shapes = internals.infer_shape(data=IMAGE)
+    shapes = dict(zip(internals.list_arguments(), arg_shapes))
+    shapes.update(zip(internals.list_auxiliary_states(), aux_shapes))
+    flops = _weight_flops(json.loads(out.tojson())['nodes'], shapes,
+                          dict(zip(internals.list_outputs(), out_shapes)))
+    prefix = net.prefix
+    return tuple(ParamSpec(name[len(prefix):] if name.startswith(prefix) else name,
+                           tuple(int(d) for d in shapes[name]), param.grad_req, flops.get(name, 0))
+                 for name, param in net.collect_params().items())
+
+
+def _weight_flops(nodes, shapes, outputs):
+    """{weight name: forward FLOPs per image} of every convolution and dense layer."""
+    flops = {}
+    for node in nodes:
+        if node['op'] not in _SHAPE_OPS:
+            continue
+        weight = nodes[node['inputs'][1][0]]['name']
+        macs = int(np.prod(shapes[weight]))       # Cout * Cin/groups * kh * kw, or out * in
+        if node['op'] == 'Convolution':
+            macs *= int(np.prod(outputs[node['name'] + '_output'][2:]))    # Hout * Wout
+        flops[weight] = 2 * macs
+    return flops
+
+
+def total_flops(model):
+    """Forward FLOPs per image of the convolution and dense layers."""
+    return sum(p.flops for p in zoo_params(model))
+
+
+def default_images_per_s(model, resnet50_images_per_s=RESNET50_IMAGES_PER_S[0]):
+    """The FLOP-proportional rule: `model` at the FLOP throughput that ResNet-50 v1 has at
+    resnet50_images_per_s."""
+    return resnet50_images_per_s * total_flops('resnet50_v1') / total_flops(model)
+
+
+def _groups(params):
+    """ParamSpecs in layers: a new layer starts at every convolution or dense weight."""
+    groups = []
+    for p in params:
+        if p.flops or not groups:
+            groups.append([])
+        groups[-1].append(p)
+    return groups
+
+
+def plan(model, images_per_s=None, batch=BATCH):
+    """The emulated layers of `model` at images_per_s (default: default_images_per_s)."""
+    images_per_s = images_per_s or default_images_per_s(model)
+    if images_per_s <= 0 or batch <= 0:
+        raise ValueError('images_per_s and batch must be positive')
+    compute_s = batch / images_per_s
+    total = total_flops(model)
+    layers = []
+    for i, group in enumerate(_groups(zoo_params(model))):
+        flops = sum(p.flops for p in group)
+        share = compute_s * flops / total
+        layers.append(Layer(i, tuple(group), flops, share * FORWARD_SHARE,
+                            share * (1 - FORWARD_SHARE)))
+    return Plan(model, images_per_s, batch, compute_s, tuple(layers))
+
+
+# ---------------------------------------------------------------- deterministic values
+
+def grad_unit(index):
+    """Gradient of parameter `index` (its place in Plan.params) at scale 1: k/8, exact in
+    float32, so that sums over ranks are exact too."""
+    return (index % 8 + 1) / 8
+
+
+def step_scale(step, rank):
+    """The scale (the model's input) of rank `rank` at step `step`, in main() and the tests."""
+    return float((rank + 1) * (step % 3 + 1))
+
+
+def initial_value(index):
+    """Parameter `index`'s every element after GPULikeModel.initialize() (default init)."""
+    return (index % 5 + 1) / 100
+
+
+# ---------------------------------------------------------------- the compiled layer op
+
+@intrinsic
+def _float32_at(typingctx, address):
+    """An int64 address as a float32 pointer (for numba.carray)."""
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+
+
+@intrinsic
+def _void_at(typingctx, address):
+    sig = types.voidptr(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+
+
+_LIBC = ctypes.CDLL(None)
+_clock_gettime = _LIBC.clock_gettime
+_clock_gettime.argtypes, _clock_gettime.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+_clock_nanosleep = _LIBC.clock_nanosleep
+_clock_nanosleep.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+_clock_nanosleep.restype = ctypes.c_int
+_wmemset = _LIBC.wmemset        # wchar_t is 4 bytes: a float32 fill with glibc's vector code
+_wmemset.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_size_t]
+_wmemset.restype = ctypes.c_void_p
+_prctl = _LIBC.prctl
+_prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+_prctl.restype = ctypes.c_int
+CLOCK_MONOTONIC, TIMER_ABSTIME, PR_SET_TIMERSLACK = 1, 1, 29
+
+# A layer op's record, int64 words: its own address, its duration in ns, the float32
+# addresses it reads (SRC; ADD, 0: none), writes (DST) and scales by (SCALE), the number of
+# gradients it fills, a timespec; then per gradient its address, element count and unit
+# (float64 bits).
+SELF, DURATION, SRC, ADD, DST, SCALE, NFILL, TS = range(8)
+HEADER, FILL = 10, 3
+
+
+def _layer_op(run_ctx, param):
+    """The engine calls this for one layer's forward or backward: DST = SRC (+ ADD), every
+    gradient = unit * SCALE, then sleep until the layer's duration since the start is up."""
+    head = numba.carray(param, HEADER, dtype=np.int64)
+    ts = _void_at(head[SELF] + 8 * TS)
+    # The kernel may wake a sleeper up to its timer slack late (50 us by default): over
+    # a hundred layers a step, several ms the model would not take. 1 ns: on time.
+    _prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    _clock_gettime(CLOCK_MONOTONIC, ts)
+    deadline = head[TS] * 1000000000 + head[TS + 1] + head[DURATION]
+    value = numba.carray(_float32_at(head[SRC]), 1)[0]
+    if head[ADD] != 0:
+        value += numba.carray(_float32_at(head[ADD]), 1)[0]
+    numba.carray(_float32_at(head[DST]), 1)[0] = value
+    count = head[NFILL]
+    if count > 0:
+        scale = numba.carray(_float32_at(head[SCALE]), 1)[0]
+        words = numba.carray(param, HEADER + FILL * count, dtype=np.int64)
+        units = numba.carray(param, HEADER + FILL * count, dtype=np.float64)
+        for k in range(count):
+            at = HEADER + FILL * k
+            bits = np.array([units[at + 2] * scale], np.float32).view(np.int32)[0]
+            _wmemset(_void_at(words[at]), bits, words[at + 1])
+    head[TS] = deadline // 1000000000
+    head[TS + 1] = deadline % 1000000000
+    _clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, ts, _void_at(0))
+
+
+_SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class _Context(ctypes.Structure):
+    _fields_ = [('dev_type', ctypes.c_int32), ('dev_id', ctypes.c_int32)]
+
+
+_MX = ctypes.CDLL(_LIB._name)           # a handle of our own: argtypes set here stay here
+_push_sync = _MX.MXEnginePushSyncND
+_push_sync.restype = ctypes.c_int
+_push_sync.argtypes = [_SYNC_FN, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_void_p,
+                       ctypes.c_int, ctypes.c_char_p]
+_set_grad_state = _MX.MXNDArraySetGradState
+_set_grad_state.restype, _set_grad_state.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]
+_COMPUTE_CONTEXT = _Context(1, COMPUTE_DEVICE)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    """The layer op as a C function (numba, about half a second once per process; not cached
+    on disk, as the libc addresses it calls change from process to process)."""
+    fn = numba.cfunc(types.void(types.voidptr, types.voidptr))(_layer_op)
+    return fn, _SYNC_FN(fn.address)
+
+
+class _Op:
+    """One layer op, ready to push again and again: its record and its arrays' handles."""
+
+    def __init__(self, name, seconds, src, dst, add=None, scale=None, fills=(), const=()):
+        self.name = name.encode()
+        self.record = np.zeros(HEADER + FILL * len(fills), np.int64)
+        rec = self.record
+        rec[SELF], rec[DURATION] = rec.ctypes.data, round(seconds * 1e9)
+        rec[SRC], rec[DST] = _address(src), _address(dst)
+        rec[ADD] = _address(add) if add is not None else 0
+        rec[SCALE] = _address(scale) if scale is not None else 0
+        rec[NFILL] = len(fills)
+        for k, (grad, unit) in enumerate(fills):
+            at = HEADER + FILL * k
+            rec[at], rec[at + 1] = _address(grad), grad.size
+            rec[at + 2:at + 3].view(np.float64)[0] = unit
+        reads = [src] + ([add] if add is not None else []) + ([scale] if scale is not None else [])
+        self.const = _handles(reads + list(const))
+        self.mutable = _handles([dst] + [grad for grad, _ in fills])
+
+    def push(self):
+        fn = _compiled()[1]
+        if _push_sync(fn, self.record.ctypes.data, None, ctypes.addressof(_COMPUTE_CONTEXT),
+                      self.const, len(self.const), self.mutable, len(self.mutable), None, 0,
+                      self.name) != 0:
+            raise RuntimeError('MXEnginePushSyncND failed: ' + _LIB.MXGetLastError().decode())
+
+
+def _handles(arrays):
+    return (ctypes.c_void_p * len(arrays))(*[a.handle.value for a in arrays])
+
+
+def _address(array):
+    """The address of a float32 host NDArray's data (read in place by the layer op)."""
+    address, dev_type, _ = array_pointer(array)
+    if not address or dev_type != 1 or array.dtype != np.float32:
+        raise ValueError(f'gpu_like needs allocated float32 host arrays, not {array.dtype} '
+                         f'on device type {dev_type}')
+    return address
+
+
+# ---------------------------------------------------------------- the gluon model
+
+class GPULikeModel(gluon.Block):
+    """`plan_`'s layers as a gluon Block with the zoo net's parameters.
+
+    A step: ``out = model(scale)`` pushes the forward, ``model.backward()`` the backward
+    (gradient of parameter j: grad_unit(j) * scale), then ``trainer.step(batch)``. Nothing
+    waits: the ops run on the emulated GPU's stream as their inputs are ready. `out` is the
+    last activation, one float: scale + the sum of every layer's first weight element.
+    Parameters are named as in the zoo net, after this block's prefix; the default init
+    sets every element of parameter j to initial_value(j)."""
+
+    def __init__(self, plan_, prefix=None, params=None):
+        super().__init__(prefix=prefix or f'{plan_.model}_gpulike_', params=params)
+        self.plan = plan_
+        self._owned = []
+        for layer in plan_.layers:
+            self._owned.append([self.params.get(p.name, shape=p.shape, grad_req=p.grad_req,
+                                                dtype='float32') for p in layer.params])
+        # The input and the activations live on the emulated GPU: the step's first op, which
+        # writes the input, runs on its stream, not behind the updates on MXNet's worker.
+        gpu = mx.cpu(COMPUTE_DEVICE)
+        self._input = mx.nd.zeros((1,), ctx=gpu)
+        self._acts = [mx.nd.zeros((1,), ctx=gpu) for _ in plan_.layers]       # forward outputs
+        self._act_grads = [mx.nd.zeros((1,), ctx=gpu) for _ in plan_.layers]  # backward outputs
+        self._bound = None           # the arrays the ops were built on, and the ops
+
+    def initialize(self, init=None, ctx=None, verbose=False, force_reinit=False):
+        """The default init is initial_value(j) for parameter j: known to a test, and cheap
+        (a random init of ResNet-50 takes seconds)."""
+        if init is not None:
+            return super().initialize(init, ctx, verbose, force_reinit)
+        for index, param in enumerate(self.collect_params().values()):
+            param.initialize(mx.init.Constant(initial_value(index)), ctx, force_reinit=force_reinit)
+        return None
+
+    def _ops(self):
+        """(forward ops, backward ops, trainable data arrays), rebuilt when a parameter's
+        arrays changed (the first step, a re-initialisation): records hold addresses."""
+        arrays = [(p.data(), p.grad() if p.grad_req != 'null' else None)
+                  for owned in self._owned for p in owned]
+        if self._bound is not None and all(
+                a is b and g is h for (a, g), (b, h) in zip(arrays, self._bound[0])):
+            return self._bound[1]
+        mx.nd.waitall()              # no op still runs on the old records
+        forward, backward, index = [], [], 0
+        for i, (layer, owned) in enumerate(zip(self.plan.layers, self._owned)):
+            data = [p.data() for p in owned]
+            fills = []
+            for p in owned:
+                if p.grad_req not in ('write', 'null'):
+                    raise ValueError(f'{p.name}: grad_req {p.grad_req!r}; gpu_like writes '
+                                     "gradients ('write') or none ('null')")
+                if p.grad_req == 'write':
+                    fills.append((p.grad(), grad_unit(index)))
+                index += 1
+            previous = self._input if i == 0 else self._acts[i - 1]
+            forward.append(_Op('gpu_like_forward', layer.forward_s, previous, self._acts[i],
+                               add=data[0], const=data[1:]))
+            above = self._acts[-1] if i == len(self._owned) - 1 else self._act_grads[i + 1]
+            backward.append(_Op('gpu_like_backward', layer.backward_s, above,
+                                self._act_grads[i], scale=self._input, fills=fills))
+        trained = [p.data().handle for owned in self._owned for p in owned
+                   if p.grad_req != 'null']
+        self._bound = (arrays, (forward, backward[::-1], trained))
+        return self._bound[1]
+
+    def forward(self, scale=1.0):
+        forward, _, _ = self._ops()
+        self._input[:] = scale       # an engine op: after the last step's backward read it
+        for op in forward:
+            op.push()
+        return self._acts[-1]
+
+    def backward(self):
+        """Push the backward of the last forward, and mark the gradients fresh as autograd
+        does (gluon.Trainer refuses stale ones)."""
+        _, backward, trained = self._bound[1] if self._bound else self._ops()
+        for op in backward:
+            op.push()
+        for handle in trained:
+            _set_grad_state(handle, 1)
+
+
+def measure_compute(model, steps, warmups=1, rank=0):
+    """Forward and backward of `model` alone (no exchange), `steps` times after `warmups`,
+    each waited for: {'wall_s': [per step], 'cpu_s': [per step], 'compute_s': the stated
+    time, 'cpu_share': process CPU time over wall time (every thread of the process)}."""
+    walls, cpus = [], []
+    for step in range(warmups + steps):
+        mx.nd.waitall()
+        wall, cpu = time.perf_counter(), time.process_time()
+        model(step_scale(step, rank))
+        model.backward()
+        mx.nd.waitall()
+        if step >= warmups:
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+    return {'wall_s': walls, 'cpu_s': cpus, 'compute_s': model.plan.compute_s,
+            'cpu_share': sum(cpus) / sum(walls)}
+
+
+# ---------------------------------------------------------------- Module: a symbol of CustomOps
+
+OP_TYPE = 'gpu_like_layer'
+
+
+def _sleep_until(deadline):
+    left = deadline - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
+class _LayerCustomOp(mx.operator.CustomOp):
+    """The layer op in Python, for Module's symbols: the same values and times, paid for
+    with Python on MXNet's custom-op threads."""
+
+    def __init__(self, forward_s, backward_s, grads):
+        super().__init__()
+        self._forward_s, self._backward_s, self._grads = forward_s, backward_s, grads
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        deadline = time.perf_counter() + self._forward_s
+        self.assign(out_data[0], req[0], in_data[0] + in_data[1].reshape((-1,))[:1])
+        _sleep_until(deadline)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        deadline = time.perf_counter() + self._backward_s
+        self.assign(in_grad[0], req[0], out_grad[0])
+        for grad, r, value in zip(in_grad[1:], req[1:], self._grads):
+            if r in ('write', 'inplace'):
+                # The op holds the gradient for writing: fill its memory in place (a third of
+                # the time of MXNet's fill op, and nothing pushed).
+                host_view(array_pointer(grad)[0], grad.size * 4, np.float32).fill(value)
+            elif r == 'add':
+                grad[:] += value
+        _sleep_until(deadline)
+
+
+@mx.operator.register(OP_TYPE)
+class _LayerCustomProp(mx.operator.CustomOpProp):
+    """Inputs: the previous activation, then the layer's parameters. Keyword strings:
+    forward_s, backward_s, grads (a gradient value per parameter)."""
+
+    def __init__(self, forward_s, backward_s, grads):
+        super().__init__(need_top_grad=True)
+        self._forward_s, self._backward_s = float(forward_s), float(backward_s)
+        self._grads = [float(g) for g in grads.split(',')]
+        self._arguments = ['data'] + ['param%d' % i for i in range(len(self._grads))]
+
+    def list_arguments(self):
+        return self._arguments
+
+    def list_outputs(self):
+        return ['output']
+
+    def infer_shape(self, in_shape):
+        return in_shape, [in_shape[0]], []
+
+    def infer_type(self, in_type):
+        return [np.float32] * len(in_type), [np.float32], []
+
+    def declare_backward_dependency(self, out_grad, in_data, out_data):
+        return list(out_grad)
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _LayerCustomOp(self._forward_s, self._backward_s, self._grads)
+
+
+def gpu_like_symbol(plan_, scale=1.0, prefix=''):
+    """`plan_` as a symbol for Module: input 'data' of shape (1,), output a MakeLoss of the
+    last activation; parameters are variables named prefix + zoo name. Give Module
+    fixed_param_names(plan_) (batch norm's running statistics). Module creates each op once,
+    when it binds, so parameter j's gradient is grad_unit(j) * scale on every step."""
+    out = mx.sym.var('data', shape=(1,), dtype='float32')
+    index = 0
+    for layer in plan_.layers:
+        params = [mx.sym.var(prefix + p.name, shape=p.shape, dtype='float32')
+                  for p in layer.params]
+        grads = ','.join(repr(grad_unit(index + k) * scale) for k in range(len(params)))
+        index += len(params)
+        out = mx.sym.Custom(out, *params, op_type=OP_TYPE, forward_s=repr(layer.forward_s),
+                            backward_s=repr(layer.backward_s), grads=grads)
+    return mx.sym.MakeLoss(out, name='loss')
+
+
+def fixed_param_names(plan_, prefix=''):
+    """The parameters Module must not train: batch norm's running statistics."""
+    return [prefix + p.name for p in plan_.params if p.grad_req == 'null']
+
+
+def module_arg_params(plan_, prefix=''):
+    """Module.init_params's arg_params: GPULikeModel's initial values (Module's initializers
+    do not know batch norm's running statistics as arguments)."""
+    return {prefix + p.name: mx.nd.full(p.shape, initial_value(index))
+            for index, p in enumerate(plan_.params)}
+
+
+def measure_module(module, steps, warmups=1):
+    """As measure_compute, for a bound Module on gpu_like_symbol (forward_backward only)."""
+    batch = mx.io.DataBatch([mx.nd.zeros((1,))], [])
+    walls, cpus = [], []
+    for step in range(warmups + steps):
+        mx.nd.waitall()
+        wall, cpu = time.perf_counter(), time.process_time()
+        module.forward_backward(batch)
+        mx.nd.waitall()
+        if step >= warmups:
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls)}
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
+    parser.add_argument('--images-per-s', type=float, default=None,
+                        help='images/s of one emulated GPU (default: 125 for resnet50_v1, '
+                             'other models at the same FLOP throughput)')
+    parser.add_argument('--batch', type=int, default=BATCH,
+                        help=f'images per rank per step (default {BATCH})')
+    parser.add_argument('--steps', type=int, default=5, help='timed steps (default 5)')
+    parser.add_argument('--warmups', type=int, default=1, help='untimed steps first (default 1)')
+    parser.add_argument('--trainer', default='none', choices=('none', 'gluon', 'distributed'),
+                        help='none: compute alone; gluon: gluon.Trainer with an mpi_kvstore '
+                             'store; distributed: mpi_kvstore.DistributedTrainer')
+    parser.add_argument('--update-on-kvstore', action='store_true',
+                        help='gluon.Trainer updates on the store (default: on each rank)')
+    parser.add_argument('--design', default=None,
+                        help="the store's design, options after '+' (default: the default)")
+    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
+    parser.add_argument('--timeout', type=float, default=600.0,
+                        help='seconds the run may take before the job is ended (default 600)')
+    parser.add_argument('--out', default=harness.DEFAULT_OUT, help='folder for the JSON result')
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmups < 0:
+        parser.error('--steps must be >= 1 and --warmups >= 0')
+    return args
+
+
+def _trainer(args, model):
+    """(trainer, store) for --trainer, SGD without momentum."""
+    import mpi_kvstore  # the store only where a trainer needs it
+    kv, why = harness.create_store(args.design, args.timeout)
+    if kv is None:
+        raise SystemExit(f'no store: {why}')
+    optimizer = ('sgd', {'learning_rate': args.lr})
+    if args.trainer == 'distributed':
+        return mpi_kvstore.DistributedTrainer(model.collect_params(), *optimizer, store=kv), kv
+    mpi_kvstore.broadcast_parameters(model.collect_params(), store=kv)
+    return gluon.Trainer(model.collect_params(), *optimizer, kvstore=kv,
+                         update_on_kvstore=args.update_on_kvstore), kv
+
+
+def _train(args, model, trainer, comm):
+    """Steps of forward, backward, trainer.step, waitall; a step's time is the slowest rank's."""
+    from mpi4py import MPI  # MPI starts where a trainer runs, as the store needs it anyway
+    walls, cpus = [], []
+    for step in range(args.warmups + args.steps):
+        comm.Barrier()
+        wall, cpu = time.perf_counter(), time.process_time()
+        model(step_scale(step, comm.rank))
+        model.backward()
+        trainer.step(args.batch * comm.size)     # gradients are summed over ranks
+        mx.nd.waitall()
+        if step >= args.warmups:
+            walls.append(comm.allreduce(time.perf_counter() - wall, op=MPI.MAX))
+            cpus.append(time.process_time() - cpu)
+    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls)}
+
+
+def _check_trained(model, args, steps, nranks):
+    """Every parameter after `steps` steps of SGD on the deterministic gradients (numpy):
+    timing a wrong answer is worthless."""
+    total = sum(step_scale(s, r) for s in range(steps) for r in range(nranks))
+    for index, (spec, param) in enumerate(zip(model.plan.params, model.collect_params().values())):
+        expected = initial_value(index)
+        if spec.grad_req != 'null':
+            expected -= args.lr * grad_unit(index) * total / (args.batch * nranks)
+        got = param.data().asnumpy()
+        if not np.allclose(got, np.float32(expected), rtol=1e-5, atol=1e-6):
+            raise RuntimeError(f'{param.name} after {steps} steps of --trainer {args.trainer}: '
+                               f'{got.ravel()[:3]}, expected {expected}')
+
+
+def _against(seconds, compute_s):
+    """'262.1 ms (min 261.5, max 263.5) against 256.0 stated (+2.4%)' for step times."""
+    ms = {k: v * 1e3 for k, v in harness.spread(seconds).items()}
+    return (f'{ms["median"]:.1f} ms (min {ms["min"]:.1f}, max {ms["max"]:.1f}) against '
+            f'{compute_s * 1e3:.1f} stated ({(ms["median"] / (compute_s * 1e3) - 1) * 100:+.1f}%)')
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    comm = harness.world()
+    plan_ = plan(args.model, args.images_per_s, args.batch)
+    model = GPULikeModel(plan_)
+    model.initialize()
+    harness.rank0_print(
+        f'{args.model}: {len(plan_.layers)} layers, {sum(p.size for p in plan_.params) / 1e6:.2f}M '
+        f'parameters, {plan_.grad_bytes / 1e6:.1f} MB of gradients; {plan_.images_per_s:.1f} '
+        f'images/s at batch {args.batch}: {plan_.compute_s * 1e3:.1f} ms of compute a step; '
+        f'{comm.size} rank(s)')
+    payload = {'model': args.model, 'layers': len(plan_.layers), 'grad_bytes': plan_.grad_bytes,
+               'compute_s': plan_.compute_s, 'images_per_s': plan_.images_per_s}
+    run = harness.Run('gpu_like', args, comm=comm, label=args.model + (
+        '' if args.trainer == 'none' else f'_{args.trainer}') + (
+        '_uok' if args.update_on_kvstore else ''))
+    with harness.deadline(args.timeout, f'gpu_like {args.model} --trainer {args.trainer}'):
+        payload['alone'] = alone = measure_compute(model, args.steps, args.warmups, comm.rank)
+        harness.rank0_print(
+            f'  compute alone:  step {_against(alone["wall_s"], plan_.compute_s)}; CPU '
+            f'{alone["cpu_share"] * 100:.2f}% of a core (rank 0)')
+        if args.trainer != 'none':
+            model.initialize(force_reinit=True)      # known weights for _check_trained
+            trainer, kv = _trainer(args, model)
+            payload['train'] = train = _train(args, model, trainer, comm)
+            harness.rank0_print(
+                f'  {args.trainer} trainer{" (updates on the store)" if args.update_on_kvstore else ""}, '
+                f'{kv.type} store, {comm.size} ranks: step '
+                f'{_against(train["wall_s"], plan_.compute_s)}; CPU '
+                f'{train["cpu_share"] * 100:.1f}% of a core (rank 0)')
+            _check_trained(model, args, args.warmups + args.steps, comm.size)
+    run.write(payload)
+    harness.rank0_print(f'  written to {run.json_path}')
+
+
+if __name__ == '__main__':
+    harness.run_main(main)

@@ -1,0 +1,175 @@
+"""benchmarks/gpu_like.py: the zoo's parameters, FLOP-proportional times, a step that takes its
+stated wall time with little CPU, and training through the store to numpy's weights.
+
+References are independent of the module: the model zoo net itself (initialised by a forward
+on one image), FLOPs computed by hand from layer shapes, a clock, and numpy (in the scenario).
+"""
+import json
+import os
+import re
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet.gluon.model_zoo import vision
+
+from benchmarks import gpu_like
+
+from mpi_harness import REPO_ROOT, run_mpi
+
+BATCH = 32
+
+
+def zoo_net(name):
+    """The model zoo net with its parameters made by a forward on one 224x224 image."""
+    net = vision.get_model(name)
+    net.initialize(mx.init.Zero())      # values do not matter; zeros are quick
+    net(mx.nd.zeros((1, 3, 224, 224))).wait_to_read()
+    return net
+
+
+@pytest.mark.parametrize('name, trainable', [('resnet50_v1', 25575912), ('vgg16', 138357544)])
+def test_parameters_are_the_zoo_nets(name, trainable):
+    net = zoo_net(name)
+    zoo = [(key[len(net.prefix):], p.shape, p.grad_req) for key, p in net.collect_params().items()]
+    model = gpu_like.GPULikeModel(gpu_like.plan(name))      # shapes are known before init
+    mine = [(key[len(model.prefix):], p.shape, p.grad_req)
+            for key, p in model.collect_params().items()]
+    assert mine == zoo
+    # The count of trainable parameters (batch norm's running statistics are not).
+    assert sum(int(np.prod(s)) for _, s, req in zoo if req != 'null') == trainable
+    assert gpu_like.plan(name).grad_bytes == 4 * trainable
+    nulls = [key for key, _, req in mine if req == 'null']
+    assert all(re.search(r'running_(mean|var)$', key) for key in nulls)
+    assert len(nulls) == (2 * 53 if name == 'resnet50_v1' else 0)
+
+
+def conv_flops(cout, cin, k, hout, wout):
+    return 2 * cout * cin * k * k * hout * wout
+
+
+def test_times_follow_flops():
+    plan = gpu_like.plan('resnet50_v1', images_per_s=125, batch=BATCH)
+    step = BATCH / 125
+    total = sum(layer.forward_s + layer.backward_s for layer in plan.layers)
+    assert total == pytest.approx(step, rel=0.01)
+    assert plan.compute_s == step
+    assert len(plan.layers) == 54                 # 53 convolutions and the dense layer
+    first, stage1, dense = plan.layers[0], plan.layers[1], plan.layers[-1]
+    # conv0: 7x7/2, 3 -> 64 channels, 224x224 -> 112x112; stage1's first: 1x1, 64 -> 64 at
+    # 56x56 (after the 3x3/2 max pooling); the classifier: 2048 -> 1000.
+    assert first.flops == conv_flops(64, 3, 7, 112, 112) == 236027904
+    assert stage1.flops == conv_flops(64, 64, 1, 56, 56)
+    assert dense.flops == 2 * 2048 * 1000
+    assert [p.name for p in first.params] == [
+        'conv0_weight', 'batchnorm0_gamma', 'batchnorm0_beta', 'batchnorm0_running_mean',
+        'batchnorm0_running_var']
+    assert [p.name for p in dense.params] == ['dense0_weight', 'dense0_bias']
+    flops = sum(layer.flops for layer in plan.layers)
+    for layer in (first, stage1, dense):
+        share = step * layer.flops / flops
+        assert layer.forward_s == pytest.approx(share / 3, rel=1e-9)
+        assert layer.backward_s == pytest.approx(2 * share / 3, rel=1e-9)
+    # Every layer gets the same seconds per FLOP.
+    per_flop = {round((layer.forward_s + layer.backward_s) / layer.flops * 1e21) for layer in plan.layers}
+    assert len(per_flop) == 1
+
+
+def test_vgg16_at_the_flop_rule():
+    vgg = gpu_like.plan('vgg16', batch=BATCH)
+    assert vgg.layers[0].flops == conv_flops(64, 3, 3, 224, 224)
+    assert vgg.layers[13].flops == 2 * 512 * 7 * 7 * 4096          # fc6 on the 7x7x512 map
+    assert len(vgg.layers) == 16
+    # About 15.5 G multiply-adds for VGG-16 against 3.9 G for ResNet-50.
+    vgg_flops = sum(layer.flops for layer in vgg.layers)
+    resnet_flops = sum(layer.flops for layer in gpu_like.plan('resnet50_v1').layers)
+    assert 30.5e9 < vgg_flops < 31.5e9 and 7.6e9 < resnet_flops < 7.8e9
+    assert vgg.images_per_s == pytest.approx(125 * resnet_flops / vgg_flops)
+    assert vgg.compute_s == pytest.approx(BATCH / vgg.images_per_s)
+
+
+@pytest.fixture(scope='module')
+def resnet50():
+    """ResNet-50's layers at a speed where a step's compute is 0.3 s."""
+    model = gpu_like.GPULikeModel(gpu_like.plan('resnet50_v1', images_per_s=BATCH / 0.3))
+    model.initialize()
+    return model
+
+
+def test_step_takes_its_time_without_cpu(resnet50):
+    result = gpu_like.measure_compute(resnet50, steps=3, warmups=1)
+    median = sorted(result['wall_s'])[1]
+    assert 0.95 * 0.3 < median < 1.25 * 0.3, result
+    # 102 MB of gradients are written every step; the rest of the process sleeps.
+    assert result['cpu_share'] < 0.05, result
+    assert result['cpu_share'] == pytest.approx(sum(result['cpu_s']) / sum(result['wall_s']))
+
+
+def test_values_and_gradients(resnet50):
+    params = list(resnet50.collect_params().values())
+    specs = resnet50.plan.params
+    out = resnet50(3.0)
+    resnet50.backward()
+    weights = [i for i, spec in enumerate(specs) if spec.flops]
+    expected_out = 3.0 + sum(gpu_like.initial_value(i) for i in weights)
+    assert out.asnumpy()[0] == pytest.approx(expected_out, rel=1e-6)
+    for index in (0, 1, len(params) - 2, len(params) - 1):
+        grad = params[index].grad().asnumpy()
+        assert grad.shape == specs[index].shape
+        assert np.all(grad == np.float32(gpu_like.grad_unit(index) * 3.0)), index
+    assert params[3].grad_req == 'null' and specs[3].name == 'batchnorm0_running_mean'
+    # A write pushed before the next forward is what that forward reads.
+    params[0].set_data(mx.nd.full(specs[0].shape, 2.0))
+    out = resnet50(1.0)
+    resnet50.backward()
+    assert out.asnumpy()[0] == pytest.approx(expected_out - 3.0 + 1.0 + 2.0 - 0.01, rel=1e-6)
+    resnet50.initialize(force_reinit=True)
+    mx.nd.waitall()
+
+
+def test_compute_leaves_the_engine_free(resnet50):
+    """While the emulated GPU runs a step, MXNet's compute worker runs other ops at once, and
+    the last layer's gradients are ready long before the first layer's (backward order)."""
+    params = list(resnet50.collect_params().values())
+    mx.nd.waitall()
+    start = time.perf_counter()
+    resnet50(1.0)
+    resnet50.backward()
+    (mx.nd.ones((1000,)) * 2).wait_to_read()
+    other = time.perf_counter() - start
+    params[-1].grad().wait_to_read()
+    last_layer = time.perf_counter() - start
+    params[0].grad().wait_to_read()
+    first_layer = time.perf_counter() - start
+    forward_s = sum(layer.forward_s for layer in resnet50.plan.layers)
+    assert other < 0.05, other
+    assert forward_s * 0.95 < last_layer < forward_s + 0.05, (last_layer, forward_s)
+    assert first_layer > 0.95 * 0.3, first_layer
+    mx.nd.waitall()
+
+
+def test_training_under_mpi_equals_numpy(mpi_available):
+    out = run_mpi(2, 'gpu_like_train.py', 'resnet50_v1', timeout=180)
+    assert 'gpu_like_train[resnet50_v1, default design]: OK at 2 ranks' in out, out[-3000:]
+
+
+def test_main_trains_and_reports(mpi_available, tmp_path):
+    """The script as users run it: compute alone, then DistributedTrainer at 2 ranks (main
+    checks the trained weights against its own recomputation, and fails otherwise)."""
+    script = os.path.join(REPO_ROOT, 'benchmarks', 'gpu_like.py')
+    out = run_mpi(2, script, '--model', 'resnet18_v1', '--images-per-s', 1600, '--steps', 2,
+                  '--trainer', 'distributed', '--out', tmp_path, timeout=180)
+    alone = re.search(r'compute alone: +step ([\d.]+) ms .* against ([\d.]+) stated .* CPU ([\d.]+)%',
+                      out)
+    assert alone, out[-3000:]
+    step_ms, stated_ms, cpu = map(float, alone.groups())
+    assert stated_ms == pytest.approx(20.0, abs=0.05)
+    assert 0.95 * stated_ms < step_ms < 3 * stated_ms and cpu < 50
+    assert re.search(r'distributed trainer, dist\w* store, 2 ranks: step [\d.]+ ms', out), out[-3000:]
+    assert '46.8 MB of gradients' in out
+    with open(tmp_path / 'gpu_like_n2_resnet18_v1_distributed.json') as handle:
+        record = json.load(handle)
+    assert record['benchmark'] == 'gpu_like' and record['nranks'] == 2
+    assert record['grad_bytes'] == 4 * 11689512 and record['compute_s'] == pytest.approx(0.02)
+    assert len(record['alone']['wall_s']) == len(record['train']['wall_s']) == 2
