@@ -22,6 +22,9 @@ Scripts:
     profile_pushpull  where one small pushpull's time goes, and a cProfile of its Python path
     gpu_bandwidth     GPU transports on CuPy arrays (needs CuPy and a GPU)
     plot_timeline     MPI_KVSTORE_TIMELINE traces drawn to a PNG (no mpiexec)
+    gpu_like          a GPU-like workload: a model zoo net's parameters (resnet50_v1, vgg16, ...)
+                      whose layers sleep on the engine (no CPU); compute alone, or trained
+                      through gluon.Trainer or DistributedTrainer
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON

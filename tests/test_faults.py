@@ -83,7 +83,7 @@ def _stall_heading(rank, nprocs, action, knob, limit):
 
 
 def _what_is_known_of_rank1(mode, env):
-    if env:
+    if 'MPI4PY_RC_THREAD_LEVEL' in env:
         return 'not asked: rank 1'     # below MPI_THREAD_MULTIPLE: a local report
     if mode == 'exit':
         return 'no answer from rank 1 ('
@@ -94,10 +94,12 @@ def _what_is_known_of_rank1(mode, env):
     (2, 'funneled', 'sleep', {}),
     (3, 'funneled', 'sleep', {}),
     (2, 'chained', 'sleep', {}),    # an engine worker waits inside MPI
+    # ready data run inline: the user's thread waits inside MPI, the GIL given up
+    (2, 'chained', 'sleep', {'MPI_KVSTORE_INLINE_MAX_BYTES': '1M'}),
     (2, 'blocking', 'sleep', {}),   # the user's thread waits inside MPI
     (2, 'funneled', 'exit', {}),    # the skipping rank has finished: it cannot answer
     (2, 'funneled', 'sleep', {'MPI4PY_RC_THREAD_LEVEL': 'serialized'}),  # local report only
-], ids=['np2', 'np3', 'chained', 'blocking', 'rank-exited', 'serialized'])
+], ids=['np2', 'np3', 'chained', 'chained-inline', 'blocking', 'rank-exited', 'serialized'])
 def test_stall_is_named_repeated_and_aborted(nprocs, design, mode, env, mpi_available):
     err, took = failed_job(nprocs, 'fault_stall.py', design, mode,
                            marker='rank 0 starts the last step', timeout=40,
