@@ -40,31 +40,26 @@ gradients can start while the layers below are still in backward. MXNet's own co
 ThreadedEnginePerDevice, which gives cpu(1) a worker of its own (NaiveEngine runs the ops, and
 their sleeps, on the pushing thread).
 
-A step takes a little longer than stated: ResNet-50 about 5 ms more at any speed (262 ms for
-256 at 125 images/s, 85 for 80 at 400), some 45 us per layer op of waking the sleeping
-thread and handing the next op over; and a layer whose gradient takes longer to write than
-its backward lasts as long as the write (VGG-16's fc6: 411 MB, about 18 ms against 4.5 ms of
-backward at 31.2 images/s, so 1046 ms for 1026). Compare a trainer's steps with the same
-model's "compute alone" (main prints both), not with the stated time alone.
+A step takes a little longer than stated (tens of microseconds per layer op of waking the
+sleeping thread), and a layer whose gradient takes longer to write than its backward lasts
+as long as the write (VGG-16's fc6). Compare a trainer's steps with the same model's "compute
+alone" (main prints both), not with the stated time alone. docs/benchmarks.md (A GPU-like
+workload) has the measured figures.
 
 Gradients are deterministic: each step starts with ``model(scale)`` (scale = a float, the
 input; :func:`step_scale` gives each (step, rank) its own), and parameter j's gradient is then
 ``grad_unit(j) * scale`` in every element, so sums over ranks and SGD updates can be
 recomputed in numpy. Writing them is the compute's only real CPU work: ResNet-50's 102 MB a
-step, filled by glibc's wmemset inside each layer's backward op (about 4.5 ms a step here).
-:func:`measure_compute` measures the whole CPU cost (pushing the ops, the fills, the engine)
-as a share of a core: 3.2-3.7% at ResNet-50's 125 images/s on this 2-core VM (9.5% at 400,
-where the same work fills a shorter step).
+step, filled by glibc's wmemset inside each layer's backward op. :func:`measure_compute`
+measures the whole CPU cost (pushing the ops, the fills, the engine) as a share of a core,
+which must stay under 5% at ResNet-50's 125 images/s (tests/test_gpu_like.py).
 
 Trainers: gluon.Trainer with an mpi_kvstore store (update_on_kvstore False or True) and
 mpi_kvstore.DistributedTrainer: ``model(scale); model.backward(); trainer.step(batch)``. Not
-autograd: autograd needs a Python CustomOp per layer, the usual way, and recording ResNet-50's
-54 of them cost about 40 ms of CPU a step here before any gradient was written (16% of a core
-at 125 images/s, three times what this workload may cost). Module: gpu_like_symbol builds the
-same layers as a symbol of such Python CustomOps (module_arg_params gives the initial values).
-Module binds them once, but the Python in each op's forward and backward still cost 45-70 ms
-of CPU a ResNet-50 step (measure_module: 20% of a core at 125 images/s, and 10-15% longer
-steps), so Module's path checks results, not timings.
+autograd: autograd needs a Python CustomOp per layer, the usual way, whose Python costs
+several times the 5% of a core this workload may take. Module: gpu_like_symbol builds the
+same layers as a symbol of such Python CustomOps (module_arg_params gives the initial values),
+so Module's path checks results, not timings.
 """
 import argparse
 import collections
