@@ -1,5 +1,6 @@
 """The Python side of the native engine ops' records (native.py): building a record,
 reading what the op took, and the eventfd that wakes the thread waiting for ops."""
+import functools
 import os
 import select
 
@@ -165,14 +166,25 @@ class ChainedOp(NativeOp):
     :meth:`finish_in_python`.
     """
 
-    __slots__ = ('buckets',)
+    # Built on every call: only what the compiled op needs is made now; the buckets, which
+    # only the rare Python paths read, are cut from the plan's spans when asked for.
+    __slots__ = ('_address', '_spans')
 
     def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
         rec = plan.record.copy()
-        rec[SELF] = rec.ctypes.data
+        self._address = rec[SELF] = rec.ctypes.data
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
-        self.buckets = [reqs[a:b] for a, b in plan.spans]
-        _fallbacks[self.address] = lambda: on_python(self)
+        self._spans = plan.spans
+        _fallbacks[self._address] = functools.partial(on_python, self)
+
+    @property
+    def address(self):
+        return self._address
+
+    @property
+    def buckets(self):
+        """The call's requests cut into its plan's buckets."""
+        return [self.reqs[a:b] for a, b in self._spans]
 
     @property
     def stage(self):
@@ -193,7 +205,7 @@ class ChainedOp(NativeOp):
         os.eventfd_write(int(self.record[EVENTFD]), 1)
 
     def forget(self):
-        _fallbacks.pop(self.address, None)
+        _fallbacks.pop(self._address, None)
 
 
 class Waker:
