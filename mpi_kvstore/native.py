@@ -379,10 +379,16 @@ def _runs_as_offered(msg, mine):
     return True
 
 
-def _run_chained(run_ctx, on_complete, param):
+@numba.njit(cache=True)
+def _chained_record(param):
+    """The whole record of a chained op, whose header says how long it is."""
     head = numba.carray(param, HEADER, dtype=np.int64)
-    rec = numba.carray(param, HEADER + SLOT * head[COUNT] + BSLOT * head[NBUCKETS],
-                       dtype=np.int64)
+    return numba.carray(param, HEADER + SLOT * head[COUNT] + BSLOT * head[NBUCKETS],
+                        dtype=np.int64)
+
+
+def _run_chained(run_ctx, on_complete, param):
+    rec = _chained_record(param)
     done = numba.carray(on_complete, 3, dtype=np.int64)
     rec[CALLBACK], rec[ENGINE], rec[PARAM] = done[0], done[1], done[2]
     if rec[PUSHER] != 0:
@@ -404,9 +410,7 @@ def _run_queued(run_ctx, on_complete, param):
     no arrays (the chained op does, until it completes): complete it at once."""
     done = numba.carray(on_complete, 3, dtype=np.int64)
     _call_void_3(done[0], (done[1], done[2], 0))
-    head = numba.carray(param, HEADER, dtype=np.int64)
-    _run_chained_body(numba.carray(param, HEADER + SLOT * head[COUNT] + BSLOT * head[NBUCKETS],
-                                   dtype=np.int64))
+    _run_chained_body(_chained_record(param))
 
 
 @numba.njit(cache=True)

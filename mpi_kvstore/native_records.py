@@ -155,7 +155,7 @@ class ChainedPlan:
             start += len(bucket)
         self.record, self.spans, self.keep = rec, spans, keep
         self.handles = None   # the engine's handle array, which the design builds once
-        self.nbytes = 0       # the call's bytes (the design decides by them whether inline)
+        self.nbytes = sum(r.nbytes for r in reqs)   # the design decides by them whether inline
 
 
 class ChainedOp(NativeOp):

@@ -144,7 +144,6 @@ class Chained(Design):
                                    message, self._waker.fd, self._fusion_buffer,
                                    _progress(self.config), AGREEMENT_POLL_US)
         found.handles = engine.Handles(arrays + [self._chain])
-        found.nbytes = sum(r.nbytes for r in reqs)
         return found
 
     def _fusion_buffer(self, dtype, count):
