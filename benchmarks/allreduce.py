@@ -30,9 +30,6 @@ was interleaved, its command line (argv) and its date.
 import argparse
 import functools
 import gc
-import shlex
-import sys
-import time
 
 from mpi4py import MPI
 
@@ -64,7 +61,6 @@ class Run(harness.Run):
     def __init__(self, args):
         super().__init__('allreduce', args)
         self.rows = []
-        self.started = time.strftime('%Y-%m-%dT%H:%M:%S%z')
 
     def time_case(self, case, nbytes, keys, makers):
         """Build every method's op, time them in interleaved rounds under one deadline, keep
@@ -88,10 +84,7 @@ class Run(harness.Run):
     def save(self):
         derive(self.rows)
         self.write({'results': self.rows},
-                   sizes=[harness.format_size(n) for n in self.args.sizes],
-                   interleaved=True, argv=sys.argv, date=self.started,
-                   command=f'mpiexec -n {COMM.size} python -m benchmarks.allreduce '
-                           + shlex.join(sys.argv[1:]))
+                   sizes=[harness.format_size(n) for n in self.args.sizes], interleaved=True)
 
 
 # ---------------------------------------------------------------- the stores, and each case's ops

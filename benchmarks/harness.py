@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import socket
 import statistics
 import sys
@@ -365,10 +366,12 @@ def write_json(path, payload, config=None, comm=None):
 class Run:
     """One run's bookkeeping: its arguments, the methods it skipped and why, what a deadline
     kills first (on_expire), and where results go: <out>/<name>_n<ranks>[_<label>].json
-    and .png. write() saves what there is so far, so a killed job still leaves it."""
+    and .png. write() saves what there is so far, so a killed job still leaves it, with the
+    command line and the date the run started, which every table quoting it must state."""
 
     def __init__(self, name, args, label='', comm=None):
         self.name, self.args = name, args
+        self.started = time.strftime('%Y-%m-%dT%H:%M:%S%z')
         self.comm = world() if comm is None else comm
         self.skipped, self.on_expire = {}, None
         base = os.path.join(args.out, f'{name}_n{self.comm.size}' + (f'_{label}' if label else ''))
@@ -382,7 +385,9 @@ class Run:
         """payload plus the benchmark's name and skipped methods; config: what the JSON's
         configuration adds to the arguments."""
         config = dict(vars(self.args), script=f'benchmarks/{self.name}.py',
-                      nranks=self.comm.size, **config)
+                      nranks=self.comm.size, argv=sys.argv, date=self.started,
+                      command=f'mpiexec -n {self.comm.size} python -m benchmarks.{self.name} '
+                              + shlex.join(sys.argv[1:]), **config)
         write_json(self.json_path, {'benchmark': self.name, **payload, 'skipped': self.skipped},
                    config, self.comm)
 
