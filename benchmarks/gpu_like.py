@@ -568,6 +568,8 @@ def measure_module(module, steps, warmups=1):
 
 # ---------------------------------------------------------------- main
 
+STEPS = {'warmups': 1, 'trials': 5}   # untimed, then timed steps of a run
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
@@ -576,8 +578,11 @@ def parse_args(argv=None):
                              'other models at the same FLOP throughput)')
     parser.add_argument('--batch', type=int, default=BATCH,
                         help=f'images per rank per step (default {BATCH})')
-    parser.add_argument('--steps', type=int, default=5, help='timed steps (default 5)')
-    parser.add_argument('--warmups', type=int, default=1, help='untimed steps first (default 1)')
+    # --warmups, --trials (also --steps), --timeout and --out are the benchmarks' own
+    harness.add_common_args(parser, sizes=False, quick=False, full=STEPS,
+                            timeout_help='seconds the run may take before the job is ended '
+                                         '(default 600)')
+    parser.add_argument('--steps', dest='trials', type=int, help='the same as --trials')
     parser.add_argument('--trainer', default='none', choices=('none', 'gluon', 'distributed'),
                         help='none: compute alone; gluon: gluon.Trainer with an mpi_kvstore '
                              'store; distributed: mpi_kvstore.DistributedTrainer')
@@ -586,13 +591,7 @@ def parse_args(argv=None):
     parser.add_argument('--design', default=None,
                         help="the store's design, options after '+' (default: the default)")
     parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
-    parser.add_argument('--timeout', type=float, default=600.0,
-                        help='seconds the run may take before the job is ended (default 600)')
-    parser.add_argument('--out', default=harness.DEFAULT_OUT, help='folder for the JSON result')
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmups < 0:
-        parser.error('--steps must be >= 1 and --warmups >= 0')
-    return args
+    return harness.resolve_quick(parser.parse_args(argv), STEPS)
 
 
 def _trainer(args, model):
@@ -613,7 +612,7 @@ def _train(args, model, trainer, comm):
     """Steps of forward, backward, trainer.step, waitall; a step's time is the slowest rank's."""
     from mpi4py import MPI  # MPI starts where a trainer runs, as the store needs it anyway
     walls, cpus = [], []
-    for step in range(args.warmups + args.steps):
+    for step in range(args.warmups + args.trials):
         comm.Barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         model(step_scale(step, comm.rank))
@@ -664,7 +663,7 @@ def main(argv=None):
         '' if args.trainer == 'none' else f'_{args.trainer}') + (
         '_uok' if args.update_on_kvstore else ''))
     with harness.deadline(args.timeout, f'gpu_like {args.model} --trainer {args.trainer}'):
-        payload['alone'] = alone = measure_compute(model, args.steps, args.warmups, comm.rank)
+        payload['alone'] = alone = measure_compute(model, args.trials, args.warmups, comm.rank)
         harness.rank0_print(
             f'  compute alone:  step {_against(alone["wall_s"], plan_.compute_s)}; CPU '
             f'{alone["cpu_share"] * 100:.2f}% of a core (rank 0)')
@@ -677,7 +676,7 @@ def main(argv=None):
                 f'{kv.type} store, {comm.size} ranks: step '
                 f'{_against(train["wall_s"], plan_.compute_s)}; CPU '
                 f'{train["cpu_share"] * 100:.1f}% of a core (rank 0)')
-            _check_trained(model, args, args.warmups + args.steps, comm.size)
+            _check_trained(model, args, args.warmups + args.trials, comm.size)
     run.write(payload)
     harness.rank0_print(f'  written to {run.json_path}')
 
