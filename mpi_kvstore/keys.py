@@ -85,6 +85,12 @@ def _check_once(entries, writes_values):
                                  % (entry.key,))
 
 
+def _no_value(call, key):
+    return UnknownKeyError('%s: key %r has no value in the store: it has not been initialised; '
+                           'call init() or broadcast() for it on every rank first (pushpull '
+                           'alone stores nothing, and needs no init)' % (call, key))
+
+
 def _conflict(entry, shape, dtype, what, since):
     return ValueError('%s for key %r has shape %s and dtype %s, but the key has shape %s and '
                       'dtype %s (%s)' % (what, entry.key, entry.shape, entry.dtype.name,
@@ -106,13 +112,10 @@ class KeyTable:
         return self._keys.get(key)
 
     def with_value(self, key, call='pull'):
-        """The state of a key that holds a value (for pull and push)."""
+        """The state of a key that holds a value (for pull)."""
         state = self._keys.get(key)
         if state is None or state.value is None:
-            raise UnknownKeyError(
-                '%s: key %r has no value in the store: it has not been initialised; call '
-                'init() or broadcast() for it on every rank first (pushpull alone stores '
-                'nothing, and needs no init)' % (call, key))
+            raise _no_value(call, key)
         return state
 
     # -- validation: no state changes -------------------------------------------
@@ -130,15 +133,16 @@ class KeyTable:
         _check_once(entries, writes_values)
         for entry in entries:
             state = self._keys.get(entry.key)
-            if needs_value and not need_weights:
-                self.with_value(entry.key, needs_value)
-            if fresh and state is not None and state.value is not None:
+            if state is None or state.value is None:
+                if need_weights:
+                    raise UnknownKeyError(
+                        'key %r has no weights in the store, and the store runs an optimizer '
+                        '(set_optimizer): init() or broadcast() the key before pushing '
+                        'gradients for it' % (entry.key,))
+                if needs_value:
+                    raise _no_value(needs_value, entry.key)
+            elif fresh:
                 raise ValueError('key %r is already initialised' % (entry.key,))
-            if need_weights and (state is None or state.value is None):
-                raise UnknownKeyError(
-                    'key %r has no weights in the store, and the store runs an optimizer '
-                    '(set_optimizer): init() or broadcast() the key before pushing '
-                    'gradients for it' % (entry.key,))
             if state is not None and (entry.shape, entry.dtype) != (state.shape, state.dtype):
                 raise _conflict(entry, state.shape, state.dtype, what, 'from its first use')
 
