@@ -52,6 +52,19 @@ def parse_bytes(text):
     return int(float(s) * scale)
 
 
+def _auto_or(parse):
+    """'auto' (decided at store creation: topology.py), else ``parse``'s value."""
+    def parse_auto(text):
+        if str(text).strip().lower() == 'auto':
+            return 'auto'
+        return parse(text)
+    return parse_auto
+
+
+def _auto_nonneg(v):
+    return v if v == 'auto' else _nonneg(v)
+
+
 def _nonneg(v):
     if v < 0:
         raise ValueError('must be >= 0')
@@ -137,6 +150,18 @@ OPTIONS: Tuple[Option, ...] = (
     Option('device_fusion_threshold', parse_bytes, 16 << 20, 'bytes',
            'Largest fused buffer of GPU arrays (fusion_threshold is for host arrays). '
            '0 disables their fusion.', _nonneg),
+    Option('partition_bytes', _auto_or(parse_bytes), 'auto', 'bytes',
+           'Funneled and concurrent: an allreduce larger than this is cut into pieces of this '
+           'size, scheduled one by one, so a gradient the next forward needs first can '
+           'overtake a large one already agreed (schedule.py). 0: never cut. auto: decided '
+           'when the store is created, from the hosts the ranks span (topology.py).',
+           _auto_nonneg),
+    Option('credit_bytes', _auto_or(parse_bytes), 'auto', 'bytes',
+           'Funneled and concurrent: bytes of agreed collectives started between two '
+           'negotiation rounds, highest priority first; the rest wait, and requests agreed '
+           'meanwhile may overtake them. It bounds how long a late high-priority gradient '
+           'waits. 0: start everything agreed at once. auto: as partition_bytes.',
+           _auto_nonneg),
     Option('lanes', int, 2, 'threads',
            'Number of communication threads (each with its own communicator) '
            'of the concurrent design.', _positive),
@@ -191,13 +216,13 @@ OPTIONS: Tuple[Option, ...] = (
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg),
-    Option('progress_sleep_us', float, 0.0, 'microseconds',
+    Option('progress_sleep_us', _auto_or(float), 'auto', 'microseconds',
            'Allreduces of at least progress_min_bytes run as MPI_Iallreduce polled with '
            'sleeps of up to this long (8 MPI_Test calls per wake-up), so the exchange leaves '
            'the core to compute instead of busy-polling in MPI: for training across hosts on '
            'busy cores (docs/tuning.md). Chained\'s compiled op polls its agreement '
            'too. It adds latency over shared memory (benchmarks/allreduce.py). 0: blocking '
-           'MPI_Allreduce.', _nonneg),
+           'MPI_Allreduce. auto: as partition_bytes.', _auto_nonneg),
     Option('progress_min_bytes', parse_bytes, 0, 'bytes',
            'Smallest allreduce that progress_sleep_us applies to; smaller ones block in '
            'MPI_Allreduce (0: every one). On 3 Gbit/s test hosts 0, 256 KB and 1 MB trained '
@@ -255,6 +280,12 @@ class Config:
             return self.__dict__['_values'][name]
         except KeyError:
             raise AttributeError(name) from None
+
+    def replace(self, **values):
+        """A copy with some options set to resolved values (topology.resolve's 'auto')."""
+        copy = object.__new__(Config)
+        copy.__dict__.update(self.__dict__, _values=dict(self._values, **values))
+        return copy
 
     def as_dict(self):
         return dict(self._values, naive_engine=self.naive_engine)

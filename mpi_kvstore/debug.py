@@ -14,8 +14,10 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 
 # algorithm: Comm.allreduce_host by algorithm name; transport: device collectives by
 # transport name; engine_python: engine ops that ran Python code (name ''); call_cache:
-# push and pushpull calls that skipped their checks ('hit') or ran them ('miss').
-KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache')
+# push and pushpull calls that skipped their checks ('hit') or ran them ('miss');
+# schedule: requests cut into pieces ('pieces_cut') and dispatches that the credit
+# stopped short of the queue ('held_back').
+KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule')
 
 _counts = collections.Counter()
 

@@ -12,7 +12,7 @@ import os
 
 from mpi4py import MPI
 
-from . import mpiabi, transports
+from . import mpiabi, topology, transports, tuning
 from .cli import console
 from .config import _LOCAL_RANK_VARS, Config, launcher_local_rank
 from .designs import REGISTRY, get_design
@@ -133,6 +133,11 @@ def _bytes(n):
 def report(environ=None):
     """The doctor's report, as lines of text."""
     config = Config()
+    try:
+        table = tuning.load(config.tune_table, MPI.COMM_WORLD)
+    except ConfigError:
+        table = None          # _tune_table says why
+    config, chosen = topology.resolve(config, MPI.COMM_WORLD, table)
     provided = mpiabi.provided_thread_level()
     library = ' '.join(MPI.Get_library_version().split('\n')[0].split())
     aware = mpiabi.cuda_aware(config.cuda_aware)
@@ -172,6 +177,10 @@ def report(environ=None):
             config.hierarchical, config.progress_sleep_us,
             '' if config.progress_sleep_us else ' (blocking MPI: busy-polls a core)'),
         'compression:      %s (2-bit: kv.set_gradient_compression)' % config.compression,
+        'schedule:         partition_bytes=%s, credit_bytes=%s (%s)' % (
+            _bytes(config.partition_bytes) if config.partition_bytes else '0 (never cut)',
+            _bytes(config.credit_bytes) if config.credit_bytes else '0 (all agreed at once)',
+            chosen.split(': ', 1)[1] if chosen else 'as given'),
     ]
     return lines + _tune_table(config)
 

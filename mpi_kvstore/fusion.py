@@ -54,8 +54,9 @@ def _compatible(a, b):
 
 def order(req):
     """Higher priority first (gluon passes -index: the first layer is needed first), then
-    push order. Both are the same on every rank, so the order is too."""
-    return -req.priority, req.seq
+    push order, then a piece's place in its request (schedule.Piece). All are the same on
+    every rank, so the order is too."""
+    return -req.priority, req.seq, getattr(req, 'index', 0)
 
 
 def plan(requests, threshold, device_threshold=None):

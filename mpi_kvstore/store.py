@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, engine, tuning
+from . import compression, engine, topology, tuning
 from .collective import Collective
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
@@ -66,6 +66,9 @@ class MPIKVStore(KVStoreBase):
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
         table = tuning.load(self._config.tune_table, comm)
+        self._config, chosen = topology.resolve(self._config, comm, table)
+        if chosen and self._rank == 0:
+            log.info('%s', chosen)
         self._design = design(comm, self._config, self._errors.record, self._timeline, table)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,

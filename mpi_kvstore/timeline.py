@@ -26,6 +26,12 @@ def trace_path(path, rank, size):
     return '%s.rank%d%s' % (root, rank, ext or '.json')
 
 
+def _unit(req):
+    """Where a request's or a piece's own marks are kept."""
+    index = getattr(req, 'index', None)
+    return req.seq if index is None else (req.seq, index)
+
+
 class Timeline:
     def __init__(self, path, rank, size):
         self.path = trace_path(path, rank, size)
@@ -50,14 +56,21 @@ class Timeline:
         self._mark(req, 'ready')
 
     def started(self, bucket):
-        for req in bucket:
-            self._mark(req, 'started')
+        now = self._now()
+        with self._lock:
+            for req in bucket:
+                self._marks.setdefault(_unit(req), {})['started'] = now
 
     def finished(self, bucket):
         end = self._now()
         with self._lock:
             for req in bucket:
-                marks = self._marks.pop(req.seq, {})
+                marks = self._marks.pop(_unit(req), {})
+                parent = getattr(req, 'parent', None)
+                if parent is not None:   # a piece (schedule.Piece): its request's marks too
+                    last = req.stop == parent.nbytes // parent.dtype.itemsize
+                    shared = (self._marks.pop if last else self._marks.get)(req.seq, {})
+                    marks = dict(shared, **marks)
                 self._emit(req, marks, end, len(bucket))
 
     def _row(self, key):
@@ -67,9 +80,12 @@ class Timeline:
         pushed = marks.get('pushed', end)
         ready = marks.get('ready', pushed)
         started = marks.get('started', ready)
-        args = {'seq': req.seq, 'key': repr(req.key), 'bytes': req.nbytes,
+        key = getattr(req, 'parent', req).key
+        args = {'seq': req.seq, 'key': repr(key), 'bytes': req.nbytes,
                 'bucket_requests': bucket_size}
-        tid = self._row(req.key)
+        if hasattr(req, 'parent'):
+            args['piece'] = req.index
+        tid = self._row(key)
         for name, t0, t1 in (('QUEUED', pushed, ready), ('NEGOTIATE', ready, started),
                              (op_name(req.kind), started, end)):
             self._events.append({'name': name, 'cat': 'mpi_kvstore', 'ph': 'X', 'ts': t0,

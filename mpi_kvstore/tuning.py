@@ -53,7 +53,7 @@ class Table:
     which GPU transport a device buffer of each size takes (``device``: a list of
     (bytes, transport name), as tune measured where every rank had a GPU)."""
 
-    def __init__(self, sizes, backends, comm_size, device=None):
+    def __init__(self, sizes, backends, comm_size, device=None, schedule=None):
         if len(sizes) != len(backends) or not sizes:
             raise ValueError('a tune table needs one algorithm per size')
         bad = [b for b in backends if b not in LOSSLESS]
@@ -63,6 +63,9 @@ class Table:
         self.sizes, self.backends = self._host.sizes, self._host.values
         self.comm_size = int(comm_size)
         self.device = None   # BySize of transport names, or None: gpu_transport decides
+        # partition_bytes, credit_bytes (and progress_sleep_us) that tune measured fastest
+        # for this job's topology, or None: topology.py's defaults
+        self.schedule = _schedule(schedule)
         if device:
             bad = [name for _, name in device if name not in REGISTRY]
             if bad:
@@ -87,6 +90,8 @@ class Table:
                    'allreduce': [{'bytes': s, 'algorithm': b}
                                  for s, b in zip(self.sizes, self.backends)],
                    'measured_ms': measured or {}}
+        if self.schedule:
+            payload['schedule'] = dict(self.schedule)
         if self.device is not None:
             payload['device'] = [{'bytes': s, 'transport': t}
                                  for s, t in zip(self.device.sizes, self.device.values)]
@@ -99,7 +104,28 @@ class Table:
         rows = payload['allreduce']
         device = [(r['bytes'], r['transport']) for r in payload.get('device') or ()]
         return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
-                   payload['comm_size'], device)
+                   payload['comm_size'], device, payload.get('schedule'))
+
+
+SCHEDULE_KEYS = ('partition_bytes', 'credit_bytes', 'progress_sleep_us')
+
+
+def _schedule(values):
+    """A tune table's schedule entry, checked: {option: number >= 0} of SCHEDULE_KEYS."""
+    if not values:
+        return None
+    if not isinstance(values, dict):
+        raise ValueError('schedule must be an object of %s' % ', '.join(SCHEDULE_KEYS))
+    bad = sorted(set(values) - set(SCHEDULE_KEYS))
+    if bad:
+        raise ValueError('unknown schedule option(s) %s (known: %s)'
+                         % (bad, ', '.join(SCHEDULE_KEYS)))
+    out = {}
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError('schedule %s must be a number >= 0, not %r' % (name, value))
+        out[name] = float(value) if name == 'progress_sleep_us' else int(value)
+    return out
 
 
 def load(path, comm):

@@ -38,9 +38,20 @@ class Concurrent(Negotiated):
             self._lanes.append(lane + (worker,))
             worker.start()
         self._bucket = 0
+        self._held = 0                      # bytes dispatched to lanes, not yet run
+        self._room = threading.Condition()
         super().__init__(comm, config, sink, timeline, table, make_comm)
 
     def dispatch(self, agreed):
+        # The credit bounds the bytes the lanes hold, not only one dispatch: wait (here,
+        # locally: what was taken is already fixed, the same on every rank) until the
+        # lanes have room. No deadlock: the lanes run buckets every rank has dispatched.
+        nbytes = sum(r.nbytes for r in agreed)
+        credit = self.config.credit_bytes
+        if credit > 0:
+            with self._room:
+                self._room.wait_for(lambda: not self._held or self._held + nbytes <= credit)
+                self._held += nbytes
         for bucket in self.buckets(agreed):
             _, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
             self._bucket += 1
@@ -51,7 +62,13 @@ class Concurrent(Negotiated):
             bucket = jobs.get()
             if bucket is _STOP:
                 return
-            self.execute(bucket, comm)
+            try:
+                self.execute(bucket, comm)
+            finally:
+                if self.config.credit_bytes > 0:
+                    with self._room:
+                        self._held -= sum(r.nbytes for r in bucket)
+                        self._room.notify_all()
 
     def close(self):
         super().close()

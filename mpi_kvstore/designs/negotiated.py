@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from .. import agreement, engine, native, native_records
+from .. import agreement, engine, native, native_records, schedule
 from ..progress import wait_polling
 from ..timeline import op_name
 from .base import Design
@@ -52,6 +52,8 @@ class Negotiated(Design):
         self._base = 0
         self._stop = False
         self._msg = np.zeros(agreement.HEADER + 2 * config.window, dtype=np.int32)
+        # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit
+        self._queue = schedule.Queue(config.partition_bytes, config.credit_bytes)
         self._join_done = threading.Event()
         self._last_joined = None
         self._thread = threading.Thread(target=self._loop, name='mpi_kvstore-' + self.name,
@@ -140,28 +142,29 @@ class Negotiated(Design):
             if backoff:
                 self._waker.wait(backoff)  # news may come; go on regardless
             self._collect()
+            queued = len(self._queue) > 0    # the same on every rank: all negotiate
             with self._lock:
                 busy, stop = self._has_work(), self._stop
-                if busy:
-                    limit = self._base + self.config.window
-                    offer = {s: r for s, r in self._ready.items() if s < limit}
-            if not busy:
+                limit = self._base + self.config.window
+                offer = {s: r for s, r in self._ready.items() if s < limit} if busy else {}
+            if not busy and not queued:
                 if stop:
                     return
                 self._waker.wait()
                 continue
             agreed, bad = self._negotiate(offer)
-            if agreed is None:  # every rank has joined
+            if agreed is None:  # every rank has joined (so none has anything queued)
                 self._last_joined = self.finish_join(self._control)
                 self._join_done.set()
                 continue
-            if not agreed and not bad:
+            if not agreed and not bad and not queued:
                 backoff = min(max(2 * backoff, 1e-5), max(poll, 1e-5))
                 continue
             backoff = 0.0
             self._retire(agreed + bad)
             self.reject(bad)
-            self.dispatch(agreed)
+            self._queue.add(agreed)
+            self.dispatch(self._queue.take())
 
     def _negotiate(self, offer):
         """One round -> (agreed, mismatched) requests, or (None, None) once all ranks joined."""

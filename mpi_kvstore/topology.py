@@ -1,0 +1,67 @@
+"""Defaults that depend on where the job runs, decided when a store is created.
+
+``partition_bytes``, ``credit_bytes`` and ``progress_sleep_us`` default to 'auto'. Every rank
+resolves them from facts all ranks share, so they are the same everywhere: the number of
+hosts the communicator spans (one Split_type and one allreduce), and the tune table, which
+rank 0 read and broadcast (tuning.load). A value the user gave is kept.
+
+- One host: the exchange runs over shared memory, where a negotiation round costs about as
+  much as a piece; nothing is cut, everything agreed starts at once, MPI calls block.
+- Several hosts: the network is the bottleneck, and the order of the exchange decides how
+  much of it hides behind compute. Pieces of 4 MB, 8 MB started between two rounds, and
+  allreduces that sleep between polls, so the exchange leaves the cores to compute.
+  docs/scheduling.md has the measurements behind these values.
+- A tune table's ``schedule`` entry (python -m mpi_kvstore tune) wins over both.
+"""
+import logging
+
+import numpy as np
+
+from .mpiabi import MPI
+
+__all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'count_hosts', 'resolve']
+
+log = logging.getLogger(__name__)
+
+ACROSS_HOSTS = {'partition_bytes': 4 << 20, 'credit_bytes': 8 << 20, 'progress_sleep_us': 200.0}
+ONE_HOST = {'partition_bytes': 0, 'credit_bytes': 0, 'progress_sleep_us': 0.0}
+
+
+def count_hosts(comm):
+    """Collective: how many hosts (shared-memory domains) the ranks of ``comm`` span."""
+    if comm.Get_size() == 1:
+        return 1
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        leader = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int32)
+    finally:
+        node.Free()
+    comm.Allreduce(MPI.IN_PLACE, leader, op=MPI.SUM)
+    return int(leader[0])
+
+
+def resolve(config, comm, table=None):
+    """Collective: ``config`` with every 'auto' of :data:`ACROSS_HOSTS` decided, and a line
+    that says what was chosen and why (None when nothing was 'auto')."""
+    hosts = count_hosts(comm)
+    chosen = dict(ACROSS_HOSTS if hosts > 1 else ONE_HOST)
+    source = '%d host%s' % (hosts, '' if hosts == 1 else 's')
+    tuned = getattr(table, 'schedule', None) or {}
+    if tuned:
+        chosen.update(tuned)
+        source += ', tune table'
+    auto = {name: value for name, value in chosen.items() if getattr(config, name) == 'auto'}
+    if not auto:
+        return config, None
+    why = 'mpi_kvstore: %s: %s' % (source, ', '.join(
+        '%s=%s' % (name, _show(value)) for name, value in sorted(auto.items())))
+    return config.replace(**auto), why
+
+
+def _show(value):
+    if isinstance(value, float):
+        return '%g' % value
+    for unit, shift in (('M', 20), ('K', 10)):
+        if value >= 1 << shift and value % (1 << shift) == 0:
+            return '%d%s' % (value >> shift, unit)
+    return str(value)
