@@ -591,6 +591,9 @@ def parse_args(argv=None):
     parser.add_argument('--design', default=None,
                         help="the store's design, options after '+' (default: the default)")
     parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
+    parser.add_argument('--chain', type=int, default=3,
+                        help='training steps per timed run, with no waitall between them '
+                             '(default 3); --trials counts runs')
     return harness.resolve_quick(parser.parse_args(argv), STEPS)
 
 
@@ -609,20 +612,56 @@ def _trainer(args, model):
 
 
 def _train(args, model, trainer, comm):
-    """Steps of forward, backward, trainer.step, waitall; a step's time is the slowest rank's."""
+    """Runs of ``--chain`` steps of forward, backward, trainer.step, with one waitall at the
+    end of the run, as a training loop has none per step: the next forward of layer i waits
+    only for weight i (engine dependencies). A step's time is its run's (slowest rank's)
+    over the steps in it; one figure per run."""
     from mpi4py import MPI  # MPI starts where a trainer runs, as the store needs it anyway
-    walls, cpus = [], []
-    for step in range(args.warmups + args.trials):
-        comm.Barrier()
-        wall, cpu = time.perf_counter(), time.process_time()
-        model(step_scale(step, comm.rank))
-        model.backward()
-        trainer.step(args.batch * comm.size)     # gradients are summed over ranks
+    walls, cpus, step = [], [], 0
+    for run in range(args.warmups + args.trials):
         mx.nd.waitall()
-        if step >= args.warmups:
+        comm.Barrier()      # no collective of the store in flight: MPI from this thread is safe
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(args.chain):
+            model(step_scale(step, comm.rank))
+            model.backward()
+            trainer.step(args.batch * comm.size)     # gradients are summed over ranks
+            step += 1
+        mx.nd.waitall()
+        if run >= args.warmups:
+            walls.append(comm.allreduce(time.perf_counter() - wall, op=MPI.MAX) / args.chain)
+            cpus.append((time.process_time() - cpu) / args.chain)
+    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls),
+            'steps': step}
+
+
+def _exchange_alone(args, trainer, comm):
+    """The trainer's exchange of one step's gradients, already computed, waited for: what
+    a step would take if nothing of it overlapped compute. Sums into the gradients, so it
+    runs after _check_trained."""
+    from mpi4py import MPI
+    walls = []
+    for run in range(args.warmups + args.trials):
+        mx.nd.waitall()
+        comm.Barrier()
+        wall = time.perf_counter()
+        trainer.allreduce_grads()
+        mx.nd.waitall()
+        if run >= args.warmups:
             walls.append(comm.allreduce(time.perf_counter() - wall, op=MPI.MAX))
-            cpus.append(time.process_time() - cpu)
-    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls)}
+    return {'wall_s': walls}
+
+
+def _spread_ms(seconds):
+    ms = {k: v * 1e3 for k, v in harness.spread(seconds).items()}
+    return f'{ms["median"]:.1f} ms (min {ms["min"]:.1f}, max {ms["max"]:.1f})'
+
+
+def _ratio(train, alone, exchange):
+    """Median step over max(median compute alone, median exchange alone): 1.0 is a perfect
+    overlap."""
+    med = lambda xs: harness.spread(xs)['median']   # noqa: E731
+    return med(train['wall_s']) / max(med(alone['wall_s']), med(exchange['wall_s']))
 
 
 def _check_trained(model, args, steps, nranks):
@@ -676,7 +715,13 @@ def main(argv=None):
                 f'{kv.type} store, {comm.size} ranks: step '
                 f'{_against(train["wall_s"], plan_.compute_s)}; CPU '
                 f'{train["cpu_share"] * 100:.1f}% of a core (rank 0)')
-            _check_trained(model, args, args.warmups + args.trials, comm.size)
+            _check_trained(model, args, train['steps'], comm.size)
+            if not args.update_on_kvstore:
+                payload['exchange'] = exchange = _exchange_alone(args, trainer, comm)
+                harness.rank0_print(
+                    f'  exchange alone (the trainer\'s allreduce_grads of ready gradients): '
+                    f'{_spread_ms(exchange["wall_s"])}; step / max(compute, exchange) = '
+                    f'{_ratio(train, alone, exchange):.2f}')
     run.write(payload)
     harness.rank0_print(f'  written to {run.json_path}')
 
