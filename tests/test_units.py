@@ -466,3 +466,69 @@ def test_huge_pages_keep_an_arrays_content_and_make_huge_pages_where_the_kernel_
         thp = '[never]' not in fh.read()
     if release >= (6, 1) and thp:   # MADV_COLLAPSE: at least the whole pages inside it
         assert _anon_huge_kb(address, values.nbytes) - before >= (values.nbytes // HUGE_PAGE - 2) * 2048
+
+
+# ---------------------------------------------------------------- defaults decided at creation
+
+def test_auto_schedule_options_follow_the_hosts_and_keep_explicit_values(monkeypatch):
+    from mpi4py import MPI
+
+    from mpi_kvstore import topology
+    monkeypatch.setattr(topology, 'count_hosts', lambda comm: 2)
+    config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)
+    assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
+        4 << 20, 8 << 20, 200.0)
+    assert '2 hosts' in why and 'partition_bytes=4M' in why
+    config, _ = topology.resolve(cfg.Config(environ={'MPI_KVSTORE_CREDIT_BYTES': '1M'},
+                                            partition_bytes=0), MPI.COMM_SELF)
+    assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
+        0, 1 << 20, 200.0)
+    monkeypatch.setattr(topology, 'count_hosts', lambda comm: 1)
+    config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)
+    assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (0, 0, 0)
+    everything = cfg.Config(environ={}, partition_bytes=1, credit_bytes=2, progress_sleep_us=3)
+    assert topology.resolve(everything, MPI.COMM_SELF) == (everything, None)
+
+
+def test_one_process_spans_one_host():
+    from mpi4py import MPI
+
+    from mpi_kvstore import topology
+    assert topology.count_hosts(MPI.COMM_SELF) == 1
+
+
+def test_a_tune_tables_schedule_wins_over_the_hosts_and_travels_through_json(monkeypatch):
+    from mpi4py import MPI
+
+    from mpi_kvstore import topology, tuning
+    table = tuning.Table([1024], ['mpi'], 2, schedule={'partition_bytes': 1 << 20,
+                                                       'credit_bytes': 3 << 20})
+    again = tuning.Table.from_json(table.to_json())
+    assert again.schedule == {'partition_bytes': 1 << 20, 'credit_bytes': 3 << 20}
+    monkeypatch.setattr(topology, 'count_hosts', lambda comm: 2)
+    config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF, again)
+    assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
+        1 << 20, 3 << 20, 200.0)
+    assert 'tune table' in why
+    assert tuning.Table.from_json(tuning.Table([1024], ['mpi'], 2).to_json()).schedule is None
+
+
+@pytest.mark.parametrize('schedule, words', [
+    ({'partition': 1}, 'unknown schedule option'),
+    ({'credit_bytes': -1}, 'credit_bytes must be a number >= 0'),
+    ({'partition_bytes': 'big'}, 'partition_bytes must be a number'),
+    ([1, 2], 'schedule must be an object'),
+])
+def test_a_bad_schedule_in_a_tune_table_is_refused(schedule, words):
+    from mpi_kvstore import tuning
+    with pytest.raises(ValueError, match=words):
+        tuning.Table([1024], ['mpi'], 2, schedule=schedule)
+
+
+def test_schedule_options_take_auto_bytes_or_numbers():
+    assert cfg.Config(environ={}).partition_bytes == 'auto'
+    assert cfg.Config(environ={'MPI_KVSTORE_PARTITION_BYTES': '2M'}).partition_bytes == 2 << 20
+    assert cfg.Config(environ={}, credit_bytes='AUTO').credit_bytes == 'auto'
+    assert cfg.Config(environ={}, progress_sleep_us='150').progress_sleep_us == 150.0
+    with pytest.raises(cfg.ConfigError, match='MPI_KVSTORE_CREDIT_BYTES'):
+        cfg.Config(environ={'MPI_KVSTORE_CREDIT_BYTES': '-1'})
