@@ -26,10 +26,10 @@ class _Cut:
     """What the pieces of one request share: how many are left, and a lock (the concurrent
     design's lanes complete pieces from several threads)."""
 
-    __slots__ = ('left', 'lock')
+    __slots__ = ('count', 'left', 'lock')
 
     def __init__(self, count):
-        self.left = count
+        self.count = self.left = count
         self.lock = threading.Lock()
 
 
@@ -39,7 +39,7 @@ class Piece:
     error any piece had (its whole output is then poisoned, as for an unpartitioned one)."""
 
     __slots__ = ('parent', 'index', 'start', 'stop', 'nbytes', 'view', 'scratch', 'error',
-                 'sig', 'key', '_cut')
+                 'sig', 'key', 'pieces', '_cut')
 
     kind = 'allreduce'
     in_place = True
@@ -54,6 +54,7 @@ class Piece:
         # Compression keeps state per key (2-bit's residual): a piece keeps its own, of its
         # size; the cut is the same every step, so each element keeps one residual.
         self.key = (parent.key, 'piece', index)
+        self.pieces = shared.count      # how many its request was cut into
         self._cut = shared
 
     # what fusion, the reducer, codecs and the timeline read of a request

@@ -39,6 +39,7 @@ class Timeline:
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
         self._marks = {}
+        self._pieces_done = {}    # seq -> pieces of that request finished so far
         self._events = []
         self._rows = {}
 
@@ -68,7 +69,14 @@ class Timeline:
                 marks = self._marks.pop(_unit(req), {})
                 parent = getattr(req, 'parent', None)
                 if parent is not None:   # a piece (schedule.Piece): its request's marks too
-                    last = req.stop == parent.nbytes // parent.dtype.itemsize
+                    # pieces may finish in any order (concurrent's lanes): the last to finish
+                    # drops the request's marks
+                    done = self._pieces_done.get(req.seq, 0) + 1
+                    last = done == req.pieces
+                    if last:
+                        self._pieces_done.pop(req.seq, None)
+                    else:
+                        self._pieces_done[req.seq] = done
                     shared = (self._marks.pop if last else self._marks.get)(req.seq, {})
                     marks = dict(shared, **marks)
                 self._emit(req, marks, end, len(bucket))

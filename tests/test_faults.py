@@ -99,7 +99,11 @@ def _what_is_known_of_rank1(mode, env):
     (2, 'blocking', 'sleep', {}),   # the user's thread waits inside MPI
     (2, 'funneled', 'exit', {}),    # the skipping rank has finished: it cannot answer
     (2, 'funneled', 'sleep', {'MPI4PY_RC_THREAD_LEVEL': 'serialized'}),  # local report only
-], ids=['np2', 'np3', 'chained', 'chained-inline', 'blocking', 'rank-exited', 'serialized'])
+    # the scenario's 64-byte arrays cut in 4 pieces, 2 taken a round (schedule.py)
+    (2, 'funneled', 'sleep', {'MPI_KVSTORE_PARTITION_BYTES': '16',
+                              'MPI_KVSTORE_CREDIT_BYTES': '32'}),
+], ids=['np2', 'np3', 'chained', 'chained-inline', 'blocking', 'rank-exited', 'serialized',
+        'partitioned'])
 def test_stall_is_named_repeated_and_aborted(nprocs, design, mode, env, mpi_available):
     err, took = failed_job(nprocs, 'fault_stall.py', design, mode,
                            marker='rank 0 starts the last step', timeout=40,

@@ -12,6 +12,8 @@ the full matrix on one host):
   kv_forms, kv_gluon, kv_skew, kv_errors   every design at 2 ranks
   kv_module                                every design at 2 ranks (update_on_kvstore=1),
                                            and update_on_kvstore=0 once
+  kv_schedule, kv_topology                 funneled and concurrent at 2 ranks: priority
+                                           scheduling, and the defaults that turn it on
   kv_forms (funneled), kv_skew (concurrent)  at 4 ranks (on 2 cores a 4-rank job costs
                                            3 to 5 times a 2-rank one)
   faults    rank 1 (on h1) raises; rank 1 (on h1) is killed; rank 1 skips a collective
@@ -62,6 +64,17 @@ def _ok(output, name, nprocs):
 @pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
 def test_scenario_two_hosts_one_rank_each(hosts, scenario, design):
     _ok(run_across(hosts, 2, scenario + '.py', design), '%s[%s]' % (scenario, design), 2)
+
+
+@pytest.mark.parametrize('design', ['funneled', 'concurrent'])
+def test_priority_scheduling_two_hosts(hosts, design, tmp_path):
+    """Partitioned sums, compression, overtaking and join with ranks on two hosts
+    (scenarios/kv_schedule.py), and the defaults that across hosts turn it on."""
+    out = run_across(hosts, 2, 'kv_schedule.py', design, str(tmp_path / 'trace.json'))
+    for part in ('sums', 'compression', 'overtake', 'join'):
+        _ok(out, 'kv_schedule[%s] %s' % (design, part), 2)
+    _ok(run_across(hosts, 2, 'kv_topology.py', design, '2'),
+        'kv_topology[%s, 2 hosts]' % design, 2)
 
 
 @pytest.mark.parametrize('scenario, design', FOUR_RANKS,

@@ -1,0 +1,46 @@
+"""The options left 'auto' follow the hosts the job spans, and a store with them sums right.
+
+usage: kv_topology.py DESIGN HOSTS   (HOSTS: how many hosts the test placed the ranks on)
+
+A store created with no options resolves partition_bytes, credit_bytes and
+progress_sleep_us from the hosts (mpi_kvstore/topology.py): across hosts 4M, 8M and 200 us,
+on one host 0, 0 and 0. Then a 10 MB pushpull (cut in pieces across hosts) and a few small
+ones give numpy's sums.
+"""
+import sys
+
+import mxnet as mx
+import numpy as np
+
+import mpi_kvstore
+from mpi_kvstore import debug
+
+from common import RANK, SIZE, close, design_arg, done
+
+DESIGN = design_arg()
+HOSTS = int(sys.argv[2])
+EXPECTED = ((4 << 20, 8 << 20, 200.0) if HOSTS > 1 else (0, 0, 0.0))
+
+kv = mpi_kvstore.create('dist_mpi', design=DESIGN)
+got = (kv.config.partition_bytes, kv.config.credit_bytes, kv.config.progress_sleep_us)
+if got != EXPECTED:
+    raise AssertionError('rank %d: %d host(s): auto options resolved to %s, expected %s'
+                         % (RANK, HOSTS, got, EXPECTED))
+
+before = debug.snapshot()
+big = mx.nd.array(np.arange(10 << 18, dtype=np.float32) % 1000 * (RANK + 1))   # 10 MB
+small = [mx.nd.full((257,), RANK + i) for i in range(3)]
+kv.pushpull('big', big, priority=-1)
+for i, arr in enumerate(small):
+    kv.pushpull('small%d' % i, arr, priority=i)
+total = SIZE * (SIZE + 1) / 2
+close(big.asnumpy(), np.arange(10 << 18, dtype=np.float64) % 1000 * total, 'big')
+for i, arr in enumerate(small):
+    close(arr.asnumpy(), sum(r + i for r in range(SIZE)), 'small%d' % i)
+cut = debug.since(before, 'schedule').get('pieces_cut', 0)
+if HOSTS > 1 and DESIGN in ('funneled', 'concurrent') and cut != 1:
+    raise AssertionError('rank %d: the 10 MB array was not cut (pieces_cut %d)' % (RANK, cut))
+if HOSTS == 1 and cut:
+    raise AssertionError('rank %d: something was cut on one host (%d)' % (RANK, cut))
+kv.close()
+done('kv_topology[%s, %d hosts]' % (DESIGN, HOSTS))
