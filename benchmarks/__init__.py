@@ -25,6 +25,11 @@ Scripts:
     gpu_like          a GPU-like workload: a model zoo net's parameters (resnet50_v1, vgg16, ...)
                       whose layers sleep on the engine (no CPU); compute alone, or trained
                       through gluon.Trainer or DistributedTrainer
+    overlap           gpu_like's model trained by FIFO and priority DistributedTrainer,
+                      gluon.Trainer, dist_sync (or P3) and Horovod in one job, interleaved:
+                      step, exchange alone, and how much of the exchange hides behind compute
+    schedule_tune     partition_bytes and credit_bytes tried on gpu_like's model, interleaved;
+                      the fastest written into a tune table's schedule entry for this topology
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON

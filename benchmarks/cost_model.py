@@ -7,6 +7,9 @@
                                                      # measures first (minutes): allreduce
                                                      # sweeps and a 1-rank job on the test bed
     python -m benchmarks.cost_model --predict-only [--gpus 256 --gpu-images-per-s 125 ...]
+    python -m benchmarks.cost_model --overlap A.json,B.json,... [--fit-on A]
+                                                     # h per schedule learned on GPU-like runs
+                                                     # of benchmarks/overlap.py (see below)
 
 The model (times in seconds, sizes in bytes)
 --------------------------------------------
@@ -557,6 +560,92 @@ def what_reads_50s(args, sizes, target=50.0):
     return out
 
 
+# ---------------------------------------------------------------- overlap learned on GPU-like runs
+#
+# On the test bed with GPU-like compute (benchmarks/gpu_like.py: layers sleep, the CPU stays
+# free) a schedule's overlap can be measured: benchmarks/overlap.py times, in one job, compute
+# alone (T_c), each schedule's exchange alone (T_x) and its training step. Its hidden share
+#     h = (T_c + T_x - step) / min(T_c, T_x)
+# is how much of the shorter of the two the schedule hides: step = T_c + T_x - h min(T_c, T_x).
+# h is fitted per schedule (the median over the fitting runs), checked on runs it was not
+# fitted on, and used at scale with T_c and T_x from the alpha-beta model above.
+
+OVERLAP_SCHEDULES = ('fifo', 'priority', 'gluon')
+
+
+def overlap_points(paths):
+    """[{file, model, images_per_s, topology, column, compute, exchange, step, h}] of every
+    mpi_kvstore column of benchmarks/overlap.py results (seconds, medians)."""
+    points = []
+    for path in paths:
+        payload = _load(path)
+        compute = payload['compute_alone']['median']
+        for row in payload['columns']:
+            if row['column'] not in OVERLAP_SCHEDULES or 'step' not in row:
+                continue
+            step, exchange = row['step']['median'], row['exchange']['median']
+            points.append({'file': os.path.relpath(path, REPO_ROOT), 'model': payload['model'],
+                           'images_per_s': payload['images_per_s'],
+                           'topology': payload.get('config', {}).get('topology', ''),
+                           'column': row['column'], 'compute': compute, 'exchange': exchange,
+                           'step': step,
+                           'h': (compute + exchange - step) / min(compute, exchange)})
+    return points
+
+
+def overlap_step(compute, exchange, h):
+    return compute + exchange - h * min(compute, exchange)
+
+
+def fit_overlap(points, fit_on):
+    """{schedule: h} from the points whose file contains one of ``fit_on``'s names, and every
+    point with the step that h predicts and its error."""
+    fitting = [p for p in points if any(name in p['file'] for name in fit_on)]
+    fitted = {c: float(np.median([p['h'] for p in fitting if p['column'] == c]))
+              for c in OVERLAP_SCHEDULES if any(p['column'] == c for p in fitting)}
+    for p in points:
+        p['fitted'] = p in fitting
+        if p['column'] in fitted:
+            p['step_model'] = overlap_step(p['compute'], p['exchange'], fitted[p['column']])
+            p['step_error'] = p['step_model'] / p['step'] - 1
+    return fitted
+
+
+def predict_with_overlap(args, sizes, gpus, h):
+    """The prediction at scale with the learned overlap: flat allreduce, fusion on."""
+    compute = args.batch_per_gpu / args.gpu_images_per_s
+    topo = cluster_topology(args, gpus)
+    store = cluster_store(args, topo, FUSION_THRESHOLD)
+    exchange, _ = exchange_time(sizes, on(topo, False), store)
+    step = overlap_step(compute, exchange, h)
+    steps = math.ceil(args.images / (args.batch_per_gpu * gpus))
+    return {'gpus': gpus, 'h': h, 'step_ms': step * 1e3, 'compute_ms': compute * 1e3,
+            'exchange_alone_ms': exchange * 1e3, 'epoch_s': steps * step,
+            'images_per_s': args.batch_per_gpu * gpus / step, 'efficiency': compute / step}
+
+
+def overlap_tables(points, fitted, predictions):
+    lines = ['| run | schedule | compute ms | exchange alone ms | step ms | h measured | '
+             'step, model ms | error | |', '|---|---|---:|---:|---:|---:|---:|---:|---|']
+    for p in points:
+        model = '-' if 'step_model' not in p else f'{p["step_model"] * 1e3:.0f}'
+        err = '-' if 'step_error' not in p else _pct(p['step_error'])
+        if 'step_error' in p and abs(p['step_error']) > TARGET_ERROR and not p['fitted']:
+            err = f'**{err}**'
+        lines.append(f'| {p["model"]} {p["images_per_s"]:.0f} img/s, {p["topology"]} | '
+                     f'{p["column"]} | {p["compute"] * 1e3:.0f} | {p["exchange"] * 1e3:.0f} | '
+                     f'{p["step"] * 1e3:.0f} | {p["h"]:.2f} | {model} | {err} | '
+                     f'{"fitted" if p["fitted"] else "check"} |')
+    lines += ['', 'h per schedule (median over the fitting runs): ' + ', '.join(
+        f'{c} {h:.2f}' for c, h in fitted.items()), '',
+        '| schedule | h | step ms | exchange alone ms | images/s | epoch s |',
+        '|---|---:|---:|---:|---:|---:|']
+    for c, r in predictions.items():
+        lines.append(f'| {c} | {r["h"]:.2f} | {r["step_ms"]:.1f} | {r["exchange_alone_ms"]:.1f} | '
+                     f'{r["images_per_s"]:.0f} | {r["epoch_s"]:.1f} |')
+    return '\n'.join(lines)
+
+
 # ---------------------------------------------------------------- output
 
 def _pct(x):
@@ -796,6 +885,13 @@ def parse_args(argv=None):
                        help="the store's own cost per collective on a real node")
     scale.add_argument('--kappa-us', type=float, default=20.0,
                        help="the store's cost per array (the Python pushpull call)")
+    learned = parser.add_argument_group('overlap learned on GPU-like runs (benchmarks/overlap.py)')
+    learned.add_argument('--overlap', default='',
+                         help='comma-separated overlap.py JSON files: fit h per schedule, check '
+                              'it, and predict with it (alone: only this)')
+    learned.add_argument('--fit-on', default='',
+                         help='comma-separated parts of file names to fit on (default: the first '
+                              'file); the others check the fit')
     return parser.parse_args(argv)
 
 
@@ -824,9 +920,41 @@ def _load(path):
         return json.load(handle)
 
 
+def learned_overlap(args):
+    """--overlap: h per schedule fitted on GPU-like runs, checked, and the prediction at
+    args.gpus with it; -> markdown."""
+    paths = [p for p in args.overlap.split(',') if p]
+    points = overlap_points(paths)
+    fit_on = [n for n in args.fit_on.split(',') if n] or [os.path.relpath(paths[0], REPO_ROOT)]
+    fitted = fit_overlap(points, fit_on)
+    sizes = resnet50_sizes()
+    predictions = {c: predict_with_overlap(args, sizes, args.gpus, h) for c, h in fitted.items()}
+    checks = [p for p in points if not p['fitted'] and 'step_error' in p]
+    worst = max((abs(p['step_error']) for p in checks), default=None)
+    text = '\n'.join([
+        f'## Overlap learned on GPU-like runs: ResNet-50 on ImageNet-1k, {args.gpus} GPUs', '',
+        'h = (compute + exchange - step) / min(compute, exchange), fitted per schedule on '
+        + ', '.join(fit_on) + '; step = compute + exchange - h min(compute, exchange). '
+        'At scale compute and exchange come from the alpha-beta model (flat, fusion on, '
+        'the assumptions above).', '', overlap_tables(points, fitted, predictions), '',
+        ('No run outside the fit to check it on.' if worst is None else
+         f'Largest error on runs not fitted on: {100 * worst:.1f}% (target '
+         f'{100 * TARGET_ERROR:.0f}%).')])
+    with open(os.path.join(args.out, 'overlap_model.json'), 'w') as fh:
+        json.dump({'points': points, 'fitted': fitted, 'predictions': predictions,
+                   'fit_on': fit_on, 'assumptions': vars(args)}, fh, indent=1, default=str)
+    return text
+
+
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.overlap:
+        text = learned_overlap(args)
+        with open(os.path.join(args.out, 'overlap_model.md'), 'w') as fh:
+            fh.write(text + '\n')
+        print(text)
+        return 0
     report = {'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), 'assumptions': vars(args)}
     md = ['# Cost model (benchmarks/cost_model.py)', '']
     points = []

@@ -4,8 +4,9 @@
 - MXNet's engine alone (engine_floor_op): one engine round trip, no MPI, which any
   collective embedded in the engine also pays;
 - MXNet's own parameter-server store, dist_sync, with its ps-lite scheduler and server run
-  by rank 0 on 127.0.0.1 (PsLite, DistSync), and its P3 variant (DMLC_PS_VAN_TYPE=p3:
-  ps-lite's P3 van, which slices keys and sends them by priority);
+  by rank 0 (PsLite, DistSync): on 127.0.0.1 when every rank is on one host, else on rank
+  0's host address (pslite_addresses); and its P3 variant (DMLC_PS_VAN_TYPE=p3: ps-lite's
+  P3 van, which slices keys and sends them by priority);
 - Horovod (horovod), when horovod.mxnet imports.
 """
 import atexit
@@ -111,17 +112,47 @@ _BOOTSTRAP = (
 )
 
 
-def free_port():
-    """A TCP port on 127.0.0.1 nobody listens on now (the small race is acceptable here)."""
+def free_port(host='127.0.0.1'):
+    """A TCP port on `host` nobody listens on now (the small race is acceptable here)."""
     with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
+def pslite_addresses(comm):
+    """Collective: (root, own, error): the address ps-lite's scheduler and servers listen on
+    (rank 0's host), the one this rank's worker announces, or why there is none.
+
+    ps-lite connects to DMLC_PS_ROOT_URI and tells the others to reach each process at its
+    DMLC_NODE_HOST (else at the address of an interface it guesses). All ranks on one host:
+    127.0.0.1 for both. Across hosts: rank 0's host name resolved (a test bed's /etc/hosts
+    maps h0 to its eth0 address), and on each rank the source address the kernel picks to
+    reach it (a UDP socket connected to it sends nothing)."""
+    hosts = comm.allgather(MPI.Get_processor_name())
+    if len(set(hosts)) == 1:
+        return '127.0.0.1', '127.0.0.1', None
+    root, error = None, None
+    if comm.rank == 0:
+        try:
+            root = socket.gethostbyname(hosts[0])
+            if root.startswith('127.'):
+                error = (f'rank 0\'s host name {hosts[0]!r} resolves to {root}, which other '
+                         'hosts cannot reach')
+        except OSError as exc:
+            error = f'cannot resolve rank 0\'s host name {hosts[0]!r}: {exc}'
+    root, error = comm.bcast((root, error), root=0)
+    if error:
+        return None, None, error
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((root, 9))
+        return root, sock.getsockname()[0], None
+
+
 class PsLite:
-    """The ps-lite scheduler and servers behind MXNet's dist_sync store, run on 127.0.0.1 as
-    subprocesses of rank 0, with every rank of `comm` as a worker. van='p3' runs every
-    process of it with ps-lite's P3 van (MXNet then creates its P3 store for dist_sync).
+    """The ps-lite scheduler and servers behind MXNet's dist_sync store, run as subprocesses
+    of rank 0 on the root address of pslite_addresses, with every rank of `comm` as a worker.
+    van='p3' runs every process of it with ps-lite's P3 van (MXNet then creates its P3 store
+    for dist_sync).
 
         pslite = PsLite(comm)
         error = pslite.start()       # collective; None on success, else why not
@@ -137,13 +168,14 @@ class PsLite:
         self.comm, self.num_servers, self.van = comm, num_servers, van
         self.start_timeout, self.lifetime = start_timeout, int(lifetime)
         self.procs, self.log = [], None
+        self.root = self.own = '127.0.0.1'
         self._saved_env = {}
 
     def _env(self, port, role):
-        env = {'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_PS_ROOT_PORT': str(port),
+        env = {'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': self.root, 'DMLC_PS_ROOT_PORT': str(port),
                'DMLC_NUM_WORKER': str(self.comm.size), 'DMLC_NUM_SERVER': str(self.num_servers),
                # without it ps-lite looks for a non-loopback interface and aborts where none is
-               'DMLC_NODE_HOST': '127.0.0.1'}
+               'DMLC_NODE_HOST': self.own}
         if self.van:
             env['DMLC_PS_VAN_TYPE'] = self.van
         return env
@@ -163,7 +195,7 @@ class PsLite:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 return f'a ps-lite process exited with code {dead[0].returncode}: {self.log_tail()}'
-            with contextlib.suppress(OSError), socket.create_connection(('127.0.0.1', port), 1):
+            with contextlib.suppress(OSError), socket.create_connection((self.root, port), 1):
                 return None
             time.sleep(0.2)
         return f'the ps-lite scheduler did not listen within {self.start_timeout:.0f} s: {self.log_tail()}'
@@ -173,7 +205,7 @@ class PsLite:
         try:
             # open while the servers write to it; deleted when this object goes
             self.log = tempfile.NamedTemporaryFile('w+', prefix='pslite-', suffix='.log')
-            port = free_port()
+            port = free_port(self.root)
             self.procs = [self._spawn(port, 'scheduler')]
             self.procs += [self._spawn(port, 'server') for _ in range(self.num_servers)]
             atexit.register(self.kill)
@@ -187,6 +219,9 @@ class PsLite:
     def start(self):
         """Collective. Start the servers, point this process's ps-lite at them (environment
         read when the store is created); return None, or a message why it could not."""
+        self.root, self.own, error = pslite_addresses(self.comm)
+        if error:
+            return error
         port, error = self._start_root() if self.comm.rank == 0 else (None, None)
         port, error = self.comm.bcast((port, error), root=0)
         if error is None:

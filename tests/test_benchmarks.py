@@ -12,6 +12,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -233,6 +234,54 @@ def test_compressed_ring(mpi_available):
         assert ms >= 0 and max_error > 0 and 0 < share <= bound * 1.01, (name, rows[name])
 
 
+def test_overlap(mpi_available, tmp_path):
+    """Every trainer of issue 21's side by side trains, passes the weight check and is timed."""
+    out = mpirun(mpi_available, 'overlap', '--model', 'resnet18_v1', '--images-per-s', 3200,
+                 '--warmups', 1, '--rounds', 2, '--chain', 2, '--topology', 'smoke', '--out', tmp_path)
+    record = load(tmp_path / f'overlap_n{NPROCS}_resnet18_v1_h1.json')
+    check_run_record(record, 'overlap')
+    topology = record['topology']
+    assert (topology['hosts'], list(topology['ranks_per_host'].values())) == (1, [NPROCS])
+    assert topology['label'] == record['config']['topology'] == 'smoke'
+    assert len(record['compute_alone']['step_s']) == 2 and positive(record['compute_alone']['median'])
+    rows = {row['column']: row for row in record['columns']}
+    assert set(rows) - {'horovod'} == {'fifo', 'priority', 'gluon', 'dist_sync'}, (rows, record['skipped'])
+    assert 'horovod' in rows or 'horovod' in record['skipped']
+    # One host: the default store resolves the 'auto' options to no partitioning.
+    assert rows['fifo']['options']['partition_bytes'] == rows['priority']['options']['partition_bytes'] == 0
+    for row in rows.values():
+        assert row['check'] == 'ok', row
+        assert len(row['step_s']) == len(row['exchange_s']) == 2, row
+        assert all(positive(t) for t in row['step_s'] + row['exchange_s']), row
+        assert 0 <= row['hidden_share'] <= 1 and positive(row['step_over_max']), row
+        assert positive(row['vs_fifo']), row
+    assert rows['fifo']['vs_fifo'] == 1.0
+    assert re.search(r'^\| dist_sync \| [\d.]+ \(', out, re.MULTILINE), out[-3000:]
+    assert (tmp_path / f'overlap_n{NPROCS}_resnet18_v1_h1.png').exists()
+    assert '| fifo |' in (tmp_path / f'overlap_n{NPROCS}_resnet18_v1_h1.md').read_text()
+
+
+def test_schedule_tune(mpi_available, tmp_path):
+    """The autotune pass times FIFO and a candidate, checks the weights, and writes the winner
+    into a tune table a store then reads."""
+    table = tmp_path / 'tune.json'
+    out = mpirun(mpi_available, 'schedule_tune', '--model', 'resnet18_v1', '--images-per-s', 3200,
+                 '--partitions', '1M', '--credits', '2M', '--warmups', 0, '--trials', 2,
+                 '--chain', 2, '--table', table, '--out', tmp_path)
+    record = load(tmp_path / f'schedule_tune_n{NPROCS}_resnet18_v1.json')
+    check_run_record(record, 'schedule_tune')
+    found = {(c['partition_bytes'], c['credit_bytes']): c['wall_s'] for c in record['candidates']}
+    assert set(found) == {(0, 0), (1 << 20, 2 << 20)}
+    assert all(len(w) == 2 and all(positive(t) for t in w) for w in found.values())
+    best = (record['best']['partition_bytes'], record['best']['credit_bytes'])
+    assert best == min(found, key=lambda pair: statistics.median(found[pair]))
+    written = json.loads(table.read_text())
+    assert (written['schedule']['partition_bytes'], written['schedule']['credit_bytes']) == best
+    assert 'schedule written to' in out
+    from mpi_kvstore import tuning
+    assert tuning.Table.from_json(written).schedule == written['schedule']
+
+
 # ---------------------------------------------------------------- across test hosts
 
 def test_tcp_cost(mpi_available):
@@ -297,6 +346,40 @@ def test_cost_model_predicts(tmp_path):
     for row in rows.values():
         assert positive(row['epoch_s']) and 0 < row['efficiency'] <= 1, row
     assert 'Headline (' in out
+
+
+def test_cost_model_learns_overlap(tmp_path):
+    """--overlap: h per schedule from overlap.py results, (T_c + T_x - step) / min(T_c, T_x),
+    fitted on one file and checked on the other, then the prediction at scale with it."""
+    def result(name, compute, columns):
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            'model': 'resnet50_v1', 'images_per_s': 125.0, 'config': {'topology': name},
+            'compute_alone': {'median': compute},
+            'columns': [{'column': c, 'step': {'median': s}, 'exchange': {'median': x}}
+                        for c, s, x in columns] + [{'column': 'dist_sync', 'check': 'failed'}]}))
+        return str(path)
+    fit = result('fit.json', 0.26, [('fifo', 0.45, 0.30), ('priority', 0.36, 0.29)])
+    check = result('check.json', 0.26, [('fifo', 0.50, 0.36), ('priority', 0.40, 0.35)])
+    out = run(python_m('cost_model', '--overlap', f'{fit},{check}', '--fit-on', 'fit.json',
+                       '--out', tmp_path))
+    report = load(tmp_path / 'overlap_model.json')
+    h = {'fifo': (0.26 + 0.30 - 0.45) / 0.26, 'priority': (0.26 + 0.29 - 0.36) / 0.26}
+    assert report['fitted'] == pytest.approx(h)
+    checked = {p['column']: p for p in report['points'] if not p['fitted']}
+    for column, point in checked.items():
+        model = 0.26 + point['exchange'] - h[column] * 0.26
+        assert point['step_model'] == pytest.approx(model)
+        assert point['step_error'] == pytest.approx(model / point['step'] - 1)
+    predictions = report['predictions']
+    assert set(predictions) == {'fifo', 'priority'}
+    # the same cluster and model: more overlap, a shorter step
+    assert predictions['priority']['step_ms'] < predictions['fifo']['step_ms']
+    for row in predictions.values():
+        expected = row['compute_ms'] + row['exchange_alone_ms'] - row['h'] * min(
+            row['compute_ms'], row['exchange_alone_ms'])
+        assert row['step_ms'] == pytest.approx(expected)
+    assert 'Largest error on runs not fitted on' in out
 
 
 # ---------------------------------------------------------------- a GPU

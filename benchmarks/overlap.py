@@ -1,0 +1,334 @@
+"""How much of each trainer's exchange hides behind compute: issue 21's side by side, one job.
+
+    mpiexec -n 2 python -m benchmarks.overlap [--model resnet50_v1] [--images-per-s 125]
+        [--batch 32] [--rounds 4] [--chain 3] [--warmups 1] [--p3 | --no-dist-sync]
+        [--topology "2 hosts x 1 rank, 3gbit"] [--out DIR]
+    python -m testbed run --hosts 2 --rate 3gbit -n 2 --timeout 900 -- \\
+        python -m benchmarks.overlap --topology "2 hosts x 1 rank, 3gbit"
+
+The workload is gpu_like's model (layers that sleep on the engine: compute takes wall time,
+not CPU). Every column is a trainer over a store of its own, all created before anything is
+timed and alive together, each training the same model:
+
+  fifo       mpi_kvstore.DistributedTrainer on funneled+partition_bytes=0+credit_bytes=0:
+             every group starts when it is ready (Horovod's order, DistributedTrainer's before
+             priority scheduling);
+  priority   DistributedTrainer on the default store (across hosts the 'auto' partition_bytes,
+             credit_bytes and progress_sleep_us: priority-partitioned scheduling);
+  gluon      gluon.Trainer (update_on_kvstore=False) on the default store: one pushpull a key;
+  dist_sync  gluon.Trainer on MXNet's ps-lite dist_sync store (peers.DistSync); with --p3 the
+             column is dist_sync:p3, ps-lite's P3 van: ps-lite allows one store per process,
+             so the two need a job each;
+  horovod    horovod.mxnet.DistributedTrainer, when it imports (else reported as skipped).
+
+Timing, in rounds (--warmups untimed, then --rounds timed): in each round every column makes
+one run of --chain training steps, columns in an order that rotates from round to round
+(harness.interleaved), so load that drifts hits every column alike. A run resets the weights
+to gpu_like's initial values, trains with no waitall between steps (gpu_like._train: the next
+forward of layer i waits only for weight i), waits once, and checks every weight against
+numpy (gpu_like._check_trained): a column whose check fails is reported as failed and timed
+no more. A step's time is the run's, on its slowest rank, over --chain. Compute alone is one
+more entry of the same rounds: --chain steps of forward and backward with no trainer, every
+step waited for (gpu_like.measure_compute), the slowest rank's, with every store alive. Then
+each column's exchange alone (trainer.allreduce_grads of gradients already there, waited
+for, gpu_like._exchange_alone), interleaved the same way.
+
+Per column, from the medians (step, exchange alone, compute alone):
+
+  hidden share = (compute + exchange - step) / min(compute, exchange), clipped to [0, 1]:
+                 1 when the step takes max(compute, exchange) (the shorter one hidden
+                 completely), 0 when it takes compute + exchange (nothing hidden);
+  step / max   = step / max(compute, exchange): 1.0 is a perfect overlap;
+  vs fifo      = fifo's step / this column's step (above 1: faster than fifo).
+
+The step also holds the optimizer's update (SGD over every weight, on MXNet's CPU worker),
+which neither alone measures: a step that overlaps nothing takes more than compute +
+exchange, and the hidden share then reads 0.
+
+Rank 0 prints a markdown table and writes it (.md), a JSON (harness.Run: versions, argv,
+command, date, topology) and a bar plot (.png) to --out, default benchmarks/results/overlap/.
+"""
+import argparse
+import functools
+import gc
+import os
+import shlex
+import sys
+
+import mxnet as mx
+from mpi4py import MPI
+from mxnet import gluon
+
+from benchmarks import gpu_like, harness, peers
+
+FIFO = 'funneled+partition_bytes=0+credit_bytes=0'
+STEPS = {'warmups': 1, 'trials': 4}         # untimed and timed rounds
+DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'overlap')
+PSLITE_LIFETIME = 3600                      # s: the ps-lite servers' own safety alarm
+COMPUTE = 'compute alone'
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--model', default='resnet50_v1', choices=gpu_like.MODELS)
+    parser.add_argument('--images-per-s', type=float, default=None,
+                        help='images/s of one emulated GPU (default: 125 for resnet50_v1, '
+                             'other models at the same FLOP throughput)')
+    parser.add_argument('--batch', type=int, default=gpu_like.BATCH,
+                        help=f'images per rank per step (default {gpu_like.BATCH})')
+    parser.add_argument('--chain', type=int, default=3,
+                        help='training steps per timed run, no waitall between them (default 3)')
+    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
+    parser.add_argument('--topology', default=None,
+                        help='a free label for the tables, e.g. "2 hosts x 1 rank, 3gbit" '
+                             '(hosts and ranks per host are recorded anyway)')
+    harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS,
+                            timeout_help='seconds the whole measurement may take before the job '
+                                         'is ended (default 600)')
+    parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
+    peers.add_args(parser)
+    return harness.resolve_quick(parser.parse_args(argv), STEPS)
+
+
+class Column:
+    """One trainer to time. step_batch: what _train multiplies by the rank count to get
+    trainer.step's argument (the batch the summed gradients stand for)."""
+
+    def __init__(self, name, trainer, step_batch, kv=None, options=None):
+        self.name, self.trainer, self.step_batch, self.kv = name, trainer, step_batch, kv
+        self.options = options or {}
+        self.failed = None           # why the weight check failed, once it has
+
+
+def _store_options(kv):
+    config = kv.config
+    return {'design': kv.design, **{name: getattr(config, name) for name in
+                                    ('partition_bytes', 'credit_bytes', 'progress_sleep_us')}}
+
+
+def make_columns(run, model, dist_sync):
+    """Every column's trainer (collective); what cannot run goes to run.skip."""
+    args, comm = run.args, harness.world()
+
+    def mpi_column(name, design, trainer):
+        # gpu_like._trainer: its store (created collectively) and trainer, SGD as gpu_like's
+        made = argparse.Namespace(design=design, timeout=args.timeout, lr=args.lr,
+                                  trainer=trainer, update_on_kvstore=False)
+        trainer_, kv = gpu_like._trainer(made, model)
+        return Column(name, trainer_, args.batch, kv, _store_options(kv))
+
+    optimizer = ('sgd', {'learning_rate': args.lr})
+    # dist_sync's trainer first: a Parameter keeps the last trainer made on it, and ps-lite
+    # stops only once nothing holds its store (DistSync.stop).
+    pslite = [] if dist_sync.kv is None else [Column(dist_sync.name, gluon.Trainer(
+        model.collect_params(), *optimizer, kvstore=dist_sync.kv, update_on_kvstore=False),
+        args.batch, options={'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root})]
+    columns = [mpi_column('fifo', FIFO, 'distributed'),
+               mpi_column('priority', None, 'distributed'),
+               mpi_column('gluon', None, 'gluon')] + pslite
+    hvd, why = peers.horovod(comm)
+    if why:
+        run.skip('horovod', why)
+    else:
+        # Horovod averages over ranks: step(batch), which _train asks for as batch / size.
+        columns.append(Column('horovod', hvd.DistributedTrainer(model.collect_params(), *optimizer),
+                              args.batch / comm.size))
+    # gluon.Trainer initialises its keys on the store in its first step, and there dist_sync
+    # (MXNet 1.9.1) sometimes leaves a weight set to its first summed gradient (seen: the
+    # 2.4M-element stage4_conv4_weight of ResNet-18, first run only, 2 jobs in 6): do it
+    # now, outside the runs, which start from weights written afresh.
+    for column in columns:
+        column.trainer.allreduce_grads()
+    mx.nd.waitall()
+    return columns
+
+
+def reset_weights(model):
+    """gpu_like's initial values, written in place: the trainers keep the same arrays (no
+    re-initialisation, which would make new ones) and the check knows where they start."""
+    for index, param in enumerate(model.collect_params().values()):
+        param.data()[:] = gpu_like.initial_value(index)
+    mx.nd.waitall()
+
+
+def train_run(args, model, column, comm):
+    """One timed run of --chain steps (seconds a step, the slowest rank's), or None when the
+    weights come out wrong on any rank: then column.failed says why."""
+    if column.failed:
+        return None
+    reset_weights(model)
+    one = argparse.Namespace(warmups=0, trials=1, chain=args.chain, batch=column.step_batch)
+    seconds = gpu_like._train(one, model, column.trainer, comm)['wall_s'][0]
+    check = argparse.Namespace(lr=args.lr, batch=args.batch, trainer=column.name)
+    try:
+        gpu_like._check_trained(model, check, args.chain, comm.size)
+        error = None
+    except RuntimeError as exc:
+        error = str(exc)
+    column.failed = harness.agree(error, comm)
+    if column.failed:
+        harness.rank0_print(f'  {column.name}: weight check failed, no more runs: {column.failed}')
+        return None
+    return seconds
+
+
+def exchange_run(column, comm):
+    if column.failed:
+        return None
+    return gpu_like._exchange_alone(argparse.Namespace(warmups=0, trials=1), column.trainer,
+                                    comm)['wall_s'][0]
+
+
+def compute_run(args, model, comm, cpu_shares):
+    """Compute alone as a run: --chain steps of forward and backward with no trainer, each
+    waited for (gpu_like.measure_compute); seconds a step, the slowest rank's."""
+    comm.Barrier()
+    alone = gpu_like.measure_compute(model, args.chain, 0, comm.rank)
+    cpu_shares.append(alone['cpu_share'])
+    return comm.allreduce(sum(alone['wall_s']) / args.chain, op=MPI.MAX)
+
+
+def rounds(args, ops):
+    """{name: [seconds of each timed round]} of {name: op}, interleaved; an op returns None
+    once its column failed (not kept)."""
+    timed = harness.interleaved(ops, args.trials, args.warmups, lambda name, op: op())
+    return {name: [s for s in values if s is not None] for name, values in timed.items()}
+
+
+def summarize(columns, compute, steps, exchanges):
+    """The rows of the table: medians and spreads in seconds, and the ratios (docstring)."""
+    rows = []
+    for column in columns:
+        row = {'column': column.name, 'options': column.options, 'check': column.failed or 'ok'}
+        if column.failed:
+            rows.append(row)
+            continue
+        step, exchange = harness.spread(steps[column.name]), harness.spread(exchanges[column.name])
+        row.update(step_s=steps[column.name], exchange_s=exchanges[column.name],
+                   step=step, exchange=exchange)
+        s, e = step['median'], exchange['median']
+        row['hidden_share'] = min(1.0, max(0.0, (compute + e - s) / min(compute, e)))
+        row['step_over_max'] = s / max(compute, e)
+        rows.append(row)
+    fifo = next((r for r in rows if r['column'] == 'fifo' and 'step' in r), None)
+    for row in rows:
+        if 'step' in row and fifo:
+            row['vs_fifo'] = fifo['step']['median'] / row['step']['median']
+    return rows
+
+
+def close(columns):
+    """Close the mpi_kvstore stores (raising what one deferred) and drop every trainer:
+    dist_sync stops only once nothing holds its store."""
+    for column in columns:
+        if column.kv is not None:
+            column.kv.wait()
+            column.kv.close()
+    columns.clear()
+    gc.collect()
+
+
+def _ms(spread):
+    return (f'{spread["median"] * 1e3:.1f} ({spread["min"] * 1e3:.1f}-'
+            f'{spread["max"] * 1e3:.1f})')
+
+
+def table(rows, compute, skipped):
+    lines = ['| column | step ms (min-max) | exchange alone ms (min-max) | hidden share | '
+             'step / max(compute, exchange) | vs fifo | weights |',
+             '|---|---|---|---|---|---|---|',
+             f'| compute alone | {_ms(compute)} | | | | | |']
+    for row in rows:
+        if 'step' not in row:
+            lines.append(f'| {row["column"]} | failed | | | | | {row["check"]} |')
+            continue
+        vs = f'{row["vs_fifo"]:.2f}x' if 'vs_fifo' in row else '-'
+        lines.append(f'| {row["column"]} | {_ms(row["step"])} | {_ms(row["exchange"])} | '
+                     f'{row["hidden_share"]:.2f} | {row["step_over_max"]:.2f} | {vs} | ok |')
+    lines += [f'| {name} | skipped | | | | | {why} |' for name, why in skipped.items()]
+    return '\n'.join(lines)
+
+
+def plot(path, rows, compute, title):
+    """Grouped bars per column: compute alone, exchange alone, the training step (medians)."""
+    plt = harness.pyplot()
+    if plt is None:
+        return harness.NO_MATPLOTLIB
+    rows = [r for r in rows if 'step' in r]
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 5))
+    width = 0.27
+    for k, (label, values) in enumerate((
+            ('compute alone', [compute * 1e3] * len(rows)),
+            ('exchange alone', [r['exchange']['median'] * 1e3 for r in rows]),
+            ('training step', [r['step']['median'] * 1e3 for r in rows]))):
+        ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=label)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r['column'] for r in rows])
+    ax.set(ylabel='ms (median)', title=title)
+    ax.grid(True, axis='y', alpha=0.3)
+    ax.legend()
+    return harness.save_figure(plt, fig, path)
+
+
+def topology(args, comm):
+    """Hosts (MPI processor names) and ranks on each, with --topology's label."""
+    names = comm.allgather(MPI.Get_processor_name())
+    per_host = {name: names.count(name) for name in dict.fromkeys(names)}
+    return {'hosts': len(per_host), 'ranks_per_host': per_host, 'label': args.topology}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    comm = harness.world()
+    plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
+    model = gpu_like.GPULikeModel(plan_)
+    model.initialize()
+    where = topology(args, comm)
+    label = args.topology or f'{where["hosts"]} host(s), {comm.size} ranks in all'
+    run = harness.Run('overlap', args, comm=comm, label=f'{args.model}_h{where["hosts"]}'
+                      + ('_p3' if args.p3 else ''))
+    harness.rank0_print(
+        f'overlap: {args.model}, {plan_.grad_bytes / 1e6:.1f} MB of gradients, '
+        f'{plan_.images_per_s:.1f} images/s at batch {args.batch} ({plan_.compute_s * 1e3:.1f} ms '
+        f'of compute a step); {label}; {args.warmups} + {args.trials} rounds of {args.chain} steps')
+    dist_sync = peers.DistSync(run, lifetime=PSLITE_LIFETIME)
+    with harness.deadline(args.timeout, 'overlap', lambda: run.on_expire and run.on_expire()):
+        why = dist_sync.start()
+        if why:
+            run.skip(dist_sync.name, why)
+        columns = make_columns(run, model, dist_sync)
+        cpu_shares = []
+        steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares),
+                              **{c.name: functools.partial(train_run, args, model, c, comm)
+                                 for c in columns}})
+        compute_s = steps.pop(COMPUTE)
+        for param in model.collect_params().values():
+            if param.grad_req != 'null':
+                # sums of zeros: repeated in-place sums neither grow to inf nor change the work
+                param.grad()[:] = 0
+        exchanges = rounds(args, {c.name: functools.partial(exchange_run, c, comm)
+                                  for c in columns})
+        compute = harness.spread(compute_s)
+        rows = summarize(columns, compute['median'], steps, exchanges)
+        close(columns)
+    dist_sync.stop()
+    text = table(rows, compute, run.skipped)
+    harness.rank0_print(f'\n{text}\n')
+    payload = {'model': args.model, 'images_per_s': plan_.images_per_s, 'batch': args.batch,
+               'chain': args.chain, 'grad_bytes': plan_.grad_bytes,
+               'compute_stated_s': plan_.compute_s,
+               'topology': where, 'compute_alone': {'step_s': compute_s, **compute,
+                                                    'cpu_share_rank0': cpu_shares},
+               'columns': rows, 'table': text}
+    run.write(payload, topology=label)
+    if comm.rank == 0:
+        command = shlex.join(['python', '-m', 'benchmarks.overlap', *sys.argv[1:]])
+        with open(run.json_path[:-len('.json')] + '.md', 'w') as handle:
+            handle.write(f'{args.model}, {label}, {run.started}:\n'
+                         f'`{command}`\n\n{text}\n')
+        message = plot(run.png_path, rows, compute['median'], f'{args.model}, {label}')
+        print(f'written to {run.json_path}\n{message}', flush=True)
+
+
+if __name__ == '__main__':
+    harness.run_main(main)
