@@ -6,7 +6,9 @@ mpi_kvstore store: gluon.Trainer (update_on_kvstore False and True),
 mpi_kvstore.DistributedTrainer, and Module on gpu_like_symbol. numpy recomputes each
 parameter from its known initial value and the deterministic gradients (grad_unit(j) times
 the scale each rank gave the step, summed over ranks, divided by the global batch); where the
-update runs on the rank, the gradients left after the last step must be that step's sum.
+update runs on the rank, the gradients left after the last step must be that step's sum. The
+same gradients written by ordinary CPU ops through a plain gluon.Trainer reach the same
+weights as the GPU-like run, partitioned (partition_bytes, credit_bytes) or not.
 
 usage: gpu_like_train.py [MODEL] [DESIGN]
 """
@@ -82,6 +84,27 @@ def train_gluon(kind, kv):
     if kind != 'gluon_uok':
         grads = [p.grad().asnumpy() if p.grad_req != 'null' else None for p in params.values()]
     check(arrays, scales, kind, grads)
+    return arrays
+
+
+def train_cpu(kv):
+    """The same model's parameters and the same gradients, written by ordinary CPU ops
+    (no GPU-like layer ops), through a plain gluon.Trainer: the weights the GPU-like
+    workload must reach."""
+    model = gpu_like.GPULikeModel(PLAN)
+    model.initialize()
+    params = list(model.collect_params().values())
+    mpi_kvstore.broadcast_parameters(model.collect_params(), store=kv)
+    trainer = gluon.Trainer(model.collect_params(), 'sgd', {'learning_rate': LR}, kvstore=kv)
+    for step in range(STEPS):
+        scale = np.float32(gpu_like.step_scale(step, RANK))
+        for index, p in enumerate(params):
+            if p.grad_req != 'null':
+                p.grad()[:] = np.float32(gpu_like.grad_unit(index)) * scale
+                gpu_like._set_grad_state(p.data().handle, 1)   # as backward marks them
+        trainer.step(BATCH * SIZE)
+    mx.nd.waitall()
+    return [p.data().asnumpy() for p in params]
 
 
 def train_module(kv):
@@ -106,8 +129,16 @@ def train_module(kv):
 def main():
     # A store per trainer: one that updates on the store keeps its optimizer.
     options = {'design': DESIGN} if DESIGN else {}
-    for kind in ('gluon', 'gluon_uok', 'distributed'):
-        train_gluon(kind, mpi_kvstore.create('dist_mpi', **options))
+    trained = {kind: train_gluon(kind, mpi_kvstore.create('dist_mpi', **options))
+               for kind in ('gluon', 'gluon_uok', 'distributed')}
+    # The GPU-like run reaches the CPU run's weights, also with its large gradients cut
+    # into pieces and scheduled by priority (schedule.py).
+    cpu = train_cpu(mpi_kvstore.create('dist_mpi', **options))
+    cut = train_gluon('gluon', mpi_kvstore.create('dist_mpi', partition_bytes='256K',
+                                                  credit_bytes='1M', **options))
+    for kind, arrays in [('gluon', trained['gluon']), ('gluon, partitioned', cut)]:
+        for spec, mine, theirs in zip(PLAN.params, arrays, cpu):
+            close(mine, theirs, f'{kind} against CPU compute: {spec.name}', rtol=1e-6, atol=0)
     train_module(mpi_kvstore.create('dist_mpi', **options))
     done(f'gpu_like_train[{MODEL}, {DESIGN or "default design"}]')
 
