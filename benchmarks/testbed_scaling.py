@@ -17,8 +17,9 @@ test bed torn down whatever happens:
   N ranks (N > 2)  over 2 hosts, N/2 ranks a host (shared memory inside a host), at every rate.
 
 Ranks on different hosts talk TCP over a tbf-shaped veth link (testbed.TCP_ENV). Each job
-runs scaling.py with --no-dist-sync: MXNet's ps-lite scheduler is started by rank 0 on
-127.0.0.1, which ranks on the other host cannot reach. Horovod appears when horovod.mxnet
+runs scaling.py with --no-dist-sync, to keep the grid's jobs short: MXNet's ps-lite store
+across test hosts (peers.pslite_addresses) is compared in benchmarks/overlap.py, beside the
+store's schedules on the GPU-like workload. Horovod appears when horovod.mxnet
 imports (it is reported as skipped otherwise, as scaling.py does).
 
 Each job also times raw MPI Allreduce(IN_PLACE) of a few sizes (--raw-sizes) in the same
@@ -288,8 +289,8 @@ def combine(args, records, started_at, elapsed):
                 'config': {k: v for k, v in vars(args).items()}, 'hosts': HOSTS,
                 'testbed': {'transport': testbed.TCP_ENV, 'shaping': 'tbf, both directions, '
                             'bucket 2 ms at the rate, queue 20 ms; no added delay'},
-                'dist_sync': 'not run: its ps-lite scheduler listens on rank 0\'s 127.0.0.1, '
-                             'out of reach of ranks on other hosts',
+                'dist_sync': 'not run here (--no-dist-sync): benchmarks/overlap.py compares it '
+                             'across test hosts',
                 'jobs': jobs}
     path = os.path.join(args.out, JSON_NAME)
     with open(path + '.tmp', 'w') as handle:
