@@ -17,6 +17,7 @@ import logging
 
 import numpy as np
 
+from .errors import ConfigError
 from .mpiabi import MPI
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'count_hosts', 'resolve']
@@ -42,7 +43,8 @@ def count_hosts(comm):
 
 def resolve(config, comm, table=None):
     """Collective: ``config`` with every 'auto' of :data:`ACROSS_HOSTS` decided, and a line
-    that says what was chosen and why (None when nothing was 'auto')."""
+    that says what was chosen and why (None when nothing was 'auto'). Raises ConfigError on
+    every rank when ranks end up with different pieces or credits."""
     hosts = count_hosts(comm)
     chosen = dict(ACROSS_HOSTS if hosts > 1 else ONE_HOST)
     source = '%d host%s' % (hosts, '' if hosts == 1 else 's')
@@ -51,11 +53,29 @@ def resolve(config, comm, table=None):
         chosen.update(tuned)
         source += ', tune table'
     auto = {name: value for name, value in chosen.items() if getattr(config, name) == 'auto'}
+    resolved = config.replace(**auto) if auto else config
+    _check_agreed(resolved, comm)
     if not auto:
         return config, None
     why = 'mpi_kvstore: %s: %s' % (source, ', '.join(
         '%s=%s' % (name, _show(value)) for name, value in sorted(auto.items())))
-    return config.replace(**auto), why
+    return resolved, why
+
+
+def _check_agreed(config, comm):
+    """Every rank must cut the same pieces and take the same credit: ranks that differ would
+    pair different collectives and hang. One MIN-allreduce of the values and their negatives
+    finds a difference on every rank alike."""
+    if comm.Get_size() == 1:
+        return
+    mine = (config.partition_bytes, config.credit_bytes)
+    both = np.array(mine + tuple(-v for v in mine), dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
+    if both[0] != -both[2] or both[1] != -both[3]:
+        raise ConfigError('ranks disagree on partition_bytes or credit_bytes (this rank: %s, %s; '
+                          'smallest %s, %s; largest %s, %s): every rank must be given the same '
+                          'values' % (mine + (int(both[0]), int(both[1]), int(-both[2]),
+                                              int(-both[3]))))
 
 
 def _show(value):

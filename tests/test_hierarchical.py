@@ -5,8 +5,9 @@ exactly where it applies.
   one host            2 ranks: one node, so the hierarchy stays off (and chained keeps its
                       compiled op); sums still right
   two hosts (testbed) 4 ranks, 2 a host, every design: the reduce-scatter shape, active on
-                      every Comm of the store; 3 ranks (2 + 1): the leaders shape; 4 ranks
-                      with hierarchical=off: flat, nothing built
+                      every Comm of the store; the same with 4 KB pieces (partition_bytes);
+                      3 ranks (2 + 1): the leaders shape; 4 ranks with hierarchical=off:
+                      flat, nothing built
 The scenario (tests/scenarios/kv_hierarchical.py) checks pushpull of single keys (sizes that
 2 ranks cannot split evenly, and one over the fusion threshold), fused key lists, per-device
 lists, float32/float64/int32/float16, average=True and broadcast, against numpy, exactly; and
@@ -79,6 +80,15 @@ def run_across(hosts, nprocs, *args):
 @pytest.mark.parametrize('design', DESIGNS)
 def test_two_hosts_two_ranks_each(hosts, design):
     _ok(run_across(hosts, 4, design, 'scatter'), design, 'scatter', 4)
+
+
+def test_partitioned_pieces_go_through_the_hierarchy(hosts):
+    """Priority scheduling cuts the scenario's arrays into 4 KB pieces, taken 8 KB at a time
+    (schedule.py); each piece goes through the hosts, and the sums are still numpy's."""
+    out = run_mpi(4, SCENARIO, 'funneled', 'scatter', launcher=hosts.launcher_for(ppn=2),
+                  timeout=TIMEOUT, env={'MPI_KVSTORE_PARTITION_BYTES': '4K',
+                                        'MPI_KVSTORE_CREDIT_BYTES': '8K'})
+    _ok(out, 'funneled', 'scatter', 4)
 
 
 def test_uneven_hosts_go_through_leaders(hosts):

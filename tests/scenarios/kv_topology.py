@@ -5,7 +5,8 @@ usage: kv_topology.py DESIGN HOSTS   (HOSTS: how many hosts the test placed the 
 A store created with no options resolves partition_bytes, credit_bytes and
 progress_sleep_us from the hosts (mpi_kvstore/topology.py): across hosts 4M, 8M and 200 us,
 on one host 0, 0 and 0. Then a 10 MB pushpull (cut in pieces across hosts) and a few small
-ones give numpy's sums.
+ones give numpy's sums. A store whose ranks are given different partition_bytes raises
+ConfigError on every rank.
 """
 import sys
 
@@ -15,7 +16,7 @@ import numpy as np
 import mpi_kvstore
 from mpi_kvstore import debug
 
-from common import RANK, SIZE, close, design_arg, done
+from common import RANK, SIZE, close, design_arg, done, expect_raises
 
 DESIGN = design_arg()
 HOSTS = int(sys.argv[2])
@@ -43,4 +44,8 @@ if HOSTS > 1 and DESIGN in ('funneled', 'concurrent') and cut != 1:
 if HOSTS == 1 and cut:
     raise AssertionError('rank %d: something was cut on one host (%d)' % (RANK, cut))
 kv.close()
+
+# Ranks given different pieces would pair different collectives: all must raise instead.
+expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
+              partition_bytes=4096 * (RANK + 1), contains='ranks disagree on partition_bytes')
 done('kv_topology[%s, %d hosts]' % (DESIGN, HOSTS))
