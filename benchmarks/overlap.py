@@ -79,6 +79,9 @@ def parse_args(argv=None):
     parser.add_argument('--chain', type=int, default=3,
                         help='training steps per timed run, no waitall between them (default 3)')
     parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
+    parser.add_argument('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
+                        help="every column's: sgd, MXNet's on the CPU (default); gpulikesgd, the "
+                             'update as an op on the emulated GPU (gpu_like.GPULikeSGD)')
     parser.add_argument('--topology', default=None,
                         help='a free label for the tables, e.g. "2 hosts x 1 rank, 3gbit" '
                              '(hosts and ranks per host are recorded anyway)')
@@ -113,11 +116,12 @@ def make_columns(run, model, dist_sync):
     def mpi_column(name, design, trainer):
         # gpu_like._trainer: its store (created collectively) and trainer, SGD as gpu_like's
         made = argparse.Namespace(design=design, timeout=args.timeout, lr=args.lr,
-                                  trainer=trainer, update_on_kvstore=False)
+                                  trainer=trainer, update_on_kvstore=False,
+                                  optimizer=args.optimizer)
         trainer_, kv = gpu_like._trainer(made, model)
         return Column(name, trainer_, args.batch, kv, _store_options(kv))
 
-    optimizer = ('sgd', {'learning_rate': args.lr})
+    optimizer = (args.optimizer, {'learning_rate': args.lr})
     # dist_sync's trainer first: a Parameter keeps the last trainer made on it, and ps-lite
     # stops only once nothing holds its store (DistSync.stop).
     pslite = [] if dist_sync.kv is None else [Column(dist_sync.name, gluon.Trainer(
@@ -162,6 +166,8 @@ def train_run(args, model, column, comm):
     check = argparse.Namespace(lr=args.lr, batch=args.batch, trainer=column.name)
     try:
         gpu_like._check_trained(model, check, args.chain, comm.size)
+        if column.name != 'horovod':    # Horovod averages its gradients
+            gpu_like.check_gradients(model, args.chain - 1, comm.size)
         error = None
     except RuntimeError as exc:
         error = str(exc)

@@ -149,17 +149,49 @@ def test_compute_leaves_the_engine_free(resnet50):
     mx.nd.waitall()
 
 
+def test_gpu_like_sgd_trains_to_numpys_weights():
+    """GPULikeSGD, the update as an op on the emulated GPU's stream, gives every element of
+    every weight SGD's value from the (constant) gradients, step after step, with learning
+    rate and rescale_grad as gluon.Trainer passes them; the gradients are left as written."""
+    from mxnet import gluon
+    plan_ = gpu_like.plan('resnet18_v1', images_per_s=BATCH / 0.02)
+    model = gpu_like.GPULikeModel(plan_)
+    model.initialize()
+    trainer = gluon.Trainer(model.collect_params(), 'gpulikesgd', {'learning_rate': 0.5},
+                            kvstore=None)
+    assert isinstance(trainer._optimizer, gpu_like.GPULikeSGD)
+    scales = [1.5, -2.0, 0.25]
+    for scale in scales:
+        model(scale)
+        model.backward()
+        trainer.step(8)
+    mx.nd.waitall()
+    for index, (spec, param) in enumerate(zip(plan_.params, model.collect_params().values())):
+        w = np.float32(gpu_like.initial_value(index))
+        if spec.grad_req != 'null':
+            for scale in scales:
+                grad = np.float32(gpu_like.grad_unit(index) * scale)
+                w = np.float32(w - np.float32(0.5 / 8) * grad)
+            assert np.all(param.grad().asnumpy() == np.float32(gpu_like.grad_unit(index)
+                                                                * scales[-1])), spec.name
+        got = param.data().asnumpy()
+        assert got.shape == spec.shape
+        np.testing.assert_allclose(got, w, rtol=1e-6, err_msg=spec.name)
+
+
 def test_training_under_mpi_equals_numpy(mpi_available):
     out = run_mpi(2, 'gpu_like_train.py', 'resnet50_v1', timeout=180)
     assert 'gpu_like_train[resnet50_v1, default design]: OK at 2 ranks' in out, out[-3000:]
 
 
 def test_main_trains_and_reports(mpi_available, tmp_path):
-    """The script as users run it: compute alone, then DistributedTrainer at 2 ranks (main
-    checks the trained weights against its own recomputation, and fails otherwise)."""
+    """The script as users run it: compute alone, then DistributedTrainer at 2 ranks with the
+    update on the emulated GPU (main checks the trained weights and every element of the
+    summed gradients against its own recomputation, and fails otherwise)."""
     script = os.path.join(REPO_ROOT, 'benchmarks', 'gpu_like.py')
     out = run_mpi(2, script, '--model', 'resnet18_v1', '--images-per-s', 1600, '--steps', 2,
-                  '--trainer', 'distributed', '--out', tmp_path, timeout=180)
+                  '--trainer', 'distributed', '--optimizer', 'gpulikesgd', '--out', tmp_path,
+                  timeout=180)
     alone = re.search(r'compute alone: +step ([\d.]+) ms .* against ([\d.]+) stated .* CPU ([\d.]+)%',
                       out)
     assert alone, out[-3000:]
