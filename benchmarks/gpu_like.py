@@ -662,14 +662,27 @@ def measure_module(module, steps, warmups=1):
 
 STEPS = {'warmups': 1, 'trials': 5}   # untimed, then timed steps of a run
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+def add_workload_args(parser):
+    """The workload's options, shared by the scripts that train this model (gpu_like,
+    overlap, schedule_tune): --model, --images-per-s, --batch, --chain, --lr, --optimizer."""
     parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
     parser.add_argument('--images-per-s', type=float, default=None,
                         help='images/s of one emulated GPU (default: 125 for resnet50_v1, '
                              'other models at the same FLOP throughput)')
     parser.add_argument('--batch', type=int, default=BATCH,
                         help=f'images per rank per step (default {BATCH})')
+    parser.add_argument('--chain', type=int, default=3,
+                        help='training steps per timed run, with no waitall between them '
+                             '(default 3); --trials counts runs')
+    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
+    parser.add_argument('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
+                        help="sgd: MXNet's, on the CPU; gpulikesgd: the update as an op on the "
+                             'emulated GPU (GPULikeSGD)')
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    add_workload_args(parser)
     # --warmups, --trials (also --steps), --timeout and --out are the benchmarks' own
     harness.add_common_args(parser, sizes=False, quick=False, full=STEPS,
                             timeout_help='seconds the run may take before the job is ended '
@@ -682,13 +695,6 @@ def parse_args(argv=None):
                         help='gluon.Trainer updates on the store (default: on each rank)')
     parser.add_argument('--design', default=None,
                         help="the store's design, options after '+' (default: the default)")
-    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
-    parser.add_argument('--chain', type=int, default=3,
-                        help='training steps per timed run, with no waitall between them '
-                             '(default 3); --trials counts runs')
-    parser.add_argument('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
-                        help="sgd: MXNet's, on the CPU; gpulikesgd: the update as an op on the "
-                             'emulated GPU (GPULikeSGD)')
     return harness.resolve_quick(parser.parse_args(argv), STEPS)
 
 

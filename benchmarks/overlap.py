@@ -70,18 +70,7 @@ COMPUTE = 'compute alone'
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--model', default='resnet50_v1', choices=gpu_like.MODELS)
-    parser.add_argument('--images-per-s', type=float, default=None,
-                        help='images/s of one emulated GPU (default: 125 for resnet50_v1, '
-                             'other models at the same FLOP throughput)')
-    parser.add_argument('--batch', type=int, default=gpu_like.BATCH,
-                        help=f'images per rank per step (default {gpu_like.BATCH})')
-    parser.add_argument('--chain', type=int, default=3,
-                        help='training steps per timed run, no waitall between them (default 3)')
-    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
-    parser.add_argument('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
-                        help="every column's: sgd, MXNet's on the CPU (default); gpulikesgd, the "
-                             'update as an op on the emulated GPU (gpu_like.GPULikeSGD)')
+    gpu_like.add_workload_args(parser)      # every column trains with --optimizer
     parser.add_argument('--topology', default=None,
                         help='a free label for the tables, e.g. "2 hosts x 1 rank, 3gbit" '
                              '(hosts and ranks per host are recorded anyway)')

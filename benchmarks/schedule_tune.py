@@ -37,17 +37,11 @@ STEPS = {'warmups': 1, 'trials': 3}
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--model', default='resnet50_v1', choices=gpu_like.MODELS)
-    parser.add_argument('--images-per-s', type=float, default=None,
-                        help='images/s of one emulated GPU (default: gpu_like\'s)')
-    parser.add_argument('--batch', type=int, default=gpu_like.BATCH)
+    gpu_like.add_workload_args(parser)
     parser.add_argument('--partitions', default='1M,4M,16M',
                         help='partition_bytes candidates (default 1M,4M,16M)')
     parser.add_argument('--credits', default='4M,8M,32M',
                         help='credit_bytes candidates (default 4M,8M,32M)')
-    parser.add_argument('--chain', type=int, default=3,
-                        help='training steps per timed run, one waitall at its end (default 3)')
-    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
     parser.add_argument('--table', default='',
                         help='tune table to write the winner into (created if missing); '
                              'default: none, only the JSON result')
@@ -99,7 +93,7 @@ def main(argv=None):
         for pair in pairs:
             kv = mpi_kvstore.create('dist_mpi', partition_bytes=pair[0], credit_bytes=pair[1])
             trainers[label(pair)] = mpi_kvstore.DistributedTrainer(
-                model.collect_params(), 'sgd', {'learning_rate': args.lr}, store=kv)
+                model.collect_params(), args.optimizer, {'learning_rate': args.lr}, store=kv)
         steps = itertools.count()
 
         def train(trainer):
