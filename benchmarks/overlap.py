@@ -98,27 +98,29 @@ def _store_options(kv):
                                     ('partition_bytes', 'credit_bytes', 'progress_sleep_us')}}
 
 
+def mpi_column(args, model, name, design, trainer):
+    """A column of an mpi_kvstore store (design: a spec with options after '+', None: the
+    default) and gpu_like's trainer ('distributed' or 'gluon') on it, --optimizer as
+    gpu_like's; collective (the store)."""
+    made = argparse.Namespace(design=design, timeout=args.timeout, lr=args.lr,
+                              trainer=trainer, update_on_kvstore=False,
+                              optimizer=args.optimizer)
+    trainer_, kv = gpu_like._trainer(made, model)
+    return Column(name, trainer_, args.batch, kv, _store_options(kv))
+
+
 def make_columns(run, model, dist_sync):
     """Every column's trainer (collective); what cannot run goes to run.skip."""
     args, comm = run.args, harness.world()
-
-    def mpi_column(name, design, trainer):
-        # gpu_like._trainer: its store (created collectively) and trainer, SGD as gpu_like's
-        made = argparse.Namespace(design=design, timeout=args.timeout, lr=args.lr,
-                                  trainer=trainer, update_on_kvstore=False,
-                                  optimizer=args.optimizer)
-        trainer_, kv = gpu_like._trainer(made, model)
-        return Column(name, trainer_, args.batch, kv, _store_options(kv))
-
     optimizer = (args.optimizer, {'learning_rate': args.lr})
     # dist_sync's trainer first: a Parameter keeps the last trainer made on it, and ps-lite
     # stops only once nothing holds its store (DistSync.stop).
     pslite = [] if dist_sync.kv is None else [Column(dist_sync.name, gluon.Trainer(
         model.collect_params(), *optimizer, kvstore=dist_sync.kv, update_on_kvstore=False),
         args.batch, options={'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root})]
-    columns = [mpi_column('fifo', FIFO, 'distributed'),
-               mpi_column('priority', None, 'distributed'),
-               mpi_column('gluon', None, 'gluon')] + pslite
+    columns = [mpi_column(args, model, 'fifo', FIFO, 'distributed'),
+               mpi_column(args, model, 'priority', None, 'distributed'),
+               mpi_column(args, model, 'gluon', None, 'gluon')] + pslite
     hvd, why = peers.horovod(comm)
     if why:
         run.skip('horovod', why)

@@ -9,11 +9,11 @@ on a GPU-like workload, written where the store finds them (a tune table's sched
 Candidates: every (partition_bytes, credit_bytes) of the two lists, plus FIFO (0, 0), each a
 DistributedTrainer on a funneled store with those options (progress_sleep_us as the store
 decides it). All stores and trainers are created first and kept; each round runs every
-candidate once, in rotating order (harness.interleaved), one run being --chain training steps
-of benchmarks/gpu_like.py's model with one waitall at the end. The candidate with the lowest
-median step wins. Every candidate trains the same parameters, so the weights after all runs
-are checked against numpy (gpu_like's check): a schedule that sums wrong is never timed as
-fast.
+candidate once, in rotating order, one run being --chain training steps of
+benchmarks/gpu_like.py's model with one waitall at the end, as benchmarks/overlap.py times
+its columns (overlap.rounds, overlap.train_run): the weights are reset before each run and
+checked against numpy after it, with every element of the summed gradients, so a schedule
+that sums wrong is never timed as fast. The candidate with the lowest median step wins.
 
 Rank 0 writes the winner into --table: into the ``schedule`` entry of the tune table there
 (python -m mpi_kvstore tune writes its allreduce rows), or into a new table whose allreduce
@@ -23,14 +23,12 @@ MPI_KVSTORE_TUNE_TABLE) then takes these values for the options left 'auto'
 rate or another rank count should tune its own.
 """
 import argparse
+import functools
 import itertools
 import json
 import os
-import time
 
-import mxnet as mx
-
-from benchmarks import gpu_like, harness
+from benchmarks import gpu_like, harness, overlap
 
 STEPS = {'warmups': 1, 'trials': 3}
 
@@ -76,7 +74,6 @@ def write_table(path, pair, comm_size, measured):
 
 
 def main(argv=None):
-    import mpi_kvstore
     args = parse_args(argv)
     comm = harness.world()
     plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
@@ -89,55 +86,39 @@ def main(argv=None):
                         f'{len(pairs)} candidates, {args.trials} interleaved rounds of '
                         f'{args.chain} steps')
     with harness.deadline(args.timeout, 'schedule_tune'):
-        trainers = {}
-        for pair in pairs:
-            kv = mpi_kvstore.create('dist_mpi', partition_bytes=pair[0], credit_bytes=pair[1])
-            trainers[label(pair)] = mpi_kvstore.DistributedTrainer(
-                model.collect_params(), args.optimizer, {'learning_rate': args.lr}, store=kv)
-        steps = itertools.count()
-
-        def train(trainer):
-            def op():
-                for _ in range(args.chain):
-                    model(gpu_like.step_scale(next(steps), comm.rank))
-                    model.backward()
-                    trainer.step(args.batch * comm.size)
-                mx.nd.waitall()
-            return op
-
-        def time_one(name, op):
-            mx.nd.waitall()
-            comm.Barrier()      # no collective of any store in flight
-            start = time.perf_counter()
-            op()
-            return comm.allreduce(time.perf_counter() - start, op=_mpi_max()) / args.chain
-
-        walls = harness.interleaved({name: train(t) for name, t in trainers.items()},
-                                    args.trials, args.warmups, time_one=time_one)
-        gpu_like._check_trained(model, args, next(steps), comm.size)
-    medians = {name: harness.spread(v)['median'] for name, v in walls.items()}
-    best = min(pairs, key=lambda p: medians[label(p)])
+        # overlap.py's runs: weights reset, --chain steps, one waitall, weights and summed
+        # gradients checked against numpy; a candidate that sums wrong is not timed again
+        columns = [overlap.mpi_column(args, model, label(pair), 'funneled+partition_bytes=%d'
+                                      '+credit_bytes=%d' % pair, 'distributed')
+                   for pair in pairs]
+        walls = overlap.rounds(args, {c.name: functools.partial(overlap.train_run, args, model,
+                                                                c, comm) for c in columns})
+        failed = {c.name: c.failed for c in columns if c.failed}
+        overlap.close(columns)
+    timed = [pair for pair in pairs if label(pair) not in failed]
+    if not timed:
+        raise SystemExit(f'every candidate failed its weight check: {failed}')
+    medians = {label(p): harness.spread(walls[label(p)])['median'] for p in timed}
+    best = min(timed, key=lambda p: medians[label(p)])
     for pair in pairs:
+        if label(pair) in failed:
+            harness.rank0_print(f'  {label(pair):32s} failed: {failed[label(pair)]}')
+            continue
         ms = {k: v * 1e3 for k, v in harness.spread(walls[label(pair)]).items()}
         harness.rank0_print(f'  {label(pair):32s} step {ms["median"]:7.1f} ms (min '
                             f'{ms["min"]:.1f}, max {ms["max"]:.1f})'
                             + ('   <- best' if pair == best else ''))
     if args.table and comm.rank == 0:
-        write_table(args.table, best, comm.size,
-                    {label(p): medians[label(p)] * 1e3 for p in pairs})
+        write_table(args.table, best, comm.size, {label(p): medians[label(p)] * 1e3 for p in timed})
         print(f'  schedule written to {args.table}: partition_bytes={best[0]}, '
               f'credit_bytes={best[1]}', flush=True)
     run.write({'model': args.model, 'compute_s': plan_.compute_s,
                'grad_bytes': plan_.grad_bytes,
                'candidates': [{'partition_bytes': p, 'credit_bytes': c,
-                               'wall_s': walls[label((p, c))]} for p, c in pairs],
+                               'wall_s': walls[label((p, c))],
+                               'check': failed.get(label((p, c)), 'ok')} for p, c in pairs],
                'best': {'partition_bytes': best[0], 'credit_bytes': best[1]}},
               interleaved=True)
-
-
-def _mpi_max():
-    from mpi4py import MPI
-    return MPI.MAX
 
 
 if __name__ == '__main__':
