@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from .errors import ConfigError
 
 __all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive',
-           'from_environment', 'parse_bytes', 'DESIGNS', 'HIERARCHICAL_MODES',
+           'from_environment', 'parse_bytes', 'format_bytes', 'DESIGNS', 'HIERARCHICAL_MODES',
            'CUDA_AWARE_MODES', 'GPU_TRANSPORTS', 'COMPRESSIONS']
 
 # Every vocabulary of the options, as literals: the modules that implement them sit above
@@ -63,6 +63,15 @@ def _auto_or(parse):
 
 def _auto_nonneg(v):
     return v if v == 'auto' else _nonneg(v)
+
+
+def format_bytes(n, unit=''):
+    """parse_bytes's inverse where it is exact: 4194304 -> '4M', 65536 -> '64K', else the
+    number followed by ``unit`` (1000 -> '1000' + unit)."""
+    for suffix, shift in (('M', 20), ('K', 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return '%d%s' % (n >> shift, suffix)
+    return '%d%s' % (n, unit)
 
 
 def _nonneg(v):

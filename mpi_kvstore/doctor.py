@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from . import mpiabi, topology, transports, tuning
 from .cli import console
-from .config import _LOCAL_RANK_VARS, Config, launcher_local_rank
+from .config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
 from .designs import REGISTRY, get_design
 from .errors import ConfigError
 from .tuning import Table
@@ -124,10 +124,7 @@ def _tune_table(config):
 
 
 def _bytes(n):
-    for unit, shift in (('M', 20), ('K', 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return '%d%s' % (n >> shift, unit)
-    return '%d B' % n
+    return format_bytes(n, ' B')
 
 
 def report(environ=None):

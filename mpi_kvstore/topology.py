@@ -17,6 +17,7 @@ import logging
 
 import numpy as np
 
+from .config import format_bytes
 from .errors import ConfigError
 from .mpiabi import MPI
 
@@ -79,9 +80,4 @@ def _check_agreed(config, comm):
 
 
 def _show(value):
-    if isinstance(value, float):
-        return '%g' % value
-    for unit, shift in (('M', 20), ('K', 10)):
-        if value >= 1 << shift and value % (1 << shift) == 0:
-            return '%d%s' % (value >> shift, unit)
-    return str(value)
+    return '%g' % value if isinstance(value, float) else format_bytes(value)
