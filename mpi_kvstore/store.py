@@ -55,6 +55,11 @@ class MPIKVStore(KVStoreBase):
         engine.set_naive(self._config.naive_engine)
         comm = MPI.COMM_WORLD if comm is None else comm
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
+        table = tuning.load(self._config.tune_table, comm)
+        # the options left 'auto', decided before anything is built from the config
+        self._config, chosen = topology.resolve(self._config, comm, table)
+        if chosen and self._rank == 0:
+            log.info('%s', chosen)
         self._keys = KeyTable(self._config)
         self._calls = CallCache()         # push and pushpull calls already checked
         self._wire = compression.wire_cast(self._config.compression)
@@ -65,10 +70,6 @@ class MPIKVStore(KVStoreBase):
         self._closed = False
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
-        table = tuning.load(self._config.tune_table, comm)
-        self._config, chosen = topology.resolve(self._config, comm, table)
-        if chosen and self._rank == 0:
-            log.info('%s', chosen)
         self._design = design(comm, self._config, self._errors.record, self._timeline, table)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,
