@@ -39,7 +39,7 @@ class Piece:
     error any piece had (its whole output is then poisoned, as for an unpartitioned one)."""
 
     __slots__ = ('parent', 'index', 'start', 'stop', 'nbytes', 'view', 'scratch', 'error',
-                 'sig', 'key', 'pieces', '_cut')
+                 'sig', 'key', '_cut')
 
     kind = 'allreduce'
     in_place = True
@@ -54,7 +54,6 @@ class Piece:
         # Compression keeps state per key (2-bit's residual): a piece keeps its own, of its
         # size; the cut is the same every step, so each element keeps one residual.
         self.key = (parent.key, 'piece', index)
-        self.pieces = shared.count      # how many its request was cut into
         self._cut = shared
 
     # what fusion, the reducer, codecs and the timeline read of a request
@@ -68,6 +67,7 @@ class Piece:
     array = property(lambda self: self.parent.array)
     shape = property(lambda self: (self.stop - self.start,))
     done = property(lambda self: self.parent.done)
+    pieces = property(lambda self: self._cut.count)   # how many its request was cut into
 
     def describe(self):
         return '%s, piece %d (elements %d to %d)' % (self.parent.describe(), self.index,
