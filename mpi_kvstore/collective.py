@@ -4,13 +4,17 @@ import zlib
 
 from .poison import poison
 
-__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT']
+__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT', 'SHARDED']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
 # encodings (see agreement.py), so they stay below 2**30.
 SIG_LIMIT = 1 << 30
 
-KINDS = ('allreduce', 'bcast', 'barrier', 'custom')
+# reducescatter and allgather run in place on the whole flat array: after a reducescatter
+# this rank's share (fusion.share) holds the sum, after an allgather every share holds its
+# owner's values. The sharded optimizer (keys.Plan.sharded) runs one, then the other.
+KINDS = ('allreduce', 'bcast', 'barrier', 'custom', 'reducescatter', 'allgather')
+SHARDED = ('reducescatter', 'allgather')
 
 
 def signature(kind, key, dtype, shape, root, place='cpu'):

@@ -155,6 +155,18 @@ class Comm:
         else:
             blocking(*args)
 
+    def reduce_scatter(self, send, recv, counts):
+        """Sum of ``send`` over the ranks, piece r (``counts[r]`` elements, in rank order)
+        into rank r's ``recv`` (host buffers)."""
+        self._polled(self.mpi.Ireduce_scatter, self.mpi.Reduce_scatter, send, recv, counts,
+                     MPI.SUM)
+
+    def allgather_in_place(self, buf, counts, displs):
+        """Every rank's piece of ``buf`` (``counts[r]`` elements at ``displs[r]``) into every
+        rank's ``buf`` (a host buffer); this rank's piece is already in place."""
+        self._polled(self.mpi.Iallgatherv, self.mpi.Allgatherv, MPI.IN_PLACE,
+                     (buf, (counts, displs)))
+
     def start_alltoall(self, send, recv):
         """Non-blocking alltoall of host buffers; finish it with :meth:`wait`."""
         return self.mpi.Ialltoall(send, recv)

@@ -179,6 +179,12 @@ OPTIONS: Tuple[Option, ...] = (
     Option('average', _parse_bool, False, 'bool',
            'Divide reductions by the number of workers (Horovod style); default is SUM, '
            'as MXNet stores do.'),
+    Option('shard_optimizer', _parse_bool, False, 'bool',
+           'When the store runs the optimizer (set_optimizer: gluon update_on_kvstore, '
+           'Module), each rank keeps the optimizer state of 1/N of every weight: a push or '
+           'pushpull reduce-scatters the gradients, updates this rank\'s share and allgathers '
+           'the weights (the bytes of one allreduce; docs/sharded-optimizer.md). Keys of fewer '
+           'elements than ranks are updated whole on every rank.'),
     Option('compression', _compression, 'none', 'name',
            'Wire casting of float32 and float64 gradients (push, pushpull): fp16 or bf16 '
            'halve the bytes; sums in float32, results bitwise identical on every rank, in '

@@ -5,7 +5,7 @@ so every rank derives the same buckets.
 """
 import numpy as np
 
-__all__ = ['plan', 'fusable', 'pieces', 'BufferPool']
+__all__ = ['plan', 'fusable', 'pieces', 'share', 'BufferPool', 'FUSABLE']
 
 
 class BufferPool:
@@ -42,14 +42,18 @@ class BufferPool:
         self._buffers.clear()
 
 
+FUSABLE = ('allreduce', 'reducescatter', 'allgather')
+
+
 def fusable(req, threshold):
-    return req.kind == 'allreduce' and 0 < req.nbytes <= threshold and threshold > 0
+    return req.kind in FUSABLE and 0 < req.nbytes <= threshold and threshold > 0
 
 
 def _compatible(a, b):
     """Agreed metadata only (place is in the signature): a rank whose engine op could not
     read an array must plan the same buckets as the others."""
-    return a.dtype == b.dtype and a.average == b.average and a.place == b.place
+    return (a.kind == b.kind and a.dtype == b.dtype and a.average == b.average
+            and a.place == b.place)
 
 
 def order(req):
@@ -85,8 +89,16 @@ def plan(requests, threshold, device_threshold=None):
     return buckets
 
 
+def share(count, width, index):
+    """[start, stop) of piece ``index`` of ``count`` elements cut into ``width`` near-equal,
+    contiguous pieces, the larger ones first: the same cut on every rank."""
+    small, extra = divmod(count, width)
+    start = index * small + min(index, extra)
+    return start, start + small + (index < extra)
+
+
 def pieces(count, width):
     """(counts, displacements) of ``count`` elements cut into ``width`` near-equal pieces,
-    the larger ones first: a reduce-scatter's shares."""
-    counts = [count // width + (i < count % width) for i in range(width)]
-    return counts, [sum(counts[:i]) for i in range(width)]
+    the larger ones first (:func:`share`): a reduce-scatter's shares."""
+    bounds = [share(count, width, i) for i in range(width)]
+    return [stop - start for start, stop in bounds], [start for start, _ in bounds]

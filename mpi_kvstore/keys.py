@@ -10,8 +10,9 @@ import numpy as np
 from . import debug
 from .collective import Collective, place_of, signature
 from .errors import UnknownKeyError
+from .fusion import share
 
-__all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request']
+__all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request', 'fill']
 
 
 def same_array(a, b):
@@ -46,6 +47,11 @@ class KeyState:
         self.weights = ()
         self._staging = None
         self._sigs = {}
+
+    @property
+    def count(self):
+        """Elements of the key."""
+        return self.nbytes // self.dtype.itemsize
 
     def stored(self):
         """The stored value, allocated on first use."""
@@ -100,8 +106,9 @@ def _conflict(entry, shape, dtype, what, since):
 class KeyTable:
     """Every key the store has seen, and the data path of push, pushpull and pull."""
 
-    def __init__(self, config):
+    def __init__(self, config, rank=0, size=1):
         self._config = config
+        self._rank, self._size = rank, size
         self._keys = {}
         self.updater = None
 
@@ -162,23 +169,46 @@ class KeyTable:
         in_place = (in_place_ok and self._config.zero_copy and self.updater is None
                     and len(values) == 1 and all(same_array(t, values[0]) for t in targets))
         work = values[0] if in_place else state.staging()
-        return Plan(state, values, work, targets if in_place_ok else (), in_place,
-                    place_of(work))
+        found = Plan(state, values, work, targets if in_place_ok else (), in_place,
+                     place_of(work))
+        if self.sharded(state):
+            found.share = share(state.count, self._size, self._rank)
+            found.views = (_flat_slice(work, found.share), _flat_slice(state.value, found.share))
+        return found
+
+    def sharded(self, state):
+        """Whether the store's optimizer updates only this rank's share of the key
+        (shard_optimizer): keys of fewer elements than ranks are updated whole."""
+        return (self.updater is not None and self._config.shard_optimizer and self._size > 1
+                and state.count >= self._size)
 
     def deliver(self, plan):
-        """After the collective: run the optimizer or store the sum, then fill the outputs."""
+        """After the collective: run the optimizer or store the sum, then fill the outputs.
+        A sharded plan's optimizer updates this rank's share only; its outputs are filled by
+        :meth:`fill` after the weights' allgather."""
         state, source = plan.state, plan.work
         if self.updater is not None:
-            self.updater(state.key, source, state.value)
-            source = state.value
+            if plan.share is not None:
+                grad, weight = plan.views
+                self.updater(state.key, grad, weight)
+            else:
+                self.updater(state.key, source, state.value)
             if not state.weights:  # those of the broadcast that gave the weights come first
                 state.weights = plan.targets
+            if plan.share is not None:
+                return
+            source = state.value
         elif not plan.targets:
             source.copyto(state.stored())
             return
-        for arr in plan.targets:
-            if not same_array(arr, source):
-                source.copyto(arr)
+        fill(plan, source)
+
+
+def fill(plan, source):
+    """``source`` (the sum, or the stored weights) into the call's outputs."""
+    for arr in plan.targets:
+        if not same_array(arr, source):
+            source.copyto(arr)
 
 
 class Plan:
@@ -186,16 +216,25 @@ class Plan:
     array the collective reduces (``work``: the value itself in place, else the key's
     staging buffer), where the sum goes (``targets``), and the work array's place."""
 
-    __slots__ = ('state', 'values', 'work', 'targets', 'in_place', 'place')
+    __slots__ = ('state', 'values', 'work', 'targets', 'in_place', 'place', 'share', 'views')
 
     def __init__(self, state, values, work, targets, in_place, place):
         self.state, self.values, self.work = state, values, work
         self.targets, self.in_place, self.place = targets, in_place, place
+        # sharded optimizer (KeyTable.sharded): this rank's [start, stop) of the flat key,
+        # and the views of the gradient (work) and of the stored weights there
+        self.share = self.views = None
 
     def stage(self):
         """Sum the per-device values into the staging buffer (nothing to do in place)."""
         if not self.in_place:
             _reduce_into(self.values, self.work)
+
+
+def _flat_slice(array, bounds):
+    """Elements [start, stop) of the flattened array: a view that shares its memory and its
+    engine variable, so that engine ops on it are ordered with those on the array."""
+    return array.reshape((-1,))[bounds[0]:bounds[1]]
 
 
 def _flatten(obj):

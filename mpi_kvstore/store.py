@@ -11,15 +11,15 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, engine, topology, tuning
+from . import compression, engine, shards, topology, tuning
 from .collective import Collective
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
-from .errors import MPIKVStoreError
+from .errors import ConfigError, MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
-from .keys import CallCache, KeyTable, request, same_array
+from .keys import CallCache, KeyTable, fill, request, same_array
 from .mpiabi import MPI
 from .timeline import Timeline
 
@@ -60,7 +60,8 @@ class MPIKVStore(KVStoreBase):
         self._config, chosen = topology.resolve(self._config, comm, table)
         if chosen and self._rank == 0:
             log.info('%s', chosen)
-        self._keys = KeyTable(self._config)
+        self._keys = KeyTable(self._config, self._rank, self._size)
+        self._fitted = set()              # keys whose optimizer state is cut to this rank's share
         self._calls = CallCache()         # push and pushpull calls already checked
         self._wire = compression.wire_cast(self._config.compression)
         self._codec = None                # set_gradient_compression's (compression.TwoBit)
@@ -217,11 +218,22 @@ class MPIKVStore(KVStoreBase):
         self._exchange(plans, priority)
 
     def _exchange(self, plans, priority):
+        """Allreduce each key, or with shard_optimizer reduce-scatter it, update this rank's
+        share and allgather the weights (keys.Plan.share)."""
         average = self._config.average
+        sharded = [plan for plan in plans if plan.share is not None]
+        if sharded:
+            if self._codec is not None or self._wire is not None:
+                raise ConfigError(
+                    'shard_optimizer: the gradients\' reduce-scatter cannot be compressed yet '
+                    '(gradient compression or compression=%s is set); use shard_optimizer=0 '
+                    'with compression, or compression=none' % self._config.compression)
+            self._fit_states(sharded)
         reqs = []
         for plan in plans:
             plan.stage()
-            reqs.append(request('allreduce', plan.state, plan.work, average=average,
+            reqs.append(request('reducescatter' if plan.share is not None else 'allreduce',
+                                plan.state, plan.work, average=average,
                                 in_place=plan.in_place, place=plan.place))
         if self._codec is not None or self._wire is not None:
             for req in reqs:
@@ -229,6 +241,22 @@ class MPIKVStore(KVStoreBase):
         self._submit(reqs, priority)
         for plan in plans:
             self._keys.deliver(plan)
+        if sharded:
+            self._submit([request('allgather', plan.state, plan.state.value, place=plan.place)
+                          for plan in sharded], priority)
+            for plan in sharded:
+                fill(plan, plan.state.value)
+
+    def _fit_states(self, plans):
+        """Cut a loaded whole-key optimizer state to this rank's share before its first
+        sharded update (shards.fit); raises, before anything is sent, for a state of
+        another size."""
+        states = self._updater.states
+        for plan in plans:
+            key = plan.state.key
+            if key in states and key not in self._fitted:
+                states[key] = shards.fit(key, states[key], plan.state.count, plan.share)
+                self._fitted.add(key)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Copy the stored value of each key into out."""
@@ -297,9 +325,15 @@ class MPIKVStore(KVStoreBase):
 
     # -- optimizer ----------------------------------------------------------------
     def set_optimizer(self, optimizer):
-        """Run the optimizer in the store: every rank applies it to the same sums."""
+        """Run the optimizer in the store: every rank applies it to the same sums (with
+        shard_optimizer, each rank to its share of every key)."""
         self._begin()
+        if self._config.shard_optimizer:
+            why = shards.refuse(optimizer)
+            if why is not None:
+                raise ValueError(why)
         self._keys.updater = mx.optimizer.get_updater(optimizer)
+        self._fitted.clear()
         self._calls.clear()   # with an optimizer nothing runs in place: plans change
 
     def _require_updater(self):
@@ -308,13 +342,42 @@ class MPIKVStore(KVStoreBase):
         return self._updater
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        states = self._require_updater().get_states(dump_optimizer)
-        with open(fname, 'wb') as fh:
-            fh.write(states)
+        """Write the optimizer's states (and the optimizer with ``dump_optimizer``) in
+        MXNet's format. With shard_optimizer this is a collective that gathers every rank's
+        shares, so every rank must call it; each writes the same whole-model file, which
+        loads into a store of any size, sharded or not."""
+        updater = self._require_updater()
+        if self._config.shard_optimizer and self._size > 1:
+            self.wait()
+            whole = mx.optimizer.Updater(updater.optimizer)
+            whole.states = shards.gather(
+                updater.states, self._sharded_keys(), self._size, self._rank,
+                lambda obj: self.run_collective(lambda comm: comm.allgather(obj),
+                                                'gather_optimizer_states'))
+            updater = whole
+        data = updater.get_states(dump_optimizer)
+        tmp = '%s.tmp.%d' % (fname, os.getpid())   # ranks may share a file system
+        with open(tmp, 'wb') as fh:
+            fh.write(data)
+        os.replace(tmp, fname)
 
     def load_optimizer_states(self, fname):
+        """Read states saved by any store (sharded or not, at any number of ranks). A state
+        whose size does not fit its key raises ValueError and changes nothing."""
+        updater = self._require_updater()
         with open(fname, 'rb') as fh:
-            self._require_updater().set_states(fh.read())
+            data = fh.read()
+        loaded = mx.optimizer.Updater(updater.optimizer)
+        loaded.set_states(data)
+        for key, state in loaded.states.items():
+            known = self._keys.get(key)
+            if known is not None:
+                shards.check_sizes(key, state, known.count, None)
+        updater.set_states(data)
+        self._fitted.clear()   # whole states: cut to this rank's share at first use
+
+    def _sharded_keys(self):
+        return {st.key: (st.shape, st.count) for st in self._keys if self._keys.sharded(st)}
 
     def set_gradient_compression(self, compression_params):
         """MXNet's 2-bit compression of push and pushpull: {'type': '2bit', 'threshold': t}

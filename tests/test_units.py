@@ -532,3 +532,30 @@ def test_schedule_options_take_auto_bytes_or_numbers():
     assert cfg.Config(environ={}, progress_sleep_us='150').progress_sleep_us == 150.0
     with pytest.raises(cfg.ConfigError, match='MPI_KVSTORE_CREDIT_BYTES'):
         cfg.Config(environ={'MPI_KVSTORE_CREDIT_BYTES': '-1'})
+
+
+@given(count=st.integers(0, 20000), width=st.integers(1, 64))
+def test_shares_are_numpys_array_split(count, width):
+    """The sharded optimizer's cut (fusion.share, fusion.pieces) is numpy's array_split: the
+    same on every rank, contiguous, the larger shares first."""
+    from mpi_kvstore.fusion import pieces, share
+    expected = np.array_split(np.arange(count), width)
+    counts, displs = pieces(count, width)
+    assert counts == [len(part) for part in expected]
+    for index, part in enumerate(expected):
+        start, stop = share(count, width, index)
+        assert (start, stop) == (displs[index], displs[index] + counts[index])
+        assert np.array_equal(np.arange(count)[start:stop], part)
+
+
+def test_sharded_and_plain_requests_never_share_a_bucket():
+    """fusion.plan fuses requests of one kind only: a reduce-scatter's shares are cut per
+    request, and an allreduce beside it would be cut with them."""
+    reqs = []
+    for seq, kind in enumerate(['allreduce', 'reducescatter', 'reducescatter', 'allgather',
+                                'allreduce']):
+        req = Collective(kind, 'k%d' % seq, np.dtype('float32'), (4,))
+        req.seq = seq
+        reqs.append(req)
+    assert [[r.key for r in bucket] for bucket in plan(reqs, 1 << 20)] == [
+        ['k0'], ['k1', 'k2'], ['k3'], ['k4']]

@@ -237,6 +237,10 @@ class Design:
             self.reducer.allreduce(bucket, comm)
         elif kind == 'bcast':
             self.reducer.bcast(bucket[0], comm)
+        elif kind == 'reducescatter':
+            self.reducer.reduce_scatter(bucket, comm)
+        elif kind == 'allgather':
+            self.reducer.allgather(bucket, comm)
         elif kind == 'barrier':
             comm.barrier()
         else:

@@ -45,6 +45,12 @@ def refusal(req, joined):
         return ('rank(s) %s called join(), and %s runs a Python function that a joined rank '
                 'cannot mirror (broadcast_object, allgather_object, run_collective): call it '
                 'before join()' % (ranks, req.describe()))
+    if req.kind == 'allgather':
+        # its share of the weights would come from a rank that no longer updates it
+        return ('rank(s) %s called join(), and %s gathers the sharded optimizer\'s weights, '
+                'a share of which only the joined rank updates: a store with '
+                'shard_optimizer=1 cannot train on after a join; join with shard_optimizer=0'
+                % (ranks, req.describe()))
     if req.kind == 'bcast' and joined[req.root]:
         return ('%s broadcasts from rank %d, which called join() and has no value to send'
                 % (req.describe(), req.root))

@@ -45,3 +45,22 @@ def done(name):
     WORLD.Barrier()
     if RANK == 0:
         print('%s: OK at %d ranks' % (name, SIZE), flush=True)
+
+
+def check_state_shares(kv):
+    """With shard_optimizer (MPI_KVSTORE_SHARD_OPTIMIZER=1 in the job's environment), every
+    optimizer state array of a key with at least SIZE elements holds this rank's share of
+    it, as numpy's array_split cuts it; without, the whole key. -> keys checked."""
+    import mxnet as mx
+    checked = 0
+    for key, state in kv._updater.states.items():
+        count = kv._keys.get(key).count
+        whole = not kv.config.shard_optimizer or count < SIZE
+        want = count if whole else len(np.array_split(np.arange(count), SIZE)[RANK])
+        leaves = state if isinstance(state, (tuple, list)) else [state]
+        for leaf in leaves:
+            if isinstance(leaf, mx.nd.NDArray) and leaf.size != want:
+                raise AssertionError('rank %d: optimizer state of key %r has %d elements, '
+                                     'expected %d' % (RANK, key, leaf.size, want))
+        checked += 1
+    return checked

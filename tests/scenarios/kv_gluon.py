@@ -12,7 +12,7 @@ from mxnet import autograd, gluon
 
 import mpi_kvstore
 
-from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
+from common import RANK, SIZE, check_state_shares, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()
 PER_RANK, STEPS = 4, 4
@@ -72,6 +72,9 @@ def distributed(update_on_kvstore):
     params = train(net, trainer, shard=True)
     assert trainer._update_on_kvstore == update_on_kvstore
     kv.wait()
+    if update_on_kvstore:
+        assert check_state_shares(kv) == len(params), 'one optimizer state a parameter'
+
     return params
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import mpi_kvstore
 
-from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
+from common import RANK, SIZE, check_state_shares, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()
 UPDATE_ON_KV = sys.argv[2] if len(sys.argv) > 2 else '1'
@@ -59,6 +59,8 @@ def main():
     got = fit(*shard(data, label), PER_RANK, kv)
     kv.wait()
     assert (kv._updater is not None) == (UPDATE_ON_KV == '1'), 'update_on_kvstore not honoured'
+    if kv._updater is not None:
+        assert check_state_shares(kv) == len(ref), 'optimizer states of %s' % sorted(ref)
     for name in sorted(ref):
         same_on_all_ranks(got[name], name)
         close(got[name], ref[name], '%s vs single process' % name, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,106 @@
+"""The sharded optimizer's states (shard_optimizer): each rank keeps the state of its
+share of every sharded key (fusion.share of the flattened key), and the states travel
+in MXNet's own format, whole.
+
+An optimizer state is what ``Optimizer.create_state_multi_precision`` made: an NDArray,
+None, or tuples and lists of them (SGD's momentum; Adam's mean and variance; with
+multi_precision, the float32 master weights and the state). Every NDArray in it has the
+weight's number of elements, so a state of the whole key and a state of one share are
+told apart by their size.
+
+- Saving gathers the shares into whole states (:func:`gather`): the file is the one an
+  unsharded store writes, and loads into a store of any number of ranks, sharded or not.
+- Loading keeps whole states, and :func:`fit` cuts a key's state to this rank's share at
+  the key's first sharded update, so a file may be loaded before the keys are known.
+"""
+import mxnet as mx
+import numpy as np
+
+from .fusion import share
+
+__all__ = ['refuse', 'fit', 'gather', 'check_sizes']
+
+# Optimizers whose update of one weight reads norms over the whole weight (layer-wise
+# trust ratios): a share's norm is not the weight's, so a sharded update would differ.
+_WHOLE_WEIGHT = ('LAMB', 'LARS', 'LANS')
+
+
+def refuse(optimizer):
+    """Why the store cannot shard ``optimizer``'s update (None when it can)."""
+    name = type(optimizer).__name__
+    if name in _WHOLE_WEIGHT:
+        return ('shard_optimizer: %s scales each weight\'s update by norms over the whole '
+                'weight, which a rank holding a share of it cannot compute alone; use '
+                'shard_optimizer=0 with %s, or an elementwise optimizer (SGD, NAG, Adam, '
+                'RMSProp, AdaGrad, ...)' % (name, name))
+    return None
+
+
+def _leaves(state):
+    if isinstance(state, mx.nd.NDArray):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [leaf for item in state for leaf in _leaves(item)]
+    return []
+
+
+def _rebuild(state, leaves):
+    """``state`` with its NDArrays replaced, in order, by the next of ``leaves`` (an
+    iterator)."""
+    if isinstance(state, mx.nd.NDArray):
+        return next(leaves)
+    if isinstance(state, (tuple, list)):
+        return type(state)(_rebuild(item, leaves) for item in state)
+    return state
+
+
+def check_sizes(key, state, count, bounds):
+    """Raise unless every array of ``state`` holds the whole key (``count`` elements) or
+    this rank's share of it (``bounds``, None when unsharded)."""
+    sizes = {count} if bounds is None else {count, bounds[1] - bounds[0]}
+    for leaf in _leaves(state):
+        if leaf.size not in sizes:
+            raise ValueError(
+                'optimizer state of key %r has an array of %d elements, but the key has %d '
+                '(the state file is from another model, or from other parameters)'
+                % (key, leaf.size, count))
+
+
+def fit(key, state, count, bounds):
+    """``state`` cut to this rank's share ``bounds`` of a key of ``count`` elements: the
+    whole-key arrays a loaded file holds are sliced (copies), shares kept as they are."""
+    check_sizes(key, state, count, bounds)
+    start, stop = bounds
+    if stop - start == count:
+        return state
+    cut = (leaf.reshape((-1,))[start:stop].copy() if leaf.size == count else leaf
+           for leaf in _leaves(state))
+    return _rebuild(state, cut)
+
+
+def gather(states, sharded, size, rank, allgather):
+    """Whole states of every key from every rank's shares (a collective: every rank calls it).
+
+    ``states``: the updater's {key: state}; ``sharded``: {key: (shape, count)} of the keys
+    whose updates are sharded; ``allgather(obj)``: every rank's ``obj``, in rank order.
+    """
+    mine = {}
+    for key in sharded:
+        if key in states:
+            shape, count = sharded[key]
+            bounds = share(count, size, rank)
+            fitted = fit(key, states[key], count, bounds)
+            mine[key] = [leaf.asnumpy() for leaf in _leaves(fitted)]
+    everyone = allgather(mine)
+    if any(set(theirs) != set(mine) for theirs in everyone):
+        raise ValueError('ranks hold optimizer states of different keys: every rank must '
+                         'push the same keys before saving the sharded optimizer\'s states')
+    whole = dict(states)
+    for key, leaves in mine.items():
+        shape = sharded[key][0]
+        ctx = [leaf.context for leaf in _leaves(states[key])]
+        joined = (mx.nd.array(np.concatenate([theirs[key][i] for theirs in everyone])
+                              .reshape(shape), ctx=ctx[i], dtype=leaves[i].dtype)
+                  for i in range(len(leaves)))
+        whole[key] = _rebuild(states[key], joined)
+    return whole

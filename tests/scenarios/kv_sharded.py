@@ -1,0 +1,327 @@
+"""The sharded optimizer (shard_optimizer): training, state files and bad input.
+
+usage: kv_sharded.py DESIGN train
+       kv_sharded.py DESIGN save DIR     (writes DIR/params, DIR/states, DIR/expected.npz)
+       kv_sharded.py DESIGN load DIR     (any number of ranks: resumes from DIR, sharded and
+                                          unsharded, and checks DIR/expected.npz)
+       kv_sharded.py DESIGN errors DIR
+       kv_sharded.py DESIGN join
+
+train: 20 gluon steps (update_on_kvstore) with SGD + momentum and with Adam: the sharded
+store's weights equal the unsharded store's and one process's on the whole batch, and each
+rank holds 1/N of the optimizer state (numpy's array_split of every key, the keys of fewer
+elements than ranks whole). Then float16 weights with multi_precision SGD through pushpull
+(MXNet's CPU has no float16 dense layer), against numpy's float32 master weights.
+"""
+import os
+import pickle
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import mpi_kvstore
+
+from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
+
+DESIGN = design_arg()
+PART = sys.argv[2]
+GLOBAL, STEPS = 12, 20    # a global batch of 12 splits evenly over 2, 3 and 4 ranks
+OPTIMIZERS = {
+    'sgd': ('sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4}, 'float32'),
+    'adam': ('adam', {'learning_rate': 0.01, 'wd': 1e-4}, 'float32'),
+}
+
+
+def make_net(dtype='float32'):
+    # Odd sizes, so that shares are uneven at 2, 3 and 4 ranks; a bias of 3 elements is
+    # smaller than 4 ranks (updated whole), and the convolution's gradient comes from MKLDNN.
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(5, 3, padding=1, in_channels=2, activation='relu'),
+            gluon.nn.Flatten(),
+            gluon.nn.Dense(13, in_units=5 * 6 * 6, activation='tanh'),
+            gluon.nn.Dense(3, in_units=13))
+    mx.random.seed(1234)
+    net.initialize(mx.init.Xavier())
+    net.cast(dtype)
+    return net
+
+
+def batch(step, dtype, ranks=None):
+    """The global batch of ``step``, or this rank's part of it (``ranks``: the job's size)."""
+    rng = np.random.RandomState(100 + step)
+    data = rng.uniform(-1, 1, size=(GLOBAL, 2, 6, 6))
+    label = rng.randint(0, 3, size=(GLOBAL,))
+    if ranks is not None:
+        per = GLOBAL // ranks
+        data, label = data[RANK * per:(RANK + 1) * per], label[RANK * per:(RANK + 1) * per]
+    return mx.nd.array(data, dtype=dtype), mx.nd.array(label, dtype=dtype)
+
+
+def steps(net, trainer, first, last, dtype, ranks):
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(first, last):
+        data, label = batch(step, dtype, ranks)
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        trainer.step(GLOBAL)     # sums over ranks: divide by the global batch
+
+
+def weights(net):
+    return [p.data().astype('float32').asnumpy() for p in net.collect_params().values()]
+
+
+def store(shard, **options):
+    return mpi_kvstore.create('dist_mpi', design=DESIGN, shard_optimizer=shard,
+                              fusion_threshold=4 << 10, **options)
+
+
+def trained(name, kv):
+    opt, params, dtype = OPTIMIZERS[name]
+    net = make_net(dtype)
+    if kv is not None:
+        for p in net.collect_params().values():   # the store's broadcast must fix these
+            p.set_data(p.data() + RANK)
+        mpi_kvstore.broadcast_parameters(net.collect_params(), store=kv)
+    trainer = gluon.Trainer(net.collect_params(), opt, params, kvstore=kv,
+                            update_on_kvstore=True if kv is not None else None)
+    steps(net, trainer, 0, STEPS, dtype, SIZE if kv is not None else None)
+    return weights(net), trainer
+
+
+def state_elements(kv):
+    return sum(leaf.size for state in kv._updater.states.values()
+               for leaf in (state if isinstance(state, (tuple, list)) else [state])
+               if isinstance(leaf, mx.nd.NDArray))
+
+
+def expected_elements(net_weights, per_weight):
+    """Elements of optimizer state on this rank: numpy's cut of each key over the ranks."""
+    total = 0
+    for w in net_weights:
+        share = len(np.array_split(np.arange(w.size), SIZE)[RANK]) if w.size >= SIZE else w.size
+        total += per_weight * share
+    return total
+
+
+def multi_precision(shard):
+    """20 pushpulls of float16 gradients into float16 weights, SGD with momentum on float32
+    master weights; -> (weights of every step, elements of optimizer state)."""
+    kv = store(shard)
+    shapes = {'a': (9, 7), 'b': (3,)}
+    outs = {}
+    for key, shape in shapes.items():
+        kv.init(key, mx.nd.array(np.linspace(-1, 1, np.prod(shape)).reshape(shape),
+                                 dtype='float16'))
+        outs[key] = mx.nd.zeros(shape, dtype='float16')
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, multi_precision=True))
+    seen = []
+    for step in range(STEPS):
+        for key, shape in shapes.items():
+            grad = np.cos(np.arange(np.prod(shape)) + step + RANK).reshape(shape) / 8
+            kv.pushpull(key, mx.nd.array(grad, dtype='float16'), out=outs[key])
+        seen.append({key: out.asnumpy() for key, out in outs.items()})
+    elements = state_elements(kv)
+    kv.close()
+    return seen, elements
+
+
+def numpy_multi_precision():
+    shapes = {'a': (9, 7), 'b': (3,)}
+    master = {k: np.linspace(-1, 1, np.prod(s)).reshape(s).astype(np.float16).astype(np.float32)
+              for k, s in shapes.items()}
+    mom = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
+    seen = []
+    for step in range(STEPS):
+        for key, shape in shapes.items():
+            grads = [(np.cos(np.arange(np.prod(shape)) + step + r).reshape(shape) / 8)
+                     .astype(np.float16).astype(np.float32) for r in range(SIZE)]
+            total = sum(grads).astype(np.float16).astype(np.float32)
+            mom[key] = 0.9 * mom[key] - 0.1 * total
+            master[key] = master[key] + mom[key]
+        seen.append({key: value.astype(np.float16) for key, value in master.items()})
+    return seen
+
+
+def part_multi_precision():
+    sharded, elements = multi_precision(True)
+    plain, unsharded = multi_precision(False)
+    ref = numpy_multi_precision()
+    for step in range(STEPS):
+        for key in ref[step]:
+            what = 'float16 key %r, step %d' % (key, step)
+            same_on_all_ranks(sharded[step][key], what)
+            close(sharded[step][key], plain[step][key], what + ', sharded vs unsharded',
+                  rtol=1e-3, atol=1e-3)
+            close(sharded[step][key], ref[step][key], what + ', vs numpy', rtol=1e-2, atol=2e-3)
+    # float32 master weights and momentum: two arrays of each share; 'b' (3) whole at 4 ranks
+    want = 2 * (len(np.array_split(np.arange(63), SIZE)[RANK])
+                + (len(np.array_split(np.arange(3), SIZE)[RANK]) if SIZE <= 3 else 3))
+    if elements != want:
+        raise AssertionError('rank %d: multi_precision: %d elements of state, expected %d'
+                             % (RANK, elements, want))
+    assert SIZE == 1 or elements < unsharded, (elements, unsharded)
+
+
+def part_train():
+    part_multi_precision()
+    for name in OPTIMIZERS:
+        tol = dict(rtol=1e-4, atol=1e-5)
+        ref, _ = trained(name, None)
+        plain_kv, sharded_kv = store(False), store(True)
+        plain, _ = trained(name, plain_kv)
+        sharded, trainer = trained(name, sharded_kv)
+        assert trainer._update_on_kvstore
+        for i, value in enumerate(sharded):
+            what = '%s: parameter %d' % (name, i)
+            same_on_all_ranks(value, what)
+            close(value, plain[i], what + ', sharded vs unsharded store', **tol)
+            close(value, ref[i], what + ', sharded vs one process', **tol)
+        # momentum: one array a weight; Adam: two
+        per_weight = {'sgd': 1, 'adam': 2}[name]
+        got, want = state_elements(sharded_kv), expected_elements(sharded, per_weight)
+        if got != want:
+            raise AssertionError('rank %d: %s: %d elements of optimizer state, expected %d'
+                                 % (RANK, name, got, want))
+        unsharded = state_elements(plain_kv)
+        if SIZE > 1 and not got < unsharded:
+            raise AssertionError('%s: sharded state %d is not below unsharded %d'
+                                 % (name, got, unsharded))
+        plain_kv.close()
+        sharded_kv.close()
+    done('kv_sharded[%s] train' % DESIGN)
+
+
+HALF = STEPS // 2
+
+
+def part_save(folder):
+    """Train half the steps sharded, save, train the rest: the figures a resumed run checks.
+    The states saved sharded equal those an unsharded store saves at the same point."""
+    opt, params, dtype = OPTIMIZERS['adam']
+    saved = {}
+    for shard in (True, False):
+        kv = store(shard)
+        net = make_net(dtype)
+        mpi_kvstore.broadcast_parameters(net.collect_params(), store=kv)
+        trainer = gluon.Trainer(net.collect_params(), opt, params, kvstore=kv,
+                                update_on_kvstore=True)
+        steps(net, trainer, 0, HALF, dtype, SIZE)
+        path = os.path.join(folder, 'states' if shard else 'states_unsharded')
+        trainer.save_states(path)       # every rank: a collective when sharded
+        if shard and RANK == 0:
+            net.save_parameters(os.path.join(folder, 'params'))
+        kv._barrier()
+        with open(path, 'rb') as fh:
+            saved[shard] = pickle.loads(fh.read())
+        if shard:
+            steps(net, trainer, HALF, STEPS, dtype, SIZE)
+            if RANK == 0:
+                np.savez(os.path.join(folder, 'expected.npz'), *weights(net))
+        kv.close()
+    (sharded_states, _), (plain_states, _) = saved[True], saved[False]
+    assert sorted(sharded_states) == sorted(plain_states), (sorted(sharded_states),
+                                                             sorted(plain_states))
+    for key in plain_states:
+        for mine, theirs in zip(sharded_states[key], plain_states[key]):
+            assert mine.shape == theirs.shape, (key, mine.shape, theirs.shape)
+            close(mine.asnumpy(), theirs.asnumpy(), 'saved state of key %r' % (key,),
+                  rtol=1e-4, atol=1e-6)
+    done('kv_sharded[%s] save' % DESIGN)
+
+
+def part_load(folder):
+    """Resume at this job's size from the states saved at another size, sharded and not."""
+    opt, params, dtype = OPTIMIZERS['adam']
+    expected = np.load(os.path.join(folder, 'expected.npz'))
+    expected = [expected['arr_%d' % i] for i in range(len(expected.files))]
+    for shard in (True, False):
+        kv = store(shard)
+        net = make_net(dtype)
+        net.load_parameters(os.path.join(folder, 'params'))
+        mpi_kvstore.broadcast_parameters(net.collect_params(), store=kv)
+        trainer = gluon.Trainer(net.collect_params(), opt, params, kvstore=kv,
+                                update_on_kvstore=True)
+        trainer.load_states(os.path.join(folder, 'states'))
+        steps(net, trainer, HALF, STEPS, dtype, SIZE)
+        for i, value in enumerate(weights(net)):
+            what = 'parameter %d resumed at %d ranks (shard_optimizer=%d)' % (i, SIZE, shard)
+            same_on_all_ranks(value, what)
+            close(value, expected[i], what, rtol=1e-4, atol=1e-5)
+        kv.close()
+    done('kv_sharded[%s] load' % DESIGN)
+
+
+def part_errors(folder):
+    kv = store(True)
+    # An optimizer whose update needs whole-weight norms is refused, and nothing changes.
+    expect_raises(ValueError, kv.set_optimizer, mx.optimizer.LAMB(), contains='LAMB')
+    assert kv._updater is None
+    # A state file of another model: refused at load, on every rank, store unchanged.
+    rng = np.random.RandomState(RANK)
+    kv.init('w', mx.nd.array(rng.uniform(size=(7, 5))))
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
+    other = mx.optimizer.get_updater(mx.optimizer.SGD(momentum=0.9))
+    other.states['w'] = mx.nd.zeros((6, 5))
+    path = os.path.join(folder, 'other_model.%d' % RANK)
+    with open(path, 'wb') as fh:
+        fh.write(other.get_states())
+    expect_raises(ValueError, kv.load_optimizer_states, path, contains="key 'w'")
+    # the store goes on: two pushes with momentum, checked against numpy
+    w = np.random.RandomState(0).uniform(size=(7, 5)).astype(np.float32)   # rank 0's init
+    mom = np.zeros_like(w)
+    out = mx.nd.zeros((7, 5))
+    for step in range(2):
+        grad = mx.nd.ones((7, 5)) * (RANK + step + 1)
+        kv.pushpull('w', grad, out=out)
+        total = sum(r + step + 1 for r in range(SIZE))
+        mom = 0.9 * mom - 0.5 * total
+        w = w + mom
+        close(out.asnumpy(), w, 'momentum step %d after a refused load' % step)
+    # Gradient compression with a sharded exchange: refused before anything is sent.
+    kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
+    expect_raises(mpi_kvstore.ConfigError, kv.pushpull, 'w', mx.nd.ones((7, 5)), out=out,
+                  contains='shard_optimizer')
+    kv.set_gradient_compression({'type': 'none'})
+    kv.pushpull('w', mx.nd.ones((7, 5)), out=out)
+    mom = 0.9 * mom - 0.5 * SIZE
+    close(out.asnumpy(), w + mom, 'a step after the refused compressed one')
+    kv.close()
+    done('kv_sharded[%s] errors' % DESIGN)
+
+
+def part_join():
+    """A rank that joined owns a share no one else updates: the weights' allgather is refused
+    with JoinError on the active ranks (not gathered with its stale share), and the job ends
+    cleanly."""
+    kv = store(True)
+    kv.init('w', mx.nd.ones((8, 3)))
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
+    out = mx.nd.zeros((8, 3))
+    if RANK == SIZE - 1:
+        last = kv.join()
+    else:
+        def step():   # blocking raises in the call, the engine designs at the wait
+            kv.pushpull('w', mx.nd.ones((8, 3)), out=out)
+            kv.wait()
+        expect_raises(mpi_kvstore.JoinError, step, contains='shard_optimizer')
+        last = kv.join()
+    assert last == SIZE - 2, last   # the active ranks issued the most (ties: the highest)
+    kv.close()
+    done('kv_sharded[%s] join' % DESIGN)
+
+
+if PART == 'train':
+    part_train()
+elif PART == 'save':
+    part_save(sys.argv[3])
+elif PART == 'load':
+    part_load(sys.argv[3])
+elif PART == 'join':
+    part_join()
+elif PART == 'errors':
+    part_errors(sys.argv[3])
+else:
+    raise SystemExit('unknown part %r' % PART)

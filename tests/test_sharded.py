@@ -1,0 +1,56 @@
+"""The sharded optimizer (shard_optimizer, issue 22) under mpiexec: 20 gluon steps with SGD +
+momentum and Adam, and float16 multi_precision pushpulls, equal an unsharded store and one
+process (numpy for float16) with 1/N of the optimizer state on each rank; states saved
+sharded at 2 ranks resume at 3 and 4, sharded and unsharded; Module and gluon's own
+scenarios with MPI_KVSTORE_SHARD_OPTIMIZER=1; bad input and join. Scenarios:
+scenarios/kv_sharded.py, kv_module.py, kv_gluon.py.
+"""
+import pytest
+
+from mpi_harness import run_mpi
+
+SHARDED = {'MPI_KVSTORE_SHARD_OPTIMIZER': '1'}
+
+
+def _ok(out, name, nprocs):
+    assert '%s: OK at %d ranks' % (name, nprocs) in out, out[-3000:]
+
+
+@pytest.mark.parametrize('design,nprocs', [('funneled', 2), ('funneled', 3), ('funneled', 4),
+                                           ('chained', 3), ('concurrent', 3),
+                                           ('blocking', 3)])
+def test_sharded_training_equals_unsharded_and_one_process(design, nprocs, mpi_available):
+    _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'train', timeout=240),
+        'kv_sharded[%s] train' % design, nprocs)
+
+
+def test_states_saved_sharded_resume_at_other_sizes_sharded_and_not(tmp_path, mpi_available):
+    _ok(run_mpi(2, 'kv_sharded.py', 'funneled', 'save', str(tmp_path), timeout=180),
+        'kv_sharded[funneled] save', 2)
+    _ok(run_mpi(3, 'kv_sharded.py', 'chained', 'load', str(tmp_path), timeout=180),
+        'kv_sharded[chained] load', 3)
+    _ok(run_mpi(4, 'kv_sharded.py', 'concurrent', 'load', str(tmp_path), timeout=180),
+        'kv_sharded[concurrent] load', 4)
+
+
+@pytest.mark.parametrize('design', ['funneled', 'chained'])
+def test_module_fit_sharded_equals_one_process(design, mpi_available):
+    _ok(run_mpi(3, 'kv_module.py', design, '1', timeout=180, env=SHARDED),
+        'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=1]' % design, 3)
+
+
+def test_gluon_scenario_sharded_equals_one_process(mpi_available):
+    _ok(run_mpi(3, 'kv_gluon.py', 'concurrent', timeout=180, env=SHARDED),
+        'kv_gluon[concurrent]', 3)
+
+
+@pytest.mark.parametrize('design', ['funneled', 'chained'])
+def test_bad_input_is_refused_and_the_store_goes_on(design, tmp_path, mpi_available):
+    _ok(run_mpi(2, 'kv_sharded.py', design, 'errors', str(tmp_path), timeout=120),
+        'kv_sharded[%s] errors' % design, 2)
+
+
+@pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent', 'blocking'])
+def test_a_join_refuses_the_weights_allgather(design, mpi_available):
+    _ok(run_mpi(3, 'kv_sharded.py', design, 'join', timeout=120),
+        'kv_sharded[%s] join' % design, 3)
