@@ -5,8 +5,8 @@
 
 For one float32 buffer of --mb MB of rank-seeded normal values, each codec exchanges it
 (compression.WireCast: fp16 and bf16 compressed once, fp16-ring and bf16-ring with every hop
-compressed), beside raw MPI_Allreduce: median time of interleaved rounds (the slowest
-rank's), and the error against the exact sum (a float64 MPI_Allreduce of the same values):
+compressed), beside raw MPI_Allreduce: median, min and max time of interleaved rounds (the
+slowest rank's), and the error against the exact sum (a float64 MPI_Allreduce of the same values):
 max and mean |error| over the values, and max |error| / sum |x_i|, whose bound is 2u for
 compress-once and N u for the ring (u: 2^-11 fp16, 2^-8 bf16). Rank 0 prints the table.
 """
@@ -51,9 +51,10 @@ def main():
     runs = {'raw MPI_Allreduce': lambda: comm.allreduce_host(buf, 'mpi')}
     for kind, codec in codecs.items():
         runs[kind] = lambda codec=codec: codec.exchange([Plain(buf)], comm)
-    # one untimed round to warm, then the median of the slowest rank's interleaved rounds
-    times = {name: harness.median(t) for name, t in
-             harness.interleaved(runs, args.trials, warmups=1, comm=comm.mpi).items()}
+    # one untimed round to warm, then the slowest rank's interleaved rounds
+    spreads = {name: harness.spread(t) for name, t in
+               harness.interleaved(runs, args.trials, warmups=1, comm=comm.mpi).items()}
+    times = {name: s['median'] for name, s in spreads.items()}
     rows = []
     for kind, codec in codecs.items():
         out = values.copy()
@@ -64,15 +65,20 @@ def main():
         bound = (n if kind.endswith('ring') else 2) * UNIT[kind[:4]]
         rows.append((kind, times[kind], float(error.max()), float(error.mean()), share, bound))
     if comm.rank == 0:
-        print(f'{args.mb:g} MB float32, {n} ranks, {args.trials} trials')
-        print('| codec | ms | x compress-once time | x raw MPI time | max abs error | '
+        print(f'{args.mb:g} MB float32, {n} ranks, {args.trials} interleaved trials; ms: median, '
+              'min, max; ratios of medians')
+        print('| codec | ms | min ms | max ms | x compress-once time | x raw MPI time | max abs error | '
               'mean abs error | max error / sum of abs | its bound |')
-        print('|---|---|---|---|---|---|---|---|')
+        print('|---|---|---|---|---|---|---|---|---|---|')
+
+        def ms(name):
+            s = spreads[name]
+            return f'{s["median"] * 1e3:.1f} | {s["min"] * 1e3:.1f} | {s["max"] * 1e3:.1f}'
         raw = times['raw MPI_Allreduce']
-        print(f'| raw MPI_Allreduce | {raw * 1e3:.1f} | - | 1.00 | 0 | 0 | 0 | - |')
+        print(f'| raw MPI_Allreduce | {ms("raw MPI_Allreduce")} | - | 1.00 | 0 | 0 | 0 | - |')
         for kind, t, emax, emean, share, bound in rows:
             once = times[kind.split('-')[0]]
-            print(f'| {kind} | {t * 1e3:.1f} | {t / once:.2f} | {t / raw:.2f} | {emax:.3g} | '
+            print(f'| {kind} | {ms(kind)} | {t / once:.2f} | {t / raw:.2f} | {emax:.3g} | '
                   f'{emean:.3g} | {share:.3g} | {bound:.3g} |')
         assert all(share <= bound * 1.01 for *_, share, bound in rows), 'an error over its bound'
     comm.free()

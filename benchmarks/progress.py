@@ -4,7 +4,9 @@ non-blocking collective polled with sleeps, alone and beside a compute thread.
     python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python -m benchmarks.progress
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.progress [--size 16M] [--polls 0,100,1000]
 
-Per mode, in one run (medians over --trials, the slowest rank):
+Per mode, in one run: --trials rounds, each running compute alone and every mode (its
+exchange alone, then both) once, in an order that rotates from round to round; medians, with
+min and max, of the slowest rank:
   compute alone       a fixed amount of numpy work (matmuls, which release the GIL) on a
                       thread of its own: the time the exchange could hide behind;
   exchange alone      Allreduce(IN_PLACE) of --size bytes; its wall time and the CPU time the
@@ -96,27 +98,39 @@ def main():
         took = timed(lambda: exchange(buf, None))[0]
         per = timed(lambda: compute(20))[0] / 20
         work = max(1, int(took / per))
-    compute_alone = np.median([timed(lambda: compute(work))[0] for _ in range(args.trials)])
-    rows = []
-    for name, poll in modes:
+    polls = dict(modes)
+    for poll in polls.values():
         exchange(buf, poll)   # warm
-        busy = []
-        alone = [timed(functools.partial(exchange, buf, poll), busy) for _ in range(args.trials)]
-        machine = sum(b for b, _ in busy) / sum(w for _, w in busy)
-        joint = [both(buf, poll, work)[0] for _ in range(args.trials)]
-        wall = float(np.median([a[0] for a in alone]))
-        cpu = float(np.median([a[1] for a in alone]))
-        together = float(np.median(joint))
-        rows.append((name, wall, cpu / wall, machine, together,
-                     1 - (together - compute_alone) / wall))
+    computed, busy = [], {name: [] for name in polls}
+    alone, joint = {name: [] for name in polls}, {name: [] for name in polls}
+    for r in range(args.trials):
+        for name in harness.rotation([None] + list(polls), r):
+            if name is None:
+                computed.append(timed(lambda: compute(work))[0])
+                continue
+            alone[name].append(timed(functools.partial(exchange, buf, polls[name]), busy[name]))
+            joint[name].append(both(buf, polls[name], work)[0])
+    compute_alone = harness.spread(computed)
+    rows = []
+    for name in polls:
+        machine = sum(b for b, _ in busy[name]) / sum(w for _, w in busy[name])
+        wall = harness.spread([a[0] for a in alone[name]])
+        cpu = float(np.median([a[1] for a in alone[name]]))
+        together = harness.spread(joint[name])
+        rows.append((name, wall, cpu / wall['median'], machine, together,
+                     1 - (together['median'] - compute_alone['median']) / wall['median']))
     if COMM.rank == 0:
-        print(f'{COMM.size} ranks, {harness.format_size(args.size)} per exchange, compute alone '
-              f'{compute_alone * 1e3:.1f} ms ({work} matmuls)')
-        print(f'{"mode":<12} {"exchange ms":>12} {"cpu/wall":>10} {"machine cores":>14} '
-              f'{"both ms":>10} {"hidden":>8}')
+        print(f'{COMM.size} ranks, {harness.format_size(args.size)} per exchange, {args.trials} '
+              f'interleaved rounds; compute alone {compute_alone["median"] * 1e3:.1f} ms '
+              f'(min {compute_alone["min"] * 1e3:.1f}, max {compute_alone["max"] * 1e3:.1f}; '
+              f'{work} matmuls); ms: median, min, max')
+        print(f'{"mode":<12} {"exchange ms":>12} {"min":>8} {"max":>8} {"cpu/wall":>9} '
+              f'{"machine cores":>14} {"both ms":>9} {"min":>8} {"max":>8} {"hidden":>7}')
         for name, wall, share, machine, together, hidden in rows:
-            print(f'{name:<12} {wall * 1e3:12.1f} {share:10.2f} {machine:14.2f} '
-                  f'{together * 1e3:10.1f} {hidden:8.2f}')
+            print(f'{name:<12} {wall["median"] * 1e3:12.1f} {wall["min"] * 1e3:8.1f} '
+                  f'{wall["max"] * 1e3:8.1f} {share:9.2f} {machine:14.2f} '
+                  f'{together["median"] * 1e3:9.1f} {together["min"] * 1e3:8.1f} '
+                  f'{together["max"] * 1e3:8.1f} {hidden:7.2f}')
 
 
 if __name__ == '__main__':

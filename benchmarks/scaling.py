@@ -416,6 +416,8 @@ class Run(harness.Run):
 DEFINITIONS = {
     'step_ms': "median over timed rounds of the slowest rank's step (forward, backward, "
                'trainer.step, mx.nd.waitall)',
+    'step_min_ms': "the fastest timed round's step (the slowest rank's), in ms",
+    'step_max_ms': "the slowest timed round's step (the slowest rank's), in ms",
     'spread_pct': 'interquartile range of the step times / their median: the noise',
     'images_per_s': 'images per step of all working ranks together / step time',
     'scaling_efficiency': 'images/s of N ranks / (N x images/s of `single`, one process alone)',
@@ -451,7 +453,9 @@ def derive(rows):
     for row in rows:
         step, spread = _stats(row['step_times_s'])
         alone = row['exchange_alone_times_s']
-        row.update(step_ms=step * 1e3, spread_pct=spread, images_per_s=row['images_per_step'] / step,
+        row.update(step_ms=step * 1e3, step_min_ms=min(row['step_times_s']) * 1e3,
+                   step_max_ms=max(row['step_times_s']) * 1e3,
+                   spread_pct=spread, images_per_s=row['images_per_step'] / step,
                    exchange_alone_ms=_stats(alone)[0] * 1e3 if alone else None)
         row['scaling_efficiency'] = (row['images_per_s'] / (row['ranks'] * single_rate)
                                      if single_rate else None)
@@ -490,12 +494,13 @@ def _model_header(name, entry, run):
             f'{info["batch_per_rank"]} per rank ({info["global_batch"]} global), '
             f'{info["gradient_arrays"]} gradient arrays, {harness.format_size(info["gradient_bytes"])} '
             f'in all; {info["global_batch"] // info["batch_per_rank"]} ranks, median of '
-            f'{run.args.trials} interleaved rounds '
+            f'{run.args.trials} interleaved rounds, their min and max '
             f'(each step the slowest rank)')
 
 
 def _row_text(row):
-    return (f'{row["config"]:<28}{row["step_ms"]:9.1f}{_cell(row["spread_pct"], ".0f", 8, "%")}'
+    return (f'{row["config"]:<28}{row["step_ms"]:9.1f}{row["step_min_ms"]:9.1f}{row["step_max_ms"]:9.1f}'
+            f'{_cell(row["spread_pct"], ".0f", 8, "%")}'
             f'{row["images_per_s"]:9.1f}{_cell(row["scaling_efficiency"], ".2f", 12)}'
             f'{_cell(row["vs_none"], ".2f", 8)}{_cell(row["overhead_pct"], "+.1f", 9, "%")}'
             f'{_cell(row["exchange_alone_ms"], ".1f", 15)}{_cell(row["hidden"], ".2f", 7)}')
@@ -505,7 +510,8 @@ def print_model(run, name):
     entry = run.models[name]
     derive(entry['rows'])
     harness.rank0_print(_model_header(name, entry, run))
-    harness.rank0_print(f'{"config":<28}{"step(ms)":>9}{"spread":>8}{"images/s":>9}{"scaling eff":>12}'
+    harness.rank0_print(f'{"config":<28}{"step(ms)":>9}{"min":>9}{"max":>9}{"spread":>8}{"images/s":>9}'
+                        f'{"scaling eff":>12}'
                         f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
     for row in entry['rows']:
         harness.rank0_print(_row_text(row))

@@ -5,7 +5,9 @@ against MPI's allreduce of the same bytes, with the busy time of the whole machi
 
 For the multi-host test bed (testbed/), where both "hosts" are network namespaces of one
 machine: /proc/stat then counts what both ranks and the kernel's network work cost
-together. Per mode, over --trials, the median wall time and the machine's busy core-ms:
+together. Per mode, over --trials interleaved rounds (each round runs every mode once, in an
+order that rotates from round to round), the wall time and the machine's busy core-ms,
+median, min and max:
   sockets       each rank sends --size bytes and receives --size bytes over one TCP
                 connection (a thread sends while the main thread receives): the least
                 a 2-rank allreduce of --size bytes must move, with no polling at all;
@@ -75,17 +77,24 @@ def sockets(conn, send, recv, add):
         np.add(recv.view(np.float32), send.view(np.float32), out=recv.view(np.float32))
 
 
-def measure(fn, trials):
+def once(fn):
+    """(wall seconds, machine busy core-seconds) of one fn(), between barriers; the wall the
+    same on both ranks (the slowest)."""
+    COMM.Barrier()
+    start_busy, start = harness.machine_busy(), time.perf_counter()
     fn()
-    walls, busy = [], []
-    for _ in range(trials):
-        COMM.Barrier()
-        start_busy, start = harness.machine_busy(), time.perf_counter()
+    COMM.Barrier()
+    wall = COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
+    return wall, harness.machine_busy() - start_busy
+
+
+def measure(modes, trials):
+    """{name: ([walls], [busy])} of {name: fn}: one untimed run of each, then `trials` rounds,
+    every mode once a round in harness.rotation's order."""
+    for fn in modes.values():
         fn()
-        COMM.Barrier()
-        walls.append(time.perf_counter() - start)
-        busy.append(harness.machine_busy() - start_busy)
-    return float(np.median(walls)), float(np.median(busy))
+    kept = harness.interleaved(modes, trials, time_one=lambda name, fn: once(fn))
+    return {name: ([w for w, _ in runs], [b for _, b in runs]) for name, runs in kept.items()}
 
 
 def main():
@@ -105,13 +114,18 @@ def main():
              ('mpi', lambda: COMM.Allreduce(MPI.IN_PLACE, buf)),
              ('mpi polled', lambda: wait_polling(COMM.Iallreduce(MPI.IN_PLACE, buf), 200,
                                                  PROGRESS_TESTS))]
-    rows = [(name,) + measure(fn, args.trials) for name, fn in modes]
+    timed = measure(dict(modes), args.trials)
     conn.close()
-    harness.rank0_print(f'{harness.format_size(count)} each way between 2 ranks, median of '
-                        f'{args.trials} trials')
-    harness.rank0_print(f'{"mode":<12} {"wall ms":>10} {"machine core-ms":>18} {"machine cores":>14}')
-    for name, wall, busy in rows:
-        harness.rank0_print(f'{name:<12} {wall * 1e3:10.1f} {busy * 1e3:18.0f} {busy / wall:14.2f}')
+    harness.rank0_print(f'{harness.format_size(count)} each way between 2 ranks, {args.trials} '
+                        'interleaved rounds: median, min and max of wall ms and of the machine\'s '
+                        'busy core-ms; machine cores = median core-ms / median wall ms')
+    harness.rank0_print(f'{"mode":<12} {"wall ms":>9} {"min":>8} {"max":>8} {"core-ms":>9} {"min":>7} '
+                        f'{"max":>7} {"machine cores":>14}')
+    for name, (walls, busy) in timed.items():
+        w, b = harness.spread(walls), harness.spread(busy)
+        harness.rank0_print(f'{name:<12} {w["median"] * 1e3:9.1f} {w["min"] * 1e3:8.1f} '
+                            f'{w["max"] * 1e3:8.1f} {b["median"] * 1e3:9.0f} {b["min"] * 1e3:7.0f} '
+                            f'{b["max"] * 1e3:7.0f} {b["median"] / w["median"]:14.2f}')
 
 
 if __name__ == '__main__':

@@ -318,6 +318,14 @@ def _fmt(value, spec, suffix=''):
     return '-' if value is None else format(value, spec) + suffix
 
 
+def _step_cell(row):
+    """'median (min-max)' of a row's step ms, over its timed rounds."""
+    times = row.get('step_times_s') or []
+    if row.get('step_ms') is None or not times:
+        return _fmt(row.get('step_ms'), '.0f')
+    return f'{row["step_ms"]:.0f} ({min(times) * 1e3:.0f}-{max(times) * 1e3:.0f})'
+
+
 def _config_order(names):
     """single, none, the stores in scaling.py's order, then anything else."""
     first = [n for n in ('single', 'none') if n in names]
@@ -332,8 +340,8 @@ def markdown(combined):
         lines += [(f'## {model}: batch {info["batch_per_rank"]} per rank, '
                   f'{info["gradient_bytes"] / 1e6:.1f} MB of gradients in {info["gradient_arrays"]} arrays'),
                   '',
-                  (f'Median of {config["steps"]} interleaved rounds after {config["warmups"]} warm-up '
-                  'rounds; each step the slowest rank. Cell: step ms / exchange alone ms / hidden '
+                  (f'Median (min-max) of {config["steps"]} interleaved rounds after {config["warmups"]} '
+                  'warm-up rounds; each step the slowest rank. Cell: step ms / exchange alone ms / hidden '
                   'share / the most any overlap could hide on these cores (hidden max: from the '
                   "machine's CPU, scaling.py) / step of `none` (compute only) divided by this "
                   'step.'), '']
@@ -358,7 +366,7 @@ def markdown(combined):
                     if row is None:
                         cells += ['-'] * 5
                         continue
-                    cells += [_fmt(row['step_ms'], '.0f'), _fmt(row['exchange_alone_ms'], '.0f'),
+                    cells += [_step_cell(row), _fmt(row['exchange_alone_ms'], '.0f'),
                               _fmt(row['hidden'], '+.2f'), _fmt(row.get('hidden_max'), '.2f'),
                               _fmt(row['vs_none'], '.2f', 'x')]
                 lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')

@@ -159,6 +159,7 @@ def test_scaling(mpi_available, tmp_path):
     assert 'horovod' in configs or 'horovod' in record['skipped']
     for row in entry['rows']:
         assert len(row['step_times_s']) == 2 and positive(row['step_ms']), row
+        assert row['step_min_ms'] <= row['step_ms'] <= row['step_max_ms'], row
         assert positive(row['images_per_s']), row
         if row['config'] not in ('single', 'none'):
             assert positive(row['exchange_alone_ms']), row
@@ -217,8 +218,10 @@ def test_profile_pushpull(mpi_available):
 def test_progress(mpi_available):
     out = mpirun(mpi_available, 'progress', '--size', '64K', '--polls', '0,100', '--trials', 2)
     rows = table(out, ['blocking', 'poll:0', 'poll:100'])
-    for name, (exchange_ms, cpu_share, _machine, both_ms, hidden) in rows.items():
+    for name, (exchange_ms, ex_min, ex_max, cpu_share, _machine, both_ms, both_min, both_max,
+               hidden) in rows.items():
         assert exchange_ms >= 0 and both_ms > 0 and cpu_share >= 0 and math.isfinite(hidden), name
+        assert ex_min <= exchange_ms <= ex_max and both_min <= both_ms <= both_max, name
     assert re.search(r'compute alone [\d.]+ ms', out)
 
 
@@ -229,9 +232,11 @@ def test_compressed_ring(mpi_available):
     rows = table(out, ['| raw MPI_Allreduce', *codecs])
     assert positive(rows['| raw MPI_Allreduce'][0])     # ms
     for name in codecs:
-        # ms, x compress-once, x raw, max |error|, mean |error|, max error / sum |x|, its bound
-        ms, _, _, max_error, _, share, bound = rows[name]
+        # ms (median, min, max), x compress-once, x raw, max |error|, mean |error|,
+        # max error / sum |x|, its bound
+        ms, ms_min, ms_max, _, _, max_error, _, share, bound = rows[name]
         assert ms >= 0 and max_error > 0 and 0 < share <= bound * 1.01, (name, rows[name])
+        assert ms_min <= ms <= ms_max, (name, rows[name])
 
 
 def test_overlap(mpi_available, tmp_path):
@@ -297,8 +302,9 @@ def test_tcp_cost(mpi_available):
             pytest.skip(f'no test bed ({WHY_NO_TESTBED}) and no global address to connect to')
         out = run([mpi_available, *launcher_flags(mpi_available), '-n', NPROCS, *args])
     rows = table(out, ['sockets', 'sockets+sum', 'mpi', 'mpi polled'])
-    for name, (wall_ms, core_ms, cores) in rows.items():
+    for name, (wall_ms, wall_min, wall_max, core_ms, core_min, core_max, cores) in rows.items():
         assert positive(wall_ms) and core_ms >= 0 and cores >= 0, name
+        assert wall_min <= wall_ms <= wall_max and core_min <= core_ms <= core_max, name
 
 
 @needs_testbed
