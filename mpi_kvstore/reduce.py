@@ -78,70 +78,81 @@ class Reducer:
         sum over the ranks (the mean with ``average``); the rest of the buffer is as it was.
 
         A bucket of several requests travels in one MPI_Reduce_scatter: every request's
-        share r is packed, in bucket order, into rank r's piece of one flat buffer.
+        share r is packed, in bucket order, into rank r's piece of one flat buffer. A
+        compressed bucket (a wire cast) sends 16-bit floats (WireCast.reduce_scatter).
+        Device buffers: the transports have no reduce-scatter yet, so they are allreduced
+        whole (twice the bytes; every share then holds its sum).
         """
         if self.size == 1:
             return
-        with _scope(bucket, comm) as device:
-            _zeros_in_place(bucket, device)
-            views = [r.buffer() for r in bucket]
-            if device is not None:   # the device transports have no reduce-scatter yet
-                for req, view in zip(bucket, views):
-                    comm.allreduce(view)
-                    self._average(req, view)
-                return
-            cuts = [pieces(v.size, self.size) for v in views]
-            counts = [sum(c[r] for c, _ in cuts) for r in range(self.size)]
-            if len(views) == 1:
-                send = views[0]
-            else:
-                send = self._pool(comm, 'send').get(views[0], sum(counts))
-                offset = 0
-                for r in range(self.size):
-                    for view, (c, d) in zip(views, cuts):
-                        send[offset:offset + c[r]] = view[d[r]:d[r] + c[r]]
-                        offset += c[r]
-            mine = self._pool(comm, 'share').get(views[0], counts[comm.rank])
-            comm.reduce_scatter(send, mine, counts)
-            self._average(bucket[0], mine)
-            offset, me = 0, comm.rank
-            for view, (c, d) in zip(views, cuts):
-                view[d[me]:d[me] + c[me]] = mine[offset:offset + c[me]]
-                offset += c[me]
+        if bucket[0].place != 'cpu':
+            self.allreduce(bucket, comm)
+            return
+        views = [r.buffer() for r in bucket]
+        cuts = [pieces(v.size, self.size) for v in views]
+        me = comm.rank
+        codec = bucket[0].codec   # fused requests share a dtype, hence a codec
+        if codec is not None:
+            failed = codec.reduce_scatter(bucket, comm)
+            for req, view, (c, d) in zip(bucket, views, cuts):
+                if req in failed:
+                    if req.error is None:
+                        self._fail(req, failed[req])
+                else:
+                    self._average(req, view[d[me]:d[me] + c[me]])
+            return
+        counts = [sum(c[r] for c, _ in cuts) for r in range(self.size)]
+        if len(views) == 1:
+            send = views[0]
+        else:
+            send = self._pool(comm, 'send').get(views[0], sum(counts))
+            offset = 0
+            for r in range(self.size):
+                for view, (c, d) in zip(views, cuts):
+                    send[offset:offset + c[r]] = view[d[r]:d[r] + c[r]]
+                    offset += c[r]
+        mine = self._pool(comm, 'share').get(views[0], counts[me])
+        comm.reduce_scatter(send, mine, counts)
+        self._average(bucket[0], mine)
+        offset = 0
+        for view, (c, d) in zip(views, cuts):
+            view[d[me]:d[me] + c[me]] = mine[offset:offset + c[me]]
+            offset += c[me]
 
     def allgather(self, bucket, comm):
         """Every rank's share (fusion.share) of each request's flat buffer into every rank's
         buffer: the inverse of :meth:`reduce_scatter`'s cut, one MPI_Allgatherv a bucket."""
         if self.size == 1:
             return
-        with _scope(bucket, comm) as device:
-            _zeros_in_place(bucket, device)
-            views = [r.buffer() for r in bucket]
-            me = comm.rank
-            cuts = [pieces(v.size, self.size) for v in views]
-            if device is not None:   # no device allgather yet: zeros but my share, summed
+        views = [r.buffer() for r in bucket]
+        me = comm.rank
+        cuts = [pieces(v.size, self.size) for v in views]
+        if bucket[0].place != 'cpu':   # no device allgather yet: zeros but my share, summed
+            with _scope(bucket, comm) as device:
+                _zeros_in_place(bucket, device)
+                views = [r.buffer() for r in bucket]
                 for view, (c, d) in zip(views, cuts):
                     share = view[d[me]:d[me] + c[me]].copy()
                     view[...] = 0
                     view[d[me]:d[me] + c[me]] = share
                     comm.allreduce(view)
-                return
-            if len(views) == 1:
-                comm.allgather_in_place(views[0], *cuts[0])
-                return
-            counts = [sum(c[r] for c, _ in cuts) for r in range(self.size)]
-            displs = [sum(counts[:r]) for r in range(self.size)]
-            flat = self._pool(comm, 'send').get(views[0], sum(counts))
-            offset = displs[me]
+            return
+        if len(views) == 1:
+            comm.allgather_in_place(views[0], *cuts[0])
+            return
+        counts = [sum(c[r] for c, _ in cuts) for r in range(self.size)]
+        displs = [sum(counts[:r]) for r in range(self.size)]
+        flat = self._pool(comm, 'send').get(views[0], sum(counts))
+        offset = displs[me]
+        for view, (c, d) in zip(views, cuts):
+            flat[offset:offset + c[me]] = view[d[me]:d[me] + c[me]]
+            offset += c[me]
+        comm.allgather_in_place(flat, counts, displs)
+        offset = 0
+        for r in range(self.size):
             for view, (c, d) in zip(views, cuts):
-                flat[offset:offset + c[me]] = view[d[me]:d[me] + c[me]]
-                offset += c[me]
-            comm.allgather_in_place(flat, counts, displs)
-            offset = 0
-            for r in range(self.size):
-                for view, (c, d) in zip(views, cuts):
-                    view[d[r]:d[r] + c[r]] = flat[offset:offset + c[r]]
-                    offset += c[r]
+                view[d[r]:d[r] + c[r]] = flat[offset:offset + c[r]]
+                offset += c[r]
 
     def _pool(self, comm, use):
         return self._pools.setdefault((id(comm), use), BufferPool())

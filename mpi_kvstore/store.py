@@ -223,11 +223,11 @@ class MPIKVStore(KVStoreBase):
         average = self._config.average
         sharded = [plan for plan in plans if plan.share is not None]
         if sharded:
-            if self._codec is not None or self._wire is not None:
+            if self._codec is not None:
                 raise ConfigError(
-                    'shard_optimizer: the gradients\' reduce-scatter cannot be compressed yet '
-                    '(gradient compression or compression=%s is set); use shard_optimizer=0 '
-                    'with compression, or compression=none' % self._config.compression)
+                    'shard_optimizer: the 2-bit gradient compression '
+                    '(set_gradient_compression) has no reduce-scatter; use compression=fp16 '
+                    'or bf16 (the store option) with shard_optimizer, or shard_optimizer=0')
             self._fit_states(sharded)
         reqs = []
         for plan in plans:

@@ -1,6 +1,7 @@
 """The sharded optimizer (shard_optimizer, issue 22) under mpiexec: 20 gluon steps with SGD +
 momentum and Adam, and float16 multi_precision pushpulls, equal an unsharded store and one
-process (numpy for float16) with 1/N of the optimizer state on each rank; states saved
+process (numpy for float16) with 1/N of the optimizer state on each rank; the fp16 and bf16
+wire casts reduce-scatter with compress-once's sums (numpy); states saved
 sharded at 2 ranks resume at 3 and 4, sharded and unsharded; Module and gluon's own
 scenarios with MPI_KVSTORE_SHARD_OPTIMIZER=1; bad input and join. Scenarios:
 scenarios/kv_sharded.py, kv_module.py, kv_gluon.py.
@@ -54,3 +55,9 @@ def test_bad_input_is_refused_and_the_store_goes_on(design, tmp_path, mpi_availa
 def test_a_join_refuses_the_weights_allgather(design, mpi_available):
     _ok(run_mpi(3, 'kv_sharded.py', design, 'join', timeout=120),
         'kv_sharded[%s] join' % design, 3)
+
+
+@pytest.mark.parametrize('design,nprocs', [('funneled', 3), ('chained', 2)])
+def test_compressed_reduce_scatter_is_compress_once(design, nprocs, mpi_available):
+    _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'compressed', timeout=240),
+        'kv_sharded[%s] compressed' % design, nprocs)

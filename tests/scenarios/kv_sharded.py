@@ -5,6 +5,7 @@ usage: kv_sharded.py DESIGN train
        kv_sharded.py DESIGN load DIR     (any number of ranks: resumes from DIR, sharded and
                                           unsharded, and checks DIR/expected.npz)
        kv_sharded.py DESIGN errors DIR
+       kv_sharded.py DESIGN compressed
        kv_sharded.py DESIGN join
 
 train: 20 gluon steps (update_on_kvstore) with SGD + momentum and with Adam: the sharded
@@ -280,7 +281,7 @@ def part_errors(folder):
         mom = 0.9 * mom - 0.5 * total
         w = w + mom
         close(out.asnumpy(), w, 'momentum step %d after a refused load' % step)
-    # Gradient compression with a sharded exchange: refused before anything is sent.
+    # 2-bit compression has no reduce-scatter: refused before anything is sent.
     kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
     expect_raises(mpi_kvstore.ConfigError, kv.pushpull, 'w', mx.nd.ones((7, 5)), out=out,
                   contains='shard_optimizer')
@@ -290,6 +291,48 @@ def part_errors(folder):
     close(out.asnumpy(), w + mom, 'a step after the refused compressed one')
     kv.close()
     done('kv_sharded[%s] errors' % DESIGN)
+
+
+def compress_once(grads, wire):
+    """numpy's compress-once sum: each rank's values / N as 16-bit floats, summed in float32
+    in rank order, rounded to 16 bits, times N."""
+    import ml_dtypes
+    kind = np.float16 if wire.startswith('fp16') else ml_dtypes.bfloat16
+    n = len(grads)
+    total = np.zeros(grads[0].shape, np.float32)
+    for g in grads:
+        total += (g.astype(np.float32) * np.float32(1.0 / n)).astype(kind).astype(np.float32)
+    return total.astype(kind).astype(np.float32) * np.float32(n)
+
+
+def part_compressed():
+    """compression=fp16 / bf16 (and the fp16 ring, whose reduce-scatter compresses once):
+    a sharded pushpull through SGD (lr 1) gives the weights minus numpy's compress-once sum,
+    and 20 gluon steps of the sharded store equal the unsharded compressed store's."""
+    shape = (11, 7)
+    grads = [np.sin(np.arange(77) * (r + 1)).reshape(shape).astype(np.float32) * 3
+             for r in range(SIZE)]
+    start = np.linspace(-2, 2, 77).reshape(shape).astype(np.float32)
+    for wire in ('fp16', 'bf16', 'fp16-ring'):
+        kv = store(True, compression=wire)
+        kv.init('w', mx.nd.array(start))
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
+        out = mx.nd.zeros(shape)
+        kv.pushpull('w', mx.nd.array(grads[RANK]), out=out)
+        close(out.asnumpy(), start - compress_once(grads, wire),
+              '%s: one sharded step vs numpy' % wire, rtol=1e-6, atol=1e-6)
+        kv.close()
+    for wire in ('fp16', 'bf16'):
+        sharded_kv, plain_kv = store(True, compression=wire), store(False, compression=wire)
+        sharded, _ = trained('sgd', sharded_kv)
+        plain, _ = trained('sgd', plain_kv)
+        for i, value in enumerate(sharded):
+            what = '%s: parameter %d' % (wire, i)
+            same_on_all_ranks(value, what)
+            close(value, plain[i], what + ', sharded vs unsharded', rtol=1e-5, atol=1e-6)
+        sharded_kv.close()
+        plain_kv.close()
+    done('kv_sharded[%s] compressed' % DESIGN)
 
 
 def part_join():
@@ -319,6 +362,8 @@ elif PART == 'save':
     part_save(sys.argv[3])
 elif PART == 'load':
     part_load(sys.argv[3])
+elif PART == 'compressed':
+    part_compressed()
 elif PART == 'join':
     part_join()
 elif PART == 'errors':
