@@ -53,6 +53,7 @@ else:
         local_rank,
         local_size,
         rank,
+        reducescatter,
         size,
     )
     from .gluon import DistributedTrainer, broadcast_parameters
@@ -62,7 +63,8 @@ else:
                'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError', 'CollectiveError',
                'UnknownKeyError', 'ArrayLayoutError', 'JoinError', 'DistributedTrainer',
                'broadcast_parameters', 'default_store',
-               'allreduce', 'allreduce_', 'allgather', 'allgather_object', 'broadcast',
+               'allreduce', 'allreduce_', 'allgather', 'allgather_object', 'reducescatter',
+               'broadcast',
                'broadcast_', 'broadcast_object', 'rank', 'size', 'local_rank', 'local_size']
 
     # mx.kv.create(name) looks the lower-cased name up here and calls the class

@@ -44,10 +44,11 @@ class Collective:
 
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig', 'place',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'done', 'priority', 'in_place', 'mirror', 'waiter', 'codec')
+                 'average', 'done', 'priority', 'in_place', 'mirror', 'waiter', 'codec',
+                 'unit')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
-                 average=False, priority=0, nbytes=None, sig=None, place=None):
+                 average=False, priority=0, nbytes=None, sig=None, place=None, unit=1):
         assert kind in KINDS
         self.seq = -1
         self.kind, self.key, self.fn = kind, key, fn
@@ -61,6 +62,11 @@ class Collective:
         self.root = root
         self.place = place_of(array) if place is None else place
         self.sig = signature(kind, key, dtype, self.shape, root, self.place) if sig is None else sig
+        # reducescatter and allgather: elements that stay in one share (fusion.pieces); part
+        # of the signature, since it decides how many elements each rank's share holds
+        self.unit = unit
+        if unit != 1:
+            self.sig = (self.sig * 31 + unit) % SIG_LIMIT
         self.view = self.scratch = self.completion = self.result = self.error = None
         self.average = average
         self.priority = priority

@@ -11,11 +11,13 @@ import mxnet as mx
 import numpy as np
 
 from .config import launcher_local_rank
+from .fusion import share
 from .mpiabi import MPI
 from .store import MPIKVStore
 
-__all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'broadcast', 'broadcast_',
-           'broadcast_object', 'allgather_object', 'rank', 'size', 'local_rank', 'local_size']
+__all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'reducescatter',
+           'broadcast', 'broadcast_', 'broadcast_object', 'allgather_object', 'rank', 'size',
+           'local_rank', 'local_size']
 
 _default = {}
 _lock = threading.Lock()
@@ -63,14 +65,42 @@ def allgather_object(obj, store=None):
     return _store(store).run_collective(lambda comm: comm.allgather(obj), 'allgather_object')
 
 
-def allgather(tensor, store=None):
-    """Concatenate every rank's tensor along axis 0 (first dimensions may differ)."""
+def allgather(tensor, name='allgather', store=None):
+    """Concatenate every rank's tensor along axis 0, in rank order (first dimensions may
+    differ). Ranks first learn each other's shapes (a small object collective); where they
+    are alike, as in training, the data moves in an allgather engine op (MPI_Allgatherv),
+    asynchronous like the store; otherwise as pickled arrays."""
+    store = _store(store)
+    shapes = allgather_object((tuple(tensor.shape), np.dtype(tensor.dtype).str), store)
+    if len(set(shapes)) == 1 and tensor.ndim > 0:
+        rows, unit = tensor.shape[0], int(np.prod(tensor.shape[1:], dtype=np.int64))
+        out = mx.nd.zeros((rows * len(shapes),) + tensor.shape[1:], ctx=tensor.context,
+                          dtype=tensor.dtype)
+        out[rows * store.rank:rows * (store.rank + 1)] = tensor
+        return store.array_collective('allgather', name, out, unit=unit)
+    trailing = {shape[1:] for shape, _ in shapes}
+    if len(trailing) != 1 or len({dtype for _, dtype in shapes}) != 1:
+        raise ValueError('allgather: ranks hold tensors of different trailing shapes or dtypes '
+                         '%s; only the first dimension may differ' % sorted(set(shapes)))
     parts = allgather_object(tensor.asnumpy(), store)
-    trailing = {p.shape[1:] for p in parts}
-    if len(trailing) != 1:
-        raise ValueError('allgather: ranks hold tensors with different trailing shapes %s'
-                         % sorted(trailing))
     return mx.nd.array(np.concatenate(parts), ctx=tensor.context, dtype=tensor.dtype)
+
+
+def reducescatter(tensor, average=False, name='reducescatter', store=None):
+    """Horovod's reducescatter: the sum (or mean) over ranks of ``tensor``, cut along axis 0
+    into near-equal parts in rank order (the first ``rows % size`` ranks get a row more);
+    returns this rank's part, a new NDArray. One MPI_Reduce_scatter in an engine op. Every
+    rank passes the same shape, with at least one row a rank."""
+    store = _store(store)
+    if tensor.ndim == 0 or tensor.shape[0] < store.num_workers:
+        raise ValueError('reducescatter: a tensor of shape %s cannot be cut along its first '
+                         'axis into %d parts: give it at least one row a rank'
+                         % (tensor.shape, store.num_workers))
+    unit = int(np.prod(tensor.shape[1:], dtype=np.int64))
+    summed = store.array_collective('reducescatter', name, tensor.copy(), average=average,
+                                    unit=unit)
+    start, stop = share(tensor.shape[0], store.num_workers, store.rank)
+    return summed[start:stop].copy()
 
 
 def _comm_store(store):

@@ -97,8 +97,10 @@ def share(count, width, index):
     return start, start + small + (index < extra)
 
 
-def pieces(count, width):
+def pieces(count, width, unit=1):
     """(counts, displacements) of ``count`` elements cut into ``width`` near-equal pieces,
-    the larger ones first (:func:`share`): a reduce-scatter's shares."""
-    bounds = [share(count, width, i) for i in range(width)]
-    return [stop - start for start, stop in bounds], [start for start, _ in bounds]
+    the larger ones first (:func:`share`): a reduce-scatter's shares. ``unit``: elements
+    that stay together (a row: Horovod's reducescatter cuts along the first axis)."""
+    bounds = [share(count // unit, width, i) for i in range(width)]
+    return ([(stop - start) * unit for start, stop in bounds],
+            [start * unit for start, _ in bounds])

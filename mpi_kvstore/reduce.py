@@ -89,7 +89,7 @@ class Reducer:
             self.allreduce(bucket, comm)
             return
         views = [r.buffer() for r in bucket]
-        cuts = [pieces(v.size, self.size) for v in views]
+        cuts = [pieces(v.size, self.size, r.unit) for r, v in zip(bucket, views)]
         me = comm.rank
         codec = bucket[0].codec   # fused requests share a dtype, hence a codec
         if codec is not None:
@@ -126,7 +126,7 @@ class Reducer:
             return
         views = [r.buffer() for r in bucket]
         me = comm.rank
-        cuts = [pieces(v.size, self.size) for v in views]
+        cuts = [pieces(v.size, self.size, r.unit) for r, v in zip(bucket, views)]
         if bucket[0].place != 'cpu':   # no device allgather yet: zeros but my share, summed
             with _scope(bucket, comm) as device:
                 _zeros_in_place(bucket, device)

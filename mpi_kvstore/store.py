@@ -412,19 +412,21 @@ class MPIKVStore(KVStoreBase):
         req.wait()
         self._errors.raise_pending()
 
-    def array_collective(self, kind, name, tensor, root=0, average=False):
+    def array_collective(self, kind, name, tensor, root=0, average=False, unit=1):
         """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
-        sum, or the mean with ``average``) or 'bcast' (root's value). The entry point of the
-        Horovod-style helpers (functional.py); ``name`` identifies the collective across
-        ranks, as a key does.
+        sum, or the mean with ``average``), 'bcast' (root's value), 'reducescatter' (this
+        rank's share of the flat tensor gets the sum, or the mean; shares are cut in whole
+        ``unit``s of elements, fusion.pieces) or 'allgather' (every share gets its owner's
+        values). The entry point of the Horovod-style helpers (functional.py); ``name``
+        identifies the collective across ranks, as a key does.
 
         The data travels through a staging buffer the store keeps per (name, shape, dtype,
         context), written and read by MXNet's own copy operator: user arrays (weights after
         an inference forward) may sit in an MKLDNN layout whose bytes are not row-major.
         """
-        if kind not in ('allreduce', 'bcast'):
-            raise ValueError("array_collective: kind must be 'allreduce' or 'bcast', not %r"
-                             % (kind,))
+        if kind not in _ARRAY_KINDS:
+            raise ValueError('array_collective: kind must be one of %s, not %r'
+                             % (', '.join(_ARRAY_KINDS), kind))
         if kind == 'bcast':
             self._check_root(root)
         self._begin()
@@ -435,7 +437,7 @@ class MPIKVStore(KVStoreBase):
                                                           dtype=tensor.dtype)
         tensor.copyto(buf)
         req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
-                         average=average)
+                         average=average, unit=unit)
         self._submit([req], 0)
         buf.copyto(tensor)
         return tensor
@@ -488,6 +490,7 @@ class MPIKVStore(KVStoreBase):
         return '<MPIKVStore design=%s rank=%d/%d>' % (self.design, self._rank, self._size)
 
 
+_ARRAY_KINDS = ('allreduce', 'bcast', 'reducescatter', 'allgather')
 _LIVE = weakref.WeakSet()
 _exit_lock = threading.Lock()
 

@@ -95,7 +95,7 @@ class WireCast:
             except Exception as err:
                 failed[req] = err
                 views.append(None)
-            cuts.append(pieces(req.nbytes // req.dtype.itemsize, n))
+            cuts.append(pieces(req.nbytes // req.dtype.itemsize, n, req.unit))
         counts = [sum(c[r] for c, _ in cuts) for r in range(n)]
         chunk = max(counts)
         send = np.zeros((n, chunk), np.uint16)

@@ -20,15 +20,17 @@ def describe(req):
     """Everything a joined rank needs to run the same collective and plan the same buckets."""
     dtype = req.dtype.str if req.dtype is not None else ''
     return (req.seq, req.kind, req.key, dtype, req.shape, req.nbytes, req.root, req.average,
-            req.priority, req.sig, req.codec.spec if req.codec is not None else None, req.place)
+            req.priority, req.sig, req.codec.spec if req.codec is not None else None, req.place,
+            req.unit)
 
 
 def mirror(meta):
     """A joined rank's stand-in for an active rank's request."""
-    seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place = meta
+    seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place, unit = meta
     dtype = np.dtype(dtype) if dtype else None
     req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
                      nbytes=nbytes, sig=sig, place=place)   # planned as the others plan it
+    req.unit = unit   # after the signature: sig is the active rank's, unit already in it
     req.seq, req.mirror, req.codec = seq, True, compression.from_spec(codec)
     if dtype is not None:
         req.view = np.zeros(nbytes // dtype.itemsize, dtype=dtype)
