@@ -12,7 +12,8 @@ from .collective import Collective, place_of, signature
 from .errors import UnknownKeyError
 from .fusion import share
 
-__all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request', 'fill']
+__all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request', 'fill',
+           'note_weights']
 
 
 def same_array(a, b):
@@ -193,8 +194,7 @@ class KeyTable:
                 self.updater(state.key, grad, weight)
             else:
                 self.updater(state.key, source, state.value)
-            if not state.weights:  # those of the broadcast that gave the weights come first
-                state.weights = plan.targets
+            note_weights(plan)
             if plan.share is not None:
                 return
             source = state.value
@@ -202,6 +202,13 @@ class KeyTable:
             source.copyto(state.stored())
             return
         fill(plan, source)
+
+
+def note_weights(plan):
+    """The arrays a store's optimizer writes a key's weights into (join() syncs them);
+    those of the broadcast that gave the weights come first."""
+    if not plan.state.weights:
+        plan.state.weights = plan.targets
 
 
 def fill(plan, source):

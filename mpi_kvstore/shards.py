@@ -18,11 +18,12 @@ import numpy as np
 
 from .fusion import share
 
-__all__ = ['refuse', 'fit', 'gather', 'check_sizes']
+__all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'LambShare']
 
 # Optimizers whose update of one weight reads norms over the whole weight (layer-wise
-# trust ratios): a share's norm is not the weight's, so a sharded update would differ.
-_WHOLE_WEIGHT = ('LAMB', 'LARS', 'LANS')
+# trust ratios): a share's norm is not the weight's. LAMB's are summed over the ranks
+# (LambShare); these have no sharded update.
+_WHOLE_WEIGHT = ('LARS', 'LANS')
 
 
 def refuse(optimizer):
@@ -30,10 +31,77 @@ def refuse(optimizer):
     name = type(optimizer).__name__
     if name in _WHOLE_WEIGHT:
         return ('shard_optimizer: %s scales each weight\'s update by norms over the whole '
-                'weight, which a rank holding a share of it cannot compute alone; use '
-                'shard_optimizer=0 with %s, or an elementwise optimizer (SGD, NAG, Adam, '
-                'RMSProp, AdaGrad, ...)' % (name, name))
+                'weight, which the store computes over shares only for LAMB; use '
+                'shard_optimizer=0 with %s, or LAMB, or an elementwise optimizer (SGD, NAG, '
+                'Adam, RMSProp, AdaGrad, ...)' % (name, name))
     return None
+
+
+def needs_norms(optimizer):
+    """The sharded update of ``optimizer`` needs the whole weight's norms (LambShare)."""
+    return type(optimizer).__name__ == 'LAMB'
+
+
+class LambShare:
+    """MXNet's LAMB update (optimizer.LAMB, one weight at a time) of this rank's share:
+    phase 1 as MXNet runs it, then the norms of the weight and of the update over the
+    whole weight, as the square root of the shares' squared norms summed over the ranks
+    (``squares``, a 2-element array the store allreduces), then phase 2 with them.
+
+    ``LambShare(updater, key, weight, grad)`` queues phase 1 and the squares; the caller
+    allreduces ``squares`` and calls :meth:`finish`.
+    """
+
+    def __init__(self, updater, key, weight, grad):
+        opt = updater.optimizer
+        if key not in updater.states:
+            updater.states[key] = opt.create_state_multi_precision(key, weight)
+            updater.states_synced[key] = True
+        elif not updater.states_synced.get(key, True):
+            updater.states[key] = updater.sync_state_context(updater.states[key],
+                                                             weight.context)
+            updater.states_synced[key] = True
+        state = updater.states[key]
+        self._mp = opt.multi_precision and weight.dtype == np.float16
+        opt._update_count(key)
+        self._lr, wd = opt._get_lr(key), opt._get_wd(key)
+        kwargs = {'beta1': opt.beta1, 'beta2': opt.beta2, 'epsilon': opt.epsilon,
+                  'bias_correction': opt.bias_correction, 'rescale_grad': opt.rescale_grad,
+                  't': opt._index_update_count[key], 'wd': wd}
+        if opt.clip_gradient:
+            kwargs['clip_gradient'] = opt.clip_gradient
+        self._bounds = {name: getattr(opt, name) for name in ('lower_bound', 'upper_bound')
+                        if getattr(opt, name)}
+        self._weight = weight
+        if self._mp:
+            self._weight32 = state[0]
+            mean, var = state[1]
+            self._g = mx.nd.mp_lamb_update_phase1(weight, grad, mean, var, self._weight32,
+                                                  **kwargs)
+            measured = self._weight32
+        else:
+            mean, var = state
+            self._g = mx.nd.lamb_update_phase1(weight, grad, mean, var, **kwargs)
+            measured = weight
+        self.squares = mx.nd.concat(mx.nd.sum(mx.nd.square(measured.astype('float32')))
+                                    .reshape((1,)),
+                                    mx.nd.sum(mx.nd.square(self._g.astype('float32')))
+                                    .reshape((1,)), dim=0)
+
+    def finish(self):
+        """Phase 2 with the whole weight's norms (after ``squares`` was summed over ranks)."""
+        norms = mx.nd.sqrt(self.squares)
+        r_1, r_2 = norms[0:1], norms[1:2]
+        if self._mp:
+            # MXNet 1.9.1's mp_lamb_update_phase2 writes the float16 weight but leaves the
+            # float32 master weights as they were (its multi-tensor LAMB, which Updater runs,
+            # updates both): update the master weights, then cast them into the weight.
+            mx.nd.lamb_update_phase2(self._weight32, self._g, r_1, r_2, lr=self._lr,
+                                     out=self._weight32, **self._bounds)
+            mx.nd.cast(self._weight32, dtype=self._weight.dtype, out=self._weight)
+        else:
+            mx.nd.lamb_update_phase2(self._weight, self._g, r_1, r_2, lr=self._lr,
+                                     out=self._weight, **self._bounds)
 
 
 def _leaves(state):

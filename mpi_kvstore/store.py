@@ -19,7 +19,7 @@ from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
 from .errors import ConfigError, MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
-from .keys import CallCache, KeyTable, fill, request, same_array
+from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
 from .timeline import Timeline
 
@@ -239,8 +239,21 @@ class MPIKVStore(KVStoreBase):
             for req in reqs:
                 self._compress(req)
         self._submit(reqs, priority)
+        lamb = sharded and shards.needs_norms(self._updater.optimizer)
+        norms = []
         for plan in plans:
-            self._keys.deliver(plan)
+            if lamb and plan.share is not None:
+                norms.append(shards.LambShare(self._updater, plan.state.key, plan.views[1],
+                                              plan.views[0]))
+                note_weights(plan)
+            else:
+                self._keys.deliver(plan)
+        if norms:   # LAMB's norms over the whole weights: the shares' squares, summed
+            self._submit([Collective('allreduce', ('__lamb_norms__', plan.state.key),
+                                     np.dtype('float32'), (2,), array=share.squares)
+                          for plan, share in zip(sharded, norms)], priority)
+            for share in norms:
+                share.finish()
         if sharded:
             self._submit([request('allgather', plan.state, plan.state.value, place=plan.place)
                           for plan in sharded], priority)

@@ -1,5 +1,5 @@
 """The sharded optimizer (shard_optimizer, issue 22) under mpiexec: 20 gluon steps with SGD +
-momentum and Adam, and float16 multi_precision pushpulls, equal an unsharded store and one
+momentum, Adam and LAMB, and float16 multi_precision pushpulls (SGD, LAMB), equal an unsharded store and one
 process (numpy for float16) with 1/N of the optimizer state on each rank; the fp16 and bf16
 wire casts reduce-scatter with compress-once's sums (numpy); states saved
 sharded at 2 ranks resume at 3 and 4, sharded and unsharded; Module and gluon's own

@@ -8,7 +8,7 @@ usage: kv_sharded.py DESIGN train
        kv_sharded.py DESIGN compressed
        kv_sharded.py DESIGN join
 
-train: 20 gluon steps (update_on_kvstore) with SGD + momentum and with Adam: the sharded
+train: 20 gluon steps (update_on_kvstore) with SGD + momentum, Adam and LAMB: the sharded
 store's weights equal the unsharded store's and one process's on the whole batch, and each
 rank holds 1/N of the optimizer state (numpy's array_split of every key, the keys of fewer
 elements than ranks whole). Then float16 weights with multi_precision SGD through pushpull
@@ -32,6 +32,8 @@ GLOBAL, STEPS = 12, 20    # a global batch of 12 splits evenly over 2, 3 and 4 r
 OPTIMIZERS = {
     'sgd': ('sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4}, 'float32'),
     'adam': ('adam', {'learning_rate': 0.01, 'wd': 1e-4}, 'float32'),
+    # LAMB's trust ratio needs the whole weight's norms: summed over the shares
+    'lamb': ('lamb', {'learning_rate': 0.01, 'wd': 1e-4}, 'float32'),
 }
 
 
@@ -107,9 +109,10 @@ def expected_elements(net_weights, per_weight):
     return total
 
 
-def multi_precision(shard):
-    """20 pushpulls of float16 gradients into float16 weights, SGD with momentum on float32
-    master weights; -> (weights of every step, elements of optimizer state)."""
+def multi_precision(shard, optimizer=None):
+    """20 pushpulls of float16 gradients into float16 weights, SGD with momentum (or
+    ``optimizer``) on float32 master weights; -> (weights of every step, elements of
+    optimizer state)."""
     kv = store(shard)
     shapes = {'a': (9, 7), 'b': (3,)}
     outs = {}
@@ -117,7 +120,8 @@ def multi_precision(shard):
         kv.init(key, mx.nd.array(np.linspace(-1, 1, np.prod(shape)).reshape(shape),
                                  dtype='float16'))
         outs[key] = mx.nd.zeros(shape, dtype='float16')
-    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, multi_precision=True))
+    kv.set_optimizer(optimizer or mx.optimizer.SGD(learning_rate=0.1, momentum=0.9,
+                                                   multi_precision=True))
     seen = []
     for step in range(STEPS):
         for key, shape in shapes.items():
@@ -164,6 +168,16 @@ def part_multi_precision():
         raise AssertionError('rank %d: multi_precision: %d elements of state, expected %d'
                              % (RANK, elements, want))
     assert SIZE == 1 or elements < unsharded, (elements, unsharded)
+    # LAMB with float16 weights: its float32 master weights' norm, summed over shares
+    lamb = dict(learning_rate=0.05, wd=1e-3, multi_precision=True)
+    sharded, _ = multi_precision(True, mx.optimizer.LAMB(**lamb))
+    plain, _ = multi_precision(False, mx.optimizer.LAMB(**lamb))
+    for step in range(STEPS):
+        for key in plain[step]:
+            what = 'float16 LAMB key %r, step %d' % (key, step)
+            same_on_all_ranks(sharded[step][key], what)
+            close(sharded[step][key], plain[step][key], what + ', sharded vs unsharded',
+                  rtol=1e-3, atol=1e-3)
 
 
 def part_train():
@@ -181,7 +195,7 @@ def part_train():
             close(value, plain[i], what + ', sharded vs unsharded store', **tol)
             close(value, ref[i], what + ', sharded vs one process', **tol)
         # momentum: one array a weight; Adam: two
-        per_weight = {'sgd': 1, 'adam': 2}[name]
+        per_weight = {'sgd': 1, 'adam': 2, 'lamb': 2}[name]
         got, want = state_elements(sharded_kv), expected_elements(sharded, per_weight)
         if got != want:
             raise AssertionError('rank %d: %s: %d elements of optimizer state, expected %d'
@@ -258,7 +272,7 @@ def part_load(folder):
 def part_errors(folder):
     kv = store(True)
     # An optimizer whose update needs whole-weight norms is refused, and nothing changes.
-    expect_raises(ValueError, kv.set_optimizer, mx.optimizer.LAMB(), contains='LAMB')
+    expect_raises(ValueError, kv.set_optimizer, mx.optimizer.LARS(), contains='LARS')
     assert kv._updater is None
     # A state file of another model: refused at load, on every rank, store unchanged.
     rng = np.random.RandomState(RANK)
