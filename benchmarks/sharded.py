@@ -1,0 +1,624 @@
+"""The sharded optimizer (shard_optimizer, issue 22) side by side with the unsharded store.
+
+    mpiexec -n 4 python -m benchmarks.sharded [--model resnet50_v1] [--optimizer adam]
+        [--configs unsharded,sharded,sharded+bf16] [--rounds 5] [--chain 3] [--warmups 1]
+        [--design D] [--topology LABEL] [--out DIR]
+    mpiexec -n 4 python -m benchmarks.sharded --rss-only sharded [same options]
+    python -m benchmarks.sharded --launch 'mpiexec -n 4' [same options]
+    python -m testbed run --hosts 2 --rate 1gbit -n 2 --timeout 900 -- \\
+        python -m benchmarks.sharded --topology "2 hosts x 1 rank, 1gbit"
+
+The workload is gpu_like's model (a model zoo net's parameters, ResNet-50 v1 by default,
+whose layers sleep on the engine: compute takes wall time, not CPU), trained by
+gluon.Trainer with the optimizer in the store (update_on_kvstore=True), Adam by default.
+Every configuration (--configs) is a store of its own with a model of its own, all created
+before anything is timed:
+
+  unsharded     shard_optimizer=0: allreduce the gradients, every rank updates every weight
+                with the whole optimizer state;
+  sharded       shard_optimizer=1: reduce-scatter the gradients, update this rank's share of
+                every weight with its share of the state, allgather the weights;
+  sharded+bf16  sharded with compression=bf16: the reduce-scatter sends bfloat16 (the
+                allgather stays exact float32); sharded+fp16 likewise with float16.
+
+Timing, in rounds (--warmups untimed, then --rounds timed): in each round every
+configuration makes one run of --chain training steps (gpu_like._train: no waitall between
+steps), in an order that rotates from round to round (harness.interleaved), so load that
+drifts hits every configuration alike. A step's time is the run's, on its slowest rank, over
+--chain; the table gives min / median / max over the rounds, the ratio of medians to
+unsharded's, and the per-round ratios (both runs of a round share its load).
+
+Per configuration, besides the step:
+
+  state MB/rank  the optimizer state this rank holds: nbytes of every NDArray in the store's
+                 updater states (kv._updater.states, tuples recursed), the largest over ranks
+                 (shares are numpy's array_split cut of each key, larger ones first; keys of
+                 fewer elements than ranks are whole);
+  wire MB/step   bytes each rank sends a step in the ring model, from the gradient sizes G:
+                 allreduce 2(N-1)/N G; reduce-scatter (N-1)/N G + allgather (N-1)/N G, the
+                 same; with a 16-bit wire the reduce-scatter half of that;
+  RSS MB/rank    VmRSS of /proc/self/status, largest over ranks, after training: configurations
+                 in one process share its memory (and MXNet's pooled allocator keeps what it
+                 freed), so RSS comes from a job of its own per configuration: --rss-only
+                 CONFIG trains that configuration alone (--warmups + --rounds runs) and writes
+                 its RSS (and VmHWM, and the RSS of the model before any store existed) to a
+                 JSON; --rss-files gives the timed job those files, and --launch PREFIX runs
+                 it all without mpiexec: one --rss-only job per configuration, then the timed
+                 job, each started as PREFIX python -m benchmarks.sharded ..., each under a
+                 timeout. Without --rss-files the RSS column is empty.
+
+Checks, after the rounds (a failed check is printed in the table and the job exits 1, so a
+broken run cannot pass off its figures): every configuration's weights are the same on
+every rank (a digest of every parameter, allgathered); every element of every trained weight
+equals MXNet's own optimizer run on one-element arrays with the same summed gradients
+(gpu_like's gradients are constant per parameter): float32 tolerance, a loose one (1e-2) for
+16-bit wires; sharded weights equal unsharded ones within the same tolerances; a sharded
+rank's state is exactly its share of unsharded's (the sum over keys of its array_split share
+times the state arrays a key has).
+
+Rank 0 prints the table and writes a JSON (harness.Run: versions, argv, command, date,
+interleaved=true) to --out, default benchmarks/results/sharded/.
+"""
+import argparse
+import collections
+import functools
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from benchmarks import harness
+
+CONFIGS = {
+    'unsharded': {'shard_optimizer': False},
+    'sharded': {'shard_optimizer': True},
+    'sharded+bf16': {'shard_optimizer': True, 'compression': 'bf16'},
+    'sharded+fp16': {'shard_optimizer': True, 'compression': 'fp16'},
+}
+DEFAULT_CONFIGS = 'unsharded,sharded,sharded+bf16'
+# The optimizers offered, with what they get besides the learning rate: each has state
+# (SGD and NAG with momentum), and updates elementwise (LAMB and LARS are refused sharded).
+OPTIMIZERS = {'adam': {}, 'sgd': {'momentum': 0.9}, 'nag': {'momentum': 0.9},
+              'rmsprop': {}, 'adagrad': {}}
+STEPS = {'warmups': 1, 'trials': 5}         # untimed and timed rounds
+DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'sharded')
+TOLERANCE = {'exact': {'rtol': 1e-5, 'atol': 1e-6}, '16bit': {'rtol': 1e-2, 'atol': 1e-2}}
+MB = 1 << 20
+DRIVER_GRACE = 120                          # s a launched job gets beyond --timeout
+
+
+def configs(text):
+    chosen = harness.names(text)
+    unknown = [c for c in chosen if c not in CONFIGS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f'unknown configuration(s) {unknown}: use some of '
+                                         f'{", ".join(CONFIGS)}')
+    return chosen
+
+
+def _driver_args(argv):
+    """The options the driver (--launch) reads itself, without MPI or gpu_like (which would
+    start MPI in the process that runs mpiexec)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument('--launch', default=None)
+    parser.add_argument('--configs', type=configs, default=configs(DEFAULT_CONFIGS))
+    parser.add_argument('--out', default=DEFAULT_OUT)
+    parser.add_argument('--timeout', type=float, default=900.0)
+    return parser.parse_known_args(argv)[0]
+
+
+def parse_args(argv=None):
+    from benchmarks import gpu_like  # imports MPI: not in the driver
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     conflict_handler='resolve')
+    gpu_like.add_workload_args(parser)
+    # gpu_like's --optimizer offers SGD without state; here the state is the point.
+    parser.add_argument('--optimizer', default='adam', choices=sorted(OPTIMIZERS),
+                        help='the store\'s optimizer (default adam; sgd and nag with momentum 0.9)')
+    parser.add_argument('--lr', type=float, default=0.01, help='learning rate (default 0.01)')
+    parser.add_argument('--configs', type=configs, default=configs(DEFAULT_CONFIGS),
+                        help=f'comma-separated, of {", ".join(CONFIGS)} (default {DEFAULT_CONFIGS})')
+    parser.add_argument('--design', default=None,
+                        help="every store's design, options after '+' (default: the default)")
+    parser.add_argument('--topology', default=None,
+                        help='a free label for the table, e.g. "2 hosts x 1 rank, 1gbit"')
+    harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS,
+                            timeout=900.0,
+                            timeout_help='seconds the whole job may take before it is ended '
+                                         '(default 900)')
+    parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
+    parser.add_argument('--rss-only', default=None, choices=list(CONFIGS),
+                        help='train this configuration alone and write its RSS per rank')
+    parser.add_argument('--rss-json', default=None,
+                        help='with --rss-only: the JSON to write (default: in --out)')
+    parser.add_argument('--rss-files', default=None,
+                        help='comma-separated JSONs of --rss-only jobs, for the RSS column')
+    parser.add_argument('--launch', default=None,
+                        help="run without mpiexec: PREFIX (e.g. 'mpiexec -n 4') starts one "
+                             '--rss-only job per configuration, then the timed job')
+    args = harness.resolve_quick(parser.parse_args(argv), STEPS)
+    if args.chain < 1:
+        raise SystemExit('--chain must be >= 1')
+    return args
+
+
+# ---------------------------------------------------------------- the configurations
+
+class Config:
+    """One configuration: its store, model and trainer; what the checks found."""
+
+    def __init__(self, name, kv, model, trainer):
+        self.name, self.kv, self.model, self.trainer = name, kv, model, trainer
+        self.runs = 0          # runs of --chain steps trained so far
+        self.check = None      # 'ok' or why not, once checked
+
+
+def optimizer_params(args):
+    return dict(OPTIMIZERS[args.optimizer], learning_rate=args.lr)
+
+
+def make_config(args, plan_, name, index):
+    """Collective: a store with `name`'s options, a model of its own (parameters apart from
+    every other configuration's) and a gluon.Trainer updating on the store."""
+    from mxnet import gluon
+
+    import mpi_kvstore
+    from benchmarks import gpu_like
+    model = gpu_like.GPULikeModel(plan_, prefix=f'{plan_.model}_{index}_')
+    model.initialize()
+    kv, why = harness.create_store(args.design, args.timeout, **CONFIGS[name])
+    if kv is None:
+        raise SystemExit(f'{name}: no store: {why}')
+    mpi_kvstore.broadcast_parameters(model.collect_params(), store=kv)
+    trainer = gluon.Trainer(model.collect_params(), args.optimizer, optimizer_params(args),
+                            kvstore=kv, update_on_kvstore=True)
+    return Config(name, kv, model, trainer)
+
+
+def train_run(args, config, comm):
+    """One run of --chain steps: seconds a step, the slowest rank's (gpu_like._train)."""
+    from benchmarks import gpu_like
+    one = argparse.Namespace(warmups=0, trials=1, chain=args.chain, batch=args.batch)
+    seconds = gpu_like._train(one, config.model, config.trainer, comm)['wall_s'][0]
+    config.runs += 1
+    return seconds
+
+
+def _leaves(state):
+    import mxnet as mx
+    if isinstance(state, mx.nd.NDArray):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [leaf for item in state for leaf in _leaves(item)]
+    return []
+
+
+def state_bytes(kv):
+    """Bytes of optimizer state this rank's store holds: every NDArray of every key's state."""
+    import numpy as np
+    updater = kv._updater
+    if updater is None:
+        return 0
+    return sum(leaf.size * np.dtype(leaf.dtype).itemsize
+               for state in updater.states.values() for leaf in _leaves(state))
+
+
+def expected_share_bytes(kv_whole, nranks, rank):
+    """The bytes a sharded rank should hold, from an unsharded store's whole states: every
+    key's arrays cut to this rank's share (fusion.share), keys of fewer elements than ranks
+    whole."""
+    import numpy as np
+
+    from mpi_kvstore.fusion import share
+    total = 0
+    for state in kv_whole._updater.states.values():
+        for leaf in _leaves(state):
+            count = leaf.size
+            start, stop = share(count, nranks, rank) if count >= nranks else (0, count)
+            total += (stop - start) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def wire_bytes(name, plan_, nranks):
+    """Bytes a rank sends a step in the ring model (the docstring), from the gradient sizes."""
+    grads = plan_.grad_bytes
+    part = (nranks - 1) / nranks * grads
+    if not CONFIGS[name]['shard_optimizer']:
+        return 2 * part
+    scatter = part / 2 if CONFIGS[name].get('compression') else part
+    return scatter + part
+
+
+def rss():
+    """{'VmRSS': MB, 'VmHWM': MB} of this process (/proc/self/status)."""
+    found = {}
+    with open('/proc/self/status') as status:
+        for line in status:
+            key, _, value = line.partition(':')
+            if key in ('VmRSS', 'VmHWM'):
+                found[key] = int(value.split()[0]) * 1024 / MB
+    return found
+
+
+# ---------------------------------------------------------------- checks
+
+def reference_weights(args, plan_, nranks, runs):
+    """{parameter index: the value every element of that trained weight should hold}:
+    MXNet's optimizer (as the Trainer makes it) on one-element arrays, fed each step's
+    gradient summed over ranks as the store sums it (float32, rank order), `runs` runs of
+    --chain steps (gpu_like._train numbers each run's steps from 0)."""
+    import mxnet as mx
+    import numpy as np
+
+    from benchmarks import gpu_like
+    optimizer = mx.optimizer.create(args.optimizer, **optimizer_params(args))
+    optimizer.rescale_grad = 1.0 / (args.batch * nranks)     # Trainer.step(batch * ranks)
+    updater = mx.optimizer.get_updater(optimizer)
+    expected = {}
+    for index, spec in enumerate(plan_.params):
+        if spec.grad_req == 'null':
+            continue
+        weight = mx.nd.array([gpu_like.initial_value(index)], dtype='float32')
+        for _ in range(runs):
+            for step in range(args.chain):
+                summed = np.float32(0)
+                for r in range(nranks):
+                    summed = np.float32(summed + np.float32(gpu_like.grad_unit(index)
+                                                            * gpu_like.step_scale(step, r)))
+                updater(index, mx.nd.array([summed], dtype='float32'), weight)
+        expected[index] = float(weight.asnumpy()[0])
+    return expected
+
+
+def _tolerance(name):
+    return TOLERANCE['16bit' if CONFIGS[name].get('compression') else 'exact']
+
+
+def weights_of(config):
+    return [p.data().asnumpy() for p in config.model.collect_params().values()]
+
+
+def check_config(config, reference, plan_, comm):
+    """Collective: 'ok', or why `config`'s weights are wrong, the same on every rank."""
+    import numpy as np
+    config.kv.wait()
+    weights = weights_of(config)
+    digest = hashlib.blake2b(digest_size=16)
+    for w in weights:
+        digest.update(np.ascontiguousarray(w).tobytes())
+    digests = comm.allgather(digest.hexdigest())
+    error = None
+    if len(set(digests)) != 1:
+        error = f'weights differ across ranks (digests {digests})'
+    else:
+        tol = _tolerance(config.name)
+        for index, (spec, w) in enumerate(zip(plan_.params, weights)):
+            if index not in reference:
+                continue
+            if not np.all(np.isfinite(w)) or not np.allclose(w, reference[index], **tol):
+                bad = np.flatnonzero(~np.isclose(w.ravel(), reference[index], **tol))
+                first = bad[0] if bad.size else 0
+                error = (f'{spec.name}: {bad.size} elements differ from the reference '
+                         f'{reference[index]!r}, first {first}: {w.ravel()[first]!r}')
+                break
+    config.check = harness.agree(error, comm) or 'ok'
+    return weights
+
+
+def compare(name, weights, base, comm):
+    """Collective: (max |weights - base| over every element and rank, why they differ or
+    None): a configuration against unsharded's weights."""
+    import numpy as np
+    tol = _tolerance(name)
+    worst, error = 0.0, None
+    for index, (w, b) in enumerate(zip(weights, base)):
+        worst = max(worst, float(np.max(np.abs(w - b))) if w.size else 0.0)
+        if error is None and not np.allclose(w, b, **tol):
+            error = f'parameter {index} differs from unsharded by up to {worst:g}'
+    return max(comm.allgather(worst)), harness.agree(error, comm)
+
+
+# ---------------------------------------------------------------- RSS
+
+def rss_only(args, plan_, comm, run):
+    """--rss-only: one configuration alone, trained as the timed job trains it; RSS after."""
+    import mxnet as mx
+
+    from benchmarks import gpu_like
+    name = args.rss_only
+    with harness.deadline(args.timeout, f'sharded --rss-only {name}'):
+        config = make_config(args, plan_, name, 0)
+        gpu_like.measure_compute(config.model, 1, 0, comm.rank)   # gradients and activations
+        mx.nd.waitall()
+        before = rss()
+        for _ in range(args.warmups + args.trials):
+            train_run(args, config, comm)
+        config.kv.wait()
+        mx.nd.waitall()
+        after = rss()
+        reference = reference_weights(args, plan_, comm.size, config.runs)
+        check_config(config, reference, plan_, comm)
+        state = state_bytes(config.kv)
+    per_rank = comm.allgather({'rss_MB': after['VmRSS'], 'hwm_MB': after['VmHWM'],
+                               'model_rss_MB': before['VmRSS'], 'state_bytes': state})
+    row = {'config': name, 'options': CONFIGS[name], 'check': config.check, 'runs': config.runs,
+           'per_rank': per_rank,
+           **{key: max(r[key] for r in per_rank)
+              for key in ('rss_MB', 'hwm_MB', 'model_rss_MB', 'state_bytes')}}
+    harness.rank0_print(
+        f'{name} alone: RSS {row["rss_MB"]:.1f} MB (peak {row["hwm_MB"]:.1f}; the model before '
+        f'any store {row["model_rss_MB"]:.1f}), optimizer state {row["state_bytes"] / MB:.1f} '
+        f'MB, largest over {comm.size} ranks; weights {config.check}')
+    payload = {'model': args.model, 'optimizer': args.optimizer, 'batch': args.batch,
+               'chain': args.chain, 'rss': row}
+    if args.rss_json:
+        run.json_path = args.rss_json
+    run.write(payload, interleaved=False)
+    harness.rank0_print(f'  written to {run.json_path}')
+    config.kv.close()
+    if config.check != 'ok':
+        raise SystemExit(f'{name}: weight check failed: {config.check}')
+
+
+def load_rss(args, nranks):
+    """{config: the --rss-only row} of --rss-files, each checked to be of this run's shape."""
+    rows = {}
+    for path in harness.names(args.rss_files or ''):
+        with open(path) as handle:
+            record = json.load(handle)
+        mine = {'nranks': nranks, 'model': args.model, 'optimizer': args.optimizer,
+                'batch': args.batch}
+        theirs = {'nranks': record['nranks'], **{k: record[k] for k in mine if k != 'nranks'}}
+        if theirs != mine:
+            raise SystemExit(f'{path}: an --rss-only run of {theirs}, not of {mine}')
+        rows[record['rss']['config']] = dict(record['rss'], file=path, date=record['config']['date'])
+    return rows
+
+
+# ---------------------------------------------------------------- the timed job
+
+def _ms(spread):
+    return (f'{spread["median"] * 1e3:.1f} ({spread["min"] * 1e3:.1f}-'
+            f'{spread["max"] * 1e3:.1f})')
+
+
+def _ratio_text(ratio):
+    return f'{ratio["median"]:.3f}x' if ratio else '-'
+
+
+def summarize(names, steps, rows):
+    """Medians, spreads and ratios to unsharded's into rows ({config: row})."""
+    base = steps.get('unsharded')
+    for name in names:
+        row = rows[name]
+        row['step_s'] = steps[name]
+        row['step'] = harness.spread(steps[name])
+        if base:
+            row['vs_unsharded'] = row['step']['median'] / harness.spread(base)['median']
+            row['vs_unsharded_per_round'] = harness.spread(
+                [s / b for s, b in zip(steps[name], base)])
+    return rows
+
+
+def table(names, rows, nranks):
+    lines = ['| configuration | step ms median (min-max) | step / unsharded (median of '
+             'per-round ratios, min-max) | optimizer state MB/rank | state / unsharded | '
+             'RSS MB/rank (own job) | wire MB/step/rank | weights |',
+             '|---|---|---|---|---|---|---|---|']
+    base_state = rows.get('unsharded', {}).get('state_bytes')
+    for name in names:
+        row = rows[name]
+        per_round = row.get('vs_unsharded_per_round')
+        ratio = (f'{row["vs_unsharded"]:.3f}x ({per_round["median"]:.3f}, '
+                 f'{per_round["min"]:.3f}-{per_round["max"]:.3f})' if per_round else '-')
+        state = row['state_bytes'] / MB
+        share = f'{row["state_bytes"] / base_state:.3f} (1/N = {1 / nranks:.3f})' \
+            if base_state else '-'
+        rss_ = f'{row["rss"]["rss_MB"]:.0f}' if row.get('rss') else '-'
+        lines.append(f'| {name} | {_ms(row["step"])} | {ratio} | {state:.1f} | {share} | '
+                     f'{rss_} | {row["wire_bytes"] / MB:.1f} | {row["check"]} |')
+    return '\n'.join(lines)
+
+
+def findings(names, rows, nranks):
+    """The ratios issue 22 sets targets for, as lines of text (only those measured)."""
+    lines = []
+    steps = {n: rows[n]['step']['median'] for n in names}
+    if 'unsharded' in steps and 'sharded' in steps:
+        lines.append(f'sharded / unsharded step: {steps["sharded"] / steps["unsharded"]:.3f}x '
+                     '(target <= 1.05x)')
+    for wire in ('bf16', 'fp16'):
+        name = f'sharded+{wire}'
+        if name in steps and 'sharded' in steps:
+            lines.append(f'{name} speed-up over sharded (sharded / {name} step): '
+                         f'{steps["sharded"] / steps[name]:.3f}x (target >= 1.3x across hosts '
+                         'at 1 Gbit/s)')
+    if 'unsharded' in rows and 'sharded' in rows:
+        u, s = rows['unsharded'], rows['sharded']
+        lines.append(f'state per rank sharded / unsharded: {s["state_bytes"] / u["state_bytes"]:.4f} '
+                     f'(1/N = {1 / nranks:.4f}; exact share: {s.get("state_share_check", "-")})')
+        if u.get('rss') and s.get('rss'):
+            fell = u['rss']['rss_MB'] - s['rss']['rss_MB']
+            freed = (u['state_bytes'] - s['state_bytes']) / MB
+            lines.append(f'RSS per rank fell by {fell:.1f} MB against {freed:.1f} MB of state '
+                         f'freed: {fell / freed:.2f}x (target >= 0.7x at 4 ranks)')
+    return lines
+
+
+def timed(args, plan_, comm, run):
+    """The side by side: every configuration created, rounds timed, then the checks."""
+    import mxnet as mx
+
+    names = args.configs
+    rss_rows = load_rss(args, comm.size)
+    with harness.deadline(args.timeout, 'sharded'):
+        made = [make_config(args, plan_, name, i) for i, name in enumerate(names)]
+        by_name = {c.name: c for c in made}
+        ops = {c.name: functools.partial(train_run, args, c, comm) for c in made}
+        steps = harness.interleaved(ops, args.trials, args.warmups, lambda name, op: op())
+        mx.nd.waitall()
+        reference = reference_weights(args, plan_, comm.size, made[0].runs)
+        weights = {}
+        rows = collections.OrderedDict()
+        for config in made:
+            weights[config.name] = check_config(config, reference, plan_, comm)
+            state = state_bytes(config.kv)
+            rows[config.name] = {
+                'config': config.name, 'options': CONFIGS[config.name], 'runs': config.runs,
+                'state_bytes': max(comm.allgather(state)),
+                'state_bytes_per_rank': comm.allgather(state),
+                'wire_bytes': wire_bytes(config.name, plan_, comm.size),
+                'rss': rss_rows.get(config.name)}
+        if 'unsharded' in by_name:
+            whole = by_name['unsharded']
+            expected = expected_share_bytes(whole.kv, comm.size, comm.rank)
+            for config in made:
+                if config.name == 'unsharded':
+                    continue
+                worst, why = compare(config.name, weights[config.name], weights['unsharded'],
+                                     comm)
+                rows[config.name]['max_abs_vs_unsharded'] = worst
+                if why and config.check == 'ok':
+                    config.check = why
+                share_ok = harness.agree(
+                    None if state_bytes(config.kv) == expected else
+                    f'rank {comm.rank} holds {state_bytes(config.kv)} bytes of state, its share '
+                    f'of unsharded\'s is {expected}', comm)
+                rows[config.name]['state_share_check'] = share_ok or 'ok'
+                if share_ok and config.check == 'ok':
+                    config.check = share_ok
+        for config in made:
+            rows[config.name]['check'] = config.check
+        all_rss = comm.allgather(rss()['VmRSS'])
+        del weights
+        for config in made:
+            config.kv.wait()
+            config.kv.close()
+    summarize(names, steps, rows)
+    return rows, all_rss
+
+
+def topology(args, comm):
+    from mpi4py import MPI
+    names = comm.allgather(MPI.Get_processor_name())
+    per_host = {name: names.count(name) for name in dict.fromkeys(names)}
+    return {'hosts': len(per_host), 'ranks_per_host': per_host, 'label': args.topology}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if _driver_args(argv).launch:
+        return drive(argv)
+    args = parse_args(argv)
+    from benchmarks import gpu_like
+    comm = harness.world()
+    plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
+    where = topology(args, comm)
+    base = f'{args.model}_{args.optimizer}_h{where["hosts"]}'
+    if args.rss_only:
+        run = harness.Run('sharded', args, comm=comm, label=f'{base}_rss_{args.rss_only}')
+        return rss_only(args, plan_, comm, run)
+    run = harness.Run('sharded', args, comm=comm, label=base)
+    label = args.topology or f'{where["hosts"]} host(s), {comm.size} ranks in all'
+    harness.rank0_print(
+        f'sharded: {args.model}, {plan_.grad_bytes / 1e6:.1f} MB of gradients, '
+        f'{plan_.images_per_s:.1f} images/s at batch {args.batch} ({plan_.compute_s * 1e3:.1f} ms '
+        f'of compute a step), {args.optimizer} in the store; {label}; {args.warmups} + '
+        f'{args.trials} rounds of {args.chain} steps, interleaved')
+    rows, all_rss = timed(args, plan_, comm, run)
+    text = table(args.configs, rows, comm.size)
+    lines = findings(args.configs, rows, comm.size)
+    harness.rank0_print(f'\n{text}\n')
+    for line in lines:
+        harness.rank0_print(line)
+    harness.rank0_print(f'RSS of the timed job (every configuration alive): '
+                        f'{max(all_rss):.0f} MB, largest over ranks')
+    if not args.rss_files:
+        harness.rank0_print('RSS per configuration: none given (--rss-files, or run with '
+                            "--launch 'mpiexec -n N')")
+    failed = {n: r['check'] for n, r in rows.items() if r['check'] != 'ok'}
+    payload = {'model': args.model, 'optimizer': args.optimizer, 'batch': args.batch,
+               'chain': args.chain, 'grad_bytes': plan_.grad_bytes,
+               'keys': sum(p.grad_req != 'null' for p in plan_.params),
+               'images_per_s': plan_.images_per_s, 'compute_stated_s': plan_.compute_s,
+               'topology': where, 'rows': list(rows.values()), 'findings': lines,
+               'rss_timed_job_MB': all_rss, 'table': text,
+               'check': 'ok' if not failed else failed}
+    run.write(payload, interleaved=True, topology=label)
+    harness.rank0_print(f'written to {run.json_path}')
+    if failed:
+        harness.rank0_print(f'CHECK FAILED: {failed}')
+        raise SystemExit(1)
+    harness.rank0_print('weights check: ok (equal across ranks, against the reference, '
+                        'sharded against unsharded)')
+    return None
+
+
+# ---------------------------------------------------------------- the driver (--launch)
+
+def _without(argv, option):
+    """argv less `option` and its value (both '--opt V' and '--opt=V')."""
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == option:
+            skip = True
+        elif not word.startswith(option + '='):
+            out.append(word)
+    return out
+
+
+def _launch(command, timeout):
+    """Run one job (its own process group) under a timeout; its exit status."""
+    print('$ ' + shlex.join(command), flush=True)
+    proc = subprocess.Popen(command, start_new_session=True)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        print(f'timed out after {timeout:.0f} s: ending the job', flush=True)
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return 124
+
+
+def drive(argv):
+    """--launch PREFIX: one --rss-only job per configuration, then the timed job with their
+    files; no MPI in this process."""
+    driver = _driver_args(argv)
+    prefix = shlex.split(driver.launch)
+    rest = _without(_without(argv, '--launch'), '--rss-files')
+    tag = time.strftime('%Y%m%dT%H%M%S')
+    os.makedirs(driver.out, exist_ok=True)
+    module = [sys.executable, '-m', 'benchmarks.sharded']
+    timeout = driver.timeout + DRIVER_GRACE
+    files = []
+    for name in driver.configs:
+        path = os.path.join(driver.out, f'sharded_rss_{tag}_{name}.json')
+        status = _launch(prefix + module + rest + ['--rss-only', name, '--rss-json', path],
+                         timeout)
+        if status != 0:
+            raise SystemExit(f'the --rss-only {name} job exited with {status}')
+        files.append(path)
+    status = _launch(prefix + module + rest + ['--rss-files', ','.join(files)], timeout)
+    if status != 0:
+        raise SystemExit(f'the timed job exited with {status}')
+
+
+if __name__ == '__main__':
+    if _driver_args(sys.argv[1:]).launch:
+        main()
+    else:
+        harness.run_main(main)

@@ -1,0 +1,74 @@
+"""benchmarks/sharded.py (issue 22's side by side) runs briefly at 2 ranks, so that it does not
+rot: every configuration trains, passes the weight checks, and the sharded stores hold half
+the unsharded store's optimizer state. ResNet-18 (the smallest gpu_like model) at 3200
+images/s: about 15 s a job on 2 cores, most of it imports.
+"""
+import json
+import re
+
+from mpi_harness import run_mpi
+
+NPROCS = 2
+TIMEOUT = 240
+SCRIPT = 'benchmarks/sharded.py'
+SMALL = ['--model', 'resnet18_v1', '--images-per-s', '3200', '--warmups', '1', '--rounds', '2',
+         '--chain', '2']
+
+
+def test_side_by_side(mpi_available, tmp_path):
+    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--configs', 'unsharded,sharded,sharded+bf16',
+                  '--out', tmp_path, timeout=TIMEOUT)
+    assert 'weights check: ok' in out, out[-3000:]
+    record = json.loads((tmp_path / f'sharded_n{NPROCS}_resnet18_v1_adam_h1.json').read_text())
+    assert record['benchmark'] == 'sharded' and record['nranks'] == NPROCS
+    assert record['config']['interleaved'] is True and record['config']['argv']
+    assert record['config']['command'].startswith(f'mpiexec -n {NPROCS} python -m benchmarks.sharded')
+    assert record['versions']['mxnet'] and record['versions']['mpi_kvstore']
+    assert record['check'] == 'ok'
+    rows = {row['config']: row for row in record['rows']}
+    assert list(rows) == ['unsharded', 'sharded', 'sharded+bf16']
+    whole = rows['unsharded']['state_bytes']
+    grads = record['grad_bytes']
+    # Adam: two float32 arrays a weight; ResNet-18's 11.7M trainable elements.
+    assert whole == 2 * grads
+    for name in ('sharded', 'sharded+bf16'):
+        row = rows[name]
+        assert row['check'] == 'ok' and row['state_share_check'] == 'ok', row
+        # Half, within each key's rounding: a share is at most one element away from
+        # count / N, for each of Adam's two float32 arrays.
+        for held in row['state_bytes_per_rank']:
+            assert abs(held - whole / NPROCS) <= record['keys'] * 2 * 4, row
+        assert sum(row['state_bytes_per_rank']) == whole, row
+        assert row['max_abs_vs_unsharded'] <= 1e-2, row
+    assert rows['sharded']['max_abs_vs_unsharded'] <= 1e-5
+    # Ring model: allreduce 2(N-1)/N G; sharded the same; bf16 halves the reduce-scatter.
+    assert rows['unsharded']['wire_bytes'] == rows['sharded']['wire_bytes'] == grads
+    assert rows['sharded+bf16']['wire_bytes'] == 0.75 * grads
+    for row in rows.values():
+        assert len(row['step_s']) == 2 and all(t > 0 for t in row['step_s']), row
+        assert row['step']['min'] <= row['step']['median'] <= row['step']['max']
+        assert row['rss'] is None
+    assert re.search(r'^\| sharded\+bf16 \| [\d.]+ \([\d.]+-[\d.]+\) \|', out, re.MULTILINE), out
+    assert 'state per rank sharded / unsharded: 0.5' in out
+
+
+def test_rss_only_then_the_timed_job_reads_it(mpi_available, tmp_path):
+    """--rss-only writes one configuration's RSS; --rss-files puts it in the table."""
+    files = []
+    for name in ('unsharded', 'sharded'):
+        path = tmp_path / f'rss_{name}.json'
+        out = run_mpi(NPROCS, SCRIPT, *SMALL, '--rss-only', name, '--rss-json', path,
+                      '--out', tmp_path, timeout=TIMEOUT)
+        assert f'{name} alone: RSS' in out and 'weights ok' in out, out[-3000:]
+        rss = json.loads(path.read_text())['rss']
+        assert rss['config'] == name and rss['check'] == 'ok'
+        assert len(rss['per_rank']) == NPROCS
+        assert 0 < rss['model_rss_MB'] < rss['rss_MB'] <= rss['hwm_MB'], rss
+        files.append(str(path))
+    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--configs', 'unsharded,sharded', '--rss-files',
+                  ','.join(files), '--out', tmp_path, timeout=TIMEOUT)
+    assert 'weights check: ok' in out, out[-3000:]
+    assert re.search(r'RSS per rank fell by -?[\d.]+ MB against [\d.]+ MB of state freed', out), out
+    record = json.loads((tmp_path / f'sharded_n{NPROCS}_resnet18_v1_adam_h1.json').read_text())
+    for row in record['rows']:
+        assert row['rss']['rss_MB'] > 0 and row['rss']['file'] in files, row
