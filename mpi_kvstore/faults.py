@@ -36,6 +36,8 @@ import threading
 import time
 import traceback
 
+from . import supervision
+from .errors import CollectiveError
 from .mpiabi import MPI, provided_thread_level, thread_level_name
 
 __all__ = ['install_abort_hook', 'abort_job', 'StallInspector', 'PendingAges',
@@ -75,6 +77,9 @@ def install_abort_hook():
         sys.excepthook = _aborting_excepthook(sys.excepthook)
         threading.excepthook = _aborting_thread_hook(threading.excepthook)
         _hooks_installed = True
+        if supervision.active():   # tell the supervisor where this rank runs
+            rank, size = world()
+            supervision.started(rank, size, MPI.Get_processor_name())
 
 
 def _aborting_excepthook(previous):
@@ -105,9 +110,21 @@ def _abort_on(exc_type, exc, where):
     interrupted = issubclass(exc_type, KeyboardInterrupt)
     what = 'was interrupted' if interrupted else 'raised an unhandled exception'
     summary = traceback.format_exception_only(exc_type, exc)[-1].strip()
+    supervision.record(rank, supervision.EXCEPTION, is_fault(exc), summary)
     abort_job('mpi_kvstore: rank %d of %d %s in %s (%s); aborting the job, whose other '
               'ranks would otherwise wait for it forever' % (rank, size, what, where, summary),
               INTERRUPT_STATUS if interrupted else FAILURE_STATUS)
+
+
+def is_fault(exc):
+    """Whether an exception that ends a rank is a fault of the machines (MPI failed, or a
+    collective failed inside the engine: a relaunch may help) rather than a bug in the
+    user's code (the supervisor does not relaunch for those)."""
+    while exc is not None:
+        if isinstance(exc, (MPI.Exception, CollectiveError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def world():
@@ -314,8 +331,13 @@ class StallInspector:
             return
         longest = max(age for _, age in stalled)
         if self._abort and longest >= self._abort:
+            states = self._gather()
+            oldest = min(r.seq for r, _ in stalled)
+            supervision.record(self._rank, supervision.STALL, True, 'stall_abort',
+                               lost=[r for r in range(self._size)
+                                     if r not in states or states[r][0] <= oldest])
             abort_job(self._report(stalled, self._heading('aborting the job: ', self._abort,
-                                                          'stall_abort')))
+                                                           'stall_abort'), states))
         elif self._warn and longest >= self._warn and now >= self._next_warning:
             log.warning(self._report(stalled, self._heading('', self._warn, 'stall_warning')))
             self._next_warning = now + self._warn
@@ -325,10 +347,10 @@ class StallInspector:
                 '%s=%g s (MPI_KVSTORE_%s):'
                 % (self._rank, self._size, action, knob, limit, knob.upper()))
 
-    def _report(self, stalled, heading):
+    def _report(self, stalled, heading, states=None):
         entries = [(r.seq, r.describe(), age) for r, age in stalled]
-        return format_report(heading, self._rank, self._size, entries, self._gather(),
-                             self._why_local)
+        return format_report(heading, self._rank, self._size, entries,
+                             self._gather() if states is None else states, self._why_local)
 
     def _state(self):
         """(collectives pushed, [(seq, description, seconds pending)]) of this rank."""

@@ -1,0 +1,175 @@
+"""The supervisor (``python -m mpi_kvstore run``) and elastic.State, for real: ranks are
+SIGKILLed, raise, are interrupted, and the jobs relaunch from committed files
+(scenarios/elastic_train.py). Every job runs under a timeout, and no process outlives it.
+
+- a rank SIGKILLed after step 7, commits every 5 steps: one relaunch, which resumes at step
+  5 and ends with weights bitwise equal to an uninterrupted run's;
+- rank 0 SIGKILLed halfway through writing commit 2 (before its rename): commit 1 is whole,
+  the relaunch resumes from it, and the weights are again bitwise equal;
+- a Python exception in the script: no relaunch, status 1, the exception named;
+- a rank killed at every launch: --max-restarts 1 gives up after two launches;
+- Ctrl-C at the supervisor: the job stops, status 130, nothing relaunched or left running.
+
+The cut link across test hosts is in tests/test_multihost.py.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from mpi_kvstore import supervision, supervisor
+
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, processes
+
+SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_train.py')
+TIMEOUT = 180
+
+
+def supervise(tmp_path, *script_args, options=(), env=None, timeout=TIMEOUT):
+    """(status, output) of the supervisor running elastic_train.py on 2 ranks."""
+    run_id = uuid.uuid4().hex
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '-n', '2', '--backoff', '0.2',
+            '--state-dir', str(tmp_path / 'state')] + list(options) + [
+        '--', sys.executable, SCRIPT] + [str(a) for a in script_args]
+    full_env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id, **(env or {}))
+    with open(tmp_path / 'log', 'wb') as log:
+        proc = processes.start_group(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, env=full_env, cwd=REPO_ROOT)
+        status, timed_out = processes.wait_or_stop(proc, timeout, 5.0)
+    kill_leftovers(run_id)
+    output = (tmp_path / 'log').read_text(errors='replace')
+    assert not timed_out, output[-4000:]
+    return status, output
+
+
+_REFERENCE = {}   # the uninterrupted run's weights, once a session
+
+
+def reference(tmp_path):
+    if 'weights' not in _REFERENCE:
+        status, out = supervise(tmp_path, tmp_path / 'ref.npz')
+        assert status == 0, out[-4000:]
+        assert launches(out) == [1], out[-4000:]
+        _REFERENCE['weights'] = weights(tmp_path / 'ref.npz')
+    return _REFERENCE['weights']
+
+
+def weights(path):
+    with np.load(path) as got:
+        return [got['arr_%d' % i] for i in range(len(got.files))]
+
+
+def launches(output):
+    return [int(n) for n in re.findall(r'mpi_kvstore run: launch (\d+) \(of at most', output)]
+
+
+@pytest.fixture
+def ref(tmp_path_factory, mpi_available):
+    return reference(tmp_path_factory.mktemp('reference'))
+
+
+def test_a_killed_rank_relaunches_and_resumes_bitwise(tmp_path, ref):
+    status, out = supervise(tmp_path, tmp_path / 'got.npz', '--kill-at', 7)
+    assert status == 0, out[-4000:]
+    assert launches(out) == [1, 2], out[-4000:]
+    assert 'a rank was lost' in out
+    assert 'launch 1: starting at step 5 (restored: True)' in out, out[-4000:]
+    for got, want in zip(weights(tmp_path / 'got.npz'), ref):
+        assert np.array_equal(got, want), np.abs(got - want).max()
+
+
+def test_a_kill_during_a_commit_leaves_the_previous_one(tmp_path, ref):
+    status, out = supervise(tmp_path, tmp_path / 'got.npz', '--kill-in-commit', 2,
+                            '--kill-rank', 0)
+    assert status == 0, out[-4000:]
+    assert launches(out) == [1, 2], out[-4000:]
+    # commit 2 (step 10) was never renamed into place: the relaunch starts from commit 1
+    assert 'launch 1: starting at step 5 (restored: True)' in out, out[-4000:]
+    for got, want in zip(weights(tmp_path / 'got.npz'), ref):
+        assert np.array_equal(got, want), np.abs(got - want).max()
+    left = os.listdir(tmp_path / 'state')
+    assert not [n for n in left if n.startswith('.tmp-commit')], left   # cleaned up
+
+
+def test_a_python_exception_is_a_bug_not_a_fault(tmp_path, mpi_available):
+    status, out = supervise(tmp_path, tmp_path / 'got.npz', '--raise-at', 3)
+    assert status == 1, out[-4000:]
+    assert launches(out) == [1], out[-4000:]
+    assert 'rank 1 raised ValueError: a bug in the training script at step 3' in out
+    assert 'not relaunching' in out
+
+
+def test_max_restarts_is_honoured_and_the_last_failure_reported(tmp_path, mpi_available):
+    status, out = supervise(tmp_path, tmp_path / 'got.npz', '--kill-at', 2, '--kill-always',
+                            options=['--max-restarts', '1'])
+    assert status != 0, out[-4000:]
+    assert launches(out) == [1, 2], out[-4000:]
+    assert re.search(r'launch 2 ended after [0-9.]+ s: a rank was lost .*giving up after 1 '
+                     r'relaunch\(es\) \(--max-restarts 1\)', out), out[-4000:]
+
+
+def test_ctrl_c_stops_everything_without_a_relaunch(tmp_path, mpi_available):
+    marker = tmp_path / 'running'
+    run_id = uuid.uuid4().hex
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '-n', '2', '--state-dir',
+            str(tmp_path / 'state'), '--', sys.executable, SCRIPT, str(tmp_path / 'got.npz'),
+            '--steps', 200, '--step-seconds', 0.2, '--marker', marker]
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id)
+    with open(tmp_path / 'log', 'wb') as log:
+        proc = processes.start_group([str(a) for a in argv], stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=REPO_ROOT)
+        try:
+            deadline = time.monotonic() + 60
+            while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert marker.exists(), (tmp_path / 'log').read_text()[-4000:]
+            os.kill(proc.pid, signal.SIGINT)   # the supervisor alone, as a terminal's Ctrl-C
+            status = proc.wait(timeout=30)     # reaches its group
+        finally:
+            processes.wait_or_stop(proc, 1, 2.0)
+    left = kill_leftovers(run_id)
+    out = (tmp_path / 'log').read_text(errors='replace')
+    assert status == supervisor.INTERRUPTED, out[-4000:]
+    assert launches(out) == [1] and 'not relaunching' in out, out[-4000:]
+    assert left == 0, 'processes outlived the supervisor'
+    assert not (tmp_path / 'got.npz').exists()
+
+
+def test_diagnosis_of_records():
+    """diagnose() from what ranks recorded (no MPI): bugs, stalls with lost hosts, hosts
+    that started nothing, silent kills."""
+    started = {0: {'rank': 0, 'host': 'h0'}, 1: {'rank': 1, 'host': 'h1'}}
+    bug = {1: {'rank': 1, 'cause': supervision.EXCEPTION, 'fault': False,
+               'detail': 'KeyError: 3', 'lost': []}}
+    assert supervisor.diagnose(1, started, bug, False, 2).kind == 'error'
+    mpi = {0: {'rank': 0, 'cause': supervision.EXCEPTION, 'fault': True,
+               'detail': 'CollectiveError: x', 'lost': []}}
+    assert supervisor.diagnose(1, started, mpi, False, 2).kind == 'fault'
+    stall = {0: {'rank': 0, 'cause': supervision.STALL, 'fault': True, 'detail': '',
+                 'lost': [1]}}
+    found = supervisor.diagnose(1, started, stall, False, 2, ['h0', 'h1'])
+    assert (found.kind, found.lost_hosts) == ('fault', ['h1']), found
+    found = supervisor.diagnose(9, {0: started[0]}, {}, False, 2, ['h0', 'h1'])
+    assert (found.kind, found.lost_hosts) == ('fault', ['h1']), found
+    assert supervisor.diagnose(0, started, {}, False, 2).kind == 'ok'
+    assert supervisor.diagnose(9, started, bug, True, 2).kind == 'interrupted'
+
+
+def test_hostfiles_of_mpich_and_open_mpi(tmp_path):
+    path = tmp_path / 'hosts'
+    path.write_text('# cluster\nh0:2\nh1 slots=3\nh2\n')
+    assert supervisor.parse_hostfile(str(path)) == [('h0', 2), ('h1', 3), ('h2', 1)]
+    path.write_text('h0:zero\n')
+    with pytest.raises(ValueError, match='slots must be a positive integer'):
+        supervisor.parse_hostfile(str(path))
+    assert supervisor.launch_argv(['mpiexec'], 3, [('h0', 2)], 'F', ['python', 't.py']) == [
+        'mpiexec', '-hostfile', 'F', '-n', '3', 'python', 't.py']
+    assert supervisor.launch_argv(['srun'], 3, [('h0', 2), ('h1', 1)], 'F', ['python']) == [
+        'srun', '-n', '3', '--nodelist', 'h0,h1', 'python']
