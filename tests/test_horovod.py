@@ -1,0 +1,52 @@
+"""mpi_kvstore.horovod: Horovod's MXNet API on the store (tests/scenarios/hvd_*.py), its
+environment variables, and examples/horovod_style.py."""
+import os
+
+import pytest
+
+from mpi_harness import run_mpi
+
+SCENARIOS = os.path.join(os.path.dirname(__file__), 'scenarios')
+
+
+def scenario(name):
+    return os.path.join(SCENARIOS, name)
+
+
+def test_environment_options():
+    from mpi_kvstore.horovod import environment_options
+    options, ignored = environment_options({
+        'HOROVOD_FUSION_THRESHOLD': '65536', 'HOROVOD_HIERARCHICAL_ALLREDUCE': '1',
+        'HOROVOD_STALL_CHECK_TIME_SECONDS': '30', 'HOROVOD_CYCLE_TIME': '5',
+        'HOROVOD_AUTOTUNE': '1', 'HOROVOD_LOG_LEVEL': 'info', 'PATH': '/bin'})
+    assert options == {'fusion_threshold': 65536, 'hierarchical': 'on', 'stall_warning': 30.0}
+    assert ignored == ['HOROVOD_AUTOTUNE', 'HOROVOD_CYCLE_TIME']
+    # the store's own variable wins; DYNAMIC gets a file to start from
+    options, _ = environment_options({'HOROVOD_FUSION_THRESHOLD': '1',
+                                      'MPI_KVSTORE_FUSION_THRESHOLD': '2',
+                                      'HOROVOD_TIMELINE': 'DYNAMIC',
+                                      'HOROVOD_STALL_CHECK_DISABLE': '1'})
+    assert 'fusion_threshold' not in options and options['stall_warning'] == 0.0
+    assert options['timeline'].endswith('.json')
+    with pytest.raises(ValueError, match='HOROVOD_FUSION_THRESHOLD'):
+        environment_options({'HOROVOD_FUSION_THRESHOLD': 'lots'})
+
+
+def test_ops_at_two_ranks():
+    assert 'hvd_ops: OK at 2 ranks' in run_mpi(2, scenario('hvd_ops.py'), timeout=120)
+
+
+def test_ops_at_three_ranks_with_horovod_environment(tmp_path):
+    trace = str(tmp_path / 'trace.json')
+    env = {'HOROVOD_TIMELINE': 'DYNAMIC', 'HOROVOD_FUSION_THRESHOLD': '65536',
+           'HOROVOD_CYCLE_TIME': '5'}
+    out = run_mpi(3, scenario('hvd_ops.py'), trace, timeout=120, env=env)
+    assert 'hvd_ops: OK at 3 ranks' in out
+    assert 'ignored: HOROVOD_CYCLE_TIME' in out
+    assert out.count('these Horovod variables have no meaning') == 1
+
+
+@pytest.mark.parametrize('nprocs', [2, 3])
+def test_trainers_average_as_horovod(nprocs):
+    out = run_mpi(nprocs, scenario('hvd_train.py'), timeout=180)
+    assert 'hvd_train: OK at %d ranks' % nprocs in out
