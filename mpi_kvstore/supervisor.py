@@ -68,9 +68,7 @@ def diagnose(status, started, ended, interrupted, size, hosts=None):
     if bugs:
         rank = min(bugs)
         return Outcome('error', 'rank %d raised %s' % (rank, bugs[rank]['detail']))
-    lost = set()
-    for fields in ended.values():
-        lost.update(fields.get('lost', ()))
+    lost = _lost(ended)
     lost_hosts = {started[r]['host'] for r in lost if r in started}
     if hosts is not None and started:   # a host where no rank started failed to start
         lost_hosts.update(h for h in hosts if h not in {f['host'] for f in started.values()})
@@ -90,6 +88,17 @@ def diagnose(status, started, ended, interrupted, size, hosts=None):
     if lost_hosts:
         why += '; host(s) %s' % ', '.join(sorted(lost_hosts))
     return Outcome('fault', why, lost_hosts)
+
+
+def _lost(ended):
+    """The ranks lost, in the view of the lowest rank that recorded a stall and is not lost
+    in its own view. A cut link splits the job in two, and each side's stall abort names
+    the other: the lowest rank's side (rank 0 runs beside the launcher, as a rule) stays."""
+    for rank in sorted(ended):
+        fields = ended[rank]
+        if fields['cause'] == supervision.STALL and rank not in fields.get('lost', ()):
+            return set(fields.get('lost', ()))
+    return set()
 
 
 def _ranks(ranks):

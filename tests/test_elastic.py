@@ -156,6 +156,11 @@ def test_diagnosis_of_records():
                  'lost': [1]}}
     found = supervisor.diagnose(1, started, stall, False, 2, ['h0', 'h1'])
     assert (found.kind, found.lost_hosts) == ('fault', ['h1']), found
+    # a cut link: each side's stall abort names the other; rank 0's side stays
+    both = {**stall, 1: {'rank': 1, 'cause': supervision.STALL, 'fault': True, 'detail': '',
+                         'lost': [0]}}
+    found = supervisor.diagnose(1, started, both, False, 2, ['h0', 'h1'])
+    assert (found.kind, found.lost_hosts) == ('fault', ['h1']), found
     found = supervisor.diagnose(9, {0: started[0]}, {}, False, 2, ['h0', 'h1'])
     assert (found.kind, found.lost_hosts) == ('fault', ['h1']), found
     assert supervisor.diagnose(0, started, {}, False, 2).kind == 'ok'

@@ -138,3 +138,76 @@ def test_stall_across_hosts_is_named_and_aborted(hosts):
     assert re.search(r"collective #\d+ \(allreduce of key '\w+'[^\n]*: waiting [0-9.]+ s; "
                      r'pushed by rank 0; not pushed by rank 1', err.output), err.output[-3000:]
     assert 'rank 0 of 2: stall: aborting the job' in err.output
+
+
+# -- a cut link under the supervisor (issue 24) -----------------------------------------------
+
+CUT_STALL_ABORT = 10   # s: the supervisor's default is 300, too long for a test
+
+
+def test_cut_link_under_the_supervisor_relaunches_on_the_remaining_host(hosts, tmp_path):
+    """h1's link goes down after the first commit: rank 0's stall abort names rank 1 lost,
+    the supervisor relaunches without h1 (--min-np 1) at one rank, which resumes from the
+    commit, is told of the resize, and finishes with the weights of an uninterrupted run
+    (float32 tolerance: one rank sums the global batch in another order)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    import uuid
+
+    import numpy as np
+
+    from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, processes
+    script = os.path.join(SCENARIOS_DIR, 'elastic_train.py')
+    steps = ['--steps', '40', '--commit-every', '5']
+    ref = run_mpi(2, 'elastic_train.py', str(tmp_path / 'ref.npz'), *steps,
+                  module_launch=False, env={'MPI_KVSTORE_STATE_DIR': str(tmp_path / 'ref')})
+    assert 'finished 40 steps at 2 ranks' in ref, ref[-3000:]
+    hostfile = tmp_path / 'hostfile'
+    hostfile.write_text('h0:1\nh1:1\n')
+    launcher = hosts.exec_argv('h0', [testbed.find_mpiexec(), '-launcher', 'ssh',
+                                      '-launcher-exec', hosts.launcher])
+    for name, value in testbed.TCP_ENV.items():
+        launcher += ['-genv', name, value]
+    state = tmp_path / 'state'
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--hostfile', str(hostfile), '-n', '2',
+            '--min-np', '1', '--backoff', '0.5', '--state-dir', str(state),
+            '--launcher', shlex.join(launcher), '--', sys.executable, script,
+            str(tmp_path / 'got.npz')] + steps + ['--step-seconds', '0.3']
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               MPI_KVSTORE_STALL_ABORT=str(CUT_STALL_ABORT), MPI_KVSTORE_STALL_WARNING='5')
+    log_path = tmp_path / 'log'
+    cut = relaunched = None
+    try:
+        with open(log_path, 'wb') as log:
+            proc = processes.start_group(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+            deadline = time.monotonic() + 240
+            while proc.poll() is None and time.monotonic() < deadline:
+                if cut is None and (state / 'commit-00000001').exists():
+                    subprocess.run(['ip', '-n', hosts.namespace('h1'), 'link', 'set', 'eth0',
+                                    'down'], check=True)
+                    cut = time.monotonic()
+                if relaunched is None and 'launch 2 (' in log_path.read_text(errors='replace'):
+                    relaunched = time.monotonic()
+                time.sleep(0.2)
+            status, timed_out = processes.wait_or_stop(proc, 1, 5.0)
+    finally:
+        subprocess.run(['ip', '-n', hosts.namespace('h1'), 'link', 'set', 'eth0', 'up'],
+                       check=False)
+        kill_leftovers(run_id)
+    out = log_path.read_text(errors='replace')
+    assert not timed_out and status == 0, out[-4000:]
+    assert cut is not None and relaunched is not None, out[-4000:]
+    print('cut link: relaunched %.1f s after the cut (stall_abort %d s)'
+          % (relaunched - cut, CUT_STALL_ABORT))
+    assert relaunched - cut < CUT_STALL_ABORT + 30, out[-4000:]
+    assert re.search(r'launch 1 ended after [0-9.]+ s: stall abort: rank\(s\) 1 lost; '
+                     r'host\(s\) h1; relaunching 1 rank\(s\)', out), out[-4000:]
+    assert 'launch 2 (of at most 4): 1 rank(s) on h0' in out, out[-4000:]
+    assert 'resized from 2 to 1 ranks' in out and 'finished 40 steps at 1 ranks' in out
+    with np.load(tmp_path / 'ref.npz') as want, np.load(tmp_path / 'got.npz') as got:
+        for name in want.files:
+            assert np.allclose(got[name], want[name], rtol=1e-4, atol=1e-5), name
