@@ -32,11 +32,11 @@ def test_environment_options():
         environment_options({'HOROVOD_FUSION_THRESHOLD': 'lots'})
 
 
-def test_ops_at_two_ranks():
+def test_ops_at_two_ranks(mpi_available):
     assert 'hvd_ops: OK at 2 ranks' in run_mpi(2, scenario('hvd_ops.py'), timeout=120)
 
 
-def test_ops_at_three_ranks_with_horovod_environment(tmp_path):
+def test_ops_at_three_ranks_with_horovod_environment(tmp_path, mpi_available):
     trace = str(tmp_path / 'trace.json')
     env = {'HOROVOD_TIMELINE': 'DYNAMIC', 'HOROVOD_FUSION_THRESHOLD': '65536',
            'HOROVOD_CYCLE_TIME': '5'}
@@ -47,6 +47,24 @@ def test_ops_at_three_ranks_with_horovod_environment(tmp_path):
 
 
 @pytest.mark.parametrize('nprocs', [2, 3])
-def test_trainers_average_as_horovod(nprocs):
+def test_trainers_average_as_horovod(nprocs, mpi_available):
     out = run_mpi(nprocs, scenario('hvd_train.py'), timeout=180)
     assert 'hvd_train: OK at %d ranks' % nprocs in out
+
+
+def test_example_horovod_style(mpi_available):
+    """Averaged gradients learn; the ranks end with the same weights."""
+    from test_examples import check_epochs
+    out = run_mpi(2, 'examples/horovod_style.py', '--epochs', 2, timeout=180)
+    assert 'horovod_style: 2 rank(s)' in out, out[-3000:]
+    first, second = check_epochs(out, 2)
+    assert second['loss'] < first['loss'] and second['val_acc'] > 0.4, (first, second)
+    assert 'weights identical on all 2 ranks: True' in out, out[-3000:]
+
+
+def test_example_horovod_style_fp16(mpi_available):
+    from test_examples import check_epochs
+    out = run_mpi(2, 'examples/horovod_style.py', '--epochs', 1, '--steps', 5,
+                  '--fp16-allreduce', '--gradient-predivide-factor', 2, timeout=180)
+    check_epochs(out, 1)
+    assert 'weights identical on all 2 ranks: True' in out, out[-3000:]
