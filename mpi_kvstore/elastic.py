@@ -221,10 +221,14 @@ class State:
         found = self._comm.bcast(found, root=0)
         if found is None:
             return
+        self._check_not_started()
         meta = found['meta']
         self._params.assign(found['params'])
         if found['states'] is not None:
-            self._load_states(found['states'])
+            if self._trainer is None and self._params.module is not None:
+                self._module_states = found['states']   # loaded by fit(), after its optimizer
+            else:
+                self._load_states(found['states'])
         self.extra.update(meta['extra'])
         if meta['size'] == self._size:   # each rank's own random states
             random.setstate(meta['rng'][self._rank][0])
@@ -237,6 +241,70 @@ class State:
                      found['number'], meta['size'], self._dir)
         if meta['size'] != self._size and self.on_resize is not None:
             self.on_resize(meta['size'], self._size)
+
+    def _check_not_started(self):
+        """Restored values must reach the store before it copies the weights: the store
+        keeps its own copy once the trainer's first step or the Module's optimizer set it
+        up, and would go on from that."""
+        trainer, module = self._trainer, self._params.module
+        if trainer is not None and getattr(trainer, '_kv_initialized', False):
+            raise RuntimeError('elastic.State: create the State before the trainer\'s first '
+                               'step: its store already holds the weights, and a restored '
+                               'commit would not reach it')
+        if trainer is None and module is not None and module.optimizer_initialized:
+            raise RuntimeError('elastic.State: create the State of a Module before '
+                               'init_optimizer (or fit): State.fit initialises the optimizer '
+                               'after the restored parameters, then loads its states')
+
+    # -- Module.fit ------------------------------------------------------------------------
+    def fit(self, train_data, commit_every, batch_end_callback=None, **fit_args):
+        """``Module.fit`` that commits every ``commit_every`` batches and, after a restore,
+        goes on from the committed epoch and batch. The Module was bound and its
+        parameters initialised before the State was created; this initialises its optimizer
+        (``kvstore``, ``optimizer``, ``optimizer_params`` of ``fit_args``), loads the
+        committed optimizer states, and skips the batches of the epoch already trained
+        (the data's order must be the same each epoch: no shuffling iterator). The State
+        needs ``epoch`` and ``batch`` extra values (``State(mod, epoch=0, batch=0)``)."""
+        module = self._params.module
+        if module is None:
+            raise TypeError('elastic.State.fit needs a State of a Module')
+        for name in ('epoch', 'batch'):
+            if name not in self.extra:
+                raise TypeError('elastic.State.fit needs State(mod, epoch=0, batch=0)')
+        module.init_optimizer(kvstore=fit_args.get('kvstore', 'local'),
+                              optimizer=fit_args.get('optimizer', 'sgd'),
+                              optimizer_params=fit_args.get('optimizer_params',
+                                                            (('learning_rate', 0.01),)))
+        pending = self.__dict__.pop('_module_states', None)
+        if pending is not None:
+            self._load_states(pending)
+        callbacks = batch_end_callback or []
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        skip = self.batch
+
+        def commit(param):
+            self.epoch, self.batch = param.epoch, param.nbatch + 1 + (
+                skip if param.epoch == first_epoch else 0)
+            if self.batch % commit_every == 0:
+                self.commit()
+
+        def next_epoch(epoch, symbol, arg, aux):
+            self.epoch, self.batch = epoch + 1, 0
+
+        first_epoch = self.epoch
+        fit_args.pop('begin_epoch', None)   # the State's epoch
+        epoch_end = fit_args.pop('epoch_end_callback', None) or []
+        epoch_end = list(epoch_end) if isinstance(epoch_end, (list, tuple)) else [epoch_end]
+        try:
+            module.fit(_Skipping(train_data, skip), batch_end_callback=[commit] + callbacks,
+                       epoch_end_callback=[next_epoch] + epoch_end,
+                       begin_epoch=self.epoch, **fit_args)
+        except _EpochDone:   # committed after the epoch's last batch: go on with the next
+            train_data.reset()
+            self.epoch, self.batch, skip, first_epoch = self.epoch + 1, 0, 0, None
+            module.fit(train_data, batch_end_callback=[commit] + callbacks,
+                       epoch_end_callback=[next_epoch] + epoch_end,
+                       begin_epoch=self.epoch, **fit_args)
 
     def _load_states(self, data):
         fd, path = tempfile.mkstemp(prefix='mpi_kvstore_states_')
@@ -252,6 +320,42 @@ class State:
                             'State has no trainer and no initialised Module to load them into')
         finally:
             os.unlink(path)
+
+
+class _EpochDone(Exception):
+    """The batches to skip were the whole epoch: it was committed after its last batch."""
+
+
+class _Skipping(mx.io.DataIter):
+    """A data iterator whose first pass skips ``skip`` batches (a resumed epoch); raises
+    _EpochDone, before Module.fit trains anything, where they were the whole epoch."""
+
+    def __init__(self, inner, skip):
+        super().__init__(inner.batch_size)
+        self._inner, self._skip = inner, skip
+
+    @property
+    def provide_data(self):
+        return self._inner.provide_data
+
+    @property
+    def provide_label(self):
+        return self._inner.provide_label
+
+    def reset(self):
+        self._inner.reset()
+
+    def next(self):
+        skipped = self._skip > 0
+        try:
+            while self._skip:
+                self._skip -= 1
+                self._inner.next()
+            return self._inner.next()
+        except StopIteration:
+            if skipped:   # nothing left of this epoch after the batches already trained
+                raise _EpochDone() from None
+            raise
 
 
 def _commits(directory):

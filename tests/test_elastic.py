@@ -8,7 +8,9 @@ SIGKILLed, raise, are interrupted, and the jobs relaunch from committed files
   the relaunch resumes from it, and the weights are again bitwise equal;
 - a Python exception in the script: no relaunch, status 1, the exception named;
 - a rank killed at every launch: --max-restarts 1 gives up after two launches;
-- Ctrl-C at the supervisor: the job stops, status 130, nothing relaunched or left running.
+- Ctrl-C at the supervisor: the job stops, status 130, nothing relaunched or left running;
+- Module.fit through State.fit, killed mid-epoch and right after an epoch's last commit:
+  bitwise equal to an uninterrupted fit (scenarios/elastic_module.py).
 
 The cut link across test hosts is in tests/test_multihost.py.
 """
@@ -31,12 +33,12 @@ SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_train.py')
 TIMEOUT = 180
 
 
-def supervise(tmp_path, *script_args, options=(), env=None, timeout=TIMEOUT):
-    """(status, output) of the supervisor running elastic_train.py on 2 ranks."""
+def supervise(tmp_path, *script_args, options=(), env=None, timeout=TIMEOUT, script=SCRIPT):
+    """(status, output) of the supervisor running SCRIPT (elastic_train.py) on 2 ranks."""
     run_id = uuid.uuid4().hex
     argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '-n', '2', '--backoff', '0.2',
             '--state-dir', str(tmp_path / 'state')] + list(options) + [
-        '--', sys.executable, SCRIPT] + [str(a) for a in script_args]
+        '--', sys.executable, script] + [str(a) for a in script_args]
     full_env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id, **(env or {}))
     with open(tmp_path / 'log', 'wb') as log:
         proc = processes.start_group(argv, stdin=subprocess.DEVNULL, stdout=log,
@@ -178,3 +180,30 @@ def test_hostfiles_of_mpich_and_open_mpi(tmp_path):
         'mpiexec', '-hostfile', 'F', '-n', '3', 'python', 't.py']
     assert supervisor.launch_argv(['srun'], 3, [('h0', 2), ('h1', 1)], 'F', ['python']) == [
         'srun', '-n', '3', '--nodelist', 'h0,h1', 'python']
+
+
+MODULE_SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_module.py')
+
+
+def test_module_fit_resumes_mid_epoch_and_after_a_whole_epoch_bitwise(tmp_path,
+                                                                     mpi_available):
+    """State.fit under Module.fit, commits every 3 of 6 batches: killed at epoch 1 batch 4
+    it resumes at batch 3 of epoch 1; killed at epoch 1 batch 0 it resumes after epoch 0's
+    last batch. Both end bitwise equal to an uninterrupted fit."""
+    runs = {}
+    for name, kill in (('ref', ()), ('mid', ('--kill-epoch', 1, '--kill-batch', 4)),
+                       ('whole', ('--kill-epoch', 1, '--kill-batch', 0))):
+        folder = tmp_path / name
+        folder.mkdir()
+        status, out = supervise(folder, tmp_path / (name + '.npz'), *kill,
+                                script=MODULE_SCRIPT)
+        assert status == 0, out[-4000:]
+        runs[name] = out
+    assert launches(runs['ref']) == [1]
+    assert 'launch 1: starting at epoch 1 batch 3 (restored: True)' in runs['mid']
+    assert 'launch 1: starting at epoch 0 batch 6 (restored: True)' in runs['whole']
+    want = weights(tmp_path / 'ref.npz')
+    for name in ('mid', 'whole'):
+        assert launches(runs[name]) == [1, 2], runs[name][-4000:]
+        for got, ref in zip(weights(tmp_path / (name + '.npz')), want):
+            assert np.array_equal(got, ref), (name, np.abs(got - ref).max())
