@@ -207,3 +207,16 @@ def test_module_fit_resumes_mid_epoch_and_after_a_whole_epoch_bitwise(tmp_path,
         assert launches(runs[name]) == [1, 2], runs[name][-4000:]
         for got, ref in zip(weights(tmp_path / (name + '.npz')), want):
             assert np.array_equal(got, ref), (name, np.abs(got - ref).max())
+
+
+def test_the_example_survives_a_killed_rank(tmp_path, mpi_available):
+    """examples/train_elastic.py under the supervisor: rank 1 killed at step 3, commits every
+    2 steps; the relaunch resumes at step 2 and finishes both epochs."""
+    example = os.path.join(REPO_ROOT, 'examples', 'train_elastic.py')
+    status, out = supervise(tmp_path, '--steps', 4, '--epochs', 2, '--commit-every', 2,
+                            '--kill-at', 3, script=example)
+    assert status == 0, out[-4000:]
+    assert launches(out) == [1, 2], out[-4000:]
+    assert 'launch 1: resuming at epoch 0, step 2' in out, out[-4000:]
+    assert 'done: 2 epochs at 2 ranks' in out, out[-4000:]
+    assert re.search(r'epoch 2/2: loss [0-9.]+, accuracy [0-9.]+', out), out[-4000:]
