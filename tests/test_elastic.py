@@ -86,6 +86,20 @@ def test_a_killed_rank_relaunches_and_resumes_bitwise(tmp_path, ref):
         assert np.array_equal(got, want), np.abs(got - want).max()
 
 
+def test_distributed_trainer_resumes_bitwise(tmp_path, mpi_available):
+    """DistributedTrainer (the optimizer on each rank, its states committed from rank 0)."""
+    (tmp_path / 'ref').mkdir()
+    (tmp_path / 'got').mkdir()
+    status, out = supervise(tmp_path / 'ref', tmp_path / 'ref.npz', '--trainer', 'distributed')
+    assert status == 0, out[-4000:]
+    status, out = supervise(tmp_path / 'got', tmp_path / 'got.npz', '--trainer', 'distributed',
+                            '--kill-at', 7)
+    assert status == 0 and launches(out) == [1, 2], out[-4000:]
+    assert 'launch 1: starting at step 5 (restored: True)' in out, out[-4000:]
+    for got, want in zip(weights(tmp_path / 'got.npz'), weights(tmp_path / 'ref.npz')):
+        assert np.array_equal(got, want), np.abs(got - want).max()
+
+
 def test_a_kill_during_a_commit_leaves_the_previous_one(tmp_path, ref):
     status, out = supervise(tmp_path, tmp_path / 'got.npz', '--kill-in-commit', 2,
                             '--kill-rank', 0)

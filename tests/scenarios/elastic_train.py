@@ -2,7 +2,7 @@
 
 usage: elastic_train.py OUT [--steps N] [--commit-every K] [--kill-at S] [--kill-rank R]
                             [--kill-always] [--kill-in-commit C] [--raise-at S]
-                            [--step-seconds T] [--marker FILE]
+                            [--step-seconds T] [--marker FILE] [--trainer gluon|distributed]
 
 A small convolutional net, Adam in the store (gluon update_on_kvstore), a global batch of
 12 split over the ranks: the batch of step s is drawn from RandomState(s), so the data
@@ -39,6 +39,7 @@ parser.add_argument('--kill-in-commit', type=int, default=None)
 parser.add_argument('--raise-at', type=int, default=None)
 parser.add_argument('--step-seconds', type=float, default=0.0)
 parser.add_argument('--marker', default=None)
+parser.add_argument('--trainer', choices=['gluon', 'distributed'], default='gluon')
 args = parser.parse_args()
 FIRST = supervision.launch_index() == 0 or args.kill_always
 
@@ -80,8 +81,12 @@ def kill_midway(state):
 def main():
     kv = mpi_kvstore.create('dist_mpi')
     net = make_net()
-    trainer = gluon.Trainer(net.collect_params(), 'adam', {'learning_rate': 0.01},
-                            kvstore=kv, update_on_kvstore=True)
+    if args.trainer == 'gluon':   # the optimizer in the store
+        trainer = gluon.Trainer(net.collect_params(), 'adam', {'learning_rate': 0.01},
+                                kvstore=kv, update_on_kvstore=True)
+    else:                         # grouped pushpulls, the optimizer on each rank
+        trainer = mpi_kvstore.DistributedTrainer(net.collect_params(), 'adam',
+                                                 {'learning_rate': 0.01}, store=kv)
 
     def rescale(old, new):
         if RANK == 0:
