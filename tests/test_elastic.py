@@ -234,3 +234,57 @@ def test_the_example_survives_a_killed_rank(tmp_path, mpi_available):
     assert 'launch 1: resuming at epoch 0, step 2' in out, out[-4000:]
     assert 'done: 2 epochs at 2 ranks' in out, out[-4000:]
     assert re.search(r'epoch 2/2: loss [0-9.]+, accuracy [0-9.]+', out), out[-4000:]
+
+
+# -- elastic.State in this process (one rank) ----------------------------------------------
+
+def test_state_of_a_dict_of_arrays_round_trips_and_keeps_the_last_commits(tmp_path):
+    """The Horovod-style API's arrays: committed, changed, restored by a new State; extra
+    values and numpy's random state come back; only the last 'keep' commits remain."""
+    import mxnet as mx
+
+    from mpi_kvstore import elastic
+    arrays = {'w': mx.nd.array(np.arange(6.0).reshape(2, 3)), 'b': mx.nd.ones((3,))}
+    state = elastic.State(arrays, directory=str(tmp_path), keep=2, step=0)
+    assert not state.restored
+    for step in range(3):
+        arrays['w'][:] = arrays['w'] + 1
+        state.step = step + 1
+        np.random.seed(step)
+        state.commit()
+    expected_draw = np.random.rand()
+    saved_w = arrays['w'].asnumpy().copy()
+    arrays['w'][:] = 0
+    np.random.seed(99)
+    again = elastic.State(arrays, directory=str(tmp_path), keep=2, step=0)
+    assert again.restored and again.step == 3 and again.restored_from == (3, 1)
+    assert np.array_equal(arrays['w'].asnumpy(), saved_w)
+    assert np.random.rand() == expected_draw      # the committed random state
+    assert sorted(os.listdir(tmp_path)) == ['commit-00000002', 'commit-00000003']
+    with pytest.raises(AttributeError, match="no value 'epoch'"):
+        getattr(again, 'epoch')   # noqa: B009 (the attribute access is the test)
+
+
+def test_state_refuses_what_cannot_be_restored_or_written(tmp_path):
+    import mxnet as mx
+    from mxnet import gluon
+
+    from mpi_kvstore import elastic
+    arrays = {'w': mx.nd.ones((2, 2))}
+    elastic.State(arrays, directory=str(tmp_path)).commit()
+    with pytest.raises(ValueError, match='do not fit this model'):
+        elastic.State({'w': mx.nd.ones((3, 2))}, directory=str(tmp_path))
+    net = gluon.nn.Dense(2, in_units=2)
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', kvstore=None)
+    trainer._kv_initialized = True       # as after a first step
+    elastic.State(net.collect_params(), trainer, directory=str(tmp_path / 'net')).commit()
+    with pytest.raises(RuntimeError, match='before the trainer'):
+        elastic.State(net.collect_params(), trainer, directory=str(tmp_path / 'net'))
+    gone = tmp_path / 'gone'
+    state = elastic.State(arrays, directory=str(gone))
+    gone.rmdir()
+    gone.write_text('no longer a directory')
+    with pytest.raises(OSError, match=r'commit 1 to .* failed on rank 0'):
+        state.commit()
+    assert state.number == 0
