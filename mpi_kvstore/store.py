@@ -17,7 +17,7 @@ from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
-from .errors import ConfigError, MPIKVStoreError
+from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
@@ -223,11 +223,6 @@ class MPIKVStore(KVStoreBase):
         average = self._config.average
         sharded = [plan for plan in plans if plan.share is not None]
         if sharded:
-            if self._codec is not None:
-                raise ConfigError(
-                    'shard_optimizer: the 2-bit gradient compression '
-                    '(set_gradient_compression) has no reduce-scatter; use compression=fp16 '
-                    'or bf16 (the store option) with shard_optimizer, or shard_optimizer=0')
             self._fit_states(sharded)
         reqs = []
         for plan in plans:

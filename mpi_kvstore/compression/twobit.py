@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import device_codecs
+from ..fusion import pieces
 from ..mpiabi import MPI
 from .buckets import ceil_div, device_module, host_empty
 from .kernels import DELTAS, count_sum, quantize_pack
@@ -74,22 +75,64 @@ class TwoBit:
                     device_codecs.count_sum(every, offset, count, self.threshold, buf)
         return failed
 
+    def reduce_scatter(self, reqs, comm):
+        """The sharded optimizer's reduce-scatter (host buffers): this rank's share
+        (fusion.share) of each request gets the exact sum of the values every rank sends.
+        Each rank quantises share r of each request with its residual there and sends the
+        codes to rank r (one all-to-all of a quarter of a byte a value); rank r counts them.
+        Values are quantised one by one, so the sums are those of :meth:`exchange` below
+        ``two_phase_min_ranks`` ranks, bit for bit. -> {req: error} of local failures."""
+        n, me = comm.size, comm.rank
+        cuts = [pieces(req.nbytes // 4, n, req.unit) for req in reqs]
+        widths = [[ceil_div(c[r], 4) for c, _ in cuts] for r in range(n)]
+        block = max(sum(row) for row in widths)
+        send = np.zeros((n, block), np.uint8)
+        failed = {}
+        for j, (req, (counts, displs)) in enumerate(zip(reqs, cuts)):
+            try:
+                view = req.buffer().reshape(-1)
+                residual = self._residual_of(req, sum(counts), None)
+                for r in range(n):
+                    start, stop = displs[r], displs[r] + counts[r]
+                    at = sum(widths[r][:j])
+                    quantize_pack(view[start:stop], residual[start:stop], self.threshold,
+                                  send[r, at:at + widths[r][j]])
+            except Exception as err:
+                failed[req] = err
+                for r in range(n):
+                    at = sum(widths[r][:j])
+                    send[r, at:at + widths[r][j]] = 0
+        recv = np.empty((n, block), np.uint8)
+        comm.alltoall(send.reshape(-1), recv.reshape(-1))
+        at = 0
+        for j, (req, (counts, displs)) in enumerate(zip(reqs, cuts)):
+            if req not in failed:
+                view = req.buffer().reshape(-1)
+                count_sum(recv[:, at:at + widths[me][j]], counts[me], self.threshold,
+                          view[displs[me]:displs[me] + counts[me]], DELTAS)
+            at += widths[me][j]
+        return failed
+
+    def _residual_of(self, req, count, device):
+        """This rank's residual of the request's key (zeros for a joined rank's mirror)."""
+        xp = np if device is None else device
+        if req.mirror:     # a joined rank's zeros: no residual of its own
+            return xp.zeros(count, np.float32)
+        residual = self._residuals.get(req.key)
+        if (residual is None or residual.size != count
+                or isinstance(residual, np.ndarray) != (device is None)):
+            residual = self._residuals[req.key] = xp.zeros(count, np.float32)
+        return residual
+
     def _quantize(self, reqs, spans, codes, device):
         """Each request's codes into ``codes`` at its offset, its residual updated; zeros for
         one that fails here. -> {req: error}"""
         failed = {}
-        xp = np if device is None else device
         for req, (offset, count) in zip(reqs, spans):
             out = codes[offset:offset + -(-count // 4)]
             try:
                 view = req.buffer().reshape(-1)
-                if req.mirror:     # a joined rank's zeros: no residual of its own
-                    residual = xp.zeros(count, np.float32)
-                else:
-                    residual = self._residuals.get(req.key)
-                    if (residual is None or residual.size != count
-                            or isinstance(residual, np.ndarray) != (device is None)):
-                        residual = self._residuals[req.key] = xp.zeros(count, np.float32)
+                residual = self._residual_of(req, count, device)
                 if device is None:
                     quantize_pack(view, residual, self.threshold, out)
                 else:

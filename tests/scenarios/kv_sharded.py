@@ -295,14 +295,11 @@ def part_errors(folder):
         mom = 0.9 * mom - 0.5 * total
         w = w + mom
         close(out.asnumpy(), w, 'momentum step %d after a refused load' % step)
-    # 2-bit compression has no reduce-scatter: refused before anything is sent.
+    # 2-bit compression: the shares' codes go by one all-to-all (TwoBit.reduce_scatter)
     kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
-    expect_raises(mpi_kvstore.ConfigError, kv.pushpull, 'w', mx.nd.ones((7, 5)), out=out,
-                  contains='shard_optimizer')
-    kv.set_gradient_compression({'type': 'none'})
-    kv.pushpull('w', mx.nd.ones((7, 5)), out=out)
-    mom = 0.9 * mom - 0.5 * SIZE
-    close(out.asnumpy(), w + mom, 'a step after the refused compressed one')
+    kv.pushpull('w', mx.nd.ones((7, 5)), out=out)      # every value sends +0.5
+    mom = 0.9 * mom - 0.5 * (0.5 * SIZE)
+    close(out.asnumpy(), w + mom, 'a 2-bit compressed sharded step')
     kv.close()
     done('kv_sharded[%s] errors' % DESIGN)
 
@@ -336,14 +333,21 @@ def part_compressed():
         close(out.asnumpy(), start - compress_once(grads, wire),
               '%s: one sharded step vs numpy' % wire, rtol=1e-6, atol=1e-6)
         kv.close()
-    for wire in ('fp16', 'bf16'):
-        sharded_kv, plain_kv = store(True, compression=wire), store(False, compression=wire)
+    for wire in ('fp16', 'bf16', '2bit'):
+        options = {} if wire == '2bit' else {'compression': wire}
+        sharded_kv, plain_kv = store(True, **options), store(False, **options)
+        if wire == '2bit':   # gluon passes it to the store's set_gradient_compression
+            for kv in (sharded_kv, plain_kv):
+                kv.set_gradient_compression({'type': '2bit', 'threshold': 0.01})
         sharded, _ = trained('sgd', sharded_kv)
         plain, _ = trained('sgd', plain_kv)
         for i, value in enumerate(sharded):
             what = '%s: parameter %d' % (wire, i)
             same_on_all_ranks(value, what)
-            close(value, plain[i], what + ', sharded vs unsharded', rtol=1e-5, atol=1e-6)
+            if wire == '2bit':   # values quantised one by one: the same sums, bit for bit
+                assert np.array_equal(value, plain[i]), '%s: sharded != unsharded' % what
+            else:
+                close(value, plain[i], what + ', sharded vs unsharded', rtol=1e-5, atol=1e-6)
         sharded_kv.close()
         plain_kv.close()
     done('kv_sharded[%s] compressed' % DESIGN)
