@@ -232,4 +232,17 @@ expect_raises(ValueError, hvd.allreduce, x, process_set=first, contains='not reg
 hvd.shutdown()
 assert not hvd.is_initialized()
 expect_raises(ValueError, hvd.rank, contains='hvd.init()')
+
+# init again, on a list of COMM_WORLD ranks, with a store option as a keyword
+if SIZE > 2:
+    if RANK == 2:
+        expect_raises(ValueError, hvd.init, comm=[0, 1], fusion_threshold=4096,
+                      contains='rank 2 is not in it')
+    else:
+        hvd.init(comm=[0, 1], fusion_threshold=4096)
+        assert hvd.size() == 2 and hvd.rank() == RANK
+        assert hvd.store().config.fusion_threshold == 4096
+        got = hvd.allreduce(mx.nd.array(ALL[RANK]), op=hvd.Sum)
+        close(got.asnumpy(), ALL[0].astype(np.float64) + ALL[1], 'init(comm=[0, 1]) sum')
+        hvd.shutdown()
 done('hvd_ops')
