@@ -55,6 +55,7 @@ _MPI_OPS = {Min: 'MIN', Max: 'MAX', Product: 'PROD'}
 _NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
 _lock = threading.RLock()
 _state = {}
+_named_once = []   # the ignored HOROVOD_* variables are named once a process, not once an init
 
 
 # -- the environment --------------------------------------------------------------------------
@@ -208,7 +209,8 @@ def init(comm=None, process_sets=None, **options):
             if honoured:
                 log.info('mpi_kvstore.horovod: honouring %s as store options %s',
                          ', '.join(honoured), env_options)
-            if ignored:
+            if ignored and not _named_once:
+                _named_once.append(True)
                 log.warning('mpi_kvstore.horovod: these Horovod variables have no meaning '
                             'here and are ignored: %s (docs/coming-from-horovod.md)',
                             ', '.join(ignored))
