@@ -860,14 +860,14 @@ class DistributedTrainer(gluon.Trainer):
         self._hvd_store = kv
 
     def _allreduce_grads(self):
-        if not self._kvstore:
-            return
         entries = [(i, param.list_grad()) for i, param in enumerate(self._params)
                    if param.grad_req != 'null']
-        if self._predivide != 1.0:
+        if self._predivide != 1.0:   # on one process too: rescale_grad holds the factor
             for _, grads in entries:
                 for grad in grads:
                     grad *= 1.0 / self._predivide
+        if not self._kvstore:
+            return
         if self._custom is not None:
             self._allreduce_custom(entries)
             return
@@ -923,12 +923,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _do_allreduce(self, index, grad):
-        if self._hvd_store.num_workers == 1:
-            return
         indices = list(index) if isinstance(index, (tuple, list)) else [index]
         grads = list(grad) if isinstance(grad, (tuple, list)) else [grad]
-        for g in grads:
+        for g in grads:   # on one process too: rescale_grad holds the factor
             _scale(g, 1.0 / self._predivide)
+        if self._hvd_store.num_workers == 1:
+            return
         for i, g in zip(indices, grads):
             self._hvd_store.array_collective('allreduce', 'hvd.opt:%s' % (i,), g)
 

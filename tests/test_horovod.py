@@ -46,7 +46,7 @@ def test_ops_at_three_ranks_with_horovod_environment(tmp_path, mpi_available):
     assert out.count('these Horovod variables have no meaning') == 1
 
 
-@pytest.mark.parametrize('nprocs', [2, 3])
+@pytest.mark.parametrize('nprocs', [1, 2, 3])
 def test_trainers_average_as_horovod(nprocs, mpi_available):
     out = run_mpi(nprocs, scenario('hvd_train.py'), timeout=180)
     assert 'hvd_train: OK at %d ranks' % nprocs in out
