@@ -590,7 +590,8 @@ def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_proce
 
 def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
     """Send ``splits[i]`` rows of ``tensor`` (in order, along axis 0) to the set's i-th rank
-    and return the rows received, concatenated in rank order. Without ``splits`` the rows
+    and return the rows received, concatenated in rank order (the splits may add up to fewer
+    rows than the tensor has, as in Horovod). Without ``splits`` the rows
     are cut into equal parts (their number must divide by the set's size) and the result
     alone is returned; with it, also the rows received from each rank (an int32 NDArray).
     Synchronous: MPI_Alltoallv of a numpy copy in collective order."""
@@ -607,10 +608,11 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     else:
         sends = [int(s) for s in (splits.asnumpy() if isinstance(splits, mx.nd.NDArray)
                                   else np.asarray(splits)).ravel()]
-        if len(sends) != count or min(sends) < 0 or sum(sends) != rows:
-            raise ValueError('alltoall: splits %s must hold %d counts >= 0 that add up to the '
-                             '%d rows of the tensor' % (sends, count, rows))
-    data = np.ascontiguousarray(tensor.asnumpy())
+        if len(sends) != count or min(sends) < 0 or sum(sends) > rows:
+            raise ValueError('alltoall: splits %s must hold %d counts >= 0 that add up to at '
+                             'most the %d rows of the tensor' % (sends, count, rows))
+    data = np.ascontiguousarray(tensor.asnumpy()[:sum(sends)])   # as Horovod, rows past
+    # the splits' sum stay here
     row_bytes = data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
 
     def exchange(comm):

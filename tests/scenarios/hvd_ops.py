@@ -179,6 +179,11 @@ expect_raises(ValueError, hvd.broadcast_parameters, [x], contains='invalid param
 expect_raises(ValueError, hvd.alltoall, mx.nd.ones((SIZE * 2 + 1, 2)), contains='equal parts')
 expect_raises(ValueError, hvd.alltoall, mx.nd.ones((3, 2)), splits=[3] + [1] * (SIZE - 1),
               contains='add up')
+expect_raises(ValueError, hvd.alltoall, mx.nd.ones((3, 2)), splits=[1] * (SIZE + 1),
+              contains='add up')
+# splits may leave the last rows unsent, as in Horovod: one row to each rank of SIZE + 2
+got, received = hvd.alltoall(mx.nd.array(np.arange(SIZE + 2.0) + 10 * RANK), [1] * SIZE)
+close(got.asnumpy(), [10 * r + RANK for r in range(SIZE)], 'alltoall short splits')
 
 # process sets (the whole job's ranks again would be a duplicate of the global set):
 # from a list of ranks, [0, 1] at 3 ranks, [1] at 2; from a communicator, the last two
