@@ -214,9 +214,13 @@ def init(comm=None, process_sets=None, **options):
                 log.warning('mpi_kvstore.horovod: these Horovod variables have no meaning '
                             'here and are ignored: %s (docs/coming-from-horovod.md)',
                             ', '.join(ignored))
+    if isinstance(process_sets, str):
+        if process_sets.lower() != 'dynamic':
+            raise ValueError("hvd.init: process_sets is a list of ProcessSets or 'dynamic', "
+                             'not %r' % (process_sets,))
+        process_sets = ()   # add_process_set works without it here
     for process_set in process_sets or ():
-        if process_set != 'dynamic':
-            add_process_set(process_set)
+        add_process_set(process_set)
 
 
 def _require_init():

@@ -25,7 +25,7 @@ REDUCE = {hvd.Sum: lambda a: np.sum(a, axis=0), hvd.Average: lambda a: np.mean(a
           hvd.Min: lambda a: np.min(a, axis=0), hvd.Max: lambda a: np.max(a, axis=0),
           hvd.Product: lambda a: np.prod(a, axis=0)}
 
-hvd.init()
+hvd.init(process_sets='dynamic')
 assert hvd.is_initialized() and hvd.rank() == RANK and hvd.size() == SIZE
 assert 0 <= hvd.local_rank() < hvd.local_size() and 0 <= hvd.cross_rank() < hvd.cross_size()
 assert hvd.local_size() * hvd.cross_size() == SIZE
@@ -244,7 +244,9 @@ if SIZE > 2:
         expect_raises(ValueError, hvd.init, comm=[0, 1], fusion_threshold=4096,
                       contains='rank 2 is not in it')
     else:
-        hvd.init(comm=[0, 1], fusion_threshold=4096)
+        pair = hvd.ProcessSet([1])
+        hvd.init(comm=[0, 1], process_sets=[pair], fusion_threshold=4096)
+        assert pair.included() == (RANK == 1) and pair.size() == 1
         assert hvd.size() == 2 and hvd.rank() == RANK
         assert hvd.store().config.fusion_threshold == 4096
         got = hvd.allreduce(mx.nd.array(ALL[RANK]), op=hvd.Sum)
