@@ -67,7 +67,7 @@ def _on_off(text):
     return 'on' if text.strip().lower() in ('1', 'true', 'yes', 'on') else 'off'
 
 
-# HOROVOD_* variable -> (store option, parse, the MPI_KVSTORE_* variable that wins over it)
+# HOROVOD_* variable -> (store option, parse); MPI_KVSTORE_<OPTION> wins over it
 _HONOURED = {
     'HOROVOD_FUSION_THRESHOLD': ('fusion_threshold', int),
     'HOROVOD_TIMELINE': ('timeline', str),
@@ -76,7 +76,7 @@ _HONOURED = {
     'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': ('stall_abort', _seconds),
 }
 # Read here for what they mean, not passed to the store.
-_HANDLED = ('HOROVOD_STALL_CHECK_DISABLE', 'HOROVOD_LOG_LEVEL', 'HOROVOD_TIMELINE_MARK_CYCLES')
+_HANDLED = ('HOROVOD_STALL_CHECK_DISABLE', 'HOROVOD_LOG_LEVEL')
 _LOG_LEVELS = {'trace': logging.DEBUG, 'debug': logging.DEBUG, 'info': logging.INFO,
                'warning': logging.WARNING, 'error': logging.ERROR, 'fatal': logging.CRITICAL}
 
@@ -190,6 +190,8 @@ def init(comm=None, process_sets=None, **options):
         store_options = dict(env_options, **options)
         store_options['average'] = False   # the store sums; averaging happens here
         kv = MPIKVStore('dist_mpi', comm=comm, **store_options)
+        if kv._timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
+            _record(kv._timeline, False)   # nothing is kept until start_timeline
         me, count = comm.Get_rank(), comm.Get_size()
         found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
         if found is None:
@@ -398,6 +400,7 @@ def start_timeline(file_path, mark_cycles=False):
     with timeline._lock:
         timeline.path = trace_path(file_path, _state['rank'], _state['size'])
         timeline._events.clear()
+    _record(timeline, True)
 
 
 def stop_timeline():
@@ -407,8 +410,20 @@ def stop_timeline():
     if timeline is None:
         return
     timeline.write()
+    _record(timeline, False)
+
+
+def _record(timeline, on):
+    """Let the store's timeline keep events, or drop them (it still tracks its requests):
+    off, its events are not kept and it writes nothing, so a long job between
+    stop_timeline and start_timeline does not fill memory."""
     with timeline._lock:
         timeline._events.clear()
+        if on:
+            timeline.__dict__.pop('_emit', None)
+        else:
+            timeline.path = os.devnull
+            timeline._emit = lambda *args: None
 
 
 # -- argument checks --------------------------------------------------------------------------
