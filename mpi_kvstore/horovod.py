@@ -280,8 +280,9 @@ def remove_process_set(process_set):
 
 
 def _store_options():
-    """The options init's store was made with (the environment's and init's keywords)."""
-    return dict(_state['options'])
+    """The options of init's store (the environment's and init's keywords) for another store
+    on these processes: without the timeline, which init's store alone writes."""
+    return dict(_state['options'], timeline='')
 
 
 def shutdown():
