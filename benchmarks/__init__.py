@@ -30,6 +30,10 @@ Scripts:
                       step, exchange alone, and how much of the exchange hides behind compute
     schedule_tune     partition_bytes and credit_bytes tried on gpu_like's model, interleaved;
                       the fastest written into a tune table's schedule entry for this topology
+    sharded           the sharded optimizer (shard_optimizer) against unsharded, with and without
+                      compression, on gpu_like's model: step, state bytes and RSS per rank
+    relaunch_time     how long the supervisor (python -m mpi_kvstore run) takes from a killed
+                      rank to the relaunched job's restored state (no mpiexec)
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON
