@@ -190,8 +190,8 @@ def init(comm=None, process_sets=None, **options):
         store_options = dict(env_options, **options)
         store_options['average'] = False   # the store sums; averaging happens here
         kv = MPIKVStore('dist_mpi', comm=comm, **store_options)
-        if kv._timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
-            _record(kv._timeline, False)   # nothing is kept until start_timeline
+        if kv.timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
+            kv.timeline.record_into(None)   # nothing is kept until start_timeline
         me, count = comm.Get_rank(), comm.Get_size()
         found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
         if found is None:
@@ -394,37 +394,21 @@ def start_timeline(file_path, mark_cycles=False):
     before the extension). As in Horovod, the timeline must be enabled at init:
     HOROVOD_TIMELINE=DYNAMIC, a path, or the store's timeline option."""
     _require_init()
-    timeline = _state['store']._timeline
+    timeline = _state['store'].timeline
     if timeline is None:
         raise ValueError('Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.')
     from .timeline import trace_path  # the store's own file naming
-    with timeline._lock:
-        timeline.path = trace_path(file_path, _state['rank'], _state['size'])
-        timeline._events.clear()
-    _record(timeline, True)
+    timeline.record_into(trace_path(file_path, _state['rank'], _state['size']))
 
 
 def stop_timeline():
     """Write the timeline recorded since start_timeline and stop filling that file."""
     _require_init()
-    timeline = _state['store']._timeline
+    timeline = _state['store'].timeline
     if timeline is None:
         return
     timeline.write()
-    _record(timeline, False)
-
-
-def _record(timeline, on):
-    """Let the store's timeline keep events, or drop them (it still tracks its requests):
-    off, its events are not kept and it writes nothing, so a long job between
-    stop_timeline and start_timeline does not fill memory."""
-    with timeline._lock:
-        timeline._events.clear()
-        if on:
-            timeline.__dict__.pop('_emit', None)
-        else:
-            timeline.path = os.devnull
-            timeline._emit = lambda *args: None
+    timeline.record_into(None)
 
 
 # -- argument checks --------------------------------------------------------------------------

@@ -100,6 +100,11 @@ class MPIKVStore(KVStoreBase):
     def config(self):
         return self._config
 
+    @property
+    def timeline(self):
+        """The store's timeline.Timeline (the ``timeline`` option), or None."""
+        return self._timeline
+
     @staticmethod
     def is_capable(capability):
         return str(capability).lower() == KVStoreBase.OPTIMIZER

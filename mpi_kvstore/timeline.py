@@ -84,7 +84,16 @@ class Timeline:
     def _row(self, key):
         return self._rows.setdefault(repr(key), len(self._rows) + 1)
 
+    def record_into(self, path):
+        """Keep events from now on, for ``path``; None: keep none, write nothing, while still
+        following the requests (Horovod's start_timeline and stop_timeline)."""
+        with self._lock:
+            self._events.clear()
+            self.path = path
+
     def _emit(self, req, marks, end, bucket_size):
+        if self.path is None:
+            return
         pushed = marks.get('pushed', end)
         ready = marks.get('ready', pushed)
         started = marks.get('started', ready)
@@ -101,6 +110,8 @@ class Timeline:
                                  'args': args})
 
     def write(self):
+        if self.path is None:
+            return
         meta = [{'name': 'process_name', 'ph': 'M', 'pid': self.rank,
                  'args': {'name': 'rank %d' % self.rank}}]
         meta += [{'name': 'thread_name', 'ph': 'M', 'pid': self.rank, 'tid': tid,
