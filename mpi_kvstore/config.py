@@ -4,7 +4,7 @@ A value comes from the explicit argument, then the ``MPI_KVSTORE_*`` environment
 variable, then the default. A bad value raises :class:`ConfigError` naming the
 variable. Nothing else in the package reads an option from ``os.environ``; the variables
 that are not options belong to their modules: the supervisor's (supervision.py, read by
-supervisor.py and elastic.py), Horovod's ``HOROVOD_*`` (horovod.py), and what doctor.py
+supervisor.py and elastic.py), Horovod's ``HOROVOD_*`` (horovod/basics.py), and what doctor.py
 reports.
 """
 import os

@@ -1,0 +1,380 @@
+"""Horovod's basics on the store: init and the process sets, ranks, what this build has,
+the timeline, and the HOROVOD_* variables (mpi_kvstore.horovod's docstring says more)."""
+import logging
+import os
+import tempfile
+import threading
+
+import mxnet as mx
+import numpy as np
+
+from ..config import launcher_local_rank
+from ..mpiabi import MPI
+from ..store import MPIKVStore
+from ..timeline import trace_path
+
+log = logging.getLogger(__name__)
+
+# Horovod's reduction ops, with Horovod's numbers (horovod.common.basics).
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: 'Average', Sum: 'Sum', Adasum: 'Adasum', Min: 'Min', Max: 'Max',
+             Product: 'Product'}
+_MPI_OPS = {Min: 'MIN', Max: 'MAX', Product: 'PROD'}
+
+_NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
+_lock = threading.RLock()
+_state = {}
+_named_once = []   # the ignored HOROVOD_* variables are named once a process, not once an init
+
+
+# -- the environment --------------------------------------------------------------------------
+def _seconds(text):
+    return float(text)
+
+
+def _on_off(text):
+    return 'on' if text.strip().lower() in ('1', 'true', 'yes', 'on') else 'off'
+
+
+# HOROVOD_* variable -> (store option, parse); MPI_KVSTORE_<OPTION> wins over it
+_HONOURED = {
+    'HOROVOD_FUSION_THRESHOLD': ('fusion_threshold', int),
+    'HOROVOD_TIMELINE': ('timeline', str),
+    'HOROVOD_HIERARCHICAL_ALLREDUCE': ('hierarchical', _on_off),
+    'HOROVOD_STALL_CHECK_TIME_SECONDS': ('stall_warning', _seconds),
+    'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': ('stall_abort', _seconds),
+}
+# Read here for what they mean, not passed to the store.
+_HANDLED = ('HOROVOD_STALL_CHECK_DISABLE', 'HOROVOD_LOG_LEVEL')
+_LOG_LEVELS = {'trace': logging.DEBUG, 'debug': logging.DEBUG, 'info': logging.INFO,
+               'warning': logging.WARNING, 'error': logging.ERROR, 'fatal': logging.CRITICAL}
+
+
+def environment_options(environ=None):
+    """The store options that Horovod's environment variables ask for, and the HOROVOD_*
+    variables that have no meaning here (sorted) -> (options, ignored). An
+    ``MPI_KVSTORE_*`` variable of the same option wins over the Horovod one."""
+    environ = os.environ if environ is None else environ
+    options = {}
+    for var, (option, parse) in _HONOURED.items():
+        if var in environ and 'MPI_KVSTORE_%s' % option.upper() not in environ:
+            try:
+                options[option] = parse(environ[var])
+            except ValueError as err:
+                raise ValueError('%s=%r: %s' % (var, environ[var], err)) from err
+    disable = environ.get('HOROVOD_STALL_CHECK_DISABLE', '').strip().lower()
+    if disable in ('1', 'true', 'yes', 'on') and 'MPI_KVSTORE_STALL_WARNING' not in environ:
+        options['stall_warning'] = 0.0
+    if options.get('timeline', '').upper() == 'DYNAMIC':
+        options['timeline'] = os.path.join(tempfile.gettempdir(),
+                                           'mpi_kvstore-hvd-timeline-%d.json' % os.getpid())
+    ignored = sorted(var for var in environ
+                     if var.startswith('HOROVOD_') and var not in _HONOURED
+                     and var not in _HANDLED)
+    return options, ignored
+
+
+def _apply_log_level(environ):
+    level = environ.get('HOROVOD_LOG_LEVEL', '').strip().lower()
+    if level in _LOG_LEVELS:
+        logging.getLogger('mpi_kvstore').setLevel(_LOG_LEVELS[level])
+
+
+# -- init and the process sets ---------------------------------------------------------------
+class ProcessSet:
+    """Horovod's process set: the ranks (of :func:`init`'s communicator) that run a collective
+    together. Here it is a store on a sub-communicator, made when :func:`init` or
+    :func:`add_process_set` registers it (collective on every process). Build it from a list
+    of ranks or from an mpi4py communicator (``MPI.COMM_NULL`` on the processes outside)."""
+
+    process_set_id = None
+    ranks = None
+    mpi_comm = None
+
+    def __init__(self, ranks_or_comm):
+        if isinstance(ranks_or_comm, MPI.Comm):
+            self.mpi_comm = ranks_or_comm
+        else:
+            try:
+                ranks = sorted(ranks_or_comm)
+            except TypeError:
+                raise ValueError('ProcessSet takes a list of ranks or an mpi4py communicator, '
+                                 'not %r' % (ranks_or_comm,)) from None
+            if any(not isinstance(r, (int, np.integer)) or isinstance(r, bool) for r in ranks):
+                raise ValueError('ProcessSet: ranks must be ints, not %r' % (ranks,))
+            self.ranks = [int(r) for r in ranks]
+        self._store = None     # this process's store of the set (None outside it)
+        self._stores = {}      # DistributedTrainer's stores by compression
+
+    def size(self):
+        """The number of processes in the set, or None before it is registered."""
+        return None if self.process_set_id is None else len(self.ranks)
+
+    def rank(self):
+        """This process's rank inside the set, None outside it or before registration."""
+        if self.process_set_id is None or not self.included():
+            return None
+        return self.ranks.index(rank())
+
+    def included(self):
+        """Whether this process belongs to the set (None before its ranks are known)."""
+        if self.ranks is None:
+            return None
+        return rank() in self.ranks
+
+    def __str__(self):
+        return 'ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)' % (
+            self.process_set_id, self.ranks, self.mpi_comm)
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def init(comm=None, process_sets=None, **options):
+    """Start: a store on ``comm`` (default COMM_WORLD; an mpi4py communicator, or a list of
+    COMM_WORLD ranks), and one for each of ``process_sets``. Collective on COMM_WORLD (or on
+    ``comm``). Store options (mpi_kvstore.config) may be given as keywords; the HOROVOD_*
+    variables the store has a meaning for are honoured (docs/coming-from-horovod.md), and the
+    others named once in a log line. A second call while initialized does nothing."""
+    with _lock:
+        if _state.get('store') is not None:
+            return
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        elif not isinstance(comm, MPI.Comm):
+            ranks = sorted(int(r) for r in comm)
+            world = MPI.COMM_WORLD
+            sub = world.Split(0 if world.Get_rank() in ranks else MPI.UNDEFINED,
+                              world.Get_rank())
+            if sub == MPI.COMM_NULL:
+                raise ValueError('hvd.init(comm=%s): COMM_WORLD rank %d is not in it'
+                                 % (ranks, world.Get_rank()))
+            comm = sub
+        environ = os.environ
+        _apply_log_level(environ)
+        env_options, ignored = environment_options(environ)
+        store_options = dict(env_options, **options)
+        store_options['average'] = False   # the store sums; averaging happens here
+        kv = MPIKVStore('dist_mpi', comm=comm, **store_options)
+        if kv.timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
+            kv.timeline.record_into(None)   # nothing is kept until start_timeline
+        me, count = comm.Get_rank(), comm.Get_size()
+        found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
+        if found is None:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+            found = (node.Get_rank(), node.Get_size())
+            node.Free()
+        cross = comm.Split(found[0], me)
+        _state.update(store=kv, options=store_options, comm=comm, rank=me, size=count, local=found,
+                      cross=(cross.Get_rank(), cross.Get_size()), sets={0: global_process_set},
+                      next_id=1)
+        cross.Free()
+        global_process_set.ranks = list(range(count))
+        global_process_set._store = kv
+        global_process_set._stores = {}
+        if me == 0:
+            honoured = sorted(var for var in _HONOURED if var in environ)
+            if honoured:
+                log.info('mpi_kvstore.horovod: honouring %s as store options %s',
+                         ', '.join(honoured), env_options)
+            if ignored and not _named_once:
+                _named_once.append(True)
+                log.warning('mpi_kvstore.horovod: these Horovod variables have no meaning '
+                            'here and are ignored: %s (docs/coming-from-horovod.md)',
+                            ', '.join(ignored))
+    if isinstance(process_sets, str):
+        if process_sets.lower() != 'dynamic':
+            raise ValueError("hvd.init: process_sets is a list of ProcessSets or 'dynamic', "
+                             'not %r' % (process_sets,))
+        process_sets = ()   # add_process_set works without it here
+    for process_set in process_sets or ():
+        add_process_set(process_set)
+
+
+def _require_init():
+    if _state.get('store') is None:
+        raise ValueError(_NOT_INITIALIZED)
+
+
+def add_process_set(process_set):
+    """Register a process set (a ProcessSet or a list of ranks) and return it: a
+    sub-communicator and a store on it for its members. Collective on every process, as
+    in Horovod; the same ranks twice raise ValueError."""
+    _require_init()
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    comm = _state['comm']
+    me = _state['rank']
+    if process_set.ranks is None:   # built from a communicator: learn its members
+        inside = process_set.mpi_comm != MPI.COMM_NULL
+        members = comm.allgather(me if inside else None)
+        process_set.ranks = [r for r in members if r is not None]
+    bad = [r for r in process_set.ranks if not 0 <= r < _state['size']]
+    if bad or not process_set.ranks or len(set(process_set.ranks)) != len(process_set.ranks):
+        raise ValueError('add_process_set: ranks %s must be distinct ranks in [0, %d)'
+                         % (process_set.ranks, _state['size']))
+    with _lock:
+        for known in _state['sets'].values():
+            if known is not process_set and known.ranks == process_set.ranks:
+                raise ValueError('add_process_set: a process set of ranks %s exists already: %s'
+                                 % (process_set.ranks, known))
+    sub = comm.Split(0 if me in process_set.ranks else MPI.UNDEFINED, me)
+    if sub != MPI.COMM_NULL:
+        process_set._store = MPIKVStore('dist_mpi', comm=sub, **_store_options())
+        sub.Free()   # the store keeps its own duplicate
+    with _lock:
+        process_set.process_set_id = _state['next_id']
+        _state['next_id'] += 1
+        _state['sets'][process_set.process_set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Close a registered process set's stores; True if it was registered (the global set is
+    never removed). Collective on the set's members."""
+    with _lock:
+        if (process_set is global_process_set or process_set.process_set_id is None
+                or _state.get('sets', {}).get(process_set.process_set_id) is not process_set):
+            return False
+        del _state['sets'][process_set.process_set_id]
+    for kv in [process_set._store, *process_set._stores.values()]:
+        if kv is not None:
+            kv.close()
+    process_set._store, process_set._stores = None, {}
+    process_set.process_set_id = None
+    return True
+
+
+def _store_options():
+    """The options of init's store (the environment's and init's keywords) for another store
+    on these processes: without the timeline, which init's store alone writes."""
+    return dict(_state['options'], timeline='')
+
+
+def shutdown():
+    """Finish every collective and close the stores; init() may start again."""
+    with _lock:
+        if _state.get('store') is None:
+            return
+        sets = list(_state['sets'].values())
+        _state.clear()
+    for process_set in sets:
+        for kv in [process_set._store, *process_set._stores.values()]:
+            if kv is not None:
+                kv.close()
+        process_set._store, process_set._stores = None, {}
+        if process_set is not global_process_set:
+            process_set.process_set_id = None
+    global_process_set.ranks = []
+
+
+def is_initialized():
+    return _state.get('store') is not None
+
+
+def store():
+    """The store under :func:`init` (an MPIKVStore), for the rest of mpi_kvstore's API."""
+    _require_init()
+    return _state['store']
+
+
+def rank():
+    _require_init()
+    return _state['rank']
+
+
+def size():
+    _require_init()
+    return _state['size']
+
+
+def local_rank():
+    _require_init()
+    return _state['local'][0]
+
+
+def local_size():
+    _require_init()
+    return _state['local'][1]
+
+
+def cross_rank():
+    """This process's rank among the processes of the same local rank (one a node)."""
+    _require_init()
+    return _state['cross'][0]
+
+
+def cross_size():
+    """The number of processes of this process's local rank: the number of nodes."""
+    _require_init()
+    return _state['cross'][1]
+
+
+# -- what this build has ----------------------------------------------------------------------
+def mpi_built():
+    return True
+
+
+def mpi_enabled():
+    return True
+
+
+def mpi_threads_supported():
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    """0, as Horovod answers without NCCL: the store's NCCL transport (docs/gpu.md) runs on
+    CuPy, not in an MXNet build of Horovod's kind."""
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    """Whether this MXNet was built with CUDA (the store then exchanges GPU arrays)."""
+    return bool(mx.runtime.Features().is_enabled('CUDA'))
+
+
+def rocm_built():
+    return False
+
+
+# -- timeline ---------------------------------------------------------------------------------
+def start_timeline(file_path, mark_cycles=False):
+    """Record the collectives from now on into ``file_path`` (one file a rank: ``.rankN``
+    before the extension). As in Horovod, the timeline must be enabled at init:
+    HOROVOD_TIMELINE=DYNAMIC, a path, or the store's timeline option."""
+    _require_init()
+    timeline = _state['store'].timeline
+    if timeline is None:
+        raise ValueError('Set HOROVOD_TIMELINE=DYNAMIC to enable dynamic timeline usage.')
+    timeline.record_into(trace_path(file_path, _state['rank'], _state['size']))
+
+
+def stop_timeline():
+    """Write the timeline recorded since start_timeline and stop filling that file."""
+    _require_init()
+    timeline = _state['store'].timeline
+    if timeline is None:
+        return
+    timeline.write()
+    timeline.record_into(None)
+

@@ -1,0 +1,257 @@
+"""Horovod's collectives on NDArrays: reductions, gathers, broadcasts, alltoall, objects."""
+import warnings
+
+import mxnet as mx
+import numpy as np
+
+from .. import functional
+from ..mpiabi import MPI
+from .basics import (
+    _MPI_OPS,
+    _OP_NAMES,
+    Adasum,
+    Average,
+    ProcessSet,
+    Sum,
+    _require_init,
+    _state,
+    global_process_set,
+)
+
+
+# -- argument checks --------------------------------------------------------------------------
+def _op_of(op, average, what):
+    if op is not None and average is not None:
+        raise ValueError('%s: the op parameter supersedes average; give only one of them'
+                         % what)
+    if op is None:
+        if average is None:
+            return Average
+        warnings.warn('Parameter `average` has been replaced with `op`', DeprecationWarning,
+                      stacklevel=3)
+        return Average if average else Sum
+    if isinstance(op, bool) or op not in _OP_NAMES:
+        raise ValueError('%s: unknown op %r; use one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, '
+                         'hvd.Product' % (what, op))
+    if op == Adasum:
+        raise NotImplementedError(
+            '%s: hvd.Adasum is not implemented by mpi_kvstore; use op=hvd.Average (the '
+            'default, what DistributedTrainer and DistributedOptimizer do) or hvd.Sum'
+            % what)
+    return op
+
+
+def _set_store(process_set, what, compression=None):
+    """This process's store of ``process_set``; ValueError outside the set."""
+    _require_init()
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError('%s: process_set must be a ProcessSet, not %r' % (what, process_set))
+    if process_set.process_set_id is None:
+        raise ValueError('%s: %s is not registered: pass it to hvd.init(process_sets=[...]) '
+                         'or hvd.add_process_set()' % (what, process_set))
+    if process_set._store is None:
+        raise ValueError('%s: rank %d is not in %s; only its ranks may call it'
+                         % (what, _state['rank'], process_set))
+    return process_set._store
+
+
+def _set_root(process_set, root_rank, what):
+    """The root's rank inside the set (root_rank is a rank of init's communicator)."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        raise ValueError('%s: root_rank must be an int, not %r' % (what, root_rank))
+    if root_rank not in process_set.ranks:
+        raise ValueError('%s: root_rank %d is not a rank of %s (ranks %s)'
+                         % (what, root_rank, 'the job' if process_set is global_process_set
+                            else 'the process set', process_set.ranks))
+    return process_set.ranks.index(int(root_rank))
+
+
+def _scale(tensor, factor):
+    """tensor *= factor, in place, as an engine op (integer tensors scaled in float64)."""
+    if factor == 1.0:
+        return tensor
+    if np.issubdtype(np.dtype(tensor.dtype), np.floating):
+        tensor *= factor
+    else:
+        tensor[:] = (tensor.astype('float64') * factor).astype(tensor.dtype)
+    return tensor
+
+
+# -- reductions -------------------------------------------------------------------------------
+def _mpi_reduce(kv, tensor, op):
+    """Min, Max, Product: MPI_Allreduce of a numpy copy in collective order (synchronous)."""
+    dtype = np.dtype(tensor.dtype)
+    wire = np.float32 if dtype == np.float16 else dtype   # MPI has no half type
+    data = np.ascontiguousarray(tensor.asnumpy(), dtype=wire)
+    mpi_op = getattr(MPI, _MPI_OPS[op])
+
+    def reduce(comm):
+        out = np.empty_like(data)
+        comm.Allreduce(data, out, op=mpi_op)
+        return out
+
+    result = kv.run_collective(reduce, 'hvd.allreduce.%s' % _OP_NAMES[op].lower())
+    tensor[:] = mx.nd.array(result.astype(dtype), ctx=tensor.context, dtype=dtype)
+    return tensor
+
+
+def _allreduce_inplace(tensor, op, name, prescale_factor, postscale_factor, process_set, what):
+    kv = _set_store(process_set, what)
+    _scale(tensor, prescale_factor)
+    if op in _MPI_OPS:
+        _mpi_reduce(kv, tensor, op)
+        return _scale(tensor, postscale_factor)
+    kv.array_collective('allreduce', name or 'hvd.allreduce', tensor)
+    factor = postscale_factor / len(process_set.ranks) if op == Average else postscale_factor
+    return _scale(tensor, factor)
+
+
+def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set, op=None):
+    """Horovod's in-place allreduce: ``postscale * op(prescale * tensor)`` over the set's
+    processes; op defaults to Average. Returns ``tensor``. ``priority`` is accepted: these
+    collectives run in call order."""
+    op = _op_of(op, average, 'allreduce_')
+    return _allreduce_inplace(tensor, op, name, prescale_factor, postscale_factor,
+                              process_set, 'allreduce_')
+
+
+def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set, op=None):
+    """As :func:`allreduce_`, into a new NDArray; ``tensor`` is left as it was."""
+    op = _op_of(op, average, 'allreduce')
+    _set_store(process_set, 'allreduce')
+    return _allreduce_inplace(tensor.copy(), op, name, prescale_factor, postscale_factor,
+                              process_set, 'allreduce')
+
+
+def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set, op=None):
+    """allreduce_ of each tensor of the list, in place; returns the list."""
+    op = _op_of(op, average, 'grouped_allreduce_')
+    base = name or 'hvd.grouped_allreduce'
+    for i, tensor in enumerate(tensors):
+        _allreduce_inplace(tensor, op, '%s.%d' % (base, i), prescale_factor, postscale_factor,
+                           process_set, 'grouped_allreduce_')
+    return tensors
+
+
+def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set, op=None):
+    """grouped_allreduce_ into new NDArrays; the inputs are left as they were."""
+    op = _op_of(op, average, 'grouped_allreduce')
+    if tensors:
+        _set_store(process_set, 'grouped_allreduce')
+    return grouped_allreduce_([t.copy() for t in tensors], None, name, priority,
+                              prescale_factor, postscale_factor, process_set, op)
+
+
+def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """The Average (default) or Sum over the set, cut along axis 0 in rank order (the first
+    ``rows % size`` ranks get a row more): this rank's part, a new NDArray."""
+    op = _op_of(op, None, 'reducescatter')
+    if op not in (Average, Sum):
+        raise ValueError('reducescatter: op must be hvd.Average or hvd.Sum, not hvd.%s'
+                         % _OP_NAMES[op])
+    kv = _set_store(process_set, 'reducescatter')
+    if tensor.ndim == 0:
+        raise ValueError('reducescatter does not support scalar inputs')
+    source = _scale(tensor.copy(), prescale_factor) if prescale_factor != 1.0 else tensor
+    part = functional.reducescatter(source, average=False, name=name or 'hvd.reducescatter',
+                                    store=kv)
+    factor = postscale_factor / len(process_set.ranks) if op == Average else postscale_factor
+    return _scale(part, factor)
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    base = name or 'hvd.grouped_reducescatter'
+    return [reducescatter(t, op, '%s.%d' % (base, i), priority, process_set, prescale_factor,
+                          postscale_factor) for i, t in enumerate(tensors)]
+
+
+# -- gathers and broadcasts -------------------------------------------------------------------
+def allgather(tensor, name=None, priority=0, process_set=global_process_set):
+    """Every set member's tensor concatenated along axis 0 in rank order (first dimensions
+    may differ), a new NDArray."""
+    kv = _set_store(process_set, 'allgather')
+    return functional.allgather(tensor, name=name or 'hvd.allgather', store=kv)
+
+
+def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
+    base = name or 'hvd.grouped_allgather'
+    return [allgather(t, '%s.%d' % (base, i), priority, process_set)
+            for i, t in enumerate(tensors)]
+
+
+def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """Overwrite ``tensor`` with ``root_rank``'s (a rank of init's communicator); returns it."""
+    kv = _set_store(process_set, 'broadcast_')
+    root = _set_root(process_set, root_rank, 'broadcast_')
+    return kv.array_collective('bcast', name or 'hvd.broadcast', tensor, root=root)
+
+
+def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """``root_rank``'s tensor as a new NDArray on every member; ``tensor`` is left as it was."""
+    kv = _set_store(process_set, 'broadcast')
+    root = _set_root(process_set, root_rank, 'broadcast')
+    return kv.array_collective('bcast', name or 'hvd.broadcast', tensor.copy(), root=root)
+
+
+def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
+    """Send ``splits[i]`` rows of ``tensor`` (in order, along axis 0) to the set's i-th rank
+    and return the rows received, concatenated in rank order (the splits may add up to fewer
+    rows than the tensor has, as in Horovod). Without ``splits`` the rows
+    are cut into equal parts (their number must divide by the set's size) and the result
+    alone is returned; with it, also the rows received from each rank (an int32 NDArray).
+    Synchronous: MPI_Alltoallv of a numpy copy in collective order."""
+    kv = _set_store(process_set, 'alltoall')
+    count = len(process_set.ranks)
+    if tensor.ndim == 0:
+        raise ValueError('alltoall does not support scalar inputs')
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % count:
+            raise ValueError('alltoall: %d rows cannot be cut into %d equal parts; pass splits'
+                             % (rows, count))
+        sends = [rows // count] * count
+    else:
+        sends = [int(s) for s in (splits.asnumpy() if isinstance(splits, mx.nd.NDArray)
+                                  else np.asarray(splits)).ravel()]
+        if len(sends) != count or min(sends) < 0 or sum(sends) > rows:
+            raise ValueError('alltoall: splits %s must hold %d counts >= 0 that add up to at '
+                             'most the %d rows of the tensor' % (sends, count, rows))
+    data = np.ascontiguousarray(tensor.asnumpy()[:sum(sends)])   # as Horovod, rows past
+    # the splits' sum stay here
+    row_bytes = data.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
+
+    def exchange(comm):
+        received = comm.alltoall(sends)
+        out = np.empty((sum(received),) + data.shape[1:], dtype=data.dtype)
+        send_counts = [s * row_bytes for s in sends]
+        recv_counts = [r * row_bytes for r in received]
+        comm.Alltoallv([data.view(np.uint8).ravel(), (send_counts, None), MPI.BYTE],
+                       [out.view(np.uint8).ravel(), (recv_counts, None), MPI.BYTE])
+        return out, received
+
+    out, received = kv.run_collective(exchange, name or 'hvd.alltoall')
+    result = mx.nd.array(out, ctx=tensor.context, dtype=tensor.dtype)
+    if splits is None:
+        return result
+    return result, mx.nd.array(received, ctx=mx.cpu(), dtype='int32')
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """``root_rank``'s picklable object, returned on every member."""
+    kv = _set_store(process_set, 'broadcast_object')
+    root = _set_root(process_set, root_rank, 'broadcast_object')
+    return functional.broadcast_object(obj, root=root, store=kv)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """A list of every member's picklable object, in rank order."""
+    kv = _set_store(process_set, 'allgather_object')
+    return functional.allgather_object(obj, store=kv)
+

@@ -1,0 +1,212 @@
+"""Horovod's broadcast_parameters, DistributedTrainer and DistributedOptimizer, averaging as
+Horovod does."""
+import warnings
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+from .basics import _require_init, global_process_set, size
+from .compression import Compression, _ours, _trainer_store
+from .ops import _scale, _set_root, _set_store, broadcast_
+
+
+# -- parameters, trainer, optimizer -----------------------------------------------------------
+def _broadcast_after_init(param, root_rank, name):
+    """Wrap a deferred parameter's initialisation so that root's values follow it, inside
+    the first forward and before the data is used (every rank runs that forward)."""
+    original = param._init_impl
+
+    def init_then_broadcast(self, *args, **kwargs):
+        original(*args, **kwargs)
+        for i, array in enumerate(self.list_data()):
+            broadcast_(array, root_rank, name='%s.%d' % (name, i))
+
+    param._init_impl = init_then_broadcast.__get__(param)
+
+
+def broadcast_parameters(params, root_rank=0, prefix=None):
+    """Give every process ``root_rank``'s values: ``params`` is a ParameterDict or a dict of
+    Parameters (Block.collect_params()), or a dict of NDArrays (Module.get_params()), broadcast
+    in place in name order. A Parameter whose initialisation is deferred is broadcast when it
+    is initialised. ``prefix`` names the collectives of one call apart from another's."""
+    _require_init()
+    if prefix is not None and not isinstance(prefix, str):
+        raise ValueError('broadcast_parameters: prefix must be a str or None, not %r'
+                         % (prefix,))
+    if not isinstance(params, (dict, gluon.ParameterDict)):
+        raise ValueError('invalid params of type: %s' % type(params))
+    _set_root(global_process_set, root_rank, 'broadcast_parameters')
+    if size() == 1:
+        return
+    prefix = prefix or ''
+    for name, value in sorted(params.items(), key=lambda item: str(item[0])):
+        full = 'hvd.param:%s%s' % (prefix, name)
+        if isinstance(value, gluon.Parameter):
+            if value._deferred_init:
+                _broadcast_after_init(value, root_rank, full)
+                continue
+            for i, array in enumerate(value.list_data()):
+                broadcast_(array, root_rank, name='%s.%d' % (full, i))
+        elif isinstance(value, mx.nd.NDArray):
+            broadcast_(value, root_rank, name=full)
+        else:
+            raise ValueError('broadcast_parameters: %r is a %s, not a Parameter or an NDArray'
+                             % (name, type(value).__name__))
+
+
+def _split_list(items, parts):
+    """``items`` cut into ``parts`` runs of near-equal length, in order (the first runs get
+    one more), empty runs left out."""
+    return [run for run in np.array_split(np.arange(len(items)), parts) if len(run)]
+
+
+# Bytes of gradients a pushpull when num_groups is 0 (as mpi_kvstore.DistributedTrainer).
+GROUP_BYTES = 4 << 20
+
+
+def _byte_groups(entries):
+    """(key, grads) entries, last first, in runs of about GROUP_BYTES."""
+    runs, run, total = [], [], 0
+    for entry in reversed(entries):
+        nbytes = entry[1][0].size * np.dtype(entry[1][0].dtype).itemsize
+        if run and total + nbytes > GROUP_BYTES:
+            runs.append(run)
+            run, total = [], 0
+        run.append(entry)
+        total += nbytes
+    if run:
+        runs.append(run)
+    return runs
+
+
+class DistributedTrainer(gluon.Trainer):
+    """Horovod's DistributedTrainer: a gluon.Trainer whose gradients are averaged over the
+    processes of ``process_set``, so ``step(local batch size)`` trains as one process would on
+    every process's batch together. Gradients are scaled by ``1/gradient_predivide_factor``
+    before the sum and ``gradient_predivide_factor/size`` after (in the optimizer's
+    rescale_grad, as Horovod does on a CPU).
+
+    The exchange is the store's pushpull (engine ops, fused): ``num_groups=0`` in groups of
+    about 4 MB, last layer first (mpi_kvstore.DistributedTrainer's order); ``num_groups=n``:
+    the parameters cut into n near-equal groups, one pushpull each. ``compression``: a
+    :class:`Compression` member (fp16, bf16: the store's wire cast; twobit: MXNet's 2-bit), or
+    any Horovod-style compressor (compress, a sum, decompress). Unlike Horovod, the trainer
+    also gives every process rank 0's parameters at its first step (gluon.Trainer's own
+    broadcast), a no-op after broadcast_parameters."""
+
+    def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
+                 gradient_predivide_factor=1.0, prefix=None, num_groups=0,
+                 process_set=global_process_set):
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer._optimizer
+            warnings.warn('DistributedTrainer does not take DistributedOptimizer as its '
+                          'optimizer. We have unwrapped it for you.', stacklevel=2)
+        if prefix is not None and not isinstance(prefix, str):
+            raise ValueError('DistributedTrainer: prefix must be a str or None')
+        if not float(gradient_predivide_factor) > 0:
+            raise ValueError('DistributedTrainer: gradient_predivide_factor must be > 0, not %r'
+                             % (gradient_predivide_factor,))
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+            raise ValueError('DistributedTrainer: num_groups must be an int >= 0, not %r'
+                             % (num_groups,))
+        kv = _trainer_store(process_set, compression)
+        self._custom = None if _ours(compression) else compression
+        super().__init__(params, optimizer, optimizer_params,
+                         kvstore=kv if kv.num_workers > 1 else None,
+                         update_on_kvstore=False if kv.num_workers > 1 else None)
+        self._predivide = float(gradient_predivide_factor)
+        self._scale *= self._predivide / kv.num_workers
+        self._prefix = prefix or ''
+        self._num_groups = num_groups
+        self._hvd_store = kv
+
+    def _allreduce_grads(self):
+        entries = [(i, param.list_grad()) for i, param in enumerate(self._params)
+                   if param.grad_req != 'null']
+        if self._predivide != 1.0:   # on one process too: rescale_grad holds the factor
+            for _, grads in entries:
+                for grad in grads:
+                    grad *= 1.0 / self._predivide
+        if not self._kvstore:
+            return
+        if self._custom is not None:
+            self._allreduce_custom(entries)
+            return
+        if self._num_groups > 0:
+            runs = [[entries[j] for j in run] for run in _split_list(entries, self._num_groups)]
+        else:
+            runs = _byte_groups(entries)
+        for run in runs:
+            keys = [key for key, _ in run]
+            # gluon's convention: the lower the key, the higher the priority
+            self._kvstore.pushpull(keys, [grads for _, grads in run], priority=-min(keys))
+
+    def _allreduce_custom(self, entries):
+        """A compressor of Horovod's kind: compress, sum, decompress, as Horovod does."""
+        for key, grads in entries:
+            for j, grad in enumerate(grads):
+                compressed, ctx = self._custom.compress(grad)
+                self._hvd_store.array_collective(
+                    'allreduce', 'hvd.trainer:%s%d.%d' % (self._prefix, key, j), compressed)
+                grad[:] = self._custom.decompress(compressed, ctx)
+
+
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Horovod's DistributedOptimizer, for Module (``mod.fit(..., kvstore=None,
+    optimizer=hvd.DistributedOptimizer(opt))``): each update first averages its gradients
+    over the processes (a sum of ``grad / gradient_predivide_factor``, with the wrapped
+    optimizer's rescale_grad multiplied by ``gradient_predivide_factor / size`` here, as
+    Horovod does on a CPU), then runs the wrapped optimizer. Other attributes are the wrapped
+    optimizer's. ``num_groups`` is accepted: each gradient is its own collective, and the
+    store fuses those ready together."""
+
+    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
+                 process_set=global_process_set):
+        if not float(gradient_predivide_factor) > 0:
+            raise ValueError('DistributedOptimizer: gradient_predivide_factor must be > 0')
+        kv = _set_store(process_set, 'DistributedOptimizer')
+        self._optimizer = optimizer
+        self._predivide = float(gradient_predivide_factor)
+        self._num_groups = num_groups
+        self._process_set = process_set
+        self._hvd_store = kv
+        optimizer.rescale_grad *= self._predivide / kv.num_workers
+
+    def __getattr__(self, item):
+        if item.startswith('__') or item == '_optimizer':
+            raise AttributeError(item)
+        return getattr(self._optimizer, item)
+
+    def create_state(self, index, weight):
+        return self._optimizer.create_state(index, weight)
+
+    def create_state_multi_precision(self, index, weight):
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    def _do_allreduce(self, index, grad):
+        indices = list(index) if isinstance(index, (tuple, list)) else [index]
+        grads = list(grad) if isinstance(grad, (tuple, list)) else [grad]
+        for g in grads:   # on one process too: rescale_grad holds the factor
+            _scale(g, 1.0 / self._predivide)
+        if self._hvd_store.num_workers == 1:
+            return
+        for i, g in zip(indices, grads):
+            self._hvd_store.array_collective('allreduce', 'hvd.opt:%s' % (i,), g)
+
+    def update(self, index, weight, grad, state):
+        self._do_allreduce(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        self._do_allreduce(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    def set_learning_rate(self, lr):
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult):
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult):
+        self._optimizer.set_wd_mult(args_wd_mult)
