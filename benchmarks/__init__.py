@@ -32,6 +32,8 @@ Scripts:
                       the fastest written into a tune table's schedule entry for this topology
     sharded           the sharded optimizer (shard_optimizer) against unsharded, with and without
                       compression, on gpu_like's model: step, state bytes and RSS per rank
+    lossy_allgather   what 16-bit weights after every step (a lossy allgather) would cost a
+                      small classifier's loss and accuracy, fp16 and bf16 against exact
     relaunch_time     how long the supervisor (python -m mpi_kvstore run) takes from a killed
                       rank to the relaunched job's restored state (no mpiexec)
 

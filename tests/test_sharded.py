@@ -61,3 +61,20 @@ def test_a_join_refuses_the_weights_allgather(design, mpi_available):
 def test_compressed_reduce_scatter_is_compress_once(design, nprocs, mpi_available):
     _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'compressed', timeout=240),
         'kv_sharded[%s] compressed' % design, nprocs)
+
+
+def test_lossy_allgather_benchmark_runs():
+    """benchmarks.lossy_allgather (docs/sharded-optimizer.md's figures), briefly: it prints
+    a loss and an accuracy for each rounding, and exact and fp16 stay close."""
+    import re
+    import subprocess
+    import sys
+
+    from mpi_harness import REPO_ROOT
+    out = subprocess.run([sys.executable, '-m', 'benchmarks.lossy_allgather', '--steps', '30',
+                          '--seeds', '1'], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = dict(re.findall(r'^(\w+)\s+loss \(last 20 steps\) ([0-9.]+)', out.stdout, re.M))
+    assert set(rows) == {'exact', 'fp16', 'bf16'}, out.stdout
+    assert abs(float(rows['fp16']) - float(rows['exact'])) < 0.05, out.stdout
