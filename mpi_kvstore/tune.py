@@ -46,9 +46,10 @@ def _sizes(text):
     return sizes
 
 
-def _interleaved(comm, fns, trials):
+def _interleaved(comm, fns, trials, spread=None):
     """{name: median over trials of the slowest rank's seconds}; each round runs every fn
-    once, starting at a different one, so drifting load slows them alike."""
+    once, starting at a different one, so drifting load slows them alike. ``spread``, a
+    dict, gets {name: (min, max)} of the same seconds."""
     names = list(fns)
     for name in names:
         fns[name]()                                      # warm
@@ -59,6 +60,8 @@ def _interleaved(comm, fns, trials):
             start = time.perf_counter()
             fns[name]()
             times[name].append(comm.mpi.allreduce(time.perf_counter() - start, op=MPI.MAX))
+    if spread is not None:
+        spread.update({name: (min(t), max(t)) for name, t in times.items()})
     return {name: float(np.median(t)) for name, t in times.items()}
 
 
@@ -204,12 +207,15 @@ def main(argv=None):
         buf = np.zeros(max(nbytes // 4, 1), np.float32)
         # Small sizes take microseconds, and their medians need many rounds to settle.
         trials = args.trials * (SMALL_TRIALS if nbytes <= SMALL_BYTES else 1)
-        times = _interleaved(comm, _runners(comm, hier, buf), trials)
+        spread = {}
+        times = _interleaved(comm, _runners(comm, hier, buf), trials, spread)
         best = _pick(times)
         chosen.append(best)
         measured[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
-        say('%10d B  ' % nbytes + '  '.join('%s %.3f ms%s' % (n, t * 1e3, ' *' if n == best else '')
-                                            for n, t in times.items()))
+        say('%10d B  ' % nbytes + '  '.join(
+            '%s %.3f ms (%.3f-%.3f)%s' % (n, t * 1e3, spread[n][0] * 1e3, spread[n][1] * 1e3,
+                                          ' *' if n == best else '')
+            for n, t in times.items()))
     made, default, device_ms, device_rows = {}, None, {}, None
     if _gpu_present():
         made, default = _device_transports(comm, say)
