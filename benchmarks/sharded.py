@@ -188,23 +188,16 @@ def train_run(args, config, comm):
     return seconds
 
 
-def _leaves(state):
-    import mxnet as mx
-    if isinstance(state, mx.nd.NDArray):
-        return [state]
-    if isinstance(state, (tuple, list)):
-        return [leaf for item in state for leaf in _leaves(item)]
-    return []
-
-
 def state_bytes(kv):
     """Bytes of optimizer state this rank's store holds: every NDArray of every key's state."""
     import numpy as np
+
+    from mpi_kvstore import shards
     updater = kv._updater
     if updater is None:
         return 0
     return sum(leaf.size * np.dtype(leaf.dtype).itemsize
-               for state in updater.states.values() for leaf in _leaves(state))
+               for state in updater.states.values() for leaf in shards.leaves(state))
 
 
 def expected_share_bytes(kv_whole, nranks, rank):
@@ -213,10 +206,11 @@ def expected_share_bytes(kv_whole, nranks, rank):
     whole."""
     import numpy as np
 
+    from mpi_kvstore import shards
     from mpi_kvstore.fusion import share
     total = 0
     for state in kv_whole._updater.states.values():
-        for leaf in _leaves(state):
+        for leaf in shards.leaves(state):
             count = leaf.size
             start, stop = share(count, nranks, rank) if count >= nranks else (0, count)
             total += (stop - start) * np.dtype(leaf.dtype).itemsize

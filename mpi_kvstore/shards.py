@@ -18,7 +18,7 @@ import numpy as np
 
 from .fusion import share
 
-__all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'LambShare']
+__all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'leaves', 'LambShare']
 
 # Optimizers whose update of one weight reads norms over the whole weight (layer-wise
 # trust ratios): a share's norm is not the weight's. LAMB's are summed over the ranks
@@ -104,11 +104,12 @@ class LambShare:
                                      out=self._weight, **self._bounds)
 
 
-def _leaves(state):
+def leaves(state):
+    """The NDArrays of an optimizer state, in order (tuples and lists walked, None skipped)."""
     if isinstance(state, mx.nd.NDArray):
         return [state]
     if isinstance(state, (tuple, list)):
-        return [leaf for item in state for leaf in _leaves(item)]
+        return [leaf for item in state for leaf in leaves(item)]
     return []
 
 
@@ -126,7 +127,7 @@ def check_sizes(key, state, count, bounds):
     """Raise unless every array of ``state`` holds the whole key (``count`` elements) or
     this rank's share of it (``bounds``, None when unsharded)."""
     sizes = {count} if bounds is None else {count, bounds[1] - bounds[0]}
-    for leaf in _leaves(state):
+    for leaf in leaves(state):
         if leaf.size not in sizes:
             raise ValueError(
                 'optimizer state of key %r has an array of %d elements, but the key has %d '
@@ -142,7 +143,7 @@ def fit(key, state, count, bounds):
     if stop - start == count:
         return state
     cut = (leaf.reshape((-1,))[start:stop].copy() if leaf.size == count else leaf
-           for leaf in _leaves(state))
+           for leaf in leaves(state))
     return _rebuild(state, cut)
 
 
@@ -158,17 +159,17 @@ def gather(states, sharded, size, rank, allgather):
             shape, count = sharded[key]
             bounds = share(count, size, rank)
             fitted = fit(key, states[key], count, bounds)
-            mine[key] = [leaf.asnumpy() for leaf in _leaves(fitted)]
+            mine[key] = [leaf.asnumpy() for leaf in leaves(fitted)]
     everyone = allgather(mine)
     if any(set(theirs) != set(mine) for theirs in everyone):
         raise ValueError('ranks hold optimizer states of different keys: every rank must '
                          'push the same keys before saving the sharded optimizer\'s states')
     whole = dict(states)
-    for key, leaves in mine.items():
+    for key, arrays in mine.items():
         shape = sharded[key][0]
-        ctx = [leaf.context for leaf in _leaves(states[key])]
+        ctx = [leaf.context for leaf in leaves(states[key])]
         joined = (mx.nd.array(np.concatenate([theirs[key][i] for theirs in everyone])
-                              .reshape(shape), ctx=ctx[i], dtype=leaves[i].dtype)
-                  for i in range(len(leaves)))
+                              .reshape(shape), ctx=ctx[i], dtype=arrays[i].dtype)
+                  for i in range(len(arrays)))
         whole[key] = _rebuild(states[key], joined)
     return whole
