@@ -5,7 +5,7 @@ so every rank derives the same buckets.
 """
 import numpy as np
 
-__all__ = ['plan', 'fusable', 'pieces', 'share', 'BufferPool', 'FUSABLE']
+__all__ = ['plan', 'fusable', 'pieces', 'share', 'Shares', 'BufferPool', 'FUSABLE']
 
 
 class BufferPool:
@@ -104,3 +104,27 @@ def pieces(count, width, unit=1):
     bounds = [share(count // unit, width, i) for i in range(width)]
     return ([(stop - start) * unit for start, stop in bounds],
             [start * unit for start, _ in bounds])
+
+
+class Shares:
+    """A bucket's requests cut into ``width`` shares each (:func:`pieces`), laid out rank
+    major in one flat buffer: share 0 of every request in bucket order, then share 1, ...:
+    the send buffer of a fused reduce-scatter, the buffer of a fused allgather.
+
+    ``reqs`` need ``nbytes``, ``dtype`` and ``unit`` (collective.Collective). ``cuts[j]``:
+    request j's (counts, displacements); ``counts[r]``, ``displs[r]``: rank r's chunk of the
+    flat buffer."""
+
+    def __init__(self, reqs, width):
+        self.cuts = [pieces(r.nbytes // r.dtype.itemsize, width, r.unit) for r in reqs]
+        self.counts = [sum(c[r] for c, _ in self.cuts) for r in range(width)]
+        self.displs = [sum(self.counts[:r]) for r in range(width)]
+
+    def spans(self, rank):
+        """[(j, start, stop, at)]: request j's elements [start, stop) are rank ``rank``'s
+        share, at offset ``at`` of that rank's chunk."""
+        found, at = [], 0
+        for j, (counts, displs) in enumerate(self.cuts):
+            found.append((j, displs[rank], displs[rank] + counts[rank], at))
+            at += counts[rank]
+        return found

@@ -56,7 +56,11 @@ from .native import (
     _functions,
 )
 
-__all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker']
+__all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS']
+
+# The collective kinds the compiled op runs, and its code for each; the others (Python
+# collectives, the sharded optimizer's reduce-scatter and allgather) run in Python.
+KINDS = {'allreduce': ALLREDUCE, 'bcast': BCAST, 'barrier': BARRIER}
 
 
 class NativeOp:
@@ -134,7 +138,7 @@ class ChainedPlan:
         for b, bucket in enumerate(buckets):
             head = bucket[0]
             words = rec[HEADER + SLOT * len(arrays) + BSLOT * b:][:BSLOT]
-            kind = {'allreduce': ALLREDUCE, 'bcast': BCAST, 'barrier': BARRIER}[head.kind]
+            kind = KINDS[head.kind]
             arrays_here = sum(r.array is not None for r in bucket)
             nbytes = sum(r.nbytes for r in bucket)
             count = nbytes // head.dtype.itemsize if head.dtype else 0

@@ -23,7 +23,7 @@ import logging
 
 import numpy as np
 
-from .fusion import BufferPool, pieces
+from .fusion import BufferPool, Shares
 
 __all__ = ['Reducer']
 
@@ -89,70 +89,61 @@ class Reducer:
             self.allreduce(bucket, comm)
             return
         views = [r.buffer() for r in bucket]
-        cuts = [pieces(v.size, self.size, r.unit) for r, v in zip(bucket, views)]
-        me = comm.rank
+        layout, me = Shares(bucket, self.size), comm.rank
         codec = bucket[0].codec   # fused requests share a dtype, hence a codec
         if codec is not None:
             failed = codec.reduce_scatter(bucket, comm)
-            for req, view, (c, d) in zip(bucket, views, cuts):
+            for j, start, stop, _ in layout.spans(me):
+                req = bucket[j]
                 if req in failed:
                     if req.error is None:
                         self._fail(req, failed[req])
                 else:
-                    self._average(req, view[d[me]:d[me] + c[me]])
+                    self._average(req, views[j][start:stop])
             return
-        counts = [sum(c[r] for c, _ in cuts) for r in range(self.size)]
         if len(views) == 1:
             send = views[0]
         else:
-            send = self._pool(comm, 'send').get(views[0], sum(counts))
-            offset = 0
+            send = self._pool(comm, 'send').get(views[0], sum(layout.counts))
             for r in range(self.size):
-                for view, (c, d) in zip(views, cuts):
-                    send[offset:offset + c[r]] = view[d[r]:d[r] + c[r]]
-                    offset += c[r]
-        mine = self._pool(comm, 'share').get(views[0], counts[me])
-        comm.reduce_scatter(send, mine, counts)
+                for j, start, stop, at in layout.spans(r):
+                    at += layout.displs[r]
+                    send[at:at + stop - start] = views[j][start:stop]
+        mine = self._pool(comm, 'share').get(views[0], layout.counts[me])
+        comm.reduce_scatter(send, mine, layout.counts)
         self._average(bucket[0], mine)
-        offset = 0
-        for view, (c, d) in zip(views, cuts):
-            view[d[me]:d[me] + c[me]] = mine[offset:offset + c[me]]
-            offset += c[me]
+        for j, start, stop, at in layout.spans(me):
+            views[j][start:stop] = mine[at:at + stop - start]
 
     def allgather(self, bucket, comm):
         """Every rank's share (fusion.share) of each request's flat buffer into every rank's
         buffer: the inverse of :meth:`reduce_scatter`'s cut, one MPI_Allgatherv a bucket."""
         if self.size == 1:
             return
-        views = [r.buffer() for r in bucket]
-        me = comm.rank
-        cuts = [pieces(v.size, self.size, r.unit) for r, v in zip(bucket, views)]
+        layout, me = Shares(bucket, self.size), comm.rank
         if bucket[0].place != 'cpu':   # no device allgather yet: zeros but my share, summed
             with _scope(bucket, comm) as device:
                 _zeros_in_place(bucket, device)
                 views = [r.buffer() for r in bucket]
-                for view, (c, d) in zip(views, cuts):
-                    share = view[d[me]:d[me] + c[me]].copy()
-                    view[...] = 0
-                    view[d[me]:d[me] + c[me]] = share
-                    comm.allreduce(view)
+                for j, start, stop, _ in layout.spans(me):
+                    share = views[j][start:stop].copy()
+                    views[j][...] = 0
+                    views[j][start:stop] = share
+                    comm.allreduce(views[j])
             return
+        views = [r.buffer() for r in bucket]
         if len(views) == 1:
-            comm.allgather_in_place(views[0], *cuts[0])
+            comm.allgather_in_place(views[0], *layout.cuts[0])
             return
-        counts = [sum(c[r] for c, _ in cuts) for r in range(self.size)]
-        displs = [sum(counts[:r]) for r in range(self.size)]
-        flat = self._pool(comm, 'send').get(views[0], sum(counts))
-        offset = displs[me]
-        for view, (c, d) in zip(views, cuts):
-            flat[offset:offset + c[me]] = view[d[me]:d[me] + c[me]]
-            offset += c[me]
-        comm.allgather_in_place(flat, counts, displs)
-        offset = 0
+        flat = self._pool(comm, 'send').get(views[0], sum(layout.counts))
+        for j, start, stop, at in layout.spans(me):
+            at += layout.displs[me]
+            flat[at:at + stop - start] = views[j][start:stop]
+        comm.allgather_in_place(flat, layout.counts, layout.displs)
         for r in range(self.size):
-            for view, (c, d) in zip(views, cuts):
-                view[d[r]:d[r] + c[r]] = flat[offset:offset + c[r]]
-                offset += c[r]
+            for j, start, stop, at in layout.spans(r):
+                at += layout.displs[r]
+                views[j][start:stop] = flat[at:at + stop - start]
 
     def _pool(self, comm, use):
         return self._pools.setdefault((id(comm), use), BufferPool())

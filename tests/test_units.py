@@ -559,3 +559,24 @@ def test_sharded_and_plain_requests_never_share_a_bucket():
         reqs.append(req)
     assert [[r.key for r in bucket] for bucket in plan(reqs, 1 << 20)] == [
         ['k0'], ['k1', 'k2'], ['k3'], ['k4']]
+
+
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=5), width=st.integers(1, 6))
+def test_shares_lay_out_every_request_once_rank_major(sizes, width):
+    """fusion.Shares: rank r's chunk holds share r of every request in bucket order, and the
+    chunks, packed at their displacements, hold every element once (numpy's array_split)."""
+    from mpi_kvstore.fusion import Shares
+    reqs = [Collective('reducescatter', 'k%d' % j, np.dtype('float32'), (n,))
+            for j, n in enumerate(sizes)]
+    layout = Shares(reqs, width)
+    flat = np.full(sum(sizes), -1)
+    for r in range(width):
+        for j, start, stop, at in layout.spans(r):
+            assert (start, stop) == (sum(len(p) for p in np.array_split(np.arange(sizes[j]),
+                                                                        width)[:r]),
+                                     sum(len(p) for p in np.array_split(np.arange(sizes[j]),
+                                                                        width)[:r + 1]))
+            flat[layout.displs[r] + at:layout.displs[r] + at + stop - start] = (
+                sum(sizes[:j]) + np.arange(start, stop))
+        assert sum(stop - start for _, start, stop, _ in layout.spans(r)) == layout.counts[r]
+    assert sorted(flat) == list(range(sum(sizes)))

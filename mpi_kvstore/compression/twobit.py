@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import device_codecs
-from ..fusion import pieces
+from ..fusion import Shares
 from ..mpiabi import MPI
 from .buckets import ceil_div, device_module, host_empty
 from .kernels import DELTAS, count_sum, quantize_pack
@@ -83,7 +83,7 @@ class TwoBit:
         Values are quantised one by one, so the sums are those of :meth:`exchange` below
         ``two_phase_min_ranks`` ranks, bit for bit. -> {req: error} of local failures."""
         n, me = comm.size, comm.rank
-        cuts = [pieces(req.nbytes // 4, n, req.unit) for req in reqs]
+        cuts = Shares(reqs, n).cuts   # in values; the codes take a quarter byte each
         widths = [[ceil_div(c[r], 4) for c, _ in cuts] for r in range(n)]
         block = max(sum(row) for row in widths)
         send = np.zeros((n, block), np.uint8)

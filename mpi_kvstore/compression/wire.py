@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import device_codecs
-from ..fusion import pieces
+from ..fusion import Shares, pieces
 from ..mpiabi import MPI
 from .buckets import device_module, float32_values, host_empty, packed, ring_pieces
 from .kernels import host_codec
@@ -88,44 +88,37 @@ class WireCast:
         fails every request on every rank (one small MAX-allreduce says so).
         -> {req: error} of failures."""
         n, rank = comm.size, comm.rank
-        failed, views, cuts = {}, [], []
+        failed, views = {}, []
         for req in reqs:
             try:
                 views.append(req.buffer().reshape(-1))
             except Exception as err:
                 failed[req] = err
                 views.append(None)
-            cuts.append(pieces(req.nbytes // req.dtype.itemsize, n, req.unit))
-        counts = [sum(c[r] for c, _ in cuts) for r in range(n)]
-        chunk = max(counts)
+        layout = Shares(reqs, n)
+        chunk = max(layout.counts)
         send = np.zeros((n, chunk), np.uint16)
         scale = np.float32(1.0 / n)
         for r in range(n):
-            offset = 0
-            for req, view, (c, d) in zip(reqs, views, cuts):
-                if view is not None and c[r]:
+            for j, start, stop, at in layout.spans(r):
+                if views[j] is not None and stop > start:
                     try:
-                        self._encode(view[d[r]:d[r] + c[r]], scale,
-                                     send[r, offset:offset + c[r]])
+                        self._encode(views[j][start:stop], scale, send[r, at:at + stop - start])
                     except Exception as err:
-                        failed.setdefault(req, err)
-                        send[r, offset:offset + c[r]] = 0
-                offset += c[r]
+                        failed.setdefault(reqs[j], err)
+                        send[r, at:at + stop - start] = 0
         recv = np.empty((n, chunk), np.uint16)
         comm.alltoall(send.reshape(-1), recv.reshape(-1))
         mine = np.empty(chunk, np.uint16)
         self._sum_rows(recv, mine)
-        mine = mine[:counts[rank]]
+        mine = mine[:layout.counts[rank]]
         if self.kind == 'fp16':
             mine_overflowed = bool(((mine & 0x7c00) == 0x7c00).any())
             if comm.mpi.allreduce(mine_overflowed, op=MPI.LOR):
                 return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
-        offset = 0
-        for req, view, (c, d) in zip(reqs, views, cuts):
-            if req not in failed:
-                self._decode(mine[offset:offset + c[rank]], np.float32(n),
-                             view[d[rank]:d[rank] + c[rank]])
-            offset += c[rank]
+        for j, start, stop, at in layout.spans(rank):
+            if reqs[j] not in failed:
+                self._decode(mine[at:at + stop - start], np.float32(n), views[j][start:stop])
         return failed
 
     def _exchange_pipelined(self, reqs, sizes, comm):

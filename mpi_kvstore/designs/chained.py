@@ -22,9 +22,6 @@ _INT_MAX = (1 << 31) - 1   # MPI counts are C ints in the native op
 _pthread_self = ctypes.CDLL(None).pthread_self
 _pthread_self.restype = ctypes.c_uint64
 _MAX_PLANS = 4096          # call shapes remembered (a training loop has a few)
-# What the compiled op runs; Python collectives and the sharded optimizer's reduce-scatter
-# and allgather (reduce.py) run in the Python op.
-_NATIVE_KINDS = ('allreduce', 'bcast', 'barrier')
 _WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the records
 
 
@@ -219,7 +216,7 @@ class Chained(Design):
 
 def _native_can_run(reqs):
     for req in reqs:
-        if req.kind not in _NATIVE_KINDS or req.codec is not None:   # compressed: compression/
+        if req.kind not in native_records.KINDS or req.codec is not None:   # compressed: compression/
             return False
         if req.place != 'cpu':   # device memory: a device transport (reduce.py)
             return False
