@@ -175,6 +175,8 @@ class KeyTable:
         if self.sharded(state):
             found.share = share(state.count, self._size, self._rank)
             found.views = (_flat_slice(work, found.share), _flat_slice(state.value, found.share))
+        elif self.updater is not None:
+            found.views = (work, state.value)
         return found
 
     def sharded(self, state):
@@ -187,21 +189,16 @@ class KeyTable:
         """After the collective: run the optimizer or store the sum, then fill the outputs.
         A sharded plan's optimizer updates this rank's share only; its outputs are filled by
         :meth:`fill` after the weights' allgather."""
-        state, source = plan.state, plan.work
+        state = plan.state
         if self.updater is not None:
-            if plan.share is not None:
-                grad, weight = plan.views
-                self.updater(state.key, grad, weight)
-            else:
-                self.updater(state.key, source, state.value)
+            self.updater(state.key, *plan.views)
             note_weights(plan)
-            if plan.share is not None:
-                return
-            source = state.value
-        elif not plan.targets:
-            source.copyto(state.stored())
-            return
-        fill(plan, source)
+            if plan.share is None:
+                fill(plan, state.value)
+        elif plan.targets:
+            fill(plan, plan.work)
+        else:
+            plan.work.copyto(state.stored())
 
 
 def note_weights(plan):
@@ -228,8 +225,9 @@ class Plan:
     def __init__(self, state, values, work, targets, in_place, place):
         self.state, self.values, self.work = state, values, work
         self.targets, self.in_place, self.place = targets, in_place, place
-        # sharded optimizer (KeyTable.sharded): this rank's [start, stop) of the flat key,
-        # and the views of the gradient (work) and of the stored weights there
+        # with the store's optimizer: the gradient and the weights it updates (``views``),
+        # and with shard_optimizer (KeyTable.sharded) this rank's [start, stop) of the flat
+        # key (``share``), the views then being of that share of ``work`` and the value
         self.share = self.views = None
 
     def stage(self):
