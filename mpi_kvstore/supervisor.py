@@ -292,7 +292,7 @@ def main(argv=None):
     env.setdefault('MPI_KVSTORE_STALL_ABORT', str(STALL_ABORT_DEFAULT))
     if args.state_dir:
         env[supervision.STATE_ENV] = os.path.abspath(args.state_dir)
-    launch, placement = 0, {}
+    launch = 0
     with _Signals() as signals:
         while True:
             folder = os.path.join(root, '.supervision', 'launch-%d' % launch)
@@ -311,7 +311,6 @@ def main(argv=None):
             status = _run_once(launch_argv(launcher, nprocs, hosts, hostfile, command), env,
                                folder, signals)
             started, ended = supervision.read(folder)
-            placement = {r: f['host'] for r, f in started.items()} or placement
             outcome = diagnose(status, started, ended, signals.received is not None, nprocs,
                                [h for h, _ in hosts] if hosts else None)
             took = time.monotonic() - start
@@ -333,8 +332,9 @@ def main(argv=None):
                 return status or 1
             if hosts is not None and outcome.lost_hosts:
                 kept = [(h, s) for h, s in hosts if h not in outcome.lost_hosts]
-                lost_ranks = sum(1 for h in placement.values() if h in outcome.lost_hosts)
-                smaller = nprocs - lost_ranks if placement else sum(s for _, s in kept)
+                # lost hosts come from ranks that started (diagnose), so placement is known
+                lost_ranks = sum(1 for f in started.values() if f['host'] in outcome.lost_hosts)
+                smaller = nprocs - lost_ranks
                 if kept and smaller >= args.min_np:
                     hosts, nprocs = kept, smaller
                 else:
