@@ -73,25 +73,29 @@ class _Params:
         self.module = params if isinstance(params, mx.mod.BaseModule) else None
         self.params = params
 
-    def values(self):
-        """[(name, numpy array)] in a fixed order."""
+    def _arrays(self):
+        """[(name, NDArray)] in a fixed order."""
         if self.module is not None:
             args, auxs = self.module.get_params()
-            return ([('arg:' + k, v.asnumpy()) for k, v in sorted(args.items())]
-                    + [('aux:' + k, v.asnumpy()) for k, v in sorted(auxs.items())])
+            return ([('arg:' + k, v) for k, v in sorted(args.items())]
+                    + [('aux:' + k, v) for k, v in sorted(auxs.items())])
         if isinstance(self.params, dict):
-            return [(k, v.asnumpy()) for k, v in sorted(self.params.items())]
-        return [(name, p.data().asnumpy()) for name, p in self.params.items()]
+            return sorted(self.params.items())
+        return [(name, p.data()) for name, p in self.params.items()]
+
+    def values(self):
+        """[(name, numpy array)] in a fixed order."""
+        return [(name, array.asnumpy()) for name, array in self._arrays()]
 
     def assign(self, saved):
-        """Set every parameter from ``saved`` ([(name, array)], as :meth:`values` gives)."""
-        mine = self.values()
-        if [(n, v.shape) for n, v in mine] != [(n, v.shape) for n, v in saved]:
-            if [v.shape for _, v in mine] != [v.shape for _, v in saved]:
-                raise ValueError('elastic.State: the committed parameters (%d, shapes %s...) '
-                                 'do not fit this model\'s (%d, shapes %s...)'
-                                 % (len(saved), [v.shape for _, v in saved[:3]], len(mine),
-                                    [v.shape for _, v in mine[:3]]))
+        """Set every parameter from ``saved`` ([(name, array)], as :meth:`values` gives).
+        Names may differ (gluon prefixes count blocks per process); shapes must not."""
+        mine = [array.shape for _, array in self._arrays()]
+        if mine != [value.shape for _, value in saved]:
+            raise ValueError('elastic.State: the committed parameters (%d, shapes %s...) '
+                             'do not fit this model\'s (%d, shapes %s...)'
+                             % (len(saved), [v.shape for _, v in saved[:3]], len(mine),
+                                mine[:3]))
         if self.module is not None:
             args = {n[4:]: mx.nd.array(v, dtype=v.dtype) for n, v in saved if n[:4] == 'arg:'}
             auxs = {n[4:]: mx.nd.array(v, dtype=v.dtype) for n, v in saved if n[:4] == 'aux:'}
