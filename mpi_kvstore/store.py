@@ -386,7 +386,9 @@ class MPIKVStore(KVStoreBase):
             known = self._keys.get(key)
             if known is not None:
                 shards.check_sizes(key, state, known.count, None)
-        updater.set_states(data)
+        # what Updater.set_states(data) would set, without unpickling the file again
+        updater.states, updater.states_synced = loaded.states, loaded.states_synced
+        updater.optimizer = loaded.optimizer
         self._fitted.clear()   # whole states: cut to this rank's share at first use
 
     def _sharded_keys(self):
