@@ -45,15 +45,41 @@ The step also holds the optimizer's update (SGD over every weight, on MXNet's CP
 which neither alone measures: a step that overlaps nothing takes more than compute +
 exchange, and the hidden share then reads 0.
 
-Rank 0 prints a markdown table and writes it (.md), a JSON (harness.Run: versions, argv,
+CPU accounting (issue 21's 4-host clause: can the cores carry the ranks' TCP?): around each
+timed run of every entry (compute alone, each column's training runs and its exchange alone),
+and only around the timed part (not the weight reset or the numpy check), rank 0 reads the
+machine's /proc/stat and every rank its own getrusage(RUSAGE_SELF), gathered to rank 0:
+
+  machine busy %  = (user + nice + system + irq + softirq + steal) jiffies over all jiffies,
+                    every core together (100%: every core busy the whole run); on the test
+                    bed the hosts are namespaces of one machine, so this is every rank, the
+                    kernel's TCP over veth, and anything else running on the machine;
+  sys+softirq %   = (system + softirq) jiffies over all jiffies: the kernel's share, where
+                    TCP's cost lands;
+  machine core-ms = busy jiffies a step (or an exchange), in ms of one core;
+  rank CPU ms     = each rank's user + system CPU seconds (every thread of its process) a
+                    step, or an exchange for the exchange-alone runs;
+  ranks' share    = every rank's CPU seconds together over (cores x the runs' wall time):
+                    the part of machine busy % that this job's ranks are charged for (the
+                    rest: the kernel's network work charged to no process, ps-lite's
+                    servers, and other load on the machine; the JSON also keeps the load
+                    average at the start and the end).
+
+Per entry the JSON keeps every timed run's figures and the totals over the runs (busy share
+= the runs' busy jiffies over their jiffies); the table shows the medians and a second table
+the spreads. /proc/stat counts in 1/CLK_TCK s (10 ms), coarse for a short run.
+
+Rank 0 prints markdown tables and writes them (.md), a JSON (harness.Run: versions, argv,
 command, date, topology) and a bar plot (.png) to --out, default benchmarks/results/overlap/.
 """
 import argparse
 import functools
 import gc
 import os
+import resource
 import shlex
 import sys
+import time
 
 import mxnet as mx
 from mpi4py import MPI
@@ -66,6 +92,9 @@ STEPS = {'warmups': 1, 'trials': 4}         # untimed and timed rounds
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'overlap')
 PSLITE_LIFETIME = 3600                      # s: the ps-lite servers' own safety alarm
 COMPUTE = 'compute alone'
+STAT_FIELDS = ('user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq', 'steal')
+BUSY_FIELDS = ('user', 'nice', 'system', 'irq', 'softirq', 'steal')
+KERNEL_FIELDS = ('system', 'softirq')
 
 
 def parse_args(argv=None):
@@ -138,6 +167,91 @@ def make_columns(run, model, dist_sync):
     return columns
 
 
+def proc_stat():
+    """The machine's jiffies since boot, every core together: {field: count} of /proc/stat's
+    'cpu' line (guest time is inside user), or None where it cannot be read."""
+    try:
+        with open('/proc/stat') as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != 'cpu':
+        return None
+    values = [int(v) for v in fields[1:1 + len(STAT_FIELDS)]]
+    return dict(zip(STAT_FIELDS, values + [0] * (len(STAT_FIELDS) - len(values))))
+
+
+def process_cpu_s():
+    """This process's user + system CPU seconds so far (every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """The CPU of timed runs (module docstring): measure() runs one; rounds() keeps the
+    samples of the runs it keeps, per entry, in kept (rank 0's figures; other ranks keep
+    theirs too, unused). None for comm: no accounting, measure() only runs the op."""
+
+    def __init__(self, comm=None):
+        self.comm, self.last, self.kept = comm, None, {}
+        self.tick_s = 1.0 / os.sysconf('SC_CLK_TCK')
+
+    def measure(self, op, units):
+        """op()'s result; self.last: the machine's jiffies and every rank's CPU seconds over
+        it, units: steps (or exchanges) in it. Collective."""
+        if self.comm is None:
+            return op()
+        comm = self.comm
+        comm.Barrier()
+        stat, cpu, wall = proc_stat() if comm.rank == 0 else None, process_cpu_s(), \
+            time.perf_counter()
+        value = op()
+        wall, cpu = time.perf_counter() - wall, process_cpu_s() - cpu
+        after = proc_stat() if comm.rank == 0 else None
+        ranks = comm.gather(cpu, root=0)
+        self.last = None
+        if comm.rank == 0:
+            sample = {'wall_s': wall, 'units': units, 'rank_cpu_s': ranks}
+            if stat is not None and after is not None:
+                sample['jiffies'] = {k: after[k] - stat[k] for k in STAT_FIELDS}
+            self.last = sample
+        return value
+
+    def keep(self, name, sample):
+        if sample is not None:
+            self.kept.setdefault(name, []).append(sample)
+
+    def summary(self, name):
+        """What the JSON and tables hold for one entry's kept runs, or None (none kept, or
+        not rank 0)."""
+        samples = self.kept.get(name)
+        if not samples:
+            return None
+        units = sum(s['units'] for s in samples)
+        per_rank = list(zip(*[s['rank_cpu_s'] for s in samples]))
+        ranks_share = [sum(s['rank_cpu_s']) / (os.cpu_count() * s['wall_s']) for s in samples]
+        result = {'runs': samples, 'units': units,
+                  'rank_cpu_ms_per_unit': [
+                      harness.spread([c / s['units'] * 1e3 for c, s in zip(rank, samples)])
+                      for rank in per_rank],
+                  'rank_cpu_ms_per_unit_total': [sum(rank) / units * 1e3 for rank in per_rank],
+                  'ranks_share': sum(sum(s['rank_cpu_s']) for s in samples)
+                  / (os.cpu_count() * sum(s['wall_s'] for s in samples)),
+                  'ranks_share_runs': harness.spread(ranks_share), 'cores': os.cpu_count()}
+        stats = [s['jiffies'] for s in samples if 'jiffies' in s]
+        if len(stats) == len(samples):
+            share = lambda j, fields: sum(j[f] for f in fields) / max(1, sum(j.values()))  # noqa: E731
+            total = {k: sum(j[k] for j in stats) for k in STAT_FIELDS}
+            result.update(
+                machine_busy=share(total, BUSY_FIELDS),
+                machine_busy_runs=harness.spread([share(j, BUSY_FIELDS) for j in stats]),
+                machine_kernel=share(total, KERNEL_FIELDS),
+                machine_kernel_runs=harness.spread([share(j, KERNEL_FIELDS) for j in stats]),
+                machine_core_ms_per_unit=sum(total[f] for f in BUSY_FIELDS) * self.tick_s
+                / units * 1e3)
+        return result
+
+
 def reset_weights(model):
     """gpu_like's initial values, written in place: the trainers keep the same arrays (no
     re-initialisation, which would make new ones) and the check knows where they start."""
@@ -146,14 +260,16 @@ def reset_weights(model):
     mx.nd.waitall()
 
 
-def train_run(args, model, column, comm):
+def train_run(args, model, column, comm, meter=None):
     """One timed run of --chain steps (seconds a step, the slowest rank's), or None when the
-    weights come out wrong on any rank: then column.failed says why."""
+    weights come out wrong on any rank: then column.failed says why. meter (CpuMeter) takes
+    the CPU of the run itself, not of the reset or the check."""
     if column.failed:
         return None
     reset_weights(model)
     one = argparse.Namespace(warmups=0, trials=1, chain=args.chain, batch=column.step_batch)
-    seconds = gpu_like._train(one, model, column.trainer, comm)['wall_s'][0]
+    seconds = (meter or CpuMeter()).measure(
+        lambda: gpu_like._train(one, model, column.trainer, comm)['wall_s'][0], args.chain)
     check = argparse.Namespace(lr=args.lr, batch=args.batch, trainer=column.name)
     try:
         gpu_like._check_trained(model, check, args.chain, comm.size)
@@ -169,34 +285,52 @@ def train_run(args, model, column, comm):
     return seconds
 
 
-def exchange_run(column, comm):
+def exchange_run(column, comm, meter=None):
     if column.failed:
         return None
-    return gpu_like._exchange_alone(argparse.Namespace(warmups=0, trials=1), column.trainer,
-                                    comm)['wall_s'][0]
+    return (meter or CpuMeter()).measure(lambda: gpu_like._exchange_alone(
+        argparse.Namespace(warmups=0, trials=1), column.trainer, comm)['wall_s'][0], 1)
 
 
-def compute_run(args, model, comm, cpu_shares):
+def compute_run(args, model, comm, cpu_shares, meter=None):
     """Compute alone as a run: --chain steps of forward and backward with no trainer, each
     waited for (gpu_like.measure_compute); seconds a step, the slowest rank's."""
     comm.Barrier()
-    alone = gpu_like.measure_compute(model, args.chain, 0, comm.rank)
+    alone = (meter or CpuMeter()).measure(
+        lambda: gpu_like.measure_compute(model, args.chain, 0, comm.rank), args.chain)
     cpu_shares.append(alone['cpu_share'])
     return comm.allreduce(sum(alone['wall_s']) / args.chain, op=MPI.MAX)
 
 
-def rounds(args, ops):
+def rounds(args, ops, meter=None, prefix=''):
     """{name: [seconds of each timed round]} of {name: op}, interleaved; an op returns None
-    once its column failed (not kept)."""
-    timed = harness.interleaved(ops, args.trials, args.warmups, lambda name, op: op())
-    return {name: [s for s in values if s is not None] for name, values in timed.items()}
+    once its column failed (not kept). meter: the CpuMeter the ops measure with; the CPU
+    samples of the kept runs go to meter.kept[prefix + name]."""
+    def time_one(name, op):
+        if meter is not None:
+            meter.last = None
+        return op(), (meter.last if meter is not None else None)
+
+    timed = harness.interleaved(ops, args.trials, args.warmups, time_one)
+    for name, values in timed.items():
+        for seconds, sample in values:
+            if meter is not None and seconds is not None:
+                meter.keep(prefix + name, sample)
+    return {name: [s for s, _ in values if s is not None] for name, values in timed.items()}
 
 
-def summarize(columns, compute, steps, exchanges):
-    """The rows of the table: medians and spreads in seconds, and the ratios (docstring)."""
+def summarize(columns, compute, steps, exchanges, meter=None):
+    """The rows of the table: medians and spreads in seconds, the ratios (docstring) and,
+    with meter, the CPU of the training runs ('cpu_step') and of the exchange alone
+    ('cpu_exchange')."""
     rows = []
     for column in columns:
         row = {'column': column.name, 'options': column.options, 'check': column.failed or 'ok'}
+        if meter is not None:
+            for key, name in (('cpu_step', column.name), ('cpu_exchange', 'exchange ' + column.name)):
+                cpu = meter.summary(name)
+                if cpu is not None:
+                    row[key] = cpu
         if column.failed:
             rows.append(row)
             continue
@@ -230,19 +364,68 @@ def _ms(spread):
             f'{spread["max"] * 1e3:.1f})')
 
 
-def table(rows, compute, skipped):
+def _busy(cpu):
+    return '-' if not cpu or 'machine_busy' not in cpu else f'{cpu["machine_busy"] * 100:.0f}'
+
+
+def _rank_ms(cpu):
+    """Each rank's CPU ms a step (or an exchange), over the runs together, rank 0 first."""
+    return '-' if not cpu else '/'.join(f'{ms:.0f}' for ms in cpu['rank_cpu_ms_per_unit_total'])
+
+
+def table(rows, compute, skipped, compute_cpu=None):
     lines = ['| column | step ms (min-max) | exchange alone ms (min-max) | hidden share | '
-             'step / max(compute, exchange) | vs fifo | weights |',
-             '|---|---|---|---|---|---|---|',
-             f'| compute alone | {_ms(compute)} | | | | | |']
+             'step / max(compute, exchange) | vs fifo | machine busy %: step; exchange | '
+             'rank CPU ms/step: step; exchange | weights |',
+             '|---|---|---|---|---|---|---|---|---|',
+             f'| compute alone | {_ms(compute)} | | | | | {_busy(compute_cpu)} | '
+             f'{_rank_ms(compute_cpu)} | |']
     for row in rows:
         if 'step' not in row:
-            lines.append(f'| {row["column"]} | failed | | | | | {row["check"]} |')
+            lines.append(f'| {row["column"]} | failed | | | | | | | {row["check"]} |')
             continue
         vs = f'{row["vs_fifo"]:.2f}x' if 'vs_fifo' in row else '-'
+        step_cpu, exchange_cpu = row.get('cpu_step'), row.get('cpu_exchange')
         lines.append(f'| {row["column"]} | {_ms(row["step"])} | {_ms(row["exchange"])} | '
-                     f'{row["hidden_share"]:.2f} | {row["step_over_max"]:.2f} | {vs} | ok |')
-    lines += [f'| {name} | skipped | | | | | {why} |' for name, why in skipped.items()]
+                     f'{row["hidden_share"]:.2f} | {row["step_over_max"]:.2f} | {vs} | '
+                     f'{_busy(step_cpu)}; {_busy(exchange_cpu)} | '
+                     f'{_rank_ms(step_cpu)}; {_rank_ms(exchange_cpu)} | ok |')
+    lines += [f'| {name} | skipped | | | | | | | {why} |' for name, why in skipped.items()]
+    return '\n'.join(lines)
+
+
+def cpu_table(rows, compute_cpu):
+    """The CPU of every entry's timed runs in detail: busy and kernel shares (over the runs
+    together, and min-max over runs), machine core-ms and each rank's CPU ms a step (or an
+    exchange), median (min-max) over runs."""
+    entries = [('compute alone', 'compute', compute_cpu)]
+    for row in rows:
+        entries += [(row['column'], 'training step', row.get('cpu_step')),
+                     (row['column'], 'exchange alone', row.get('cpu_exchange'))]
+    entries = [e for e in entries if e[2]]
+    if not entries:
+        return ''
+    cores = entries[0][2]['cores']
+    lines = [f'CPU of the timed runs ({cores} cores; machine: /proc/stat, every core together; '
+             'rank: getrusage user + system, every thread):', '',
+             '| column | runs | machine busy % (min-max) | sys+softirq % (min-max) | '
+             'machine core-ms / step | ranks\' share % (min-max) | '
+             'rank CPU ms / step, median (min-max), each rank |',
+             '|---|---|---|---|---|---|---|']
+    for name, what, cpu in entries:
+        if 'machine_busy' in cpu:
+            busy, runs = cpu['machine_busy'] * 100, cpu['machine_busy_runs']
+            kernel, kruns = cpu['machine_kernel'] * 100, cpu['machine_kernel_runs']
+            machine = (f'{busy:.0f} ({runs["min"] * 100:.0f}-{runs["max"] * 100:.0f}) | '
+                       f'{kernel:.0f} ({kruns["min"] * 100:.0f}-{kruns["max"] * 100:.0f}) | '
+                       f'{cpu["machine_core_ms_per_unit"]:.0f}')
+        else:
+            machine = '- | - | -'
+        ranks = ', '.join(f'{r["median"]:.0f} ({r["min"]:.0f}-{r["max"]:.0f})'
+                          for r in cpu['rank_cpu_ms_per_unit'])
+        share, sruns = cpu['ranks_share'] * 100, cpu['ranks_share_runs']
+        lines.append(f'| {name} | {what} | {machine} | {share:.0f} ({sruns["min"] * 100:.0f}-'
+                     f'{sruns["max"] * 100:.0f}) | {ranks} |')
     return '\n'.join(lines)
 
 
@@ -282,6 +465,7 @@ def main(argv=None):
     model.initialize()
     where = topology(args, comm)
     label = args.topology or f'{where["hosts"]} host(s), {comm.size} ranks in all'
+    load_start = os.getloadavg()
     run = harness.Run('overlap', args, comm=comm, label=f'{args.model}_h{where["hosts"]}'
                       + ('_p3' if args.p3 else ''))
     harness.rank0_print(
@@ -294,35 +478,40 @@ def main(argv=None):
         if why:
             run.skip(dist_sync.name, why)
         columns = make_columns(run, model, dist_sync)
-        cpu_shares = []
-        steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares),
-                              **{c.name: functools.partial(train_run, args, model, c, comm)
-                                 for c in columns}})
+        cpu_shares, meter = [], CpuMeter(comm)
+        steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares, meter),
+                              **{c.name: functools.partial(train_run, args, model, c, comm, meter)
+                                 for c in columns}}, meter)
         compute_s = steps.pop(COMPUTE)
         for param in model.collect_params().values():
             if param.grad_req != 'null':
                 # sums of zeros: repeated in-place sums neither grow to inf nor change the work
                 param.grad()[:] = 0
-        exchanges = rounds(args, {c.name: functools.partial(exchange_run, c, comm)
-                                  for c in columns})
+        exchanges = rounds(args, {c.name: functools.partial(exchange_run, c, comm, meter)
+                                  for c in columns}, meter, prefix='exchange ')
         compute = harness.spread(compute_s)
-        rows = summarize(columns, compute['median'], steps, exchanges)
+        rows = summarize(columns, compute['median'], steps, exchanges, meter)
+        compute_cpu = meter.summary(COMPUTE)
         close(columns)
     dist_sync.stop()
-    text = table(rows, compute, run.skipped)
-    harness.rank0_print(f'\n{text}\n')
+    text = table(rows, compute, run.skipped, compute_cpu)
+    cpu_text = cpu_table(rows, compute_cpu)
+    harness.rank0_print(f'\n{text}\n\n{cpu_text}\n')
     payload = {'model': args.model, 'images_per_s': plan_.images_per_s, 'batch': args.batch,
                'chain': args.chain, 'grad_bytes': plan_.grad_bytes,
                'compute_stated_s': plan_.compute_s,
                'topology': where, 'compute_alone': {'step_s': compute_s, **compute,
-                                                    'cpu_share_rank0': cpu_shares},
-               'columns': rows, 'table': text}
+                                                    'cpu_share_rank0': cpu_shares,
+                                                    'cpu': compute_cpu},
+               'columns': rows, 'table': text, 'cpu_table': cpu_text,
+               'machine': {'cores': os.cpu_count(), 'loadavg_start': load_start,
+                           'loadavg_end': os.getloadavg()}}
     run.write(payload, topology=label)
     if comm.rank == 0:
         command = shlex.join(['python', '-m', 'benchmarks.overlap', *sys.argv[1:]])
         with open(run.json_path[:-len('.json')] + '.md', 'w') as handle:
             handle.write(f'{args.model}, {label}, {run.started}:\n'
-                         f'`{command}`\n\n{text}\n')
+                         f'`{command}`\n\n{text}\n\n{cpu_text}\n')
         message = plot(run.png_path, rows, compute['median'], f'{args.model}, {label}')
         print(f'written to {run.json_path}\n{message}', flush=True)
 
