@@ -111,12 +111,17 @@ class Shares:
     major in one flat buffer: share 0 of every request in bucket order, then share 1, ...:
     the send buffer of a fused reduce-scatter, the buffer of a fused allgather.
 
-    ``reqs`` need ``nbytes``, ``dtype`` and ``unit`` (collective.Collective). ``cuts[j]``:
-    request j's (counts, displacements); ``counts[r]``, ``displs[r]``: rank r's chunk of the
-    flat buffer."""
+    ``reqs`` need ``nbytes``, ``dtype`` and ``unit`` (collective.Collective), or ``cuts``
+    of their own (schedule.SharePiece: part of every rank's share). ``cuts[j]``: request
+    j's (counts, displacements); ``counts[r]``, ``displs[r]``: rank r's chunk of the flat
+    buffer. ``direct``: one request whose own buffer is that flat buffer, so MPI can read
+    it where it is."""
 
     def __init__(self, reqs, width):
-        self.cuts = [pieces(r.nbytes // r.dtype.itemsize, width, r.unit) for r in reqs]
+        own = [getattr(r, 'cuts', None) for r in reqs]
+        self.cuts = [c if c is not None else pieces(r.nbytes // r.dtype.itemsize, width, r.unit)
+                     for r, c in zip(reqs, own)]
+        self.direct = len(reqs) == 1 and own[0] is None
         self.counts = [sum(c[r] for c, _ in self.cuts) for r in range(width)]
         self.displs = [sum(self.counts[:r]) for r in range(width)]
 

@@ -101,7 +101,7 @@ class Reducer:
                 else:
                     self._average(req, views[j][start:stop])
             return
-        if len(views) == 1:
+        if layout.direct:
             send = views[0]
         else:
             send = self._pool(comm, 'send').get(views[0], sum(layout.counts))

@@ -6,6 +6,9 @@ those agreed requests become a queue of units that every rank holds alike:
 - an allreduce larger than ``partition_bytes`` is cut into pieces (:class:`Piece`) of that
   size, contiguous views of its memory, so that a large low-priority gradient does not
   hold the link while a small high-priority one waits;
+- so is a reduce-scatter or allgather of the sharded optimizer (:class:`SharePiece`): piece
+  p holds part p of every rank's share, so each rank's share (fusion.share) stays where it
+  is, whole, for the optimizer, and only the collective is cut;
 - each dispatch takes the highest-priority units (fusion.order: priority, then push
   order, then piece) up to ``credit_bytes``; what is left waits for the next round, where
   requests agreed meanwhile may overtake it.
@@ -17,9 +20,9 @@ order without a coordinator. docs/scheduling.md has the deadlock argument.
 import threading
 
 from . import debug
-from .fusion import order
+from .fusion import order, pieces, share
 
-__all__ = ['Piece', 'cut', 'Queue']
+__all__ = ['Piece', 'SharePiece', 'cut', 'Queue']
 
 
 class _Cut:
@@ -65,6 +68,7 @@ class Piece:
     codec = property(lambda self: self.parent.codec)
     mirror = property(lambda self: self.parent.mirror)
     array = property(lambda self: self.parent.array)
+    unit = property(lambda self: self.parent.unit)
     shape = property(lambda self: (self.stop - self.start,))
     done = property(lambda self: self.parent.done)
     pieces = property(lambda self: self._cut.count)   # how many its request was cut into
@@ -87,11 +91,60 @@ class Piece:
             parent.complete()
 
 
-def cut(req, partition_bytes):
+class SharePiece(Piece):
+    """Part ``index`` of every rank's share of an agreed reduce-scatter or allgather (host
+    memory): ``cuts`` = (counts, displacements) per rank, in elements of the request's flat
+    buffer, which fusion.Shares lays out instead of the request's own cut. Its buffer is
+    the request's whole buffer; it reads and writes only its parts of it."""
+
+    __slots__ = ('cuts',)
+
+    kind = property(lambda self: self.parent.kind)
+    in_place = property(lambda self: self.parent.in_place)
+    extent = property(lambda self: self.parent.nbytes // self.parent.dtype.itemsize)
+
+    def __init__(self, parent, index, cuts, shared):
+        self.parent, self.index, self.cuts = parent, index, cuts
+        self.start, self.stop = cuts[1][0], cuts[1][-1] + cuts[0][-1]   # for describe()
+        self.nbytes = sum(cuts[0]) * parent.dtype.itemsize
+        self.view, self.scratch = parent.view, parent.scratch
+        self.error = None
+        self.sig = parent.sig
+        self.key = (parent.key, 'piece', index)
+        self._cut = shared
+
+    shape = property(lambda self: (sum(self.cuts[0]),))
+
+    def describe(self):
+        return '%s, piece %d of every share' % (self.parent.describe(), self.index)
+
+
+def _cut_shares(req, partition_bytes, size):
+    """Pieces of about ``partition_bytes`` of a reduce-scatter or allgather over ``size``
+    ranks: piece p takes part p (fusion.share) of every rank's share, the same cut on every
+    rank, since it depends on the agreed size alone."""
+    counts, displs = pieces(req.nbytes // req.dtype.itemsize, size)
+    count = min(-(-req.nbytes // partition_bytes), max(counts))   # none empty everywhere
+    shared = _Cut(count)
+    units = []
+    for p in range(count):
+        parts = [share(c, count, p) for c in counts]
+        units.append(SharePiece(req, p, ([b - a for a, b in parts],
+                                         [d + a for d, (a, _) in zip(displs, parts)]), shared))
+    return units
+
+
+def cut(req, partition_bytes, size=1):
     """``req`` as the units it is scheduled in: pieces of at most ``partition_bytes`` (an
-    allreduce larger than that), else itself."""
-    if (partition_bytes <= 0 or req.kind != 'allreduce' or req.dtype is None
-            or req.nbytes <= partition_bytes):
+    allreduce larger than that; a reduce-scatter or allgather of host memory over ``size``
+    ranks, whole elements: SharePiece), else itself."""
+    if partition_bytes <= 0 or req.dtype is None or req.nbytes <= partition_bytes:
+        return [req]
+    if req.kind in ('reducescatter', 'allgather'):
+        if size > 1 and req.place == 'cpu' and req.unit == 1:
+            return _cut_shares(req, partition_bytes, size)
+        return [req]
+    if req.kind != 'allreduce':
         return [req]
     count = req.nbytes // req.dtype.itemsize
     step = max(1, partition_bytes // req.dtype.itemsize)
@@ -103,9 +156,10 @@ def cut(req, partition_bytes):
 class Queue:
     """The agreed units not yet run; identical on every rank."""
 
-    def __init__(self, partition_bytes=0, credit_bytes=0):
+    def __init__(self, partition_bytes=0, credit_bytes=0, size=1):
         self.partition_bytes = partition_bytes
         self.credit_bytes = credit_bytes
+        self.size = size
         self._units = []
 
     def __len__(self):
@@ -114,7 +168,7 @@ class Queue:
     def add(self, reqs):
         """Agreed requests join the queue, cut into pieces."""
         for req in reqs:
-            units = cut(req, self.partition_bytes)
+            units = cut(req, self.partition_bytes, self.size)
             if len(units) > 1:
                 debug.count('schedule', 'pieces_cut')
             self._units.extend(units)

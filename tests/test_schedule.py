@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from mpi_kvstore import debug
 from mpi_kvstore.collective import Collective
+from mpi_kvstore.fusion import Shares, pieces
 from mpi_kvstore.poison import poison_value
-from mpi_kvstore.schedule import Piece, Queue, cut
+from mpi_kvstore.schedule import Piece, Queue, SharePiece, cut
 
 DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64')
 
@@ -120,6 +121,51 @@ def test_only_allreduces_are_cut(kind):
         req = Collective(kind, '__%s__' % kind, fn=len if kind == 'custom' else None)
         req.seq = 0
     assert cut(req, 16) == [req]
+
+
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 3000), size=st.integers(2, 5), dtype=st.sampled_from(DTYPES),
+       partition=st.integers(1, 6000), kind=st.sampled_from(['reducescatter', 'allgather']))
+def test_share_pieces_cut_every_share_in_place(count, size, dtype, partition, kind):
+    """The sharded optimizer's collectives in pieces: piece p holds part p of every rank's
+    share, so the parts of rank r's share, piece after piece, are exactly that share
+    (fusion.pieces), in order; each piece's bytes are what it sends; and the fused layout
+    of a bucket of pieces reads every element of the request once."""
+    req = request(4, count, dtype, kind=kind, priority=1)
+    units = cut(req, partition, size)
+    itemsize = np.dtype(dtype).itemsize
+    if count * itemsize <= partition:
+        assert units == [req]
+        return
+    assert all(isinstance(u, SharePiece) and u.kind == kind and u.seq == 4 for u in units)
+    assert [u.index for u in units] == list(range(len(units)))
+    assert len(units) == min(-(-count * itemsize // partition), -(-count // size))
+    counts, displs = pieces(count, size)
+    for r in range(size):
+        at = displs[r]
+        for u in units:
+            c, d = u.cuts[0][r], u.cuts[1][r]
+            assert d == at
+            at += c
+        assert at == displs[r] + counts[r]
+    for u in units:
+        assert u.nbytes == sum(u.cuts[0]) * itemsize and u.buffer() is req.view
+    layout = Shares(units, size)
+    assert not layout.direct
+    seen = np.zeros(count, int)
+    for r in range(size):
+        for _, start, stop, _at in layout.spans(r):
+            seen[start:stop] += 1
+    assert (seen == 1).all()
+
+
+def test_share_pieces_only_of_host_memory_whole_elements_and_several_ranks():
+    req = request(0, 1000, 'float32', kind='reducescatter')
+    assert len(cut(req, 400, 2)) == 10
+    assert cut(req, 400, 1) == [req]       # one rank: nothing to scatter
+    rows = Collective('reducescatter', 'rows', np.dtype('float32'), (100, 10), unit=10)
+    assert cut(rows, 400, 2) == [rows]     # Horovod's cut along the first axis: whole
+    assert Shares([req], 2).direct
 
 
 def test_partition_zero_cuts_nothing():

@@ -2,7 +2,8 @@
 momentum, Adam and LAMB, and float16 multi_precision pushpulls (SGD, LAMB), equal an unsharded store and one
 process (numpy for float16) with 1/N of the optimizer state on each rank; the fp16 and bf16
 wire casts reduce-scatter with compress-once's sums (numpy); states saved
-sharded at 2 ranks resume at 3 and 4, sharded and unsharded; Module and gluon's own
+sharded at 2 ranks resume at 3 and 4, sharded and unsharded; the collectives cut in
+priority pieces (partition_bytes) give the same weights; Module and gluon's own
 scenarios with MPI_KVSTORE_SHARD_OPTIMIZER=1; bad input and join. Scenarios:
 scenarios/kv_sharded.py, kv_module.py, kv_gluon.py.
 """
@@ -61,6 +62,13 @@ def test_a_join_refuses_the_weights_allgather(design, mpi_available):
 def test_compressed_reduce_scatter_is_compress_once(design, nprocs, mpi_available):
     _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'compressed', timeout=240),
         'kv_sharded[%s] compressed' % design, nprocs)
+
+
+@pytest.mark.parametrize('design,nprocs', [('funneled', 3), ('concurrent', 4),
+                                           ('funneled', 2)])
+def test_partitioned_sharded_exchange_equals_whole_shares(design, nprocs, mpi_available):
+    _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'partitioned', timeout=240),
+        'kv_sharded[%s] partitioned' % design, nprocs)
 
 
 def test_lossy_allgather_benchmark_runs():

@@ -91,12 +91,16 @@ class TwoBit:
         for j, (req, (counts, displs)) in enumerate(zip(reqs, cuts)):
             try:
                 view = req.buffer().reshape(-1)
+                # the residual holds the request's values rank after rank: for a whole
+                # request those are its own places; a share piece's parts are apart
                 residual = self._residual_of(req, sum(counts), None)
+                local = 0
                 for r in range(n):
                     start, stop = displs[r], displs[r] + counts[r]
                     at = sum(widths[r][:j])
-                    quantize_pack(view[start:stop], residual[start:stop], self.threshold,
-                                  send[r, at:at + widths[r][j]])
+                    quantize_pack(view[start:stop], residual[local:local + counts[r]],
+                                  self.threshold, send[r, at:at + widths[r][j]])
+                    local += counts[r]
             except Exception as err:
                 failed[req] = err
                 for r in range(n):

@@ -107,7 +107,9 @@ class Design:
         """
         for req in reqs:
             if req.view is None and req.array is not None:
-                req.scratch = np.zeros(req.nbytes // req.dtype.itemsize, dtype=req.dtype)
+                # a share piece's buffer is its request's whole one (schedule.SharePiece)
+                count = getattr(req, 'extent', req.nbytes // req.dtype.itemsize)
+                req.scratch = np.zeros(count, dtype=req.dtype)
             req.sig = (req.sig + SIG_LIMIT // 2) % SIG_LIMIT
             if req.error is None:
                 self.fail(req, err)

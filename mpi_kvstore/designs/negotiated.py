@@ -53,7 +53,8 @@ class Negotiated(Design):
         self._stop = False
         self._msg = np.zeros(agreement.HEADER + 2 * config.window, dtype=np.int32)
         # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit
-        self._queue = schedule.Queue(config.partition_bytes, config.credit_bytes)
+        self._queue = schedule.Queue(config.partition_bytes, config.credit_bytes,
+                                     self.size)
         self._join_done = threading.Event()
         self._last_joined = None
         self._thread = threading.Thread(target=self._loop, name='mpi_kvstore-' + self.name,

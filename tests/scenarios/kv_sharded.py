@@ -7,12 +7,18 @@ usage: kv_sharded.py DESIGN train
        kv_sharded.py DESIGN errors DIR
        kv_sharded.py DESIGN compressed
        kv_sharded.py DESIGN join
+       kv_sharded.py DESIGN partitioned
 
 train: 20 gluon steps (update_on_kvstore) with SGD + momentum, Adam and LAMB: the sharded
 store's weights equal the unsharded store's and one process's on the whole batch, and each
 rank holds 1/N of the optimizer state (numpy's array_split of every key, the keys of fewer
 elements than ranks whole). Then float16 weights with multi_precision SGD through pushpull
 (MXNet's CPU has no float16 dense layer), against numpy's float32 master weights.
+
+partitioned: partition_bytes of 512 cuts the reduce-scatters and allgathers (the negotiated
+designs: schedule.SharePiece), and a credit of 1 KB holds pieces back; the weights equal
+the unpartitioned sharded store's (bit for bit through the fp16, bf16 and 2-bit codecs,
+whose sums go value by value) and one process's.
 """
 import os
 import pickle
@@ -374,6 +380,45 @@ def part_join():
     done('kv_sharded[%s] join' % DESIGN)
 
 
+def part_partitioned():
+    from mpi_kvstore import debug
+    cut = dict(partition_bytes=512, credit_bytes=1024)
+    negotiated = DESIGN in ('funneled', 'concurrent')
+    for name in OPTIMIZERS:
+        ref, _ = trained(name, None)
+        whole_kv = store(True)
+        whole, _ = trained(name, whole_kv)
+        before = debug.snapshot()
+        kv = store(True, **cut)
+        got, _ = trained(name, kv)
+        pieces = debug.since(before, 'schedule').get('pieces_cut', 0)
+        # reduce-scatters and allgathers of the 3 keys over 512 bytes, 20 steps
+        if negotiated and SIZE > 1 and pieces < 2 * STEPS:
+            raise AssertionError('%s: %d requests cut, expected at least %d'
+                                 % (name, pieces, 2 * STEPS))
+        for i, value in enumerate(got):
+            what = '%s: parameter %d, partitioned' % (name, i)
+            same_on_all_ranks(value, what)
+            close(value, whole[i], what + ' vs whole shares', rtol=1e-5, atol=1e-6)
+            close(value, ref[i], what + ' vs one process', rtol=1e-4, atol=1e-5)
+        kv.close()
+        whole_kv.close()
+    for wire in ('fp16', 'bf16', '2bit'):
+        options = {} if wire == '2bit' else {'compression': wire}
+        results = []
+        for extra in ({}, cut):
+            kv = store(True, **options, **extra)
+            if wire == '2bit':
+                kv.set_gradient_compression({'type': '2bit', 'threshold': 0.01})
+            results.append(trained('sgd', kv)[0])
+            kv.close()
+        for i, (whole, parted) in enumerate(zip(*results)):
+            if not np.array_equal(whole, parted):
+                raise AssertionError('%s: parameter %d: partitioned differs from whole '
+                                     'shares by %g' % (wire, i, abs(whole - parted).max()))
+    done('kv_sharded[%s] partitioned' % DESIGN)
+
+
 if PART == 'train':
     part_train()
 elif PART == 'save':
@@ -384,6 +429,8 @@ elif PART == 'compressed':
     part_compressed()
 elif PART == 'join':
     part_join()
+elif PART == 'partitioned':
+    part_partitioned()
 elif PART == 'errors':
     part_errors(sys.argv[3])
 else:
