@@ -45,7 +45,7 @@ class Collective:
     __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig', 'place',
                  'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
                  'average', 'done', 'priority', 'in_place', 'mirror', 'waiter', 'codec',
-                 'unit')
+                 'unit', 'shard')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None, place=None, unit=1):
@@ -75,6 +75,9 @@ class Collective:
         self.done = False
         self.waiter = None     # waiter(req, timeout): how to wait when nobody calls finish()
         self.codec = None      # compression.WireCast or TwoBit that runs it, if compressed
+        # the sharded optimizer's reduce-scatter or allgather of a store key: a joined rank
+        # still owns a share of it (shards.JoinedShares), so it is not refused under join
+        self.shard = False
 
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'

@@ -12,13 +12,22 @@ told apart by their size.
   unsharded store writes, and loads into a store of any number of ranks, sharded or not.
 - Loading keeps whole states, and :func:`fit` cuts a key's state to this rank's share at
   the key's first sharded update, so a file may be loaded before the keys are known.
+- A rank that joined still owns its shares (:class:`JoinedShares`).
 """
+import logging
+import threading
+
 import mxnet as mx
 import numpy as np
 
+from .arrays import flat_view
 from .fusion import share
+from .poison import poison
 
-__all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'leaves', 'LambShare']
+__all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'leaves', 'LambShare',
+           'JoinedShares']
+
+log = logging.getLogger(__name__)
 
 # Optimizers whose update of one weight reads norms over the whole weight (layer-wise
 # trust ratios): a share's norm is not the weight's. LAMB's are summed over the ranks
@@ -173,3 +182,85 @@ def gather(states, sharded, size, rank, allgather):
                   for i in range(len(arrays)))
         whole[key] = _rebuild(states[key], joined)
     return whole
+
+
+class JoinedShares:
+    """A joined rank's part in the sharded optimizer (store.join). No other rank updates
+    its share of a key, so it goes on doing so while the others train: the mirror of their
+    reduce-scatter leaves the active ranks' gradient sum of the share in the mirror's
+    buffer; this rank updates its share of its copy of the weights with it, as the store's
+    pushpull does; and the mirror of their weights' allgather sends that share from its
+    copy and brings theirs into it.
+
+    The order is the active ranks' engine's: a key's update follows its reduce-scatter and
+    the previous allgather of the key (which wrote the weights), and its allgather follows
+    the update. Here the mirrors complete on the design's threads (a lane each in the
+    concurrent design), and the next step's reduce-scatter may be agreed before this
+    step's allgather, so the updates run in issue order when the allgather that sends them
+    is taken: it waits for the reduce-scatters issued before it (not later ones) and for
+    the key's previous allgather. These waits end: the active ranks issued the allgather after their own
+    update, so those collectives already ran on every rank.
+
+    ``find(key)`` -> (weights, (start, stop), updater) of a key this rank shards, else None.
+    """
+
+    def __init__(self, find):
+        self._find = find
+        self._keys = {}   # key: _KeyOrder
+
+    def take(self, req):
+        """Point the mirror ``req`` (join.mirror, on the design's thread) at this rank's part
+        in it."""
+        found = self._find(req.key)
+        if found is None:
+            # a key this rank never held: it has no share to give, and zeros would read as
+            # weights; the poison does not (the active ranks' weights show it)
+            log.error('joined rank: %s is of a key this rank does not shard; its share is '
+                      'poisoned', req.describe())
+            if req.kind == 'allgather':
+                poison(req.view)
+            return
+        order = self._keys.setdefault(req.key, _KeyOrder(*found))
+        if req.kind == 'allgather':
+            order.before_allgather(req)
+        else:
+            order.reduced.append(_Done(req))
+
+
+class _Done:
+    """A mirror's completion (collective.Collective.complete calls done): an event."""
+
+    def __init__(self, req):
+        self.req, self.error, self.event = req, None, threading.Event()
+        req.completion = self
+
+    def done(self, err):
+        self.error = err
+        self.event.set()
+
+
+class _KeyOrder:
+    """One key's reduce-scatters not yet applied, and its last allgather."""
+
+    def __init__(self, weights, bounds, updater):
+        self.weights, self.bounds, self.updater = weights, bounds, updater
+        self.reduced = []
+        self.gathered = None
+
+    def before_allgather(self, req):
+        if self.gathered is not None:   # it wrote the weights the update reads
+            self.gathered.event.wait()
+        start, stop = self.bounds
+        weight = self.weights.reshape((-1,))[start:stop]
+        due = [rs for rs in self.reduced if rs.req.seq < req.seq]
+        self.reduced = [rs for rs in self.reduced if rs.req.seq > req.seq]
+        for rs in due:
+            rs.event.wait()
+            if rs.error is not None:   # the active ranks' step fails with it
+                log.error('joined rank: no update of %s: %s', rs.req.describe(), rs.error)
+            elif not needs_norms(self.updater.optimizer):   # join.refusal fails LAMB's step
+                grad = mx.nd.array(rs.req.view[start:stop], dtype=rs.req.dtype)
+                self.updater(rs.req.key, grad, weight)
+        self.weights.wait_to_read()
+        req.view = flat_view(self.weights, req.nbytes, req.dtype)
+        self.gathered = _Done(req)

@@ -3,6 +3,7 @@ import atexit
 import collections
 import logging
 import os
+import pickle
 import sys
 import threading
 import weakref
@@ -19,6 +20,7 @@ from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
 from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
+from .fusion import share
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
 from .timeline import Timeline
@@ -72,6 +74,8 @@ class MPIKVStore(KVStoreBase):
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
         self._design = design(comm, self._config, self._errors.record, self._timeline, table)
+        if self._config.shard_optimizer:
+            self._design.shares = shards.JoinedShares(self._joined_share)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, self._config, self._design,
                                          self._pending_now)
@@ -232,9 +236,11 @@ class MPIKVStore(KVStoreBase):
         reqs = []
         for plan in plans:
             plan.stage()
-            reqs.append(request('reducescatter' if plan.share is not None else 'allreduce',
-                                plan.state, plan.work, average=average,
-                                in_place=plan.in_place, place=plan.place))
+            req = request('reducescatter' if plan.share is not None else 'allreduce',
+                          plan.state, plan.work, average=average, in_place=plan.in_place,
+                          place=plan.place)
+            req.shard = plan.share is not None
+            reqs.append(req)
         if self._codec is not None or self._wire is not None:
             for req in reqs:
                 self._compress(req)
@@ -255,10 +261,26 @@ class MPIKVStore(KVStoreBase):
             for share in norms:
                 share.finish()
         if sharded:
-            self._submit([request('allgather', plan.state, plan.state.value, place=plan.place)
-                          for plan in sharded], priority)
+            gathers = [request('allgather', plan.state, plan.state.value, place=plan.place)
+                       for plan in sharded]
+            for req in gathers:
+                req.shard = True
+            self._submit(gathers, priority)
             for plan in sharded:
                 fill(plan, plan.state.value)
+
+    def _joined_share(self, key):
+        """shards.JoinedShares' view of a key this rank shards: (weights, bounds, updater),
+        or None. Called on the design's thread while this rank waits in join()."""
+        state = self._keys.get(key)
+        if state is None or state.value is None or not self._keys.sharded(state):
+            return None
+        bounds = share(state.count, self._size, self._rank)
+        states = self._updater.states
+        if key in states and key not in self._fitted:   # loaded whole, never yet used
+            states[key] = shards.fit(key, states[key], state.count, bounds)
+            self._fitted.add(key)
+        return state.value, bounds, self._updater
 
     def _fit_states(self, plans):
         """Cut a loaded whole-key optimizer state to this rank's share before its first
@@ -293,6 +315,8 @@ class MPIKVStore(KVStoreBase):
         the store's optimizer states are broadcast to every rank, so training goes
         on from identical weights. A joined rank cannot mirror broadcasts from
         itself or Python-object collectives: those fail with JoinError everywhere.
+        With shard_optimizer it goes on updating its shares of the weights
+        (shards.JoinedShares), and each rank keeps its shares' states.
         """
         self._begin()
         self.wait()
@@ -327,11 +351,26 @@ class MPIKVStore(KVStoreBase):
                 buf.copyto(out)
         if has_updater:
             states = self.run_collective(lambda comm: comm.bcast(
-                self._updater.get_states(False) if self._rank == root else None, root=root),
+                self._states_to_sync() if self._rank == root else None, root=root),
                 'join_optimizer')
             if self._updater is not None and self._rank != root:
-                self._updater.set_states(states)
+                if self._config.shard_optimizer:   # each keeps its shares (JoinedShares)
+                    states = pickle.loads(states)
+                    self._updater.states.update(states)
+                    self._updater.states_synced.update(dict.fromkeys(states, False))
+                else:
+                    self._updater.set_states(states)
         self.wait()
+
+    def _states_to_sync(self):
+        """The optimizer states a join gives every rank: all of them, or with
+        shard_optimizer those of the keys updated whole (each rank updated its own shares
+        of the others, after its join too)."""
+        if not self._config.shard_optimizer:
+            return self._updater.get_states(False)
+        sharded = self._sharded_keys()
+        return pickle.dumps({key: state for key, state in self._updater.states.items()
+                             if key not in sharded})
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         raise TypeError('mpi_kvstore reduces dense arrays only; row_sparse_pull is not supported')

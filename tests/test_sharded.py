@@ -53,8 +53,8 @@ def test_bad_input_is_refused_and_the_store_goes_on(design, tmp_path, mpi_availa
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent', 'blocking'])
-def test_a_join_refuses_the_weights_allgather(design, mpi_available):
-    _ok(run_mpi(3, 'kv_sharded.py', design, 'join', timeout=120),
+def test_a_joined_rank_goes_on_updating_its_shares(design, tmp_path, mpi_available):
+    _ok(run_mpi(3, 'kv_sharded.py', design, 'join', str(tmp_path), timeout=180),
         'kv_sharded[%s] join' % design, 3)
 
 

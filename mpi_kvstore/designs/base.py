@@ -41,6 +41,7 @@ class Design:
         self._seq = itertools.count()
         self.pushed = 0  # collectives numbered so far (read by the stall inspector)
         self.joined = False  # this rank called join() and mirrors the others' collectives
+        self.shares = None   # shards.JoinedShares of a store with shard_optimizer
         # fusion, averaging and device handling around each collective (reduce.py)
         self.reducer = Reducer(self.size, self.fail, self.fail_all)
         self.timeline = timeline
@@ -177,7 +178,9 @@ class Design:
         joined = comm.mpi.allgather(self.joined)
         meta = [join.describe(r) for r in mine] if self.rank == head.lowest_active else None
         meta = comm.mpi.bcast(meta, root=head.lowest_active)
-        return (mine if mine is not None else [join.mirror(m) for m in meta]), joined
+        if mine is not None:
+            return mine, joined
+        return [join.mirror(m, self.shares) for m in meta], joined
 
     def refuse(self, reqs, joined):
         """Fail (on every rank alike) what a joined rank cannot take part in; -> the rest."""

@@ -21,12 +21,15 @@ def describe(req):
     dtype = req.dtype.str if req.dtype is not None else ''
     return (req.seq, req.kind, req.key, dtype, req.shape, req.nbytes, req.root, req.average,
             req.priority, req.sig, req.codec.spec if req.codec is not None else None, req.place,
-            req.unit)
+            req.unit, req.shard)
 
 
-def mirror(meta):
-    """A joined rank's stand-in for an active rank's request."""
-    seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place, unit = meta
+def mirror(meta, shares=None):
+    """A joined rank's stand-in for an active rank's request. ``shares``
+    (shards.JoinedShares, with shard_optimizer) takes the mirrors of the sharded
+    optimizer's collectives: this rank still updates and sends its share of the weights."""
+    (seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place, unit,
+     shard) = meta
     dtype = np.dtype(dtype) if dtype else None
     req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
                      nbytes=nbytes, sig=sig, place=place)   # planned as the others plan it
@@ -34,6 +37,9 @@ def mirror(meta):
     req.seq, req.mirror, req.codec = seq, True, compression.from_spec(codec)
     if dtype is not None:
         req.view = np.zeros(nbytes // dtype.itemsize, dtype=dtype)
+    req.shard = shard
+    if shard and shares is not None:
+        shares.take(req)
     return req
 
 
@@ -47,12 +53,15 @@ def refusal(req, joined):
         return ('rank(s) %s called join(), and %s runs a Python function that a joined rank '
                 'cannot mirror (broadcast_object, allgather_object, run_collective): call it '
                 'before join()' % (ranks, req.describe()))
-    if req.kind == 'allgather':
-        # its share of the weights would come from a rank that no longer updates it
-        return ('rank(s) %s called join(), and %s gathers the sharded optimizer\'s weights, '
-                'a share of which only the joined rank updates: a store with '
-                'shard_optimizer=1 cannot train on after a join; join with shard_optimizer=0'
-                % (ranks, req.describe()))
+    if req.kind == 'allgather' and not req.shard:
+        # a joined rank has no tensor of its own to give
+        return ('rank(s) %s called join(), and %s gathers a tensor from every rank: call it '
+                'before join()' % (ranks, req.describe()))
+    if isinstance(req.key, tuple) and req.key[:1] == ('__lamb_norms__',):
+        # the joined rank's share of the norms is not summed in (shards.JoinedShares)
+        return ('rank(s) %s called join(), and the sharded LAMB update needs the whole '
+                'weight\'s norms, a share of which is the joined rank\'s: join with '
+                'shard_optimizer=0, or another optimizer' % (ranks,))
     if req.kind == 'bcast' and joined[req.root]:
         return ('%s broadcasts from rank %d, which called join() and has no value to send'
                 % (req.describe(), req.root))

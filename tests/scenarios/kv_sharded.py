@@ -6,7 +6,7 @@ usage: kv_sharded.py DESIGN train
                                           unsharded, and checks DIR/expected.npz)
        kv_sharded.py DESIGN errors DIR
        kv_sharded.py DESIGN compressed
-       kv_sharded.py DESIGN join
+       kv_sharded.py DESIGN join DIR
        kv_sharded.py DESIGN partitioned
 
 train: 20 gluon steps (update_on_kvstore) with SGD + momentum, Adam and LAMB: the sharded
@@ -29,6 +29,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+from mpi_kvstore.shards import leaves
 
 from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
 
@@ -359,23 +360,91 @@ def part_compressed():
     done('kv_sharded[%s] compressed' % DESIGN)
 
 
-def part_join():
-    """A rank that joined owns a share no one else updates: the weights' allgather is refused
-    with JoinError on the active ranks (not gathered with its stale share), and the job ends
-    cleanly."""
+JOIN_SHAPES = {'w': (8, 3), 'v': (17,), 'b': (2,)}   # 'b': fewer elements than 3 ranks
+JOIN_AT, JOIN_STEPS = 3, 7
+
+
+def join_grad(key, step, rank):
+    n = int(np.prod(JOIN_SHAPES[key]))
+    return (np.sin(np.arange(n) * (rank + 1) + step + len(key)).reshape(JOIN_SHAPES[key])
+            .astype(np.float32))
+
+
+def join_run(shard, optimizer, folder, **options):
+    """Rank SIZE-1 joins after JOIN_AT steps, the others take JOIN_STEPS; -> (the weights
+    on this rank after every rank joined, the optimizer states saved then)."""
+    kv = store(shard, **options)
+    for key, shape in JOIN_SHAPES.items():
+        kv.init(key, mx.nd.array(np.linspace(-1, 1, int(np.prod(shape))).reshape(shape)))
+    kv.set_optimizer(optimizer())
+    outs = {key: mx.nd.zeros(shape) for key, shape in JOIN_SHAPES.items()}
+    for step in range(JOIN_STEPS):
+        if RANK == SIZE - 1 and step == JOIN_AT:
+            break
+        for i, key in enumerate(JOIN_SHAPES):
+            kv.pushpull(key, mx.nd.array(join_grad(key, step, RANK)), out=outs[key],
+                        priority=-i)
+    last = kv.join()
+    assert last == SIZE - 2, last   # the active ranks issued the most (ties: the highest)
+    path = os.path.join(folder, 'join_%s_%d_%d' % ('sharded' if shard else 'whole',
+                                                    len(options), RANK))
+    kv.save_optimizer_states(path)   # every rank: a collective when sharded
+    with open(path, 'rb') as fh:
+        states = pickle.loads(fh.read())
+    got = {key: out.asnumpy() for key, out in outs.items()}
+    kv.close()
+    return got, states
+
+
+def part_join(folder):
+    """A rank that joined still owns its shares: the active ranks' reduce-scatter gives it
+    their gradient sum of its share, it updates the share and sends it in the weights'
+    allgather (shards.JoinedShares). The weights after every rank joined equal, on every
+    rank, numpy's SGD with momentum on the sums of the ranks that had data, and the
+    unsharded store's under the same join (SGD with momentum, Adam); the optimizer states
+    saved then equal the unsharded store's, and so with the collectives in pieces.
+    LAMB's norms cannot include the joined rank's
+    share: refused with JoinError on the active ranks."""
+    lr, momentum = 0.1, 0.9
+    optimizers = {
+        'sgd': lambda: mx.optimizer.SGD(learning_rate=lr, momentum=momentum),
+        'adam': lambda: mx.optimizer.Adam(learning_rate=0.01),
+    }
+    runs = [(name, optimizer, {}) for name, optimizer in optimizers.items()]
+    # the collectives cut in pieces (schedule.SharePiece), 2 held back at a time
+    runs.append(('sgd', optimizers['sgd'], dict(partition_bytes=16, credit_bytes=32)))
+    for name, optimizer, options in runs:
+        sharded, sharded_states = join_run(True, optimizer, folder, **options)
+        whole, whole_states = join_run(False, optimizer, folder)
+        for key in JOIN_SHAPES:
+            what = '%s: key %r after the join' % (name, key)
+            same_on_all_ranks(sharded[key], what)
+            close(sharded[key], whole[key], what + ', sharded vs unsharded', rtol=1e-5,
+                  atol=1e-6)
+            if name == 'sgd':
+                w = np.linspace(-1, 1, sharded[key].size).reshape(JOIN_SHAPES[key])
+                w, mom = w.astype(np.float32), np.zeros(JOIN_SHAPES[key], np.float32)
+                for step in range(JOIN_STEPS):
+                    ranks = range(SIZE if step < JOIN_AT else SIZE - 1)
+                    g = sum(join_grad(key, step, r) for r in ranks)
+                    mom = momentum * mom - lr * g
+                    w = w + mom
+                close(sharded[key], w, what + ', sharded vs numpy', rtol=1e-4, atol=1e-5)
+        assert sorted(sharded_states) == sorted(whole_states), name
+        for key in whole_states:
+            for mine, theirs in zip(leaves(sharded_states[key]), leaves(whole_states[key])):
+                close(mine.asnumpy(), theirs.asnumpy(), '%s: state of %r after the join'
+                      % (name, key), rtol=1e-5, atol=1e-6)
     kv = store(True)
     kv.init('w', mx.nd.ones((8, 3)))
-    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
+    kv.set_optimizer(mx.optimizer.LAMB(learning_rate=0.01))
     out = mx.nd.zeros((8, 3))
-    if RANK == SIZE - 1:
-        last = kv.join()
-    else:
+    if RANK != SIZE - 1:
         def step():   # blocking raises in the call, the engine designs at the wait
             kv.pushpull('w', mx.nd.ones((8, 3)), out=out)
             kv.wait()
-        expect_raises(mpi_kvstore.JoinError, step, contains='shard_optimizer')
-        last = kv.join()
-    assert last == SIZE - 2, last   # the active ranks issued the most (ties: the highest)
+        expect_raises(mpi_kvstore.JoinError, step, contains='LAMB')
+    kv.join()
     kv.close()
     done('kv_sharded[%s] join' % DESIGN)
 
@@ -428,7 +497,7 @@ elif PART == 'load':
 elif PART == 'compressed':
     part_compressed()
 elif PART == 'join':
-    part_join()
+    part_join(sys.argv[3])
 elif PART == 'partitioned':
     part_partitioned()
 elif PART == 'errors':
