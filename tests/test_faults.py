@@ -102,8 +102,11 @@ def _what_is_known_of_rank1(mode, env):
     # the scenario's 64-byte arrays cut in 4 pieces, 2 taken a round (schedule.py)
     (2, 'funneled', 'sleep', {'MPI_KVSTORE_PARTITION_BYTES': '16',
                               'MPI_KVSTORE_CREDIT_BYTES': '32'}),
+    # the sharded optimizer: rank 1 skips a reduce-scatter, cut in pieces too
+    (3, 'funneled', 'sleep', {'MPI_KVSTORE_SHARD_OPTIMIZER': '1',
+                              'MPI_KVSTORE_PARTITION_BYTES': '16'}),
 ], ids=['np2', 'np3', 'chained', 'chained-inline', 'blocking', 'rank-exited', 'serialized',
-        'partitioned'])
+        'partitioned', 'sharded'])
 def test_stall_is_named_repeated_and_aborted(nprocs, design, mode, env, mpi_available):
     err, took = failed_job(nprocs, 'fault_stall.py', design, mode,
                            marker='rank 0 starts the last step', timeout=40,
@@ -121,7 +124,8 @@ def test_stall_is_named_repeated_and_aborted(nprocs, design, mode, env, mpi_avai
     assert any(_stall_heading(rank, nprocs, 'aborting the job: ', 'stall_abort', STALL_ABORT)
                in out for rank in waiting)
     rank1 = _what_is_known_of_rank1(mode, env)
-    named = re.escape("collective #%s (allreduce of key '%s'" % (seq, key))
+    kind = 'reducescatter' if 'MPI_KVSTORE_SHARD_OPTIMIZER' in env else 'allreduce'
+    named = re.escape("collective #%s (%s of key '%s'" % (seq, kind, key))
     who = re.escape('pushed by %s; %s' % (faults.rank_list(waiting), rank1))
     assert re.search(r'%s[^\n]*: waiting [0-9.]+ s; %s' % (named, who), out), out[-3000:]
     if rank1 == 'not pushed by rank 1':

@@ -8,10 +8,14 @@ set (the test uses 2 and 6): the waiting ranks must name the collective (key
 and sequence number) and which ranks have and have not pushed it, repeat that,
 and abort the job after stall_abort seconds.
 
+With MPI_KVSTORE_SHARD_OPTIMIZER=1 the store runs SGD on 16-element keys, sharded: the
+collective rank 1 skips is then a reduce-scatter.
+
 usage: fault_stall.py [DESIGN] [sleep|exit]
   sleep  rank 1 sleeps after its kv.wait() (default)
   exit   rank 1 exits after its kv.wait(): it finished, and cannot answer questions
 """
+import os
 import sys
 import time
 
@@ -31,9 +35,13 @@ MODE = sys.argv[2] if len(sys.argv) > 2 else 'sleep'
 def main():
     kv = mpi_kvstore.create('dist_mpi', design=design_arg())
     kv.init(KEYS, [mx.nd.zeros((16,)) for _ in KEYS])   # one broadcast per key
+    sharded = os.environ.get('MPI_KVSTORE_SHARD_OPTIMIZER') == '1'
+    if sharded:
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
     values = [mx.nd.ones((16,)) for _ in KEYS]
-    # Collectives are numbered in call order from 0: the init broadcasts, then the pushpulls.
-    skipped = len(KEYS) + STEPS * len(KEYS) - 1
+    # Collectives are numbered in call order from 0: the init broadcasts, then the pushpulls
+    # (sharded: a reduce-scatter and an allgather each).
+    skipped = len(KEYS) + (2 if sharded else 1) * (STEPS * len(KEYS) - 1)
     for step in range(STEPS):
         if step == STEPS - 1:
             # The blocking design waits inside pushpull itself: stamp the time before.
