@@ -164,7 +164,8 @@ OPTIONS: Tuple[Option, ...] = (
            '0 disables their fusion.', _nonneg),
     Option('partition_bytes', _auto_or(parse_bytes), 'auto', 'bytes',
            'Funneled and concurrent: an allreduce larger than this is cut into pieces of this '
-           'size, scheduled one by one, so a gradient the next forward needs first can '
+           'size (so is a reduce-scatter or allgather of shard_optimizer, in host memory), '
+           'scheduled one by one, so a gradient the next forward needs first can '
            'overtake a large one already agreed (schedule.py). 0: never cut. auto: decided '
            'when the store is created, from the hosts the ranks span (topology.py).',
            _auto_nonneg),
