@@ -157,13 +157,23 @@ class Comm:
 
     def reduce_scatter(self, send, recv, counts):
         """Sum of ``send`` over the ranks, piece r (``counts[r]`` elements, in rank order)
-        into rank r's ``recv`` (host buffers)."""
+        into rank r's ``recv`` (host buffers); through the hosts where the hierarchy takes
+        it (hierarchy.Grid)."""
+        if self.hierarchy.takes_shares(send.nbytes):
+            debug.count('algorithm', 'hierarchical reducescatter')
+            self.hierarchy.grid.reduce_scatter(send, recv, counts)
+            return
         self._polled(self.mpi.Ireduce_scatter, self.mpi.Reduce_scatter, send, recv, counts,
                      MPI.SUM)
 
     def allgather_in_place(self, buf, counts, displs):
         """Every rank's piece of ``buf`` (``counts[r]`` elements at ``displs[r]``) into every
-        rank's ``buf`` (a host buffer); this rank's piece is already in place."""
+        rank's ``buf`` (a host buffer); this rank's piece is already in place. Through the
+        hosts where the hierarchy takes it (hierarchy.Grid)."""
+        if self.hierarchy.takes_shares(buf.itemsize * sum(counts)):
+            debug.count('algorithm', 'hierarchical allgather')
+            self.hierarchy.grid.allgather(buf, counts, displs)
+            return
         self._polled(self.mpi.Iallgatherv, self.mpi.Allgatherv, MPI.IN_PLACE,
                      (buf, (counts, displs)))
 

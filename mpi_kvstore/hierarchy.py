@@ -6,6 +6,13 @@ local rank (one per host) allreduce that piece across the network, and an allgat
 inside each host puts the pieces together. Otherwise: a reduce to each host's lowest
 rank, an allreduce among those leaders, a broadcast inside each host.
 
+The sharded optimizer's reduce-scatter and allgather, where every host runs L ranks, go
+through the hosts too (:class:`Grid`): a reduce-scatter inside each host leaves local rank
+l the host's sum of the shares of every host's rank l, and a reduce-scatter among the
+ranks of local rank l (one per host) gives each its own share; the allgather runs the same
+steps backwards. Across the network each rank then moves the bytes of its own local
+rank's shares only.
+
 Every rank takes the same decision. The sub-communicators come from collective calls
 on the owning Comm's duplicate, in one order on every rank. The ranks first check with
 one MIN-allreduce that they were all given the same mode, and raise ConfigError
@@ -24,10 +31,10 @@ import numpy as np
 
 from .config import HIERARCHICAL_MODES
 from .errors import ConfigError
-from .fusion import pieces
+from .fusion import BufferPool, pieces
 from .mpiabi import MPI
 
-__all__ = ['Hierarchy', 'PairedCalls', 'AUTO_MIN_BYTES']
+__all__ = ['Hierarchy', 'Grid', 'PairedCalls', 'AUTO_MIN_BYTES']
 
 # hierarchical='auto': None keeps every allreduce flat and builds nothing; a number would
 # take the hierarchy from that many bytes on. Flat, because MPICH's own Allreduce was as
@@ -63,6 +70,7 @@ class Hierarchy:
         self.nodes = 1                # hosts the communicator spans (when it was asked)
         self.active = False           # allreduce goes through node and cross
         self.uniform = False          # every host runs as many ranks: reduce-scatter shape
+        self.grid = None              # with uniform: reduce-scatter and allgather (Grid)
         self.min_bytes = 0            # smallest buffer that takes the hierarchy
         if mpi.Get_size() > 1:
             self._build(mpi, mode)
@@ -92,6 +100,8 @@ class Hierarchy:
         self.uniform = bool((table[:, 1] == table[0, 1]).all())
         self.min_bytes = min_bytes
         self.active = True
+        if self.uniform:
+            self.grid = Grid.of(mpi, self.node, self.cross)
 
     def takes(self, nbytes):
         """Whether an allreduce of ``nbytes`` goes through the hosts by default."""
@@ -128,9 +138,83 @@ class Hierarchy:
         run(node.Bcast, data, root=0)
         run.raise_first()
 
+    def takes_shares(self, nbytes):
+        """Whether a reduce-scatter or allgather of ``nbytes`` goes through the hosts."""
+        return self.grid is not None and self.takes(nbytes)
+
     def free(self):
+        self.grid = None
         for sub in (self.cross, self.node):
             if sub is not None and sub != MPI.COMM_NULL:
                 sub.Free()
         self.cross = self.node = None
         self.active = False
+
+
+class Grid:
+    """Reduce-scatter and allgather of shares cut by global rank, through the hosts, where
+    every host runs as many ranks. ``node``: this host's ranks; ``cross``: the ranks with
+    this local rank, one per host; ``places[g]`` = (local rank, cross rank) of global rank
+    g, the same table on every rank. Blocking calls in one order on every rank, each step
+    made even after one failed (PairedCalls)."""
+
+    def __init__(self, node, cross, places):
+        self.node, self.cross = node, cross
+        self.local, self.host = node.Get_rank(), cross.Get_rank()
+        # ranks[l][h]: the global rank of local rank l on host h (cross rank h)
+        self.ranks = [[0] * cross.Get_size() for _ in range(node.Get_size())]
+        for g, (local, host) in enumerate(places):
+            self.ranks[local][host] = g
+        self._pools = (BufferPool(), BufferPool())
+
+    @classmethod
+    def of(cls, mpi, node, cross):
+        """Collective on ``mpi``: the grid of its node and cross communicators."""
+        mine = np.array([node.Get_rank(), cross.Get_rank()], dtype=np.int32)
+        places = np.empty((mpi.Get_size(), 2), dtype=np.int32)
+        mpi.Allgather(mine, places)
+        return cls(node, cross, [tuple(int(v) for v in row) for row in places])
+
+    def _layout(self, counts):
+        """(per local rank: its block's count; per host: this local rank's share counts)"""
+        blocks = [sum(counts[g] for g in row) for row in self.ranks]
+        return blocks, [counts[g] for g in self.ranks[self.local]]
+
+    def reduce_scatter(self, send, recv, counts):
+        """Sum over all ranks of ``send`` (global rank g's share: ``counts[g]`` elements, in
+        rank order) into ``recv``, this rank's share."""
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        blocks, mine = self._layout(counts)
+        packed = self._pools[0].get(send, sum(counts))
+        at = 0
+        for row in self.ranks:   # local rank l's block: every host's rank l's share
+            for g in row:
+                packed[at:at + counts[g]] = send[displs[g]:displs[g] + counts[g]]
+                at += counts[g]
+        partial = self._pools[1].get(send, blocks[self.local])
+        run = PairedCalls()
+        run(self.node.Reduce_scatter, packed, partial, blocks, op=MPI.SUM)
+        run(self.cross.Reduce_scatter, partial, recv, mine, op=MPI.SUM)
+        run.raise_first()
+
+    def allgather(self, buf, counts, displs):
+        """Every rank's share of ``buf`` (``counts[g]`` elements at ``displs[g]``) into every
+        rank's ``buf``; this rank's share is already in place."""
+        blocks, mine = self._layout(counts)
+        me = self.ranks[self.local][self.host]
+        offsets = np.concatenate([[0], np.cumsum(mine)[:-1]]).astype(int)
+        partial = self._pools[1].get(buf, blocks[self.local])
+        start = offsets[self.host]
+        partial[start:start + counts[me]] = buf[displs[me]:displs[me] + counts[me]]
+        starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(int)
+        packed = self._pools[0].get(buf, sum(counts))
+        run = PairedCalls()
+        run(self.cross.Allgatherv, MPI.IN_PLACE, (partial, (mine, offsets)))
+        packed[starts[self.local]:starts[self.local] + blocks[self.local]] = partial
+        run(self.node.Allgatherv, MPI.IN_PLACE, (packed, (blocks, starts)))
+        run.raise_first()
+        at = 0
+        for row in self.ranks:
+            for g in row:
+                buf[displs[g]:displs[g] + counts[g]] = packed[at:at + counts[g]]
+                at += counts[g]

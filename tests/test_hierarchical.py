@@ -95,5 +95,21 @@ def test_uneven_hosts_go_through_leaders(hosts):
     _ok(run_across(hosts, 3, 'concurrent', 'leaders'), 'concurrent', 'leaders', 3)
 
 
+def test_sharded_collectives_go_through_the_hosts(hosts):
+    """shard_optimizer's reduce-scatter and allgather (hierarchy.Grid), whole and in pieces:
+    the weights equal the flat unsharded store's and one process's."""
+    out = run_mpi(4, 'kv_sharded.py', 'funneled', 'grid', launcher=hosts.launcher_for(ppn=2),
+                  timeout=300)
+    assert 'kv_sharded[funneled] grid: OK at 4 ranks' in out, out[-3000:]
+
+
+@pytest.mark.parametrize('nprocs, local', [(4, 2), (6, 3), (6, 2)])
+def test_grid_of_split_hosts_on_one_box(nprocs, local, mpi_available):
+    """hierarchy.Grid against numpy, its "hosts" split from COMM_WORLD in blocks and
+    interleaved: uneven shares, zeros, gaps between them in the allgather."""
+    out = run_mpi(nprocs, 'grid_shares.py', str(local), timeout=120)
+    assert 'grid_shares[%d a host]: OK at %d ranks' % (local, nprocs) in out, out[-3000:]
+
+
 def test_off_across_hosts_is_flat(hosts):
     _ok(run_across(hosts, 4, 'funneled', 'inactive', 'off'), 'funneled', 'inactive', 4)

@@ -8,6 +8,7 @@ usage: kv_sharded.py DESIGN train
        kv_sharded.py DESIGN compressed
        kv_sharded.py DESIGN join DIR
        kv_sharded.py DESIGN partitioned
+       kv_sharded.py DESIGN grid         (across hosts with as many ranks each)
 
 train: 20 gluon steps (update_on_kvstore) with SGD + momentum, Adam and LAMB: the sharded
 store's weights equal the unsharded store's and one process's on the whole batch, and each
@@ -19,6 +20,10 @@ partitioned: partition_bytes of 512 cuts the reduce-scatters and allgathers (the
 designs: schedule.SharePiece), and a credit of 1 KB holds pieces back; the weights equal
 the unpartitioned sharded store's (bit for bit through the fp16, bf16 and 2-bit codecs,
 whose sums go value by value) and one process's.
+
+grid: hierarchical='on' across hosts: the reduce-scatters and allgathers go through the hosts
+(hierarchy.Grid; the debug counters say so), whole and in pieces, and the weights equal the
+flat unsharded store's and one process's.
 """
 import os
 import pickle
@@ -488,6 +493,30 @@ def part_partitioned():
     done('kv_sharded[%s] partitioned' % DESIGN)
 
 
+def part_grid():
+    from mpi_kvstore import debug
+    for name in ('sgd', 'adam'):
+        ref, _ = trained(name, None)
+        flat_kv = store(False)
+        flat, _ = trained(name, flat_kv)
+        flat_kv.close()
+        for options in ({}, dict(partition_bytes=512, credit_bytes=1024)):
+            before = debug.snapshot()
+            kv = store(True, hierarchical='on', **options)
+            got, _ = trained(name, kv)
+            counted = debug.since(before, 'algorithm')
+            for kind in ('hierarchical reducescatter', 'hierarchical allgather'):
+                if not counted.get(kind):
+                    raise AssertionError('%s %s: no %s ran: %s' % (name, options, kind, counted))
+            kv.close()
+            for i, value in enumerate(got):
+                what = '%s %s: parameter %d through the hosts' % (name, options, i)
+                same_on_all_ranks(value, what)
+                close(value, flat[i], what + ' vs flat unsharded', rtol=1e-5, atol=1e-6)
+                close(value, ref[i], what + ' vs one process', rtol=1e-4, atol=1e-5)
+    done('kv_sharded[%s] grid' % DESIGN)
+
+
 if PART == 'train':
     part_train()
 elif PART == 'save':
@@ -500,6 +529,8 @@ elif PART == 'join':
     part_join(sys.argv[3])
 elif PART == 'partitioned':
     part_partitioned()
+elif PART == 'grid':
+    part_grid()
 elif PART == 'errors':
     part_errors(sys.argv[3])
 else:
