@@ -20,6 +20,10 @@ before anything is timed:
                 every weight with its share of the state, allgather the weights;
   sharded+bf16  sharded with compression=bf16: the reduce-scatter sends bfloat16 (the
                 allgather stays exact float32); sharded+fp16 likewise with float16.
+  unsharded+whole, sharded+whole
+                partition_bytes=0, credit_bytes=0: no collective cut into priority pieces
+                (the defaults cut them across hosts: schedule.py), to see what pieces
+                gain each, interleaved in one job.
 
 Timing, in rounds (--warmups untimed, then --rounds timed): in each round every
 configuration makes one run of --chain training steps (gpu_like._train: no waitall between
@@ -78,6 +82,8 @@ CONFIGS = {
     'sharded': {'shard_optimizer': True},
     'sharded+bf16': {'shard_optimizer': True, 'compression': 'bf16'},
     'sharded+fp16': {'shard_optimizer': True, 'compression': 'fp16'},
+    'unsharded+whole': {'shard_optimizer': False, 'partition_bytes': 0, 'credit_bytes': 0},
+    'sharded+whole': {'shard_optimizer': True, 'partition_bytes': 0, 'credit_bytes': 0},
 }
 DEFAULT_CONFIGS = 'unsharded,sharded,sharded+bf16'
 # The optimizers offered, with what they get besides the learning rate: each has state
@@ -425,6 +431,12 @@ def findings(names, rows, nranks):
     if 'unsharded' in steps and 'sharded' in steps:
         lines.append(f'sharded / unsharded step: {steps["sharded"] / steps["unsharded"]:.3f}x '
                      '(target <= 1.05x)')
+    if 'unsharded+whole' in steps and 'sharded+whole' in steps:
+        lines.append('collectives whole (no pieces): sharded / unsharded step: '
+                     f'{steps["sharded+whole"] / steps["unsharded+whole"]:.3f}x')
+    for a, b in (('unsharded', 'unsharded+whole'), ('sharded', 'sharded+whole')):
+        if a in steps and b in steps:
+            lines.append(f'{a}: pieces speed it up {steps[b] / steps[a]:.3f}x (whole / pieces)')
     for wire in ('bf16', 'fp16'):
         name = f'sharded+{wire}'
         if name in steps and 'sharded' in steps:
@@ -478,6 +490,8 @@ def timed(args, plan_, comm, run):
                 rows[config.name]['max_abs_vs_unsharded'] = worst
                 if why and config.check == 'ok':
                     config.check = why
+                if not CONFIGS[config.name]['shard_optimizer']:
+                    continue   # unsharded+whole holds the whole state, as unsharded does
                 share_ok = harness.agree(
                     None if state_bytes(config.kv) == expected else
                     f'rank {comm.rank} holds {state_bytes(config.kv)} bytes of state, its share '

@@ -16,7 +16,8 @@ SMALL = ['--model', 'resnet18_v1', '--images-per-s', '3200', '--warmups', '1', '
 
 
 def test_side_by_side(mpi_available, tmp_path):
-    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--configs', 'unsharded,sharded,sharded+bf16',
+    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--configs',
+                  'unsharded,sharded,sharded+bf16,unsharded+whole,sharded+whole',
                   '--out', tmp_path, timeout=TIMEOUT)
     assert 'weights check: ok' in out, out[-3000:]
     record = json.loads((tmp_path / f'sharded_n{NPROCS}_resnet18_v1_adam_h1.json').read_text())
@@ -26,12 +27,15 @@ def test_side_by_side(mpi_available, tmp_path):
     assert record['versions']['mxnet'] and record['versions']['mpi_kvstore']
     assert record['check'] == 'ok'
     rows = {row['config']: row for row in record['rows']}
-    assert list(rows) == ['unsharded', 'sharded', 'sharded+bf16']
+    assert list(rows) == ['unsharded', 'sharded', 'sharded+bf16', 'unsharded+whole',
+                          'sharded+whole']
+    assert rows['unsharded+whole']['check'] == 'ok'
+    assert rows['unsharded+whole']['state_bytes'] == rows['unsharded']['state_bytes']
     whole = rows['unsharded']['state_bytes']
     grads = record['grad_bytes']
     # Adam: two float32 arrays a weight; ResNet-18's 11.7M trainable elements.
     assert whole == 2 * grads
-    for name in ('sharded', 'sharded+bf16'):
+    for name in ('sharded', 'sharded+bf16', 'sharded+whole'):
         row = rows[name]
         assert row['check'] == 'ok' and row['state_share_check'] == 'ok', row
         # Half, within each key's rounding: a share is at most one element away from
