@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .errors import ConfigError
 
-__all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive',
+__all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive', 'window_of',
            'from_environment', 'parse_bytes', 'format_bytes', 'DESIGNS', 'HIERARCHICAL_MODES',
            'CUDA_AWARE_MODES', 'GPU_TRANSPORTS', 'COMPRESSIONS']
 
@@ -87,6 +87,23 @@ def _positive(v):
     if v < 1:
         raise ValueError('must be >= 1')
     return v
+
+
+def _auto_positive(v):
+    return v if v == 'auto' else _positive(v)
+
+
+# window='auto': a step of ResNet-50 (161 keys) fits in 256 collectives, and in 512 with
+# shard_optimizer (a reduce-scatter and an allgather a key); a step that does not fit holds
+# its first-made gradients back until the oldest collective runs (docs/sharded-optimizer.md).
+WINDOW, SHARDED_WINDOW = 256, 512
+
+
+def window_of(config):
+    """The negotiation window ``config`` gives: its ``window``, or 'auto''s choice."""
+    if config.window != 'auto':
+        return config.window
+    return SHARDED_WINDOW if config.shard_optimizer else WINDOW
 
 
 def _hierarchical(v):
@@ -178,8 +195,11 @@ OPTIONS: Tuple[Option, ...] = (
     Option('lanes', int, 2, 'threads',
            'Number of communication threads (each with its own communicator) '
            'of the concurrent design.', _positive),
-    Option('window', int, 256, 'collectives',
-           'How many pending collectives one negotiation round can cover.', _positive),
+    Option('window', _auto_or(int), 'auto', 'collectives',
+           'How many pending collectives one negotiation round can cover, from the oldest '
+           'not yet run: a step\'s collectives beyond it wait for the oldest, which backward '
+           'makes last. auto: 256, or 512 with shard_optimizer (two collectives a key); '
+           'raise it for models of more keys.', _auto_positive),
     Option('average', _parse_bool, False, 'bool',
            'Divide reductions by the number of workers (Horovod style); default is SUM, '
            'as MXNet stores do.'),

@@ -17,7 +17,7 @@ import logging
 
 import numpy as np
 
-from .config import format_bytes
+from .config import format_bytes, window_of
 from .errors import ConfigError
 from .mpiabi import MPI
 
@@ -64,19 +64,25 @@ def resolve(config, comm, table=None):
 
 
 def _check_agreed(config, comm):
-    """Every rank must cut the same pieces and take the same credit: ranks that differ would
-    pair different collectives and hang. One MIN-allreduce of the values and their negatives
-    finds a difference on every rank alike."""
+    """Every rank must cut the same pieces, take the same credit and negotiate over the same
+    window (the agreement message's size): ranks that differ would pair different
+    collectives and hang. One MIN-allreduce of the values and their negatives finds a
+    difference on every rank alike."""
     if comm.Get_size() == 1:
         return
-    mine = (config.partition_bytes, config.credit_bytes)
+    mine = (config.partition_bytes, config.credit_bytes, window_of(config))
     both = np.array(mine + tuple(-v for v in mine), dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
-    if both[0] != -both[2] or both[1] != -both[3]:
+    if both[0] != -both[3] or both[1] != -both[4]:
         raise ConfigError('ranks disagree on partition_bytes or credit_bytes (this rank: %s, %s; '
                           'smallest %s, %s; largest %s, %s): every rank must be given the same '
-                          'values' % (mine + (int(both[0]), int(both[1]), int(-both[2]),
-                                              int(-both[3]))))
+                          'values' % (mine[:2] + (int(both[0]), int(both[1]), int(-both[3]),
+                                                  int(-both[4]))))
+    if both[2] != -both[5]:
+        raise ConfigError('ranks disagree on window (this rank: %d; smallest %d, largest %d; '
+                          'window=auto gives 512 with shard_optimizer, else 256): every rank '
+                          'must be given the same window and shard_optimizer'
+                          % (mine[2], both[2], -both[5]))
 
 
 def _show(value):

@@ -580,3 +580,14 @@ def test_shares_lay_out_every_request_once_rank_major(sizes, width):
                 sum(sizes[:j]) + np.arange(start, stop))
         assert sum(stop - start for _, start, stop, _ in layout.spans(r)) == layout.counts[r]
     assert sorted(flat) == list(range(sum(sizes)))
+
+
+def test_window_auto_covers_a_step_of_two_collectives_a_key_when_sharded():
+    """window='auto' (config.window_of): 256, or 512 with shard_optimizer; a number stays."""
+    from mpi_kvstore.config import Config, window_of
+    assert Config().window == 'auto'
+    assert window_of(Config()) == 256
+    assert window_of(Config(shard_optimizer=True)) == 512
+    assert window_of(Config(window=64, shard_optimizer=True)) == 64
+    with pytest.raises(cfg.ConfigError):
+        Config(window=0)

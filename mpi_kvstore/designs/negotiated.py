@@ -28,6 +28,7 @@ import threading
 import numpy as np
 
 from .. import agreement, engine, native, native_records, schedule
+from ..config import window_of
 from ..progress import wait_polling
 from ..timeline import op_name
 from .base import Design
@@ -51,7 +52,8 @@ class Negotiated(Design):
         self._executed = set()
         self._base = 0
         self._stop = False
-        self._msg = np.zeros(agreement.HEADER + 2 * config.window, dtype=np.int32)
+        self._window = window_of(config)
+        self._msg = np.zeros(agreement.HEADER + 2 * self._window, dtype=np.int32)
         # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit
         self._queue = schedule.Queue(config.partition_bytes, config.credit_bytes,
                                      self.size)
@@ -124,7 +126,7 @@ class Negotiated(Design):
     def _has_work(self):
         if self.joined:  # every round of the others needs this rank too
             return True
-        limit = self._base + self.config.window
+        limit = self._base + self._window
         return any(seq < limit for seq in self._ready)
 
     def join(self):
@@ -146,7 +148,7 @@ class Negotiated(Design):
             queued = len(self._queue) > 0    # the same on every rank: all negotiate
             with self._lock:
                 busy, stop = self._has_work(), self._stop
-                limit = self._base + self.config.window
+                limit = self._base + self._window
                 offer = {s: r for s, r in self._ready.items() if s < limit} if busy else {}
             if not busy and not queued:
                 if stop:

@@ -48,4 +48,10 @@ kv.close()
 # Ranks given different pieces would pair different collectives: all must raise instead.
 expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
               partition_bytes=4096 * (RANK + 1), contains='ranks disagree on partition_bytes')
+# So would ranks of different negotiation windows (the agreement message's size), which
+# window=auto makes 512 with shard_optimizer and 256 without.
+expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
+              shard_optimizer=RANK == 0, contains='ranks disagree on window')
+expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
+              window=100 + RANK, contains='ranks disagree on window')
 done('kv_topology[%s, %d hosts]' % (DESIGN, HOSTS))
