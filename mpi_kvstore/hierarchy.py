@@ -165,6 +165,8 @@ class Grid:
         self.ranks = [[0] * cross.Get_size() for _ in range(node.Get_size())]
         for g, (local, host) in enumerate(places):
             self.ranks[local][host] = g
+        # the packed order: local rank 0's block (every host's rank of local rank 0), ...
+        self._packed = [g for row in self.ranks for g in row]
         self._pools = (BufferPool(), BufferPool())
 
     @classmethod
@@ -183,14 +185,13 @@ class Grid:
     def reduce_scatter(self, send, recv, counts):
         """Sum over all ranks of ``send`` (global rank g's share: ``counts[g]`` elements, in
         rank order) into ``recv``, this rank's share."""
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        displs = _starts(counts)
         blocks, mine = self._layout(counts)
         packed = self._pools[0].get(send, sum(counts))
         at = 0
-        for row in self.ranks:   # local rank l's block: every host's rank l's share
-            for g in row:
-                packed[at:at + counts[g]] = send[displs[g]:displs[g] + counts[g]]
-                at += counts[g]
+        for g in self._packed:
+            packed[at:at + counts[g]] = send[displs[g]:displs[g] + counts[g]]
+            at += counts[g]
         partial = self._pools[1].get(send, blocks[self.local])
         run = PairedCalls()
         run(self.node.Reduce_scatter, packed, partial, blocks, op=MPI.SUM)
@@ -202,11 +203,11 @@ class Grid:
         rank's ``buf``; this rank's share is already in place."""
         blocks, mine = self._layout(counts)
         me = self.ranks[self.local][self.host]
-        offsets = np.concatenate([[0], np.cumsum(mine)[:-1]]).astype(int)
+        offsets = _starts(mine)
         partial = self._pools[1].get(buf, blocks[self.local])
         start = offsets[self.host]
         partial[start:start + counts[me]] = buf[displs[me]:displs[me] + counts[me]]
-        starts = np.concatenate([[0], np.cumsum(blocks)[:-1]]).astype(int)
+        starts = _starts(blocks)
         packed = self._pools[0].get(buf, sum(counts))
         run = PairedCalls()
         run(self.cross.Allgatherv, MPI.IN_PLACE, (partial, (mine, offsets)))
@@ -214,7 +215,11 @@ class Grid:
         run(self.node.Allgatherv, MPI.IN_PLACE, (packed, (blocks, starts)))
         run.raise_first()
         at = 0
-        for row in self.ranks:
-            for g in row:
-                buf[displs[g]:displs[g] + counts[g]] = packed[at:at + counts[g]]
-                at += counts[g]
+        for g in self._packed:
+            buf[displs[g]:displs[g] + counts[g]] = packed[at:at + counts[g]]
+            at += counts[g]
+
+
+def _starts(counts):
+    """Where each of ``counts`` consecutive runs starts."""
+    return [int(v) for v in np.concatenate([[0], np.cumsum(counts)[:-1]])]
