@@ -4,7 +4,7 @@ import zlib
 
 from .poison import poison
 
-__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT', 'SHARDED']
+__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT', 'SHARDED', 'LAMB_NORMS']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
 # encodings (see agreement.py), so they stay below 2**30.
@@ -15,6 +15,9 @@ SIG_LIMIT = 1 << 30
 # owner's values. The sharded optimizer (keys.Plan.sharded) runs one, then the other.
 KINDS = ('allreduce', 'bcast', 'barrier', 'custom', 'reducescatter', 'allgather')
 SHARDED = ('reducescatter', 'allgather')
+# The first element of the key of the sharded LAMB update's norms allreduce (store.py), which
+# a joined rank cannot take part in (designs/join.py)
+LAMB_NORMS = '__lamb_norms__'
 
 
 def signature(kind, key, dtype, shape, root, place='cpu'):
@@ -82,6 +85,11 @@ class Collective:
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'
                 % (self.seq, self.kind, self.key, self.shape, self.dtype))
+
+    @property
+    def extent(self):
+        """Elements of the flat buffer it reads and writes."""
+        return self.nbytes // self.dtype.itemsize
 
     def buffer(self):
         """The memory MPI reads and writes: the array's view, or scratch after a failure."""

@@ -173,11 +173,15 @@ class KeyTable:
         found = Plan(state, values, work, targets if in_place_ok else (), in_place,
                      place_of(work))
         if self.sharded(state):
-            found.share = share(state.count, self._size, self._rank)
+            found.share = self.share_of(state)
             found.views = (_flat_slice(work, found.share), _flat_slice(state.value, found.share))
         elif self.updater is not None:
             found.views = (work, state.value)
         return found
+
+    def share_of(self, state):
+        """[start, stop) of the flat key that this rank's sharded optimizer updates."""
+        return share(state.count, self._size, self._rank)
 
     def sharded(self, state):
         """Whether the store's optimizer updates only this rank's share of the key

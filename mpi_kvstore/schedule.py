@@ -70,6 +70,7 @@ class Piece:
     array = property(lambda self: self.parent.array)
     unit = property(lambda self: self.parent.unit)
     shape = property(lambda self: (self.stop - self.start,))
+    extent = property(lambda self: self.stop - self.start)
     done = property(lambda self: self.parent.done)
     pieces = property(lambda self: self._cut.count)   # how many its request was cut into
 
@@ -95,17 +96,16 @@ class SharePiece(Piece):
     """Part ``index`` of every rank's share of an agreed reduce-scatter or allgather (host
     memory): ``cuts`` = (counts, displacements) per rank, in elements of the request's flat
     buffer, which fusion.Shares lays out instead of the request's own cut. Its buffer is
-    the request's whole buffer; it reads and writes only its parts of it."""
+    the request's whole buffer (``extent``); it reads and writes only its parts of it."""
 
     __slots__ = ('cuts',)
 
     kind = property(lambda self: self.parent.kind)
     in_place = property(lambda self: self.parent.in_place)
-    extent = property(lambda self: self.parent.nbytes // self.parent.dtype.itemsize)
+    extent = property(lambda self: self.parent.extent)
 
     def __init__(self, parent, index, cuts, shared):
         self.parent, self.index, self.cuts = parent, index, cuts
-        self.start, self.stop = cuts[1][0], cuts[1][-1] + cuts[0][-1]   # for describe()
         self.nbytes = sum(cuts[0]) * parent.dtype.itemsize
         self.view, self.scratch = parent.view, parent.scratch
         self.error = None

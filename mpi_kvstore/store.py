@@ -13,14 +13,13 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import compression, engine, shards, topology, tuning
-from .collective import Collective
+from .collective import LAMB_NORMS, Collective
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
 from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
-from .fusion import share
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
 from .timeline import Timeline
@@ -255,7 +254,7 @@ class MPIKVStore(KVStoreBase):
             else:
                 self._keys.deliver(plan)
         if norms:   # LAMB's norms over the whole weights: the shares' squares, summed
-            self._submit([Collective('allreduce', ('__lamb_norms__', plan.state.key),
+            self._submit([Collective('allreduce', (LAMB_NORMS, plan.state.key),
                                      np.dtype('float32'), (2,), array=share.squares)
                           for plan, share in zip(sharded, norms)], priority)
             for share in norms:
@@ -275,23 +274,23 @@ class MPIKVStore(KVStoreBase):
         state = self._keys.get(key)
         if state is None or state.value is None or not self._keys.sharded(state):
             return None
-        bounds = share(state.count, self._size, self._rank)
-        states = self._updater.states
-        if key in states and key not in self._fitted:   # loaded whole, never yet used
-            states[key] = shards.fit(key, states[key], state.count, bounds)
-            self._fitted.add(key)
+        bounds = self._keys.share_of(state)
+        self._fit_state(key, state.count, bounds)
         return state.value, bounds, self._updater
 
     def _fit_states(self, plans):
         """Cut a loaded whole-key optimizer state to this rank's share before its first
         sharded update (shards.fit); raises, before anything is sent, for a state of
         another size."""
-        states = self._updater.states
         for plan in plans:
-            key = plan.state.key
-            if key in states and key not in self._fitted:
-                states[key] = shards.fit(key, states[key], plan.state.count, plan.share)
-                self._fitted.add(key)
+            self._fit_state(plan.state.key, plan.state.count, plan.share)
+
+    def _fit_state(self, key, count, bounds):
+        """Cut ``key``'s state, loaded whole and not yet used, to ``bounds`` (shards.fit)."""
+        states = self._updater.states
+        if key in states and key not in self._fitted:
+            states[key] = shards.fit(key, states[key], count, bounds)
+            self._fitted.add(key)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Copy the stored value of each key into out."""

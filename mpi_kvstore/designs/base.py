@@ -108,9 +108,7 @@ class Design:
         """
         for req in reqs:
             if req.view is None and req.array is not None:
-                # a share piece's buffer is its request's whole one (schedule.SharePiece)
-                count = getattr(req, 'extent', req.nbytes // req.dtype.itemsize)
-                req.scratch = np.zeros(count, dtype=req.dtype)
+                req.scratch = np.zeros(req.extent, dtype=req.dtype)
             req.sig = (req.sig + SIG_LIMIT // 2) % SIG_LIMIT
             if req.error is None:
                 self.fail(req, err)

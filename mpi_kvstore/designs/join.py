@@ -11,7 +11,7 @@ ranks stay paired.
 import numpy as np
 
 from .. import compression
-from ..collective import Collective
+from ..collective import LAMB_NORMS, Collective
 
 __all__ = ['describe', 'mirror', 'refusal']
 
@@ -57,7 +57,7 @@ def refusal(req, joined):
         # a joined rank has no tensor of its own to give
         return ('rank(s) %s called join(), and %s gathers a tensor from every rank: call it '
                 'before join()' % (ranks, req.describe()))
-    if isinstance(req.key, tuple) and req.key[:1] == ('__lamb_norms__',):
+    if isinstance(req.key, tuple) and req.key[:1] == (LAMB_NORMS,):
         # the joined rank's share of the norms is not summed in (shards.JoinedShares)
         return ('rank(s) %s called join(), and the sharded LAMB update needs the whole '
                 'weight\'s norms, a share of which is the joined rank\'s: join with '
