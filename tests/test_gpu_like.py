@@ -101,8 +101,10 @@ def test_step_takes_its_time_without_cpu(resnet50):
     result = gpu_like.measure_compute(resnet50, steps=3, warmups=1)
     median = sorted(result['wall_s'])[1]
     assert 0.95 * 0.3 < median < 1.25 * 0.3, result
-    # 102 MB of gradients are written every step; the rest of the process sleeps.
-    assert result['cpu_share'] < 0.05, result
+    # 102 MB of gradients are written every step; the rest of the process sleeps. A step
+    # computed on the CPU would show a share near 1; the writes alone take about 5% on an idle
+    # machine and more when CI shares its cores (5.4% there once), so the bound is 0.25.
+    assert result['cpu_share'] < 0.25, result
     assert result['cpu_share'] == pytest.approx(sum(result['cpu_s']) / sum(result['wall_s']))
 
 
@@ -143,8 +145,10 @@ def test_compute_leaves_the_engine_free(resnet50):
     params[0].grad().wait_to_read()
     first_layer = time.perf_counter() - start
     forward_s = sum(layer.forward_s for layer in resnet50.plan.layers)
-    assert other < 0.05, other
-    assert forward_s * 0.95 < last_layer < forward_s + 0.05, (last_layer, forward_s)
+    # A blocked engine would run the other op after the whole 0.3 s step; the bounds leave
+    # room for a loaded CI machine.
+    assert other < 0.1, other
+    assert forward_s * 0.95 < last_layer < forward_s + 0.1, (last_layer, forward_s)
     assert first_layer > 0.95 * 0.3, first_layer
     mx.nd.waitall()
 
