@@ -157,23 +157,47 @@ class Comm:
 
     def reduce_scatter(self, send, recv, counts):
         """Sum of ``send`` over the ranks, piece r (``counts[r]`` elements, in rank order)
-        into rank r's ``recv`` (host buffers); through the hosts where the hierarchy takes
-        it (hierarchy.Grid)."""
+        into rank r's ``recv``: device buffers (both on one device) through their
+        transport; host buffers through the hosts where the hierarchy takes them
+        (hierarchy.Grid), else MPI_Reduce_scatter."""
+        if _is_device(send):
+            if self.size == 1:
+                recv[...] = send[:recv.size]
+            else:
+                self.router.run(send, lambda transport, data, into:
+                                transport.reduce_scatter(data, into, counts), recv)
+            return
         if self.hierarchy.takes_shares(send.nbytes):
             debug.count('algorithm', 'hierarchical reducescatter')
             self.hierarchy.grid.reduce_scatter(send, recv, counts)
             return
+        self.reduce_scatter_flat(send, recv, counts)
+
+    def reduce_scatter_flat(self, send, recv, counts):
+        """MPI_Reduce_scatter on this communicator: host memory, or device memory for a
+        CUDA-aware MPI (transports/cuda_mpi)."""
         self._polled(self.mpi.Ireduce_scatter, self.mpi.Reduce_scatter, send, recv, counts,
                      MPI.SUM)
 
     def allgather_in_place(self, buf, counts, displs):
         """Every rank's piece of ``buf`` (``counts[r]`` elements at ``displs[r]``) into every
-        rank's ``buf`` (a host buffer); this rank's piece is already in place. Through the
-        hosts where the hierarchy takes it (hierarchy.Grid)."""
+        rank's ``buf``; this rank's piece is already in place. A device buffer goes through
+        its transport; a host one through the hosts where the hierarchy takes it
+        (hierarchy.Grid), else MPI_Allgatherv."""
+        if _is_device(buf):
+            if self.size > 1:
+                self.router.run(buf, lambda transport, data:
+                                transport.allgather(data, counts, displs))
+            return
         if self.hierarchy.takes_shares(buf.itemsize * sum(counts)):
             debug.count('algorithm', 'hierarchical allgather')
             self.hierarchy.grid.allgather(buf, counts, displs)
             return
+        self.allgather_flat(buf, counts, displs)
+
+    def allgather_flat(self, buf, counts, displs):
+        """MPI_Allgatherv in place on this communicator: host memory, or device memory for a
+        CUDA-aware MPI (transports/cuda_mpi)."""
         self._polled(self.mpi.Iallgatherv, self.mpi.Allgatherv, MPI.IN_PLACE,
                      (buf, (counts, displs)))
 

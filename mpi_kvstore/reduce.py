@@ -80,14 +80,24 @@ class Reducer:
         A bucket of several requests travels in one MPI_Reduce_scatter: every request's
         share r is packed, in bucket order, into rank r's piece of one flat buffer. A
         compressed bucket (a wire cast) sends 16-bit floats (WireCast.reduce_scatter).
-        Device buffers: the transports have no reduce-scatter yet, so they are allreduced
-        whole (twice the bytes; every share then holds its sum).
+        Device buffers go through their transport's reduce-scatter (NCCL's own, staged
+        through pinned host memory, or a CUDA-aware MPI's), on its stream; a compressed
+        device bucket is allreduced whole (the codecs reduce-scatter host memory only:
+        twice the bytes, and every share then holds its sum).
         """
         if self.size == 1:
             return
         if bucket[0].place != 'cpu':
-            self.allreduce(bucket, comm)
+            if bucket[0].codec is not None:
+                self.allreduce(bucket, comm)
+                return
+            with _scope(bucket, comm) as device:
+                _zeros_in_place(bucket, device)
+                self._reduce_scatter(bucket, comm)
             return
+        self._reduce_scatter(bucket, comm)
+
+    def _reduce_scatter(self, bucket, comm):
         views = [r.buffer() for r in bucket]
         layout, me = Shares(bucket, self.size), comm.rank
         codec = bucket[0].codec   # fused requests share a dtype, hence a codec
@@ -120,17 +130,15 @@ class Reducer:
         buffer: the inverse of :meth:`reduce_scatter`'s cut, one MPI_Allgatherv a bucket."""
         if self.size == 1:
             return
-        layout, me = Shares(bucket, self.size), comm.rank
-        if bucket[0].place != 'cpu':   # no device allgather yet: zeros but my share, summed
+        if bucket[0].place != 'cpu':   # through the transport, on its stream
             with _scope(bucket, comm) as device:
                 _zeros_in_place(bucket, device)
-                views = [r.buffer() for r in bucket]
-                for j, start, stop, _ in layout.spans(me):
-                    share = views[j][start:stop].copy()
-                    views[j][...] = 0
-                    views[j][start:stop] = share
-                    comm.allreduce(views[j])
+                self._allgather(bucket, comm)
             return
+        self._allgather(bucket, comm)
+
+    def _allgather(self, bucket, comm):
+        layout, me = Shares(bucket, self.size), comm.rank
         views = [r.buffer() for r in bucket]
         if len(views) == 1:
             comm.allgather_in_place(views[0], *layout.cuts[0])

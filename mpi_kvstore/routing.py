@@ -82,21 +82,25 @@ class DeviceRouter:
             return self.chosen
         return name
 
-    def run(self, buf, fn):
-        """``fn(transport, buf)`` for a device buffer, through a copy on the transport's
-        device where ``buf`` is on another device of this rank."""
+    def run(self, buf, fn, *more):
+        """``fn(transport, buf, *more)`` for a device buffer (and ``more`` buffers on its
+        device: a reduce-scatter's result), through copies on the transport's device where
+        ``buf`` is on another device of this rank."""
         transport = self.transport(buf.device.id, buf.nbytes)
         debug.count('transport', transport.name)
         if buf.device.id == transport.device:
-            fn(transport, buf)
+            fn(transport, buf, *more)
             return
         import cupy  # CuPy only where a GPU is used
         cupy.cuda.get_current_stream().synchronize()   # the caller's work on buf's device
         with transport.scope():
-            there = cupy.empty(buf.shape, dtype=buf.dtype)
-            there.data.copy_from_device_async(buf.data, buf.nbytes, transport.stream)
-            fn(transport, there)
-            buf.data.copy_from_device_async(there.data, buf.nbytes, transport.stream)
+            mine = (buf,) + more
+            there = [cupy.empty(b.shape, dtype=b.dtype) for b in mine]
+            for near, far in zip(there, mine):
+                near.data.copy_from_device_async(far.data, far.nbytes, transport.stream)
+            fn(transport, *there)
+            for near, far in zip(there, mine):
+                far.data.copy_from_device_async(near.data, far.nbytes, transport.stream)
             transport.finish()
 
     def free(self):

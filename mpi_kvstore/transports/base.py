@@ -68,6 +68,17 @@ class Transport:
         """``root``'s ``buf`` into every rank's, in place."""
         raise NotImplementedError
 
+    def reduce_scatter(self, send, recv, counts):
+        """Sum of ``send`` (flat, on ``device``) over the ranks, piece r (``counts[r]``
+        elements, the pieces consecutive in rank order) into rank r's ``recv`` (on
+        ``device``). ``counts`` is agreed; pieces may differ in size and be empty."""
+        raise NotImplementedError
+
+    def allgather(self, buf, counts, displs):
+        """Every rank's piece of ``buf`` (``counts[r]`` elements at ``displs[r]``) into every
+        rank's ``buf``, in place; this rank's piece is already there."""
+        raise NotImplementedError
+
     def follow(self, other):
         """Order this transport's next work after everything queued on ``other``'s stream
         (control passes from one transport to another: tune's table mixes them by size).

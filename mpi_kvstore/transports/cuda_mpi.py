@@ -27,3 +27,11 @@ class CudaMPI(Transport):
     def bcast(self, buf, root):
         self.stream.synchronize()
         self.comm.bcast_host(buf, root)
+
+    def reduce_scatter(self, send, recv, counts):
+        self.stream.synchronize()
+        self.comm.reduce_scatter_flat(send, recv, counts)
+
+    def allgather(self, buf, counts, displs):
+        self.stream.synchronize()
+        self.comm.allgather_flat(buf, counts, displs)

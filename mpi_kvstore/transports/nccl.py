@@ -59,6 +59,44 @@ class NCCL(Transport):
     def bcast(self, buf, root):
         self._nccl.bcast(buf.data.ptr, buf.size, self._type(buf), root, self.stream.ptr)
 
+    def reduce_scatter(self, send, recv, counts):
+        kind, me = self._type(send), self.comm.rank
+        if len(set(counts)) == 1:   # equal pieces: NCCL's own reduce-scatter
+            self._nccl.reduceScatter(send.data.ptr, recv.data.ptr, counts[0], kind,
+                                     self._lib.NCCL_SUM, self.stream.ptr)
+            return
+        # Uneven pieces (the shares of a bucket whose size the ranks do not divide): a
+        # reduce of each piece to its rank, one group, so NCCL runs them as one launch. The
+        # bytes are a reduce-scatter's; only the root's receive buffer is written.
+        at = 0
+        self._lib.groupStart()
+        try:
+            for rank, count in enumerate(counts):
+                if count:
+                    piece = send.data.ptr + at * send.itemsize
+                    self._nccl.reduce(piece, recv.data.ptr if rank == me else piece, count,
+                                      kind, self._lib.NCCL_SUM, rank, self.stream.ptr)
+                at += count
+        finally:
+            self._lib.groupEnd()
+
+    def allgather(self, buf, counts, displs):
+        kind, me = self._type(buf), self.comm.rank
+        size = buf.itemsize
+        if len(set(counts)) == 1 and list(displs) == [r * counts[0] for r in range(len(counts))]:
+            # in place: this rank's piece sits where NCCL puts it in the result
+            self._nccl.allGather(buf.data.ptr + displs[me] * size, buf.data.ptr, counts[0],
+                                 kind, self.stream.ptr)
+            return
+        self._lib.groupStart()   # uneven pieces: a broadcast from each piece's rank
+        try:
+            for rank, (count, at) in enumerate(zip(counts, displs)):
+                if count:
+                    self._nccl.bcast(buf.data.ptr + at * size, count, kind, rank,
+                                     self.stream.ptr)
+        finally:
+            self._lib.groupEnd()
+
     def finish(self):
         self.stream.synchronize()
         self._nccl.check_async_error()   # an error NCCL met inside its kernels

@@ -3,7 +3,9 @@
 The copies run asynchronously on the transport's stream into page-locked buffers that
 are kept, one per dtype (this transport is per device), and grow to the largest
 collective: a pageable ``get()`` costs about 3.5 times a pinned copy at 64 MB (15.7 against
-54.8 GB/s on an H200). A broadcast copies one way only: down on the root, up elsewhere.
+54.8 GB/s on an H200). A broadcast copies one way only: down on the root, up elsewhere; an
+allgather copies this rank's piece down and the whole buffer up; a reduce-scatter the whole
+buffer down and this rank's piece up.
 
 A large allreduce runs in pieces of :data:`PIECE_BYTES`, pipelined: every piece's copy
 down is queued at once, each piece is reduced as soon as its copy arrived (an event), and
@@ -24,8 +26,9 @@ class Staged(Transport):
         super().__init__(comm, device)
         import cupyx  # optional dependency, loaded where used
         # pinned host buffers, one per dtype (this transport is per device)
-        self._host = BufferPool(lambda count, dtype: cupyx.empty_pinned((count,), dtype),
-                                minimum=1 << 16)
+        pinned = lambda count, dtype: cupyx.empty_pinned((count,), dtype)  # noqa: E731
+        self._host = BufferPool(pinned, minimum=1 << 16)
+        self._shares = BufferPool(pinned, minimum=1 << 16)   # a reduce-scatter's result
 
     def _pinned(self, buf):
         return self._host.get(buf, buf.size)
@@ -61,5 +64,21 @@ class Staged(Transport):
         if self.comm.rank != root:
             buf.set(host, stream=self.stream)
 
+    def reduce_scatter(self, send, recv, counts):
+        host = self._down(send)
+        mine = self._shares.get(recv, recv.size)
+        # the host reduce-scatter: through the hosts where the hierarchy takes it
+        self.comm.reduce_scatter(host, mine, counts)
+        recv.set(mine, stream=self.stream)
+
+    def allgather(self, buf, counts, displs):
+        host = self._pinned(buf)
+        start = displs[self.comm.rank]
+        stop = start + counts[self.comm.rank]
+        buf[start:stop].get(stream=self.stream, out=host[start:stop], blocking=True)
+        self.comm.allgather_in_place(host, counts, displs)
+        buf.set(host, stream=self.stream)
+
     def free(self):
         self._host.clear()
+        self._shares.clear()

@@ -13,7 +13,9 @@ no CuPy device or stream of their own; results are read on another, non-blocking
 so a bucket that completed before its stream finished reads stale data. Checked against
 sums from (rank, size): six dtypes, more than 8 arrays fused, averaging, a broadcast
 from the last rank, a local fusion failure and an unreadable array (zeros of the agreed
-size on the device, the ranks stay paired), and which transport ran.
+size on the device, the ranks stay paired), and which transport ran. Reduce-scatter and
+allgather buckets (the sharded optimizer's) on the device: shares even (NCCL's own
+collectives) and uneven, fused and alone, checked against numpy sums and the host path.
 """
 import sys
 import threading
@@ -26,7 +28,7 @@ from mpi_kvstore import debug, transports
 from mpi_kvstore import reduce as reduce_mod
 from mpi_kvstore.collective import Collective
 from mpi_kvstore.errors import ConfigError
-from mpi_kvstore.fusion import plan
+from mpi_kvstore.fusion import pieces, plan
 from mpi_kvstore.tuning import Table
 
 from common import RANK, SIZE, WORLD, close, done, expect_raises
@@ -158,6 +160,54 @@ def check_broadcast():
         close(read(buf), want, '%s broadcast from rank %d' % (dtype, root))
 
 
+def run_on_fresh_thread(kind, bucket):
+    on_fresh_thread(getattr(reducer, kind), bucket, comm)
+
+
+def check_shares():
+    """Reduce-scatter then allgather of device buckets. Each request's share r (the agreed
+    cut, fusion.pieces) holds the sum after the reduce-scatter on rank r, the rest of its
+    buffer is untouched; after the allgather every rank holds every share's sum. Sizes:
+    a multiple of the ranks (equal shares: NCCL's reduceScatter and allGather), uneven
+    ones, one element fewer than the ranks (empty shares), and 12 fused."""
+    cases = [('even', [SIZE * 1000]), ('uneven', [1000 * SIZE + 3]),
+             ('fused', [500 + 37 * i for i in range(ARRAYS)])]
+    if SIZE > 2:
+        cases.append(('tiny', [SIZE - 1]))
+    for dtype in ('float32', 'float64', 'float16', 'int32'):
+        for name, sizes in cases:
+            for average in (False, True):
+                label = '%s %s reduce-scatter (average=%s)' % (dtype, name, average)
+                bufs = [filled(n, dtype, i + 1) for i, n in enumerate(sizes)]
+                with cupy.cuda.Device(DEVICE):
+                    before = [cupy.asnumpy(b) for b in bufs]
+                reqs = [request('rs%s%s%s%d' % (dtype, name, average, i), b, average,
+                                kind='reducescatter') for i, b in enumerate(bufs)]
+                run_on_fresh_thread('reduce_scatter', reqs)
+                host = [b.copy() for b in before]   # the host path, the same bucket
+                host_reqs = [request('h' + r.key, h, average, kind='reducescatter')
+                             for r, h in zip(reqs, host)]
+                for r in host_reqs:
+                    r.place = 'cpu'
+                run_on_fresh_thread('reduce_scatter', host_reqs)
+                for i, b in enumerate(bufs):
+                    counts, displs = pieces(b.size, SIZE)
+                    start, stop = displs[RANK], displs[RANK] + counts[RANK]
+                    got = read(b)
+                    want = expected(b.size, i + 1, average, dtype)
+                    close(got[start:stop], want[start:stop], label + ' of array %d' % i)
+                    assert np.array_equal(got[:start], before[i][:start]) and \
+                        np.array_equal(got[stop:], before[i][stop:]), label + ': outside the share'
+                    assert np.array_equal(got, host[i]), label + ': the host path differs'
+                label = label.replace('reduce-scatter', 'allgather')
+                reqs = [request('ag%s%s%s%d' % (dtype, name, average, i), b,
+                                kind='allgather') for i, b in enumerate(bufs)]
+                run_on_fresh_thread('allgather', reqs)
+                for i, b in enumerate(bufs):
+                    close(read(b), expected(b.size, i + 1, average, dtype),
+                          label + ' of array %d' % i)
+
+
 class _Unreadable:
     """An array whose engine op could not read it (view None): only its context is known."""
 
@@ -234,6 +284,7 @@ if SIZE == 1:
 check_dtypes()
 check_large()
 check_broadcast()
+check_shares()
 if SIZE > 1:   # at one rank the store reduces nothing, so nothing can fail
     check_local_failures()
 if SIZE > 1:
