@@ -73,16 +73,17 @@ def _check_agreed(config, comm):
     mine = (config.partition_bytes, config.credit_bytes, window_of(config))
     both = np.array(mine + tuple(-v for v in mine), dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
-    if both[0] != -both[3] or both[1] != -both[4]:
+    smallest = [int(v) for v in both[:3]]
+    largest = [-int(v) for v in both[3:]]
+    if smallest[:2] != largest[:2]:
         raise ConfigError('ranks disagree on partition_bytes or credit_bytes (this rank: %s, %s; '
                           'smallest %s, %s; largest %s, %s): every rank must be given the same '
-                          'values' % (mine[:2] + (int(both[0]), int(both[1]), int(-both[3]),
-                                                  int(-both[4]))))
-    if both[2] != -both[5]:
+                          'values' % (mine[:2] + tuple(smallest[:2]) + tuple(largest[:2])))
+    if smallest[2] != largest[2]:
         raise ConfigError('ranks disagree on window (this rank: %d; smallest %d, largest %d; '
                           'window=auto gives 512 with shard_optimizer, else 256): every rank '
                           'must be given the same window and shard_optimizer'
-                          % (mine[2], both[2], -both[5]))
+                          % (mine[2], smallest[2], largest[2]))
 
 
 def _show(value):
