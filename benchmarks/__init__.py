@@ -31,9 +31,12 @@ Scripts:
     schedule_tune     partition_bytes and credit_bytes tried on gpu_like's model, interleaved;
                       the fastest written into a tune table's schedule entry for this topology
     sharded           the sharded optimizer (shard_optimizer) against unsharded, with and without
-                      compression, on gpu_like's model: step, state bytes and RSS per rank
+                      compression (fp16, bf16, 2-bit), on gpu_like's model: step, state bytes
+                      and RSS per rank
     lossy_allgather   what 16-bit weights after every step (a lossy allgather) would cost a
                       small classifier's loss and accuracy, fp16 and bf16 against exact
+    sharded_loss      what a compressed reduce-scatter (fp16, bf16, 2-bit) costs a small
+                      classifier's loss, trained with shard_optimizer and Adam, against exact
     relaunch_time     how long the supervisor (python -m mpi_kvstore run) takes from a killed
                       rank to the relaunched job's restored state (no mpiexec)
 

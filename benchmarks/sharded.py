@@ -20,6 +20,10 @@ before anything is timed:
                 every weight with its share of the state, allgather the weights;
   sharded+bf16  sharded with compression=bf16: the reduce-scatter sends bfloat16 (the
                 allgather stays exact float32); sharded+fp16 likewise with float16.
+  sharded+2bit  sharded with MXNet's 2-bit gradient compression (kv.set_gradient_compression
+                {'type': '2bit', 'threshold': 0.5}, MXNet's default threshold; error
+                feedback): the reduce-scatter sends a quarter byte a value
+                (TwoBit.reduce_scatter), the allgather stays exact float32.
   unsharded+whole, sharded+whole
                 partition_bytes=0, credit_bytes=0: no collective cut into priority pieces
                 (the defaults cut them across hosts: schedule.py), to see what pieces
@@ -40,7 +44,8 @@ Per configuration, besides the step:
                  fewer elements than ranks are whole);
   wire MB/step   bytes each rank sends a step in the ring model, from the gradient sizes G:
                  allreduce 2(N-1)/N G; reduce-scatter (N-1)/N G + allgather (N-1)/N G, the
-                 same; with a 16-bit wire the reduce-scatter half of that;
+                 same; with a 16-bit wire the reduce-scatter half of that, with 2-bit a
+                 sixteenth;
   RSS MB/rank    VmRSS of /proc/self/status, largest over ranks, after training: configurations
                  in one process share its memory (and MXNet's pooled allocator keeps what it
                  freed), so RSS comes from a job of its own per configuration: --rss-only
@@ -58,7 +63,12 @@ equals MXNet's own optimizer run on one-element arrays with the same summed grad
 (gpu_like's gradients are constant per parameter): float32 tolerance, a loose one (1e-2) for
 16-bit wires; sharded weights equal unsharded ones within the same tolerances; a sharded
 rank's state is exactly its share of unsharded's (the sum over keys of its array_split share
-times the state arrays a key has).
+times the state arrays a key has). 2-bit is lossy far beyond 1e-2, and its reference models
+it: each rank's gradient is quantised with a residual of its own as MXNet's quantize_2bit does
+(+t where residual + gradient >= t, -t where <= -t, else 0; the rest kept), the ranks' codes
+summed, then the same optimizer; gpu_like's gradients and the threshold are multiples of 1/8,
+so this is exact and the check is at float32 tolerance. Its distance to unsharded's weights is
+reported (max_abs_vs_unsharded) but not checked.
 
 Rank 0 prints the table and writes a JSON (harness.Run: versions, argv, command, date,
 interleaved=true) to --out, default benchmarks/results/sharded/.
@@ -82,6 +92,8 @@ CONFIGS = {
     'sharded': {'shard_optimizer': True},
     'sharded+bf16': {'shard_optimizer': True, 'compression': 'bf16'},
     'sharded+fp16': {'shard_optimizer': True, 'compression': 'fp16'},
+    # harness.create_store: '2bit' is set_gradient_compression's threshold (MXNet's default)
+    'sharded+2bit': {'shard_optimizer': True, '2bit': 0.5},
     'unsharded+whole': {'shard_optimizer': False, 'partition_bytes': 0, 'credit_bytes': 0},
     'sharded+whole': {'shard_optimizer': True, 'partition_bytes': 0, 'credit_bytes': 0},
 }
@@ -229,7 +241,12 @@ def wire_bytes(name, plan_, nranks):
     part = (nranks - 1) / nranks * grads
     if not CONFIGS[name]['shard_optimizer']:
         return 2 * part
-    scatter = part / 2 if CONFIGS[name].get('compression') else part
+    if CONFIGS[name].get('2bit') is not None:
+        scatter = part / 16            # a quarter byte for a float32's four
+    elif CONFIGS[name].get('compression'):
+        scatter = part / 2
+    else:
+        scatter = part
     return scatter + part
 
 
@@ -246,11 +263,23 @@ def rss():
 
 # ---------------------------------------------------------------- checks
 
-def reference_weights(args, plan_, nranks, runs):
+def two_bit_send(residual, grad, threshold):
+    """(the value MXNet's quantize_2bit sends for one element, the new residual), in
+    float32: +t where residual + grad >= t, -t where <= -t, else 0; the rest is kept."""
+    import numpy as np
+    t = np.float32(threshold)
+    r = np.float32(residual + np.float32(grad))
+    sent = t if r >= t else (-t if r <= -t else np.float32(0))
+    return sent, np.float32(r - sent)
+
+
+def reference_weights(args, plan_, nranks, runs, two_bit=None):
     """{parameter index: the value every element of that trained weight should hold}:
     MXNet's optimizer (as the Trainer makes it) on one-element arrays, fed each step's
     gradient summed over ranks as the store sums it (float32, rank order), `runs` runs of
-    --chain steps (gpu_like._train numbers each run's steps from 0)."""
+    --chain steps (gpu_like._train numbers each run's steps from 0). With `two_bit` (a
+    threshold), each rank's gradient is what its 2-bit quantisation sends (two_bit_send,
+    one residual a rank and parameter: every element of a parameter has the same gradient)."""
     import mxnet as mx
     import numpy as np
 
@@ -263,18 +292,27 @@ def reference_weights(args, plan_, nranks, runs):
         if spec.grad_req == 'null':
             continue
         weight = mx.nd.array([gpu_like.initial_value(index)], dtype='float32')
+        residuals = [np.float32(0)] * nranks
         for _ in range(runs):
             for step in range(args.chain):
                 summed = np.float32(0)
                 for r in range(nranks):
-                    summed = np.float32(summed + np.float32(gpu_like.grad_unit(index)
-                                                            * gpu_like.step_scale(step, r)))
+                    grad = np.float32(gpu_like.grad_unit(index) * gpu_like.step_scale(step, r))
+                    if two_bit is not None:
+                        grad, residuals[r] = two_bit_send(residuals[r], grad, two_bit)
+                    summed = np.float32(summed + grad)
                 updater(index, mx.nd.array([summed], dtype='float32'), weight)
         expected[index] = float(weight.asnumpy()[0])
     return expected
 
 
+def two_bit_of(name):
+    """The 2-bit threshold of configuration `name`, None without 2-bit."""
+    return CONFIGS[name].get('2bit')
+
+
 def _tolerance(name):
+    # 2-bit is checked against its own (exact) 2-bit reference
     return TOLERANCE['16bit' if CONFIGS[name].get('compression') else 'exact']
 
 
@@ -283,7 +321,8 @@ def weights_of(config):
 
 
 def check_config(config, reference, plan_, comm):
-    """Collective: 'ok', or why `config`'s weights are wrong, the same on every rank."""
+    """Collective: 'ok', or why `config`'s weights are wrong, the same on every rank.
+    `reference`: reference_weights' for this configuration (2-bit's models the 2-bit)."""
     import numpy as np
     config.kv.wait()
     weights = weights_of(config)
@@ -311,13 +350,14 @@ def check_config(config, reference, plan_, comm):
 
 def compare(name, weights, base, comm):
     """Collective: (max |weights - base| over every element and rank, why they differ or
-    None): a configuration against unsharded's weights."""
+    None): a configuration against unsharded's weights. A 2-bit configuration's distance is
+    measured, not checked: its weights follow other gradients (check_config's reference)."""
     import numpy as np
     tol = _tolerance(name)
     worst, error = 0.0, None
     for index, (w, b) in enumerate(zip(weights, base)):
         worst = max(worst, float(np.max(np.abs(w - b))) if w.size else 0.0)
-        if error is None and not np.allclose(w, b, **tol):
+        if error is None and two_bit_of(name) is None and not np.allclose(w, b, **tol):
             error = f'parameter {index} differs from unsharded by up to {worst:g}'
     return max(comm.allgather(worst)), harness.agree(error, comm)
 
@@ -340,7 +380,7 @@ def rss_only(args, plan_, comm, run):
         config.kv.wait()
         mx.nd.waitall()
         after = rss()
-        reference = reference_weights(args, plan_, comm.size, config.runs)
+        reference = reference_weights(args, plan_, comm.size, config.runs, two_bit_of(name))
         check_config(config, reference, plan_, comm)
         state = state_bytes(config.kv)
     per_rank = comm.allgather({'rss_MB': after['VmRSS'], 'hwm_MB': after['VmHWM'],
@@ -437,7 +477,7 @@ def findings(names, rows, nranks):
     for a, b in (('unsharded', 'unsharded+whole'), ('sharded', 'sharded+whole')):
         if a in steps and b in steps:
             lines.append(f'{a}: pieces speed it up {steps[b] / steps[a]:.3f}x (whole / pieces)')
-    for wire in ('bf16', 'fp16'):
+    for wire in ('bf16', 'fp16', '2bit'):
         name = f'sharded+{wire}'
         if name in steps and 'sharded' in steps:
             lines.append(f'{name} speed-up over sharded (sharded / {name} step): '
@@ -467,11 +507,15 @@ def timed(args, plan_, comm, run):
         ops = {c.name: functools.partial(train_run, args, c, comm) for c in made}
         steps = harness.interleaved(ops, args.trials, args.warmups, lambda name, op: op())
         mx.nd.waitall()
-        reference = reference_weights(args, plan_, comm.size, made[0].runs)
+        references = {}     # 2-bit threshold (None: exact gradients) -> reference_weights
         weights = {}
         rows = collections.OrderedDict()
         for config in made:
-            weights[config.name] = check_config(config, reference, plan_, comm)
+            two_bit = two_bit_of(config.name)
+            if two_bit not in references:
+                references[two_bit] = reference_weights(args, plan_, comm.size, config.runs,
+                                                        two_bit)
+            weights[config.name] = check_config(config, references[two_bit], plan_, comm)
             state = state_bytes(config.kv)
             rows[config.name] = {
                 'config': config.name, 'options': CONFIGS[config.name], 'runs': config.runs,
@@ -562,7 +606,7 @@ def main(argv=None):
         harness.rank0_print(f'CHECK FAILED: {failed}')
         raise SystemExit(1)
     harness.rank0_print('weights check: ok (equal across ranks, against the reference, '
-                        'sharded against unsharded)')
+                        'sharded against unsharded; 2-bit against its 2-bit reference)')
     return None
 
 
