@@ -4,7 +4,8 @@ import zlib
 
 from .poison import poison
 
-__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT', 'SHARDED', 'LAMB_NORMS']
+__all__ = ['Collective', 'signature', 'place_of', 'SIG_LIMIT', 'SHARDED', 'LAMB_NORMS',
+           'CLIP_NORM']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
 # encodings (see agreement.py), so they stay below 2**30.
@@ -18,6 +19,9 @@ SHARDED = ('reducescatter', 'allgather')
 # The first element of the key of the sharded LAMB update's norms allreduce (store.py), which
 # a joined rank cannot take part in (designs/join.py)
 LAMB_NORMS = '__lamb_norms__'
+# The key of global-norm clipping's allreduce of the shares' squares (store.clip_global_norm),
+# which a joined rank cannot take part in either
+CLIP_NORM = '__clip_norm__'
 
 
 def signature(kind, key, dtype, shape, root, place='cpu'):

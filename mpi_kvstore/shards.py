@@ -25,7 +25,7 @@ from .fusion import share
 from .poison import poison
 
 __all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'leaves', 'LambShare',
-           'JoinedShares']
+           'ClipStep', 'JoinedShares']
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,77 @@ def refuse(optimizer):
 def needs_norms(optimizer):
     """The sharded update of ``optimizer`` needs the whole weight's norms (LambShare)."""
     return type(optimizer).__name__ == 'LAMB'
+
+
+class ClipStep:
+    """One training step whose summed gradient is clipped by its global norm before the
+    store's optimizer runs (MPIKVStore.clip_global_norm): the calls that push each of
+    ``keys`` once. Their collectives go out as each call comes; the updates (and, sharded,
+    the weights' allgathers) wait for the last key, because the norm is over every key.
+
+    The norm is the one of the gradient the optimizer applies, ``rescale_grad`` times the
+    sum: the square root of the sum of every key's squares, a sharded key's as its shares'
+    squares summed over the ranks (one 1-element allreduce a step). Every gradient is then
+    scaled by min(1, max_norm / (norm + 1e-8)), as gluon.utils.clip_global_norm scales."""
+
+    EPSILON = 1e-8
+
+    def __init__(self, max_norm, keys):
+        self.max_norm = max_norm
+        self.keys = list(keys)
+        self._left = set(self.keys)
+        self.calls = []          # [(plans, priority)] in call order
+
+    def check(self, keys):
+        """Raise ValueError, before anything is sent, where a call pushes a key that is not
+        in the step or that the step already had."""
+        seen = set()
+        for key in keys:
+            if key not in self._left or key in seen:
+                why = ('is not one of its keys' if key not in set(self.keys)
+                       else 'was already pushed in it')
+                raise ValueError('clip_global_norm: key %r %s (the step\'s keys: %s; still '
+                                 'to push: %s)' % (key, why, _shown(self.keys),
+                                                   _shown(sorted(self._left, key=str))))
+            seen.add(key)
+
+    def add(self, plans, priority):
+        """A call's plans, after their collectives went out; True when the step is whole."""
+        self.calls.append((plans, priority))
+        self._left.difference_update(plan.state.key for plan in plans)
+        return not self._left
+
+    @property
+    def waiting(self):
+        return sorted(self._left, key=str)
+
+    def squares(self):
+        """(sharded, whole): float32 1-element NDArrays of the squared norms of this rank's
+        shares of the sharded keys (to be summed over the ranks) and of the whole keys'
+        gradients (the same on every rank); None for a kind the step lacks."""
+        parts = {True: [], False: []}
+        for plans, _ in self.calls:
+            for plan in plans:
+                grad = plan.views[0].astype('float32', copy=False)
+                parts[plan.share is not None].append(mx.nd.sum(mx.nd.square(grad)).reshape((1,)))
+        return tuple(mx.nd.add_n(*parts[kind]) if parts[kind] else None
+                     for kind in (True, False))
+
+    def scale(self, total, rescale_grad):
+        """Scale every gradient by min(1, max_norm / norm), ``total`` being the summed
+        squares (engine ops: nothing waits here)."""
+        norm = mx.nd.sqrt(total) * abs(rescale_grad)
+        factor = mx.nd.minimum(self.max_norm / (norm + self.EPSILON), mx.nd.ones((1,)))
+        for plans, _ in self.calls:
+            for plan in plans:
+                grad = plan.views[0]
+                mx.nd.broadcast_mul(grad, factor.astype(grad.dtype, copy=False), out=grad)
+
+
+def _shown(keys, most=8):
+    keys = list(keys)
+    text = ', '.join(repr(k) for k in keys[:most])
+    return text + (', ... (%d in all)' % len(keys) if len(keys) > most else '')
 
 
 class LambShare:

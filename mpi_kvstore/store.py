@@ -13,7 +13,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import compression, engine, shards, topology, tuning
-from .collective import LAMB_NORMS, Collective
+from .collective import CLIP_NORM, LAMB_NORMS, Collective
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
@@ -67,6 +67,7 @@ class MPIKVStore(KVStoreBase):
         self._wire = compression.wire_cast(self._config.compression)
         self._codec = None                # set_gradient_compression's (compression.TwoBit)
         self._helper_buffers = {}         # array_collective's staging buffers
+        self._clip = None                 # the clipped step under way (shards.ClipStep)
         self._errors = DeferredErrors()
         self._pending = collections.deque()
         self._closed = False
@@ -228,6 +229,8 @@ class MPIKVStore(KVStoreBase):
     def _exchange(self, plans, priority):
         """Allreduce each key, or with shard_optimizer reduce-scatter it, update this rank's
         share and allgather the weights (keys.Plan.share)."""
+        if self._clip is not None and self._updater is not None:
+            self._clip.check([plan.state.key for plan in plans])
         average = self._config.average
         sharded = [plan for plan in plans if plan.share is not None]
         if sharded:
@@ -244,6 +247,31 @@ class MPIKVStore(KVStoreBase):
             for req in reqs:
                 self._compress(req)
         self._submit(reqs, priority)
+        step = self._clip if self._updater is not None else None
+        if step is None:
+            self._deliver(plans, priority)
+        elif step.add(plans, priority):
+            self._clip = None
+            self._clip_step(step)
+
+    def _clip_step(self, step):
+        """A whole clipped step (shards.ClipStep): its norm, the scaled gradients, then each
+        call's updates and allgathers, in call order."""
+        sharded, whole = step.squares()
+        if sharded is not None:
+            # this rank's shares' squares, summed over the ranks: the sharded keys' part
+            self._submit([Collective('allreduce', (CLIP_NORM,), np.dtype('float32'), (1,),
+                                     array=sharded)],
+                         max(priority for _, priority in step.calls))
+        total = sharded if whole is None else whole if sharded is None else sharded + whole
+        step.scale(total, self._updater.optimizer.rescale_grad)
+        for plans, priority in step.calls:
+            self._deliver(plans, priority)
+
+    def _deliver(self, plans, priority):
+        """After a call's collectives: the optimizer (on this rank's share where sharded) or
+        the sums into the outputs, then the sharded keys' allgathers."""
+        sharded = [plan for plan in plans if plan.share is not None]
         lamb = sharded and shards.needs_norms(self._updater.optimizer)
         norms = []
         for plan in plans:
@@ -391,6 +419,37 @@ class MPIKVStore(KVStoreBase):
         if self._updater is None:
             raise MPIKVStoreError('no optimizer is set on this store: call set_optimizer first')
         return self._updater
+
+    def clip_global_norm(self, max_norm, keys):
+        """Clip the next step's gradient by its global norm before the store's optimizer
+        runs it: the step is the push or pushpull calls that push each of ``keys`` once, in
+        any grouping and order (gluon.Trainer pushes one key a call). The norm is the one
+        of the gradient the optimizer applies (``rescale_grad`` times the sum over the
+        ranks) over every key of the step; each gradient is scaled by
+        min(1, max_norm / norm). Call it before each step, on every rank, with the same
+        keys (``mpi_kvstore.gluon.clip_global_norm`` does it for a gluon.Trainer).
+
+        The collectives go out as the calls come; the updates wait for the step's last
+        key. With shard_optimizer the shares' squares are summed by one 1-element
+        allreduce a step. Raises ValueError for a bad ``max_norm`` or ``keys``, or while the
+        previous clipped step still waits for keys; nothing changes then."""
+        self._begin()
+        self._require_updater()
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.floating)) \
+                or not np.isfinite(max_norm) or max_norm <= 0:
+            raise ValueError('clip_global_norm: max_norm must be a finite number > 0, not %r'
+                             % (max_norm,))
+        if isinstance(keys, (str, bytes, int)) or not hasattr(keys, '__iter__'):
+            raise ValueError('clip_global_norm: keys must be a list of the step\'s keys, not %r'
+                             % (keys,))
+        keys = list(keys)
+        if not keys or len(set(keys)) != len(keys):
+            raise ValueError('clip_global_norm: keys must be distinct and not empty: %r'
+                             % (keys,))
+        if self._clip is not None:
+            raise ValueError('clip_global_norm: the previous clipped step still waits for '
+                             'keys %s: push them first' % (self._clip.waiting,))
+        self._clip = shards.ClipStep(float(max_norm), keys)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Write the optimizer's states (and the optimizer with ``dump_optimizer``) in

@@ -46,6 +46,12 @@ def test_gluon_scenario_sharded_equals_one_process(mpi_available):
         'kv_gluon[concurrent]', 3)
 
 
+@pytest.mark.parametrize('design,nprocs', [('funneled', 2), ('chained', 3)])
+def test_global_norm_clipping_in_the_store_equals_one_process(design, nprocs, mpi_available):
+    _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'clip', timeout=240),
+        'kv_sharded[%s] clip' % design, nprocs)
+
+
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_bad_input_is_refused_and_the_store_goes_on(design, tmp_path, mpi_available):
     _ok(run_mpi(2, 'kv_sharded.py', design, 'errors', str(tmp_path), timeout=120),

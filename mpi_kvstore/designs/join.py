@@ -11,7 +11,7 @@ ranks stay paired.
 import numpy as np
 
 from .. import compression
-from ..collective import LAMB_NORMS, Collective
+from ..collective import CLIP_NORM, LAMB_NORMS, Collective
 
 __all__ = ['describe', 'mirror', 'refusal']
 
@@ -62,6 +62,11 @@ def refusal(req, joined):
         return ('rank(s) %s called join(), and the sharded LAMB update needs the whole '
                 'weight\'s norms, a share of which is the joined rank\'s: join with '
                 'shard_optimizer=0, or another optimizer' % (ranks,))
+    if isinstance(req.key, tuple) and req.key[:1] == (CLIP_NORM,):
+        # as LAMB's: the joined rank's shares of the gradient are not in the sum
+        return ('rank(s) %s called join(), and clip_global_norm needs the norm over every '
+                'share of the gradient, some of which are the joined rank\'s: join with '
+                'shard_optimizer=0, or without clipping' % (ranks,))
     if req.kind == 'bcast' and joined[req.root]:
         return ('%s broadcasts from rank %d, which called join() and has no value to send'
                 % (req.describe(), req.root))

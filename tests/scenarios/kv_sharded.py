@@ -9,6 +9,7 @@ usage: kv_sharded.py DESIGN train
        kv_sharded.py DESIGN join DIR
        kv_sharded.py DESIGN partitioned
        kv_sharded.py DESIGN grid         (across hosts with as many ranks each)
+       kv_sharded.py DESIGN clip
 
 train: 20 gluon steps (update_on_kvstore) with SGD + momentum, Adam and LAMB: the sharded
 store's weights equal the unsharded store's and one process's on the whole batch, and each
@@ -20,6 +21,12 @@ partitioned: partition_bytes of 512 cuts the reduce-scatters and allgathers (the
 designs: schedule.SharePiece), and a credit of 1 KB holds pieces back; the weights equal
 the unpartitioned sharded store's (bit for bit through the fp16, bf16 and 2-bit codecs,
 whose sums go value by value) and one process's.
+
+clip: gluon steps clipped by the global norm inside the store (mpi_kvstore.gluon.
+clip_global_norm), SGD with momentum and Adam: sharded and unsharded stores equal one
+process that clips with gluon.utils.clip_global_norm between backward and update, where most
+steps clip and the clipped weights are far from unclipped ones; then bad keys and a step
+left unfinished are refused with the store unchanged, and grouped pushpulls clip alike.
 
 grid: hierarchical='on' across hosts: the reduce-scatters and allgathers go through the hosts
 (hierarchy.Grid; the debug counters say so), whole and in pieces, and the weights equal the
@@ -34,6 +41,8 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
+import mpi_kvstore.gluon
+from mpi_kvstore.errors import MPIKVStoreError
 from mpi_kvstore.shards import leaves
 
 from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
@@ -409,7 +418,7 @@ def part_join(folder):
     unsharded store's under the same join (SGD with momentum, Adam); the optimizer states
     saved then equal the unsharded store's, and so with the collectives in pieces.
     LAMB's norms cannot include the joined rank's
-    share: refused with JoinError on the active ranks."""
+    share: refused with JoinError on the active ranks, and so is clip_global_norm's."""
     lr, momentum = 0.1, 0.9
     optimizers = {
         'sgd': lambda: mx.optimizer.SGD(learning_rate=lr, momentum=momentum),
@@ -449,6 +458,18 @@ def part_join(folder):
             kv.pushpull('w', mx.nd.ones((8, 3)), out=out)
             kv.wait()
         expect_raises(mpi_kvstore.JoinError, step, contains='LAMB')
+    kv.join()
+    kv.close()
+    # clip_global_norm's allreduce of the shares' squares: refused alike
+    kv = store(True)
+    kv.init('w', mx.nd.ones((8, 3)))
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01))
+    if RANK != SIZE - 1:
+        def clipped_step():
+            kv.clip_global_norm(1.0, ['w'])
+            kv.pushpull('w', mx.nd.ones((8, 3)), out=out)
+            kv.wait()
+        expect_raises(mpi_kvstore.JoinError, clipped_step, contains='clip_global_norm')
     kv.join()
     kv.close()
     done('kv_sharded[%s] join' % DESIGN)
@@ -517,6 +538,91 @@ def part_grid():
     done('kv_sharded[%s] grid' % DESIGN)
 
 
+CLIP = 0.05    # below most steps' norms: most steps clip (counted below)
+
+
+def clipped_reference(name):
+    """One process on the whole batch, clipping as Gluon users do: the gradient the
+    optimizer applies is the sum / GLOBAL, so the sum's bound is CLIP * GLOBAL."""
+    opt, params, dtype = OPTIMIZERS[name]
+    net = make_net(dtype)
+    trainer = gluon.Trainer(net.collect_params(), opt, params, kvstore=None)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    clipped = 0
+    for step in range(STEPS):
+        data, label = batch(step, dtype)
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        grads = [p.grad() for p in net.collect_params().values() if p.grad_req != 'null']
+        norm = gluon.utils.clip_global_norm(grads, CLIP * GLOBAL)
+        clipped += norm > CLIP * GLOBAL
+        trainer.step(GLOBAL)
+    return weights(net), clipped
+
+
+def clipped_run(name, shard, **options):
+    opt, params, dtype = OPTIMIZERS[name]
+    kv = store(shard, **options)
+    net = make_net(dtype)
+    trainer = gluon.Trainer(net.collect_params(), opt, params, kvstore=kv,
+                            update_on_kvstore=True)
+    mpi_kvstore.gluon.clip_global_norm(trainer, CLIP)
+    steps(net, trainer, 0, STEPS, dtype, SIZE)
+    return weights(net), kv
+
+
+def part_clip():
+    tol = dict(rtol=1e-4, atol=1e-5)
+    for name in ('sgd', 'adam'):
+        ref, clipped = clipped_reference(name)
+        assert clipped >= STEPS // 2, '%s: only %d of %d steps clip' % (name, clipped, STEPS)
+        unclipped, _ = trained(name, None)
+        far = max(float(np.abs(a - b).max()) for a, b in zip(ref, unclipped))
+        assert far > 100 * tol['atol'], '%s: clipping changed the weights by %g' % (name, far)
+        for shard in (True, False):
+            got, kv = clipped_run(name, shard)
+            for i, value in enumerate(got):
+                what = '%s, shard_optimizer=%s: parameter %d' % (name, shard, i)
+                same_on_all_ranks(value, what)
+                close(value, ref[i], what + ', clipped in the store vs one process', **tol)
+            assert kv._clip is None, 'a finished run leaves no clipped step under way'
+            kv.close()
+    # Bad input: refused before anything is sent, and the store goes on.
+    kv = store(True)
+    expect_raises(MPIKVStoreError, kv.clip_global_norm, 1.0, ['w'], contains='no optimizer')
+    w0 = np.random.RandomState(0).uniform(size=(7, 5)).astype(np.float32)
+    kv.init('w', mx.nd.array(w0))
+    kv.init('b', mx.nd.array(w0[0]))
+    kv.init('x', mx.nd.zeros((3,)))               # a key of the store, not of the step
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+    for bad in (0, -1.0, float('nan'), True, '1'):
+        expect_raises(ValueError, kv.clip_global_norm, bad, ['w', 'b'], contains='max_norm')
+    expect_raises(ValueError, kv.clip_global_norm, 1.0, [], contains='not empty')
+    expect_raises(ValueError, kv.clip_global_norm, 1.0, ['w', 'w'], contains='distinct')
+    out_w, out_b = mx.nd.zeros((7, 5)), mx.nd.zeros((5,))
+    kv.clip_global_norm(1.0, ['w', 'b'])
+    expect_raises(ValueError, kv.clip_global_norm, 1.0, ['w', 'b'], contains='still waits')
+    expect_raises(ValueError, kv.pushpull, 'x', mx.nd.ones((3,)), contains='not one of its keys')
+    # one grouped call of both keys: the sum of ones over the ranks is SIZE per value;
+    # with SGD's rescale_grad 1 its norm is SIZE * sqrt(40), clipped to 1
+    kv.pushpull(['w', 'b'], [mx.nd.ones((7, 5)), mx.nd.ones((5,))], out=[out_w, out_b])
+    factor = min(1.0, 1.0 / (SIZE * np.sqrt(40.0) + 1e-8))
+    close(out_w.asnumpy(), w0 - 0.5 * SIZE * factor, 'a clipped grouped step (w)')
+    close(out_b.asnumpy(), w0[0] - 0.5 * SIZE * factor, 'a clipped grouped step (b)')
+    # a key twice in one step is refused, the step stays open for the other key
+    kv.clip_global_norm(1e6, ['w', 'b'])          # no clipping: the plain SGD step
+    kv.pushpull('w', mx.nd.ones((7, 5)), out=out_w)
+    expect_raises(ValueError, kv.pushpull, 'w', mx.nd.ones((7, 5)), out=out_w,
+                  contains='already pushed')
+    kv.pushpull('b', mx.nd.ones((5,)), out=out_b)
+    close(out_w.asnumpy(), w0 - 0.5 * SIZE * factor - 0.5 * SIZE, 'an unclipped step (w)')
+    close(out_b.asnumpy(), w0[0] - 0.5 * SIZE * factor - 0.5 * SIZE, 'an unclipped step (b)')
+    assert kv._clip is None
+    kv.close()
+    done('kv_sharded[%s] clip' % DESIGN)
+
+
 if PART == 'train':
     part_train()
 elif PART == 'save':
@@ -531,6 +637,8 @@ elif PART == 'partitioned':
     part_partitioned()
 elif PART == 'grid':
     part_grid()
+elif PART == 'clip':
+    part_clip()
 elif PART == 'errors':
     part_errors(sys.argv[3])
 else:
