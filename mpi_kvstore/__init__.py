@@ -29,6 +29,7 @@ except ImportError as _err:
             return importlib.import_module('%s.%s' % (__name__, name))
         raise _MXNET_MISSING
 else:
+    from .clipping import clip_global_norm
     from .config import Config, options_table
     from .designs import NAMES as DESIGNS
     from .errors import (
@@ -62,7 +63,7 @@ else:
     __all__ = ['create', 'MPIKVStore', 'DESIGNS', 'Config', 'ConfigError', 'options_table',
                'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError', 'CollectiveError',
                'UnknownKeyError', 'ArrayLayoutError', 'JoinError', 'DistributedTrainer',
-               'broadcast_parameters', 'default_store',
+               'broadcast_parameters', 'clip_global_norm', 'default_store',
                'allreduce', 'allreduce_', 'allgather', 'allgather_object', 'reducescatter',
                'broadcast',
                'broadcast_', 'broadcast_object', 'rank', 'size', 'local_rank', 'local_size']

@@ -1,4 +1,4 @@
-"""Gluon conveniences: broadcast_parameters, DistributedTrainer and clip_global_norm."""
+"""Gluon conveniences: broadcast_parameters and DistributedTrainer."""
 import types
 
 import numpy as np
@@ -6,7 +6,7 @@ from mxnet import gluon
 
 from .functional import broadcast_, default_store
 
-__all__ = ['broadcast_parameters', 'DistributedTrainer', 'clip_global_norm']
+__all__ = ['broadcast_parameters', 'DistributedTrainer']
 
 
 def _params_in_order(params):
@@ -107,41 +107,3 @@ class DistributedTrainer(gluon.Trainer):
             keys = [key for key, _, _ in run]
             # Gluon's convention: the lower the key, the higher the priority.
             self._kvstore.pushpull(keys, [grads for _, grads, _ in run], priority=-keys[-1])
-
-
-def clip_global_norm(trainer, max_norm):
-    """Clip ``trainer``'s gradient by its global norm at every step, inside the store:
-    for a gluon.Trainer whose optimizer runs in an mpi_kvstore store
-    (``update_on_kvstore=True``, sharded or not), where the user's code never holds the
-    summed gradient. Before each step's pushes the store is told the step's keys
-    (MPIKVStore.clip_global_norm). The norm is the one of the gradient the optimizer
-    applies: the sum over the ranks times ``rescale_grad`` (1 / the batch size given to
-    ``step``). Returns ``trainer``.
-
-    With ``update_on_kvstore=False`` (DistributedTrainer) clip as in one process instead:
-    ``trainer.allreduce_grads()``, ``gluon.utils.clip_global_norm(grads, ...)``,
-    ``trainer.update(batch_size)``."""
-    if not isinstance(trainer, gluon.Trainer):
-        raise TypeError('clip_global_norm: trainer must be a gluon.Trainer, not %s'
-                        % type(trainer).__name__)
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
-            or not np.isfinite(max_norm) or max_norm <= 0:
-        raise ValueError('clip_global_norm: max_norm must be a finite number > 0, not %r'
-                         % (max_norm,))
-    allreduce = trainer._allreduce_grads
-
-    def clipped_allreduce_grads():
-        store = trainer._kvstore
-        if store is None or not trainer._update_on_kvstore \
-                or not hasattr(store, 'clip_global_norm'):
-            raise ValueError('clip_global_norm(trainer) clips inside an mpi_kvstore store that '
-                             'runs the optimizer (update_on_kvstore=True); this trainer has '
-                             'kvstore=%r, update_on_kvstore=%r: clip between '
-                             'trainer.allreduce_grads() and trainer.update() instead'
-                             % (store, trainer._update_on_kvstore))
-        store.clip_global_norm(max_norm, [i for i, param in enumerate(trainer._params)
-                                          if param.grad_req != 'null'])
-        allreduce()
-
-    trainer._allreduce_grads = clipped_allreduce_grads
-    return trainer

@@ -427,7 +427,7 @@ class MPIKVStore(KVStoreBase):
         of the gradient the optimizer applies (``rescale_grad`` times the sum over the
         ranks) over every key of the step; each gradient is scaled by
         min(1, max_norm / norm). Call it before each step, on every rank, with the same
-        keys (``mpi_kvstore.gluon.clip_global_norm`` does it for a gluon.Trainer).
+        keys (``mpi_kvstore.clip_global_norm`` does it for a gluon.Trainer or a Module).
 
         The collectives go out as the calls come; the updates wait for the step's last
         key. With shard_optimizer the shares' squares are summed by one 1-element

@@ -52,6 +52,11 @@ def test_global_norm_clipping_in_the_store_equals_one_process(design, nprocs, mp
         'kv_sharded[%s] clip' % design, nprocs)
 
 
+def test_module_fit_clipped_in_the_store_equals_one_process(mpi_available):
+    _ok(run_mpi(3, 'kv_module.py', 'funneled', '1', 'clip', timeout=180, env=SHARDED),
+        'kv_module[funneled, MXNET_UPDATE_ON_KVSTORE=1, clipped]', 3)
+
+
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_bad_input_is_refused_and_the_store_goes_on(design, tmp_path, mpi_available):
     _ok(run_mpi(2, 'kv_sharded.py', design, 'errors', str(tmp_path), timeout=120),

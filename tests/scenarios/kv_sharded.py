@@ -22,9 +22,9 @@ designs: schedule.SharePiece), and a credit of 1 KB holds pieces back; the weigh
 the unpartitioned sharded store's (bit for bit through the fp16, bf16 and 2-bit codecs,
 whose sums go value by value) and one process's.
 
-clip: gluon steps clipped by the global norm inside the store (mpi_kvstore.gluon.
-clip_global_norm), SGD with momentum and Adam: sharded and unsharded stores equal one
-process that clips with gluon.utils.clip_global_norm between backward and update, where most
+clip: gluon steps clipped by the global norm inside the store
+(mpi_kvstore.clip_global_norm), SGD with momentum and Adam: sharded and unsharded stores
+equal one process that clips with gluon.utils.clip_global_norm between backward and update, where most
 steps clip and the clipped weights are far from unclipped ones; then bad keys and a step
 left unfinished are refused with the store unchanged, and grouped pushpulls clip alike.
 
@@ -41,7 +41,6 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
-import mpi_kvstore.gluon
 from mpi_kvstore.errors import MPIKVStoreError
 from mpi_kvstore.shards import leaves
 
@@ -567,7 +566,7 @@ def clipped_run(name, shard, **options):
     net = make_net(dtype)
     trainer = gluon.Trainer(net.collect_params(), opt, params, kvstore=kv,
                             update_on_kvstore=True)
-    mpi_kvstore.gluon.clip_global_norm(trainer, CLIP)
+    mpi_kvstore.clip_global_norm(trainer, CLIP)
     steps(net, trainer, 0, STEPS, dtype, SIZE)
     return weights(net), kv
 
@@ -589,6 +588,19 @@ def part_clip():
             assert kv._clip is None, 'a finished run leaves no clipped step under way'
             kv.close()
     # Bad input: refused before anything is sent, and the store goes on.
+    expect_raises(TypeError, mpi_kvstore.clip_global_norm, object(), 1.0, contains='Module')
+    net = make_net()
+    expect_raises(ValueError, mpi_kvstore.clip_global_norm,
+                  gluon.Trainer(net.collect_params(), 'sgd'), 0.0, contains='max_norm')
+    outside = gluon.Trainer(net.collect_params(), 'sgd', kvstore=store(True),
+                            update_on_kvstore=False)
+    mpi_kvstore.clip_global_norm(outside, 1.0)
+    data, label = batch(0, 'float32', SIZE)
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(data), label)
+    loss.backward()
+    expect_raises(ValueError, outside.step, GLOBAL, contains='update_on_kvstore=False')
+    outside._kvstore.close()
     kv = store(True)
     expect_raises(MPIKVStoreError, kv.clip_global_norm, 1.0, ['w'], contains='no optimizer')
     w0 = np.random.RandomState(0).uniform(size=(7, 5)).astype(np.float32)
