@@ -113,8 +113,12 @@ class WireCast:
         self._sum_rows(recv, mine)
         mine = mine[:layout.counts[rank]]
         if self.kind == 'fp16':
-            mine_overflowed = bool(((mine & 0x7c00) == 0x7c00).any())
-            if comm.mpi.allreduce(mine_overflowed, op=MPI.LOR):
+            # A buffer, not a Python object: mpi4py's object allreduce holds the GIL while
+            # it waits (another thread ran 200x slower beside it), which starved the other
+            # lanes of the concurrent design on this rank, one of which the others waited for.
+            overflowed = np.array([((mine & 0x7c00) == 0x7c00).any()], np.int32)
+            comm.mpi.Allreduce(MPI.IN_PLACE, overflowed, op=MPI.MAX)
+            if overflowed[0]:
                 return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
         for j, start, stop, at in layout.spans(rank):
             if reqs[j] not in failed:
