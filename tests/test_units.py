@@ -488,6 +488,53 @@ def test_auto_schedule_options_follow_the_hosts_and_keep_explicit_values(monkeyp
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (0, 0, 0)
     everything = cfg.Config(environ={}, partition_bytes=1, credit_bytes=2, progress_sleep_us=3)
     assert topology.resolve(everything, MPI.COMM_SELF) == (everything, None)
+    monkeypatch.setattr(topology, 'oversubscribed', lambda comm: True)
+    config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)
+    assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
+        0, 0, 200.0)
+    assert 'more ranks than cores' in why
+
+
+def test_ranks_outnumber_cores_by_the_union_of_their_affinities(monkeypatch):
+    """One process never outnumbers its cores; more ranks on one host than the cores their
+    affinities cover do (the two ranks of a 2-rank job below, each seeing one core)."""
+    from mpi4py import MPI
+
+    from mpi_kvstore import topology
+    assert topology.oversubscribed(MPI.COMM_SELF) is False
+
+    class Node:
+        def __init__(self, cores):
+            self.cores = cores
+
+        def allgather(self, mine):
+            return self.cores
+
+        def Get_size(self):
+            return len(self.cores)
+
+        def Free(self):
+            pass
+
+    class Comm:
+        def __init__(self, cores):
+            self.node = Node(cores)
+
+        def Get_size(self):
+            return 2
+
+        def Get_rank(self):
+            return 0
+
+        def Split_type(self, kind, key):
+            return self.node
+
+        def Allreduce(self, where, flag, op):
+            pass
+
+    assert topology.oversubscribed(Comm([[0], [1]])) is False   # one core each, two cores
+    assert topology.oversubscribed(Comm([[0], [0]])) is True    # both on core 0
+    assert topology.oversubscribed(Comm([[0, 1], [0, 1]])) is False
 
 
 def test_one_process_spans_one_host():
