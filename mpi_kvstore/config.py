@@ -261,7 +261,9 @@ OPTIONS: Tuple[Option, ...] = (
            'the core to compute instead of busy-polling in MPI: for training across hosts on '
            'busy cores (docs/tuning.md). Chained\'s compiled op polls its agreement '
            'too. It adds latency over shared memory (benchmarks/allreduce.py). 0: blocking '
-           'MPI_Allreduce. auto: as partition_bytes.', _auto_nonneg),
+           'MPI_Allreduce. auto: decided when the store is created (topology.py): 200 where '
+           'the ranks span hosts, or where a host runs more ranks than they have cores; '
+           'else 0.', _auto_nonneg),
     Option('progress_min_bytes', parse_bytes, 0, 'bytes',
            'Smallest allreduce that progress_sleep_us applies to; smaller ones block in '
            'MPI_Allreduce (0: every one). On 3 Gbit/s test hosts 0, 256 KB and 1 MB trained '
