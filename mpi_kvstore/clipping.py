@@ -6,8 +6,9 @@ With the optimizer outside the store (``update_on_kvstore=False``, DistributedTr
 user clips as in one process, between ``trainer.allreduce_grads()`` and
 ``trainer.update()``.
 """
-import numpy as np
 from mxnet import gluon
+
+from .shards import check_max_norm
 
 __all__ = ['clip_global_norm']
 
@@ -18,10 +19,7 @@ def clip_global_norm(trainer, max_norm):
     inside its mpi_kvstore store. The norm is that of the gradient the optimizer applies,
     the sum over the ranks times ``rescale_grad``; each step's gradient is scaled by
     min(1, max_norm / norm). Returns ``trainer``."""
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
-            or not np.isfinite(max_norm) or max_norm <= 0:
-        raise ValueError('clip_global_norm: max_norm must be a finite number > 0, not %r'
-                         % (max_norm,))
+    check_max_norm(max_norm)   # here, before a bad value waits for the first step
     if isinstance(trainer, gluon.Trainer):
         _wrap(trainer, '_allreduce_grads', lambda: _gluon_keys(trainer), max_norm)
     elif hasattr(trainer, 'update') and hasattr(trainer, '_exec_group'):

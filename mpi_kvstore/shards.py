@@ -25,7 +25,7 @@ from .fusion import share
 from .poison import poison
 
 __all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'leaves', 'LambShare',
-           'ClipStep', 'JoinedShares']
+           'ClipStep', 'check_max_norm', 'JoinedShares']
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,14 @@ def refuse(optimizer):
 def needs_norms(optimizer):
     """The sharded update of ``optimizer`` needs the whole weight's norms (LambShare)."""
     return type(optimizer).__name__ == 'LAMB'
+
+
+def check_max_norm(max_norm):
+    """Raise ValueError unless ``max_norm`` is a finite number > 0 (clip_global_norm's)."""
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.floating)) \
+            or not np.isfinite(max_norm) or max_norm <= 0:
+        raise ValueError('clip_global_norm: max_norm must be a finite number > 0, not %r'
+                         % (max_norm,))
 
 
 class ClipStep:

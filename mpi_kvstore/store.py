@@ -435,10 +435,7 @@ class MPIKVStore(KVStoreBase):
         previous clipped step still waits for keys; nothing changes then."""
         self._begin()
         self._require_updater()
-        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float, np.floating)) \
-                or not np.isfinite(max_norm) or max_norm <= 0:
-            raise ValueError('clip_global_norm: max_norm must be a finite number > 0, not %r'
-                             % (max_norm,))
+        shards.check_max_norm(max_norm)
         if isinstance(keys, (str, bytes, int)) or not hasattr(keys, '__iter__'):
             raise ValueError('clip_global_norm: keys must be a list of the step\'s keys, not %r'
                              % (keys,))

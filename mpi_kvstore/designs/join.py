@@ -43,6 +43,16 @@ def mirror(meta, shares=None):
     return req
 
 
+# Small allreduces over every rank's shares, by the first element of their keys (store.py):
+# what needs them, and what to do instead under join.
+_NEEDS_EVERY_SHARE = {
+    (LAMB_NORMS,): ("the sharded LAMB update needs the whole weight's norms",
+                    'or another optimizer'),
+    (CLIP_NORM,): ('clip_global_norm needs the norm over every share of the gradient',
+                   'or without clipping'),
+}
+
+
 def refusal(req, joined):
     """Why no joined rank can take part in ``req`` (None when it can).
 
@@ -57,16 +67,11 @@ def refusal(req, joined):
         # a joined rank has no tensor of its own to give
         return ('rank(s) %s called join(), and %s gathers a tensor from every rank: call it '
                 'before join()' % (ranks, req.describe()))
-    if isinstance(req.key, tuple) and req.key[:1] == (LAMB_NORMS,):
-        # the joined rank's share of the norms is not summed in (shards.JoinedShares)
-        return ('rank(s) %s called join(), and the sharded LAMB update needs the whole '
-                'weight\'s norms, a share of which is the joined rank\'s: join with '
-                'shard_optimizer=0, or another optimizer' % (ranks,))
-    if isinstance(req.key, tuple) and req.key[:1] == (CLIP_NORM,):
-        # as LAMB's: the joined rank's shares of the gradient are not in the sum
-        return ('rank(s) %s called join(), and clip_global_norm needs the norm over every '
-                'share of the gradient, some of which are the joined rank\'s: join with '
-                'shard_optimizer=0, or without clipping' % (ranks,))
+    needs = isinstance(req.key, tuple) and _NEEDS_EVERY_SHARE.get(req.key[:1])
+    if needs:
+        # the joined rank's shares are not summed in (shards.JoinedShares)
+        return ('rank(s) %s called join(), and %s, a share of which is the joined rank\'s: '
+                'join with shard_optimizer=0, %s' % ((ranks,) + needs))
     if req.kind == 'bcast' and joined[req.root]:
         return ('%s broadcasts from rank %d, which called join() and has no value to send'
                 % (req.describe(), req.root))
