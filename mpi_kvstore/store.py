@@ -1,6 +1,7 @@
 """MPIKVStore: MXNet's KVStore contract on top of the designs."""
 import atexit
 import collections
+import importlib.metadata
 import logging
 import os
 import pickle
@@ -18,7 +19,7 @@ from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
-from .errors import MPIKVStoreError
+from .errors import ConfigError, MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
@@ -27,6 +28,30 @@ from .timeline import Timeline
 __all__ = ['MPIKVStore']
 
 log = logging.getLogger(__name__)
+
+
+def _agreed_config(comm, options):
+    """Collective: (Config of ``options``, tune table) once every rank of ``comm`` was given
+    the same design, schedule, compression, tune table... (topology.agree); else
+    ConfigError on every rank alike, naming each option that differs with every rank's value
+    and where it came from. An invalid option on one rank is compared too, so that the
+    others raise with it instead of waiting for it in the store's first collective."""
+    try:
+        config, problem = Config(**options), None
+    except ConfigError as err:
+        config, problem = None, err
+    topology.agree(comm, config, _version(), problem)
+    if problem is not None:
+        # Raised here, not deep in config.py, so the traceback ends at the user's call.
+        raise problem.with_traceback(None)
+    return config, tuning.load(config.tune_table, comm, config.origin('tune_table'))
+
+
+def _version():
+    try:
+        return importlib.metadata.version('mpi_kvstore')
+    except importlib.metadata.PackageNotFoundError:   # a source tree on sys.path
+        return 'source tree'
 
 
 class MPIKVStore(KVStoreBase):
@@ -50,13 +75,12 @@ class MPIKVStore(KVStoreBase):
         if str(name).lower() not in self.NAMES:
             raise ValueError('unknown store name %r; mpi_kvstore provides %s'
                              % (name, ', '.join(self.NAMES)))
-        self._config = Config(**options)
+        comm = MPI.COMM_WORLD if comm is None else comm
+        self._config, table = _agreed_config(comm, options)
         design = get_design(self._config.design)
         check_thread_level(design)
         engine.set_naive(self._config.naive_engine)
-        comm = MPI.COMM_WORLD if comm is None else comm
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
-        table = tuning.load(self._config.tune_table, comm)
         # the options left 'auto', decided before anything is built from the config
         self._config, chosen = topology.resolve(self._config, comm, table)
         if chosen and self._rank == 0:

@@ -2,8 +2,8 @@
 
 ``partition_bytes``, ``credit_bytes`` and ``progress_sleep_us`` default to 'auto'. Every rank
 resolves them from facts all ranks share, so they are the same everywhere: the number of
-hosts the communicator spans (one Split_type and one allreduce), and the tune table, which
-rank 0 read and broadcast (tuning.load). A value the user gave is kept.
+hosts the communicator spans (one Split_type and one allreduce), and the tune table, whose
+content the ranks have agreed on (:func:`agree`). A value the user gave is kept.
 
 - One host: the exchange runs over shared memory, where a negotiation round costs about as
   much as a piece; nothing is cut, everything agreed starts at once, MPI calls block,
@@ -21,12 +21,12 @@ import os
 
 import numpy as np
 
-from .config import format_bytes, window_of
-from .errors import ConfigError
+from .config import AGREED, format_bytes
+from .consensus import Setting, check
 from .mpiabi import MPI
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',
-           'resolve']
+           'resolve', 'settings', 'agree']
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,8 @@ def _cores():
 
 def resolve(config, comm, table=None):
     """Collective: ``config`` with every 'auto' of :data:`ACROSS_HOSTS` decided, and a line
-    that says what was chosen and why (None when nothing was 'auto'). Raises ConfigError on
-    every rank when ranks end up with different pieces or credits."""
+    that says what was chosen and why (None when nothing was 'auto'). Ranks that were given
+    the same options (:func:`agree`) decide the same values: every fact used is agreed."""
     hosts = count_hosts(comm)
     source = '%d host%s' % (hosts, '' if hosts == 1 else 's')
     if hosts > 1:
@@ -90,36 +90,57 @@ def resolve(config, comm, table=None):
         chosen.update(tuned)
         source += ', tune table'
     auto = {name: value for name, value in chosen.items() if getattr(config, name) == 'auto'}
-    resolved = config.replace(**auto) if auto else config
-    _check_agreed(resolved, comm)
     if not auto:
         return config, None
+    resolved = config.replace(origin='auto: %s' % source, **auto)
     why = 'mpi_kvstore: %s: %s' % (source, ', '.join(
         '%s=%s' % (name, _show(value)) for name, value in sorted(auto.items())))
     return resolved, why
 
 
-def _check_agreed(config, comm):
-    """Every rank must cut the same pieces, take the same credit and negotiate over the same
-    window (the agreement message's size): ranks that differ would pair different
-    collectives and hang. One MIN-allreduce of the values and their negatives finds a
-    difference on every rank alike."""
-    if comm.Get_size() == 1:
-        return
-    mine = (config.partition_bytes, config.credit_bytes, window_of(config))
-    both = np.array(mine + tuple(-v for v in mine), dtype=np.int64)
-    comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MIN)
-    smallest = [int(v) for v in both[:3]]
-    largest = [-int(v) for v in both[3:]]
-    if smallest[:2] != largest[:2]:
-        raise ConfigError('ranks disagree on partition_bytes or credit_bytes (this rank: %s, %s; '
-                          'smallest %s, %s; largest %s, %s): every rank must be given the same '
-                          'values' % (mine[:2] + tuple(smallest[:2]) + tuple(largest[:2])))
-    if smallest[2] != largest[2]:
-        raise ConfigError('ranks disagree on window (this rank: %d; smallest %d, largest %d; '
-                          'window=auto gives 512 with shard_optimizer, else 256): every rank '
-                          'must be given the same window and shard_optimizer'
-                          % (mine[2], smallest[2], largest[2]))
+# Options that only one design reads: ranks of another design may be given anything.
+_DESIGN_ONLY = {'lanes': ('concurrent',), 'inline_max_bytes': ('chained',)}
+
+
+def settings(config, version='', problem=None):
+    """What every rank of a store must be given alike (consensus.check): the package's
+    ``version``, then, when this rank's options are valid (``problem`` is None, else the
+    ConfigError they raised), every option of config.AGREED as given, before 'auto' is
+    decided (so 'auto' and an explicit value are different). Of the tune table, whether one is
+    given: tuning.load, a collective only then, compares the content."""
+    out = [Setting('version', version, version or 'unknown', 'installed package')]
+    if problem is not None:
+        return out + [Setting('options', 'invalid', 'invalid (%s)' % problem, '')]
+    out.append(Setting('options', 'valid', 'valid', ''))
+    for name in AGREED:
+        if name == 'tune_table':   # whether one is given; its content: tuning.load
+            given = config.tune_table
+            out.append(Setting(name, 'given' if given else 'none', repr(given) if given else
+                               'none', config.origin(name)))
+            continue
+        value = getattr(config, name)
+        unused = name in _DESIGN_ONLY and config.design not in _DESIGN_ONLY[name]
+        key = 'unused by this design' if unused else repr(value)
+        out.append(Setting(name, key, _shown_option(name, value), config.origin(name)))
+    return out
+
+
+def agree(comm, config, version='', problem=None, what='a store'):
+    """Collective: raise ConfigError on every rank alike unless every rank of ``comm`` was
+    given the same agreed options and version (see :func:`settings`)."""
+    check(comm, settings(config, version, problem), what, gates=('version', 'options'))
+
+
+def _shown_option(name, value):
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool) or name not in _BYTES:
+        return '%s' % (value,)
+    return format_bytes(value)
+
+
+_BYTES = ('fusion_threshold', 'device_fusion_threshold', 'partition_bytes', 'credit_bytes',
+          'inline_max_bytes', 'progress_min_bytes')
 
 
 def _show(value):

@@ -1,23 +1,27 @@
 """Tune tables: which allreduce algorithm, and which GPU transport, each message size takes.
 
 ``python -m mpi_kvstore tune`` (tune.py) measures a table on the job itself; the store
-loads it with the option ``tune_table``. Rank 0 reads the file and broadcasts it, so every
+loads it with the option ``tune_table``. Rank 0 reads the file and broadcasts it, and a
+rank that can read its own copy must find the same content there (:func:`load`), so every
 rank holds the same table, and a size's choice is a pure function of (size, communicator
 size): the ranks always make the same calls. A table measured on another number of ranks
 is ignored, with a warning. Between measured sizes the nearer one (in log scale) decides.
 docs/tuning.md shows the format and how the mixed GPU transports hand over.
 """
 import bisect
+import collections
+import hashlib
 import json
 import logging
 import math
 
 import numpy as np
 
+from .consensus import Setting, check
 from .errors import ConfigError
 from .transports.base import REGISTRY
 
-__all__ = ['Table', 'BySize', 'load', 'LOSSLESS', 'LOSSY']
+__all__ = ['Table', 'BySize', 'Reading', 'read', 'load', 'LOSSLESS', 'LOSSY']
 
 log = logging.getLogger('mpi_kvstore')
 
@@ -128,24 +132,65 @@ def _schedule(values):
     return out
 
 
-def load(path, comm):
-    """Collective: the Table of ``path`` for this communicator, or None (no path, or a
-    table of another communicator size). Rank 0 reads; every rank gets its reading, and a
-    bad file raises ConfigError on every rank alike."""
+class Reading(collections.namedtuple('Reading', 'path payload error')):
+    """What this rank read of a tune table's ``path``: the JSON ``payload``, or the
+    ``error`` that kept it from being read ('' and None for no path). ``key`` and ``shown``
+    are what the ranks compare (:func:`load`): the content, not the path, which may
+    differ from host to host."""
+
+    @property
+    def key(self):
+        if not self.path:
+            return 'none'
+        if self.error:
+            return 'unreadable: %s' % self.error
+        return hashlib.sha256(json.dumps(self.payload, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def shown(self):
+        if not self.path:
+            return 'none'
+        if self.error:
+            return '%r (unreadable: %s)' % (self.path, self.error)
+        return '%r (content sha256 %s)' % (self.path, self.key[:12])
+
+
+def read(path):
+    """This rank's Reading of the tune table at ``path`` (no collective)."""
+    if not path:
+        return Reading('', None, None)
+    try:
+        with open(path) as fh:
+            payload = json.load(fh)
+        Table.from_json(payload)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return Reading(path, None, '%s: %s' % (type(err).__name__, err))
+    return Reading(path, payload, None)
+
+
+def load(path, comm, origin='argument'):
+    """Collective when ``path`` is given (every rank must have been given one or none:
+    topology.agree): the Table of ``path`` for communicator ``comm``, or None (no path, or a
+    table of another communicator size). Rank 0 reads it and broadcasts it, so the file need
+    exist only where rank 0 runs; a rank that can read its own ``path`` must find the same
+    content there, else every rank raises ConfigError naming each rank's table (``origin``:
+    where the path came from, for that message). A bad file raises ConfigError on every
+    rank alike."""
     if not path:
         return None
-    payload = why = None
-    if comm.Get_rank() == 0:
-        try:
-            with open(path) as fh:
-                payload = json.load(fh)
-            Table.from_json(payload)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            why = '%s: %s' % (type(err).__name__, err)
-    payload, why = comm.bcast((payload, why), root=0)
+    first = read(path) if comm.Get_rank() == 0 else None
+    payload, why = comm.bcast((first.payload, first.error) if first else None, root=0)
     if why:
         raise ConfigError('tune_table %r cannot be used: %s (run python -m mpi_kvstore tune '
                           'to make one)' % (path, why))
+    used = Reading(path, payload, None)
+    mine = first or read(path)
+    if mine.error:   # not on this host: rank 0's table serves
+        shown = "%r (not readable here: rank 0's, content sha256 %s)" % (path, used.key[:12])
+        mine = Reading(path, payload, None)._replace(path=path)
+    else:
+        shown = mine.shown
+    check(comm, [Setting('tune_table', mine.key, shown, origin)], 'a store')
     table = Table.from_json(payload)
     if table.comm_size != comm.Get_size() and comm.Get_rank() == 0:
         log.warning('mpi_kvstore: tune_table %r was measured on %d ranks, this store has %d: '

@@ -51,11 +51,11 @@ kv.close()
 
 # Ranks given different pieces would pair different collectives: all must raise instead.
 expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
-              partition_bytes=4096 * (RANK + 1), contains='ranks disagree on partition_bytes')
+              partition_bytes=4096 * (RANK + 1), contains='disagree on partition_bytes: 4K on rank 0')
 # So would ranks of different negotiation windows (the agreement message's size), which
 # window=auto makes 512 with shard_optimizer and 256 without.
 expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
-              shard_optimizer=RANK == 0, contains='ranks disagree on window')
+              shard_optimizer=RANK == 0, contains='disagree on shard_optimizer: True on rank 0')
 expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
-              window=100 + RANK, contains='ranks disagree on window')
+              window=100 + RANK, contains='disagree on window: 100 on rank 0')
 done('kv_topology[%s, %d hosts]' % (DESIGN, HOSTS))

@@ -43,7 +43,7 @@ table = {'version': 1, 'comm_size': SIZE, 'measured_ms': {},
          'device': [{'bytes': 4096, 'transport': 'nccl'}, {'bytes': 1 << 26, 'transport': 'staged'}]}
 path = write('table.json', table)
 if RANK != 0:
-    path = path + '.only-rank-0-reads-it'        # another rank's path is never opened
+    path = path + '.only-rank-0-reads-it'        # another rank's path need not exist
 kv = mpi_kvstore.create('dist_mpi', design=DESIGN, tune_table=path)
 before = debug.snapshot()
 chooser = tuning.Table.from_json(table)
