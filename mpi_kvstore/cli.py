@@ -1,10 +1,11 @@
-"""Where the command-line tools (doctor, tune, the options table) write: the logger
-``mpi_kvstore.cli``. The library only logs; ``python -m mpi_kvstore`` attaches a handler
-that writes those records, bare, to standard output."""
+"""What the command-line tools (doctor, tune, run, the options table) share: where they write,
+the logger ``mpi_kvstore.cli`` (the library only logs; ``python -m mpi_kvstore`` attaches a
+handler that writes those records, bare, to standard output), and how their ``--help`` reads."""
+import argparse
 import logging
 import sys
 
-__all__ = ['console', 'to_stdout']
+__all__ = ['console', 'to_stdout', 'HelpFormatter']
 
 console = logging.getLogger('mpi_kvstore.cli')
 
@@ -18,3 +19,8 @@ def to_stdout():
         console.addHandler(handler)
     console.setLevel(logging.INFO)
     console.propagate = False
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's default shown after its help; the description kept as written (the
+    tools' docstrings, whose usage examples would not survive rewrapping)."""

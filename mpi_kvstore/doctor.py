@@ -6,6 +6,7 @@ changes nothing: it creates no store, and it runs no collective, so it cannot
 hang on a rank that is missing. Under a launcher, every rank writes its own
 report, prefixed with its rank.
 """
+import argparse
 import importlib
 import json
 import os
@@ -13,7 +14,7 @@ import os
 from mpi4py import MPI
 
 from . import mpiabi, topology, transports, tuning
-from .cli import console
+from .cli import HelpFormatter, console
 from .config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
 from .designs import REGISTRY, get_design
 from .errors import ConfigError
@@ -182,6 +183,14 @@ def report(environ=None):
     return lines + _tune_table(config)
 
 
-def main():
+def main(argv=None):
+    """``python -m mpi_kvstore doctor``: the report, prefixed with the rank under a launcher.
+    -> exit status 0 (a wrong MPI_KVSTORE_* variable raises ConfigError, which the command
+    line words in one line)."""
+    argparse.ArgumentParser(
+        prog='python -m mpi_kvstore doctor', description=__doc__, formatter_class=HelpFormatter,
+        epilog='It reads the MPI_KVSTORE_* environment variables as a store would (python -m '
+               'mpi_kvstore options lists them).').parse_args(argv)
     prefix = '[%d] ' % MPI.COMM_WORLD.Get_rank() if MPI.COMM_WORLD.Get_size() > 1 else ''
     console.info('\n'.join(prefix + line for line in report()))
+    return 0

@@ -29,9 +29,9 @@ import time
 import numpy as np
 
 from . import compression, transports
-from .cli import console, to_stdout
+from .cli import HelpFormatter, console, to_stdout
 from .comm import Comm
-from .config import parse_bytes
+from .config import format_bytes, parse_bytes
 from .errors import ConfigError
 from .mpiabi import MPI
 from .tuning import LOSSLESS, LOSSY, Table
@@ -40,10 +40,25 @@ __all__ = ['main']
 
 
 def _sizes(text):
-    sizes = [parse_bytes(part) for part in text.split(',') if part.strip()]
+    """--sizes' type: '4K,64K,1M' -> [4096, 65536, 1048576]."""
+    try:
+        sizes = [parse_bytes(part) for part in text.split(',') if part.strip()]
+    except ValueError:
+        sizes = []
     if not sizes or any(s < 4 for s in sizes):
-        raise SystemExit('--sizes: sizes of at least 4 bytes, like 4K,1M,64M')
+        raise argparse.ArgumentTypeError('%r: sizes of at least 4 bytes, like 4K,1M,64M' % text)
     return sizes
+
+
+def _positive(text):
+    """--trials' type: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError('%r: a whole number of at least 1' % text)
+    return value
 
 
 def _interleaved(comm, fns, trials, spread=None):
@@ -188,15 +203,27 @@ class _Plain:
         return self.buf
 
 
+def _parser():
+    parser = argparse.ArgumentParser(prog='python -m mpi_kvstore tune', description=__doc__,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument('--sizes', type=_sizes, default='4K,64K,256K,1M,4M,16M,64M',
+                        help='message sizes to time, in bytes, comma-separated, with K, M or G '
+                             'suffixes')
+    parser.add_argument('--trials', type=_positive, default=7,
+                        help='timed rounds a size (sizes up to %s run %d times as many; the '
+                             'check of the table runs 6 times as many)'
+                             % (format_bytes(SMALL_BYTES), SMALL_TRIALS))
+    parser.add_argument('--out', default='mpi_kvstore_tune.json',
+                        help='the JSON table rank 0 writes, for the tune_table option '
+                             '(MPI_KVSTORE_TUNE_TABLE)')
+    return parser
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='python -m mpi_kvstore tune',
-                                     description=__doc__.split('\n\n')[0])
-    parser.add_argument('--sizes', default='4K,64K,256K,1M,4M,16M,64M')
-    parser.add_argument('--trials', type=int, default=7)
-    parser.add_argument('--out', default='mpi_kvstore_tune.json')
-    args = parser.parse_args(argv)
+    """-> exit status: 0, or 1 where a timing came out unusable (not finite)."""
+    args = _parser().parse_args(argv)
     world = MPI.COMM_WORLD
-    sizes = _sizes(args.sizes)
+    sizes = args.sizes
     comm = Comm(world, 'off')
     hier = Comm(world, 'on')
     say = console.info if world.Get_rank() == 0 else (lambda *a, **k: None)

@@ -1,0 +1,188 @@
+"""The command line (``python -m mpi_kvstore``) and the packaging: each command's own help,
+argparse's exit status 2 with one line of words for what is wrong, and metadata that says
+what the code needs."""
+import ast
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mpi_kvstore import __main__ as cli_main
+from mpi_kvstore import config, supervisor
+from mpi_kvstore.cli import console
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROG = 'python -m mpi_kvstore'
+
+
+@pytest.fixture(autouse=True)
+def _console_handlers():
+    """main() gives the tools' logger a handler on this test's captured stdout: take it back
+    after the test, so no later test writes to a closed capture."""
+    before = list(console.handlers)
+    yield
+    console.handlers[:] = before
+
+
+def _command(*argv, env=None):
+    """``python -m mpi_kvstore ARGV`` in a process of its own, from the working tree."""
+    return subprocess.run([sys.executable, '-m', 'mpi_kvstore', *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **(env or {})))
+
+
+def _exit(capsys, *argv):
+    """main(argv) in this process -> (exit status, stdout, stderr)."""
+    with pytest.raises(SystemExit) as ended:
+        cli_main.main(list(argv))
+    out, err = capsys.readouterr()
+    return ended.value.code, out, err
+
+
+def _options(parser):
+    """Every optional argument of ``parser`` but -h: [(option strings, help)]."""
+    return [(a.option_strings, a.help) for a in parser._actions
+            if a.option_strings and a.dest != 'help']
+
+
+def _tune_parser():
+    from mpi_kvstore import tune  # initialises MPI (a singleton here): only where needed
+    return tune._parser()
+
+
+# command: the options its help must name (its parser's own, read from the parser).
+HELPS = {
+    'doctor': lambda: [],
+    'tune': lambda: _options(_tune_parser()),
+    'run': lambda: _options(supervisor._parser()),
+    'options': lambda: [],
+}
+
+
+@pytest.mark.parametrize('command', sorted(HELPS))
+def test_each_command_has_its_own_help(capsys, command):
+    """``COMMAND --help`` is that command's help (not the top level's, as it was for run and
+    tune), names each of its options with help text and a default, and exits 0."""
+    status, out, _ = _exit(capsys, command, '--help')
+    assert status == 0
+    assert out.startswith('usage: %s %s [-h]' % (PROG, command)), out
+    assert 'COMMAND' not in out, out          # the top level's usage names COMMAND
+    options = HELPS[command]()
+    assert (command in ('tune', 'run')) == bool(options)
+    for strings, text in options:
+        assert text, '%s %s has no help text' % (command, strings)
+        assert all(s in out for s in strings), (strings, out)
+    if command == 'tune':
+        for default in ('(default: 4K,64K,256K,1M,4M,16M,64M)', '(default: 7)',
+                        '(default: mpi_kvstore_tune.json)'):
+            assert default in ' '.join(out.split()), out
+
+
+def test_top_level_help_lists_every_command(capsys):
+    status, out, _ = _exit(capsys, '--help')
+    assert status == 0
+    listed = re.findall(r'^    (\w+) ', out, re.M)
+    assert listed == list(cli_main.COMMANDS) == ['doctor', 'tune', 'run', 'options'], out
+
+
+def test_bare_call_prints_help_with_status_2(capsys):
+    """No command is a usage error (argparse's status 2), with the whole help on stderr; it
+    no longer prints the options table."""
+    assert cli_main.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == '', out
+    assert err.startswith('usage: %s [-h]' % PROG), err
+    for name in cli_main.COMMANDS:
+        assert '    %s ' % name in err, (name, err)
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['tune', '--trials', 'x'], "tune: error: argument --trials: 'x'"),
+    (['tune', '--trials', '0'], "tune: error: argument --trials: '0'"),
+    (['tune', '--sizes', '4Q,1M'], "tune: error: argument --sizes: '4Q,1M'"),
+    (['tune', '--sizes', '2'], "tune: error: argument --sizes: '2'"),
+    (['run', '--bogus'], 'run: error: unrecognized arguments: --bogus'),
+    (['doctor', '--bogus'], 'doctor: error: unrecognized arguments: --bogus'),
+    (['options', 'extra'], 'options: error: unrecognized arguments: extra'),
+    (['bogus'], "error: argument COMMAND: invalid choice: 'bogus'"),
+])
+def test_bad_option_exits_2_naming_it(capsys, argv, words):
+    """argparse's way: the usage, then one line that names the option and the value."""
+    status, out, err = _exit(capsys, *argv)
+    assert status == 2 and out == '', (status, out)
+    last = err.rstrip('\n').split('\n')[-1]
+    assert last.startswith(PROG) and words in last, err
+    assert err.startswith('usage: %s' % PROG) and 'Traceback' not in err, err
+
+
+def test_config_error_is_one_line_with_status_2(capsys, monkeypatch):
+    """A wrong MPI_KVSTORE_* value is the user's to fix: one line naming it, no traceback;
+    in a process of its own (the real exit), then in this one for a second option."""
+    proc = _command('doctor', env={'MPI_KVSTORE_DESIGN': 'ring'})
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr == ('%s doctor: error: invalid environment variable '
+                           "MPI_KVSTORE_DESIGN='ring': unknown design 'ring'; choose one of "
+                           'funneled, concurrent, chained, blocking\n' % PROG), proc.stderr
+    monkeypatch.setenv('MPI_KVSTORE_FUSION_THRESHOLD', '-1')
+    status, _, err = _exit(capsys, 'doctor')
+    assert status == 2 and err.count('\n') == 1 and err.endswith('\n'), err
+    assert err.startswith("%s doctor: error: invalid environment variable "
+                          "MPI_KVSTORE_FUSION_THRESHOLD='-1'" % PROG), err
+
+
+def test_options_command_prints_the_table_and_the_old_flag_still_works():
+    """docs/configuration.md's table comes from ``options``; ``--options-table`` gives the
+    same table, with a deprecation line on stderr."""
+    table = config.options_table() + '\n'
+    proc = _command('options')
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, table, '')
+    old = _command('--options-table')
+    assert (old.returncode, old.stdout) == (0, table), old.stderr
+    assert "--options-table is deprecated: use '%s options'" % PROG in old.stderr
+
+
+def _pyproject():
+    try:
+        import tomllib
+    except ImportError:       # Python 3.10: the test extra brings tomli
+        import tomli as tomllib
+    with open(os.path.join(REPO, 'pyproject.toml'), 'rb') as fh:
+        return tomllib.load(fh)
+
+
+def test_requires_python_is_what_the_code_needs():
+    """vermin reads the package's code for the least Python it runs on (os.eventfd: 3.10);
+    requires-python says exactly that, and the classifiers name no older Python."""
+    import vermin
+    needed = max(vermin.detect(open(path).read(), path=path)[1]
+                 for path in glob.glob(os.path.join(REPO, 'mpi_kvstore', '**', '*.py'),
+                                       recursive=True))
+    project = _pyproject()['project']
+    assert project['requires-python'] == '>=%d.%d' % needed, (project['requires-python'],
+                                                              needed)
+    listed = [tuple(int(n) for n in c.rsplit(' ', 1)[1].split('.'))
+              for c in project['classifiers']
+              if re.fullmatch(r'Programming Language :: Python :: 3\.\d+', c)]
+    assert listed and min(listed) == needed, listed
+
+
+def test_version_is_written_once():
+    """The version lives in mpi_kvstore/__init__.py alone: pyproject.toml reads it from there
+    and setup.py is a bare shim."""
+    pyproject = _pyproject()
+    assert 'version' not in pyproject['project']
+    assert 'version' in pyproject['project']['dynamic']
+    assert pyproject['tool']['setuptools']['dynamic']['version'] == {
+        'attr': 'mpi_kvstore.__version__'}
+    with open(os.path.join(REPO, 'setup.py')) as fh:
+        calls = [node for node in ast.walk(ast.parse(fh.read()))
+                 if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == 'setup']
+    assert len(calls) == 1 and not calls[0].args and not calls[0].keywords
+    written = []
+    for path in glob.glob(os.path.join(REPO, 'mpi_kvstore', '**', '*.py'), recursive=True):
+        with open(path) as fh:
+            written += [path for line in fh if line.startswith('__version__')]
+    assert written == [os.path.join(REPO, 'mpi_kvstore', '__init__.py')], written
