@@ -33,7 +33,10 @@ class DeferredErrors:
         self._queue = collections.deque()  # appended by other threads, drained by the user's
 
     def record(self, req, err):
-        log.error('mpi_kvstore: %s failed: %s', req.describe(), err)
+        # Its words come once, when raised (or at exit, never raised: store.py); a log of
+        # them here too made each rank print a mismatch's message twice.
+        log.error('mpi_kvstore: %s failed (%s); the next store call raises it',
+                  req.describe(), type(err).__name__)
         self._queue.append((req.describe(), err))
 
     def take(self):
@@ -48,7 +51,10 @@ class DeferredErrors:
         more = ' (and %d more failed collectives)' % (len(errors) - 1) if len(errors) > 1 else ''
         cls = type(err) if isinstance(err, MPIKVStoreError) else CollectiveError
         exc = cls('%s failed: %s%s' % (where, err, more))
-        exc.__cause__ = err
+        if err.__traceback__ is not None:   # raised in a thread: its traceback tells where
+            exc.__cause__ = err
+        else:   # made, never raised: its message, in ours, is all it says (not printed twice)
+            exc.__context__, exc.__suppress_context__ = err, True
         return exc
 
     def raise_pending(self):

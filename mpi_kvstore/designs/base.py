@@ -13,7 +13,7 @@ from ..errors import ArrayLayoutError, JoinError, RankMismatchError
 from ..fusion import plan
 from ..mpiabi import MPI
 from ..reduce import Reducer
-from . import join
+from . import join, mismatch
 
 __all__ = ['Design', 'native_view', 'progress', 'new_comm', 'comm_factory']
 
@@ -113,18 +113,17 @@ class Design:
             if req.error is None:
                 self.fail(req, err)
 
-    def mismatch(self, req):
-        if req.error is not None:  # this rank failed it first: that error says why
-            return
-        self.fail(req, RankMismatchError(
-            'ranks disagree on %s: every rank must issue the same keys, shapes, dtypes and '
-            'gradient compression in the same order (or a rank could not read its array: its '
-            'own error says why)' % req.describe()))
+    def reject(self, reqs, comm):
+        """Ranks agreed that ``reqs`` do not match: fail and complete them, run nothing.
 
-    def reject(self, reqs):
-        """Ranks agreed that these do not match: fail and complete them, run nothing."""
-        for req in reqs:
-            self.mismatch(req)
+        Every rank of ``comm`` calls it at once (they saw the same MIN), a joined one with
+        its mirrors or None, so they can tell each other what they issued.
+        """
+        words = mismatch.words(comm, None if self.joined else reqs or [])
+        for req in reqs or ():
+            # A request this rank failed first keeps that error: it says why.
+            if req.error is None:
+                self.fail(req, RankMismatchError(words))
             req.complete()
 
     def agree_and_execute(self, reqs, comm):
@@ -140,7 +139,7 @@ class Design:
         """Run ``reqs`` as the agreement ``msg`` (after the MIN) says: reject them on a
         mismatch, mirror them to joined ranks, else execute them."""
         if agreement.group_mismatch(msg):
-            self.reject(reqs)
+            self.reject(reqs, comm)
             return
         head = agreement.read_header(msg)
         if head.someone_joined:
@@ -163,7 +162,9 @@ class Design:
             head = agreement.read_header(msg)
             if head.all_joined:
                 return self.finish_join(comm)
-            if not agreement.group_mismatch(msg):   # mismatched: the active ranks run nothing
+            if agreement.group_mismatch(msg):   # the active ranks run nothing, and say why
+                self.reject(None, comm)
+            else:
                 mirrors, joined = self.exchange_with_joined(comm, head, None)
                 self.execute_all(self.refuse(mirrors, joined), comm)
 

@@ -165,7 +165,8 @@ class Negotiated(Design):
                 continue
             backoff = 0.0
             self._retire(agreed + bad)
-            self.reject(bad)
+            if bad:   # the same on every rank: all of them reject, and say what they issued
+                self.reject(bad, self._control)
             self._queue.add(agreed)
             self.dispatch(self._queue.take())
 
