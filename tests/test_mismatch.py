@@ -7,7 +7,7 @@ here are written out for 2 and 3 ranks from what the scenario issues on each ran
 """
 import pytest
 
-from mpi_kvstore.designs import NAMES
+from mpi_kvstore.designs import NAMES, mismatch
 
 from mpi_harness import run_mpi
 
@@ -59,3 +59,46 @@ def test_mismatch_names_every_rank_once(design, nprocs, mpi_available):
         assert len(lines) == want, '%s: %r in %d lines, expected %d:\n%s' % (
             case, words, len(lines), want, out[-4000:])
     assert 'kv_mismatch[%s]: OK at %d ranks' % (design, nprocs) in out
+
+
+# -- the words alone (mismatch.explain, no MPI) ---------------------------------------
+
+def _said(seq=0, kind='allreduce', key="'w'", shape=(4,), dtype='float32', root=0,
+          compression=None, priority=0, failed=None):
+    return {'seq': seq, 'kind': kind, 'key': key, 'shape': [list(shape), dtype], 'root': root,
+            'compression': compression, 'place': 'cpu', 'unit': 1, 'priority': priority,
+            'failed': failed}
+
+
+def test_words_group_ranks_that_said_the_same_and_skip_joined_ones():
+    every = [[_said(shape=(3,))]] + [[_said()]] * 4 + [None, [_said()]]
+    assert mismatch.explain(every).startswith(
+        "ranks disagree on collective #0 (allreduce of key 'w'): rank 0 has shape (3,) "
+        "float32, ranks 1-4, 6 have shape (4,) float32; every rank must issue")
+
+
+@pytest.mark.parametrize('other, words', [
+    (_said(failed='ArrayLayoutError: cannot be read in place'),
+     "collective #0 (allreduce of key 'w', shape (4,) float32): rank 1 could not take part "
+     "(ArrayLayoutError: cannot be read in place)"),
+    (_said(compression=['2bit', 0.5]),
+     "collective #0 (allreduce of key 'w', shape (4,) float32): rank 0 has no compression, "
+     "rank 1 has compression 2bit 0.5"),
+    (_said(priority=-3),
+     "collective #0 (allreduce of key 'w', shape (4,) float32): rank 0 has priority 0, "
+     "rank 1 has priority -3"),
+    (_said(seq=5, kind='bcast', key="'x'"),
+     "collective (shape (4,) float32): rank 0 has #0 allreduce of key 'w', "
+     "rank 1 has #5 bcast of key 'x'"),
+])
+def test_words_name_what_differs(other, words):
+    assert mismatch.explain([[_said()], [other]]) == 'ranks disagree on %s; %s' % (
+        words, mismatch.ADVICE)
+
+
+def test_words_name_the_first_positions_of_a_call():
+    mine = [_said(seq=s, key="'k%d'" % s) for s in range(6)]
+    theirs = [_said(seq=s, key="'k%d'" % s, dtype='float16') for s in range(6)]
+    text = mismatch.explain([mine, theirs])
+    assert text.count('rank 1 has shape (4,) float16') == mismatch.MAX_LISTED, text
+    assert "collective #3 (allreduce of key 'k3')" in text and 'and 2 more;' in text, text
