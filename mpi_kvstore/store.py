@@ -23,6 +23,7 @@ from .errors import ConfigError, MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
+from .namecache import NameCache
 from .timeline import Timeline
 
 __all__ = ['MPIKVStore']
@@ -90,7 +91,9 @@ class MPIKVStore(KVStoreBase):
         self._calls = CallCache()         # push and pushpull calls already checked
         self._wire = compression.wire_cast(self._config.compression)
         self._codec = None                # set_gradient_compression's (compression.TwoBit)
-        self._helper_buffers = {}         # array_collective's staging buffers
+        # array_collective's staging buffers, least recently used first out (names may be new
+        # every step)
+        self._helper_buffers = NameCache(self._config.name_cache_capacity)
         self._clip = None                 # the clipped step under way (shards.ClipStep)
         self._errors = DeferredErrors()
         self._pending = collections.deque()
@@ -556,6 +559,8 @@ class MPIKVStore(KVStoreBase):
         The data travels through a staging buffer the store keeps per (name, shape, dtype,
         context), written and read by MXNet's own copy operator: user arrays (weights after
         an inference forward) may sit in an MKLDNN layout whose bytes are not row-major.
+        It keeps ``name_cache_capacity`` of them, dropping the least recently used whose
+        collective is done (namecache.NameCache).
         """
         if kind not in _ARRAY_KINDS:
             raise ValueError('array_collective: kind must be one of %s, not %r'
@@ -566,12 +571,14 @@ class MPIKVStore(KVStoreBase):
         key = (name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
         buf = self._helper_buffers.get(key)
         if buf is None:
-            buf = self._helper_buffers[key] = mx.nd.zeros(tensor.shape, ctx=tensor.context,
-                                                          dtype=tensor.dtype)
+            buf = mx.nd.zeros(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
         tensor.copyto(buf)
         req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
                          average=average, unit=unit)
         self._submit([req], 0)
+        # Dropped from the cache only once req is done: the collective reads and writes buf
+        # through a raw view. MXNet's own copies hold buf themselves.
+        self._helper_buffers.keep(key, buf, req)
         buf.copyto(tensor)
         return tensor
 

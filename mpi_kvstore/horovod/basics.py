@@ -43,6 +43,8 @@ _HONOURED = {
     'HOROVOD_HIERARCHICAL_ALLREDUCE': ('hierarchical', _on_off),
     'HOROVOD_STALL_CHECK_TIME_SECONDS': ('stall_warning', _seconds),
     'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': ('stall_abort', _seconds),
+    # Horovod's bound on its response cache; here on the named collectives' staging buffers
+    'HOROVOD_CACHE_CAPACITY': ('name_cache_capacity', int),
 }
 # Read here for what they mean, not passed to the store.
 _HANDLED = ('HOROVOD_STALL_CHECK_DISABLE', 'HOROVOD_LOG_LEVEL')
