@@ -5,6 +5,9 @@ which says that ranks differ, not how. Every rank sees the same MIN, so every ra
 (a joined one too) knows at once that a mismatch was found, and only then do they
 gather short descriptions of the requests in question (:func:`gather`) and build
 one message (:func:`explain`), the same text on every rank and in every design.
+Design.reject calls it: blocking and chained through run_agreed, where chained's compiled
+op hands a mismatch over (native.AGREED, then Chained._in_python); funneled and concurrent
+from the negotiation thread, on the control communicator.
 
 The gather is two buffer-based calls (the lengths, then the bytes), never one of
 mpi4py's object collectives: those hold the GIL while they wait, which once starved
