@@ -29,36 +29,37 @@ except ImportError as _err:
             return importlib.import_module('%s.%s' % (__name__, name))
         raise _MXNET_MISSING
 else:
-    from .clipping import clip_global_norm
-    from .config import Config, options_table
-    from .designs import NAMES as DESIGNS
-    from .errors import (
-        ArrayLayoutError,
-        CollectiveError,
-        ConfigError,
-        JoinError,
-        MPIKVStoreError,
-        RankMismatchError,
-        ThreadLevelError,
-        UnknownKeyError,
-    )
-    from .functional import (
-        allgather,
-        allgather_object,
-        allreduce,
-        allreduce_,
-        broadcast,
-        broadcast_,
-        broadcast_object,
-        default_store,
-        local_rank,
-        local_size,
-        rank,
-        reducescatter,
-        size,
-    )
-    from .gluon import DistributedTrainer, broadcast_parameters
-    from .store import MPIKVStore
+    # Each public name loads its module on first use (PEP 562): the store's modules import
+    # mpi4py.MPI, and that import starts MPI, which ``python -m mpi_kvstore run`` must not
+    # do in the supervisor's process (its ranks start their own).
+    _PUBLIC = {
+        'clipping': ['clip_global_norm'], 'config': ['Config', 'options_table'],
+        'designs': ['DESIGNS'], 'gluon': ['DistributedTrainer', 'broadcast_parameters'],
+        'store': ['MPIKVStore'],
+        'errors': ['ArrayLayoutError', 'CollectiveError', 'ConfigError', 'JoinError',
+                   'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError',
+                   'UnknownKeyError'],
+        'functional': ['allgather', 'allgather_object', 'allreduce', 'allreduce_', 'broadcast',
+                       'broadcast_', 'broadcast_object', 'default_store', 'local_rank',
+                       'local_size', 'rank', 'reducescatter', 'size'],
+    }
+    _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+
+    def __getattr__(name):
+        """A public name from its module, or a submodule (as after an eager import)."""
+        import importlib  # loaded where used, as the names are
+        import importlib.util
+        if name in _HOME:
+            value = getattr(importlib.import_module('.' + _HOME[name], __name__),
+                            'NAMES' if name == 'DESIGNS' else name)
+            globals()[name] = value
+            return value
+        if name.startswith('__') or importlib.util.find_spec('%s.%s' % (__name__, name)) is None:
+            raise AttributeError('module %r has no attribute %r' % (__name__, name))
+        return importlib.import_module('%s.%s' % (__name__, name))
+
+    def __dir__():
+        return sorted(set(globals()) | set(__all__))
 
     __all__ = ['create', 'MPIKVStore', 'DESIGNS', 'Config', 'ConfigError', 'options_table',
                'MPIKVStoreError', 'RankMismatchError', 'ThreadLevelError', 'CollectiveError',
@@ -68,11 +69,13 @@ else:
                'broadcast',
                'broadcast_', 'broadcast_object', 'rank', 'size', 'local_rank', 'local_size']
 
-    # mx.kv.create(name) looks the lower-cased name up here and calls the class
-    # with no arguments; register() would key it by the class name instead.
-    for _name in MPIKVStore.NAMES:
-        KVStoreBase.kv_registry[_name] = MPIKVStore
-
     def create(name='dist_mpi', comm=None, **options):
         """Create an :class:`MPIKVStore`; options as in :mod:`mpi_kvstore.config`."""
+        from .store import MPIKVStore
         return MPIKVStore(name, comm=comm, **options)
+
+    # mx.kv.create(name) looks the lower-cased name up here and calls what it finds with no
+    # arguments (register() would key a class by its name instead); store.MPIKVStore.NAMES,
+    # written here so that the store loads only when one is created.
+    for _name in ('dist_mpi', 'dist_sync_mpi'):
+        KVStoreBase.kv_registry[_name] = create

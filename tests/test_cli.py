@@ -186,3 +186,22 @@ def test_version_is_written_once():
         with open(path) as fh:
             written += [path for line in fh if line.startswith('__version__')]
     assert written == [os.path.join(REPO, 'mpi_kvstore', '__init__.py')], written
+
+
+def test_run_starts_no_mpi_in_the_supervisor():
+    """``python -m mpi_kvstore run`` launches a one-rank job to its end, and its own process
+    never imported mpi4py.MPI (whose import starts MPI): only the job's ranks start MPI.
+    The job itself does import it, so the check is not vacuous."""
+    code = ('import runpy, sys\n'
+            "sys.argv = ['mpi_kvstore', 'run', '-n', '1', '--max-restarts', '0', '--', "
+            "sys.executable, '-c', 'from mpi4py import MPI; print(\"ranks\", "
+            "MPI.COMM_WORLD.Get_size())']\n"
+            'try:\n'
+            "    runpy.run_module('mpi_kvstore', run_name='__main__', alter_sys=True)\n"
+            'except SystemExit as ended:\n'
+            "    print('status', ended.code)\n"
+            "print('supervisor imported', sorted(m for m in sys.modules if m.startswith('mpi4py')))\n")
+    proc = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                          text=True, timeout=180)
+    assert 'ranks 1' in proc.stdout and 'status 0' in proc.stdout, (proc.stdout, proc.stderr)
+    assert "supervisor imported []" in proc.stdout, proc.stdout

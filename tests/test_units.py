@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from mpi_kvstore import config as cfg
 from mpi_kvstore.collective import Collective, signature
 from mpi_kvstore.fusion import plan
+from mpi_kvstore.gluon import _groups  # loaded in a test, the store outlasts hypothesis' deadline
 
 
 def test_config_precedence_argument_env_default():
@@ -114,14 +115,13 @@ def test_docs_options_table_is_generated_from_config():
     assert block, 'docs/configuration.md lost its options-table markers'
     assert block.group(1) == cfg.options_table(), (
         'docs/configuration.md options table is stale: regenerate with '
-        'python -m mpi_kvstore --options-table')
+        'python -m mpi_kvstore options')
 
 
 @given(st.lists(st.integers(0, 64), max_size=40), st.integers(0, 100))
 def test_distributed_trainer_groups_keep_order_and_size(sizes, limit):
     """DistributedTrainer's groups: every gradient once, in order (last layer first, as
     given); a group stays within group_bytes unless it is one gradient alone; 0: one group."""
-    from mpi_kvstore.gluon import _groups
     items = [(key, None, nbytes) for key, nbytes in enumerate(sizes)]
     runs = _groups(items, limit)
     assert [item for run in runs for item in run] == items
