@@ -75,8 +75,15 @@ def test_naive_engine(design, scenario):
 
 @pytest.mark.parametrize('design', DESIGNS)
 def test_exit_with_collectives_in_flight(design):
-    out = run_mpi(3, 'kv_exit.py', design, timeout=120)
-    assert 'leaving with work in flight' in out
+    """After the store's exit hook, before MPI finalizes: every key holds its 5 sums, and
+    none of the store's threads is left (kv_exit.py prints what it saw on each rank)."""
+    nprocs, steps = 3, 5
+    out = run_mpi(nprocs, 'kv_exit.py', design, timeout=120)
+    total = sum(range(1, nprocs + 1)) * nprocs ** (steps - 1)     # each rank starts at rank+1
+    for rank in range(nprocs):
+        line = ('kv_exit: rank %d after the exit hook: 50 keys hold [%r]; threads left []; '
+                'MPI finalized False' % (rank, float(total)))
+        assert line in out, 'missing %r in:\n%s' % (line, out[-2000:])
 
 
 def test_thread_level_too_low_is_refused():
