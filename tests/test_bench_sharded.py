@@ -7,6 +7,7 @@ of it imports.
 """
 import json
 import re
+import shlex
 
 from mpi_harness import run_mpi
 
@@ -17,15 +18,27 @@ SMALL = ['--model', 'resnet18_v1', '--images-per-s', '3200', '--warmups', '1', '
          '--chain', '2']
 
 
+def check_rerun_command(command, nprocs, module, args):
+    """COMMAND (a record's 'command') reruns the job: NPROCS ranks of ``python -m MODULE``
+    with exactly ARGS; which launcher or interpreter it names does not matter."""
+    words = shlex.split(command)
+    flag = next((w for w in words if w in ('-n', '-np')), None)
+    assert flag and words[words.index(flag) + 1] == str(nprocs), command
+    assert '-m' in words and words[words.index('-m') + 1] == module, command
+    assert words[words.index('-m') + 2:] == [str(arg) for arg in args], command
+
+
 def test_side_by_side(mpi_available, tmp_path):
-    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--configs',
-                  'unsharded,sharded,sharded+bf16,unsharded+whole,sharded+whole,sharded+2bit',
-                  '--out', tmp_path, timeout=TIMEOUT)
+    args = [*SMALL, '--configs',
+            'unsharded,sharded,sharded+bf16,unsharded+whole,sharded+whole,sharded+2bit',
+            '--out', tmp_path]
+    out = run_mpi(NPROCS, SCRIPT, *args, timeout=TIMEOUT)
     assert 'weights check: ok' in out, out[-3000:]
     record = json.loads((tmp_path / f'sharded_n{NPROCS}_resnet18_v1_adam_h1.json').read_text())
     assert record['benchmark'] == 'sharded' and record['nranks'] == NPROCS
-    assert record['config']['interleaved'] is True and record['config']['argv']
-    assert record['config']['command'].startswith(f'mpiexec -n {NPROCS} python -m benchmarks.sharded')
+    assert record['config']['interleaved'] is True
+    assert record['config']['argv'][1:] == [str(arg) for arg in args], record['config']['argv']
+    check_rerun_command(record['config']['command'], NPROCS, 'benchmarks.sharded', args)
     assert record['versions']['mxnet'] and record['versions']['mpi_kvstore']
     assert record['check'] == 'ok'
     rows = {row['config']: row for row in record['rows']}
