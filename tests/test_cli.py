@@ -42,43 +42,46 @@ def _exit(capsys, *argv):
     return ended.value.code, out, err
 
 
-def _options(parser):
-    """Every optional argument of ``parser`` but -h: [(option strings, help)]."""
-    return [(a.option_strings, a.help) for a in parser._actions
-            if a.option_strings and a.dest != 'help']
-
-
 def _tune_parser():
     from mpi_kvstore import tune  # initialises MPI (a singleton here): only where needed
     return tune._parser()
 
 
-# command: the options its help must name (its parser's own, read from the parser).
-HELPS = {
-    'doctor': lambda: [],
-    'tune': lambda: _options(_tune_parser()),
-    'run': lambda: _options(supervisor._parser()),
-    'options': lambda: [],
+# command: its own parser (None: it has no option but -h).
+PARSERS = {
+    'doctor': lambda: None,
+    'tune': _tune_parser,
+    'run': supervisor._parser,
+    'options': lambda: None,
 }
 
 
-@pytest.mark.parametrize('command', sorted(HELPS))
+@pytest.mark.parametrize('command', sorted(PARSERS))
 def test_each_command_has_its_own_help(capsys, command):
     """``COMMAND --help`` is that command's help (not the top level's, as it was for run and
-    tune), names each of its options with help text and a default, and exits 0."""
+    tune): it names each of its options with help text, and the default of each that has one,
+    and exits 0."""
     status, out, _ = _exit(capsys, command, '--help')
     assert status == 0
     assert out.startswith('usage: %s %s [-h]' % (PROG, command)), out
     assert 'COMMAND' not in out, out          # the top level's usage names COMMAND
-    options = HELPS[command]()
+    parser = PARSERS[command]()
+    options = [a for a in (parser._actions if parser else [])
+               if a.option_strings and a.dest != 'help']
     assert (command in ('tune', 'run')) == bool(options)
-    for strings, text in options:
-        assert text, '%s %s has no help text' % (command, strings)
-        assert all(s in out for s in strings), (strings, out)
+    flat = ' '.join(out.split())
+    for action in options:
+        assert action.help, '%s %s has no help text' % (command, action.option_strings)
+        assert all(s in out for s in action.option_strings), (action.option_strings, out)
+        text = ' '.join(parser._get_formatter()._expand_help(action).split())
+        assert text in flat, (text, out)
+        if action.default not in (None, False):
+            assert 'default' in text and ('%g' % action.default if isinstance(
+                action.default, float) else str(action.default)) in text, (action.default, text)
     if command == 'tune':
         for default in ('(default: 4K,64K,256K,1M,4M,16M,64M)', '(default: 7)',
                         '(default: mpi_kvstore_tune.json)'):
-            assert default in ' '.join(out.split()), out
+            assert default in flat, out
 
 
 def test_top_level_help_lists_every_command(capsys):
