@@ -42,7 +42,9 @@ Scripts:
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON
-                      with versions and configuration, plots, deadlines
+                      with versions and configuration, CPU and RSS (psutil), deadlines
+    report            tables (tabulate: Markdown and console) and plots (matplotlib)
+    schema            what a result file under results/ holds, and its check
     peers             what mpi_kvstore is compared with: raw MPI, the engine floor, ps-lite's
                       dist_sync and P3, Horovod
     memory_probe      RSS and an engine-op gate, shared with tests/scenarios/kv_memory.py

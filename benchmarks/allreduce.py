@@ -34,7 +34,7 @@ import gc
 from mpi4py import MPI
 
 import mpi_kvstore  # noqa: F401  (registers dist_mpi with mx.kv.create)
-from benchmarks import harness, peers
+from benchmarks import harness, peers, report
 
 COMM = MPI.COMM_WORLD
 FUSION_KEY0 = 1000       # fusion keys sit apart from the size sweep's keys 0, 1, ...
@@ -179,30 +179,29 @@ def derive(rows):
 
 
 def _ratio(value):
-    return f'{value:9.2f}x' if value is not None else ' ' * 9 + '-'
+    return f'{value:.2f}x' if value is not None else '-'
 
 
 def _latencies(row):
     """Median, min and max latency of a row, in us, as the tables print them."""
-    return f'{row["latency_us"]:12.1f}{row["min_us"]:10.1f}{row["max_us"]:10.1f}'
+    return [f'{row["latency_us"]:.1f}', f'{row["min_us"]:.1f}', f'{row["max_us"]:.1f}']
 
 
-LATENCY_HEADER = f'{"median(us)":>12}{"min(us)":>10}{"max(us)":>10}'
+LATENCY_HEADER = ['median(us)', 'min(us)', 'max(us)']
 
 
 def print_sizes(run):
     harness.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, {run.args.trials} interleaved rounds '
                         f'(max over ranks): median, min, max; GB = 1e9 bytes')
-    harness.rank0_print(f'{"size":>8}  {"method":<24}{LATENCY_HEADER}{"algbw(GB/s)":>13}'
-                        f'{"busbw(GB/s)":>13}{"busbw/raw":>11}{"vs floor":>10}{"vs dist_sync":>14}')
     derive(run.rows)
-    for nbytes in run.args.sizes:
-        for row in (r for r in run.rows if r['case'] == 'allreduce' and r['bytes'] == nbytes):
-            harness.rank0_print(f'{harness.format_size(nbytes):>8}  {row["method"]:<24}'
-                                f'{_latencies(row)}{row["algbw_GBps"]:13.3f}{row["busbw_GBps"]:13.3f}'
-                                f'{_ratio(row["busbw_vs_raw"]):>11}{_ratio(row["vs_floor"]):>10}'
-                                f'{_ratio(row["speedup_vs_dist_sync"]):>14}')
-        harness.rank0_print()
+    rows = [[harness.format_size(nbytes), row['method'], *_latencies(row), f'{row["algbw_GBps"]:.3f}',
+             f'{row["busbw_GBps"]:.3f}', _ratio(row['busbw_vs_raw']), _ratio(row['vs_floor']),
+             _ratio(row['speedup_vs_dist_sync'])]
+            for nbytes in run.args.sizes
+            for row in run.rows if row['case'] == 'allreduce' and row['bytes'] == nbytes]
+    harness.rank0_print(report.text(['size', 'method', *LATENCY_HEADER, 'algbw(GB/s)', 'busbw(GB/s)',
+                                     'busbw/raw', 'vs floor', 'vs dist_sync'], rows,
+                                    align=['right', 'left'] + ['right'] * 9, indent='  ') + '\n')
 
 
 def print_fusion(run):
@@ -213,16 +212,16 @@ def print_fusion(run):
     harness.rank0_print(f'fusion: {keys} keys x {harness.format_size(size)}, one pushpull each, then wait; '
                         f'vs one raw Allreduce of {harness.format_size(keys * size)} '
                         f'({reference["latency_us"]:.1f} us); target <= {TARGET_FUSION_RATIO:g}x')
-    harness.rank0_print(f'{"method":<24}{LATENCY_HEADER}{"x raw 1 op":>12}{"vs floor":>10}'
-                        f'{"vs dist_sync":>14}')
     derive(run.rows)
+    rows = []
     for row in (r for r in run.rows if r['case'] == 'fusion'):
         ratio = row['vs_one_raw_allreduce']
-        verdict = '  ok' if ratio <= TARGET_FUSION_RATIO else '  over target'
+        verdict = 'ok' if ratio <= TARGET_FUSION_RATIO else 'over target'
         verdict = '' if row['method'] in ('raw_mpi', 'engine_floor') else verdict
-        harness.rank0_print(f'{row["method"]:<24}{_latencies(row)}{ratio:11.2f}x'
-                            f'{_ratio(row["vs_floor"]):>10}{_ratio(row["speedup_vs_dist_sync"]):>14}'
-                            f'{verdict}')
+        rows.append([row['method'], *_latencies(row), f'{ratio:.2f}x', _ratio(row['vs_floor']),
+                     _ratio(row['speedup_vs_dist_sync']), verdict])
+    harness.rank0_print(report.text(['method', *LATENCY_HEADER, 'x raw 1 op', 'vs floor',
+                                     'vs dist_sync', ''], rows, align=['left'] + ['right'] * 6 + ['left']))
     harness.rank0_print("x raw 1 op and vs floor compare medians; vs floor: (raw_mpi + engine_floor) "
                         "/ total, the share of what an op inside MXNet's engine can reach")
 
@@ -237,7 +236,7 @@ def plot(run):
         xs.append(row['bytes'])
         ys.append(max(row[field], 1e-6))
     title = f'allreduce via pushpull, {COMM.size} ranks, float32'
-    return harness.plot_lines(run.png_path, series, 'bytes', field.replace('_GBps', ' (GB/s)'), title)
+    return report.plot_lines(run.png_path, series, 'bytes', field.replace('_GBps', ' (GB/s)'), title)
 
 
 def main(argv=None):

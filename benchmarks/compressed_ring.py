@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
-from benchmarks import harness
+from benchmarks import harness, report
 from mpi_kvstore import compression
 from mpi_kvstore.comm import Comm
 
@@ -67,19 +67,17 @@ def main():
     if comm.rank == 0:
         print(f'{args.mb:g} MB float32, {n} ranks, {args.trials} interleaved trials; ms: median, '
               'min, max; ratios of medians')
-        print('| codec | ms | min ms | max ms | x compress-once time | x raw MPI time | max abs error | '
-              'mean abs error | max error / sum of abs | its bound |')
-        print('|---|---|---|---|---|---|---|---|---|---|')
-
         def ms(name):
-            s = spreads[name]
-            return f'{s["median"] * 1e3:.1f} | {s["min"] * 1e3:.1f} | {s["max"] * 1e3:.1f}'
+            return [f'{spreads[name][k] * 1e3:.1f}' for k in ('median', 'min', 'max')]
         raw = times['raw MPI_Allreduce']
-        print(f'| raw MPI_Allreduce | {ms("raw MPI_Allreduce")} | - | 1.00 | 0 | 0 | 0 | - |')
+        cells = [['raw MPI_Allreduce', *ms('raw MPI_Allreduce'), '-', '1.00', '0', '0', '0', '-']]
         for kind, t, emax, emean, share, bound in rows:
             once = times[kind.split('-')[0]]
-            print(f'| {kind} | {ms(kind)} | {t / once:.2f} | {t / raw:.2f} | {emax:.3g} | '
-                  f'{emean:.3g} | {share:.3g} | {bound:.3g} |')
+            cells.append([kind, *ms(kind), f'{t / once:.2f}', f'{t / raw:.2f}', f'{emax:.3g}',
+                          f'{emean:.3g}', f'{share:.3g}', f'{bound:.3g}'])
+        print(report.markdown(['codec', 'ms', 'min ms', 'max ms', 'x compress-once time',
+                               'x raw MPI time', 'max abs error', 'mean abs error',
+                               'max error / sum of abs', 'its bound'], cells))
         assert all(share <= bound * 1.01 for *_, share, bound in rows), 'an error over its bound'
     comm.free()
 

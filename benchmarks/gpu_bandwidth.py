@@ -23,7 +23,7 @@ import cupyx
 import numpy as np
 from mpi4py import MPI
 
-from benchmarks import harness
+from benchmarks import harness, report
 from mpi_kvstore import comm as comm_mod
 from mpi_kvstore import compression, transports
 from mpi_kvstore.collective import Collective
@@ -166,12 +166,11 @@ def main():
         device = cupy.cuda.runtime.getDeviceProperties(DEVICE)['name'].decode()
         print(f'GPU bandwidth: {args.mb} MB float32, {SIZE} rank(s), {device}, '
               f'CuPy {cupy.__version__}, NCCL {_nccl_version()}')
-        print('| what | ms | GB/s | x D2D copy time | x baseline time (baseline) |')
-        print('|---|---|---|---|---|')
         d2d = seconds['cupy D2D copy']
-        for what, s, base in rows:
-            ratio = f'{s / seconds[base]:.2f} ({base})' if base else '-'
-            print(f'| {what} | {s * 1e3:.3f} | {nbytes / s / 1e9:.1f} | {s / d2d:.2f} | {ratio} |')
+        print(report.markdown(
+            ['what', 'ms', 'GB/s', 'x D2D copy time', 'x baseline time (baseline)'],
+            [[what, f'{s * 1e3:.3f}', f'{nbytes / s / 1e9:.1f}', f'{s / d2d:.2f}',
+              f'{s / seconds[base]:.2f} ({base})' if base else '-'] for what, s, base in rows]))
 
 
 def _nccl_version():

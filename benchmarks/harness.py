@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import shlex
 import socket
 import statistics
@@ -26,16 +27,19 @@ import time
 import traceback
 
 import numpy as np
+import psutil
+
+# pyplot and save_figure stay importable from here: docs/plots/make_plots.py uses them.
+from benchmarks import schema
+from benchmarks.report import NO_MATPLOTLIB, pyplot, save_figure  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO_ROOT, 'benchmarks', 'results')
-_UNITS = {'': 1, 'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
 DEFAULT_SIZES = [4096 * 4 ** i for i in range(9)]          # 4 KB .. 256 MB
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
 # Defaults of the shared options: a full run's, and what --quick makes of them.
 FULL = {'sizes': DEFAULT_SIZES, 'warmups': 5, 'trials': 20}
 QUICK = {'sizes': QUICK_SIZES, 'warmups': 2, 'trials': 5}
-NO_MATPLOTLIB = 'matplotlib is not installed: no plot (pip install matplotlib)'
 
 
 def _mpi():
@@ -50,11 +54,11 @@ def world():
 # ---------------------------------------------------------------- sizes and arguments
 
 def parse_size(text):
-    """'4K', '1M', '256MB', '4096' -> bytes; must be a positive multiple of 4 (float32)."""
-    spec = text.strip().upper().removesuffix('B')
-    unit = spec[-1:] if spec[-1:] in _UNITS else ''
+    """'4K', '1M', '256MB', '4096' -> bytes (mpi_kvstore.config.parse_bytes); must be a
+    positive multiple of 4 (float32)."""
+    from mpi_kvstore.config import parse_bytes  # on first use: the package imports MPI
     try:
-        nbytes = int(float(spec[:len(spec) - len(unit)]) * _UNITS[unit])
+        nbytes = parse_bytes(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f'bad size {text!r}: use e.g. 4K, 1M, 256M') from None
     if nbytes <= 0 or nbytes % 4:
@@ -73,12 +77,15 @@ def names(text):
 
 
 def format_size(nbytes):
-    """4096 -> '4KB', 1638400 -> '1.56MB'."""
-    for unit in ('G', 'M', 'K'):
-        scale = _UNITS[unit]
-        if nbytes >= scale:
-            return f'{nbytes / scale:.3g}{unit}B'
-    return f'{nbytes}B'
+    """4096 -> '4KB' (mpi_kvstore.config.format_bytes, in bytes) where that is the largest
+    unit; else three digits of it, 1638400 -> '1.56MB'."""
+    from mpi_kvstore.config import format_bytes  # on first use: the package imports MPI
+    exact = format_bytes(nbytes, 'B')
+    largest = next((unit for unit, shift in (('G', 30), ('M', 20), ('K', 10)) if nbytes >> shift), '')
+    if exact[-1] == largest or not largest:
+        return exact + ('B' if largest else '')
+    shift = {'G': 30, 'M': 20, 'K': 10}[largest]
+    return f'{nbytes / (1 << shift):.3g}{largest}B'
 
 
 def add_common_args(parser, default_out=DEFAULT_OUT, sizes=True, quick=True, full=None,
@@ -140,16 +147,35 @@ def spread(values):
     return {'min': min(values), 'median': median(values), 'max': max(values)}
 
 
+# /proc/stat's fields of the 'cpu' line, in its order; busy: less idle and iowait.
+STAT_FIELDS = ('user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq', 'steal')
+TICK_S = 1.0 / os.sysconf('SC_CLK_TCK')
+
+
+def machine_jiffies():
+    """{field: jiffies} of the machine's CPU since boot, every core together (psutil reads
+    /proc/stat's 'cpu' line and divides by the tick: multiplied back, as the kernel counts)."""
+    times = psutil.cpu_times()
+    return {field: round(getattr(times, field, 0.0) / TICK_S) for field in STAT_FIELDS}
+
+
 def machine_busy():
     """Seconds of CPU this machine has spent busy so far, all cores together (user, system,
-    irq and softirq from /proc/stat: the kernel's network work too, which no process is
-    charged for). None where /proc/stat is missing."""
-    try:
-        with open('/proc/stat') as fh:
-            fields = [int(v) for v in fh.readline().split()[1:8]]
-    except OSError:
-        return None
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf('SC_CLK_TCK')   # less idle, iowait
+    irq and softirq: the kernel's network work too, which no process is charged for)."""
+    jiffies = machine_jiffies()
+    return sum(jiffies[f] for f in ('user', 'nice', 'system', 'irq', 'softirq')) * TICK_S
+
+
+def rss_mb():
+    """This process's resident set size in MB (2**20 bytes): /proc/self/statm, by psutil."""
+    return psutil.Process().memory_info().rss / 2 ** 20
+
+
+def rss_and_peak_mb():
+    """(RSS, its peak so far) in MB, as /proc/self/status's VmRSS and VmHWM: the peak from
+    getrusage, whose count the kernel updates lazily, so never below the RSS just read."""
+    now = rss_mb()
+    return now, max(now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def one_machine(comm):
@@ -162,6 +188,13 @@ def one_machine(comm):
         boot = None
     boots = comm.allgather(boot)
     return boot is not None and len(set(boots)) == 1
+
+
+def topology(comm, label):
+    """Hosts (MPI processor names) and the ranks on each, with a label (--topology)."""
+    names = comm.allgather(_mpi().Get_processor_name())
+    per_host = {name: names.count(name) for name in dict.fromkeys(names)}
+    return {'hosts': len(per_host), 'ranks_per_host': per_host, 'label': label}
 
 
 def timed_once(op, comm=None):
@@ -356,6 +389,7 @@ def write_json(path, payload, config=None, comm=None):
         return
     record = {'versions': versions(), 'env': _relevant_env(), 'nranks': comm.size,
               'config': config or {}, 'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **payload}
+    schema.check(record, path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f'{path}.tmp'
     with open(tmp, 'w') as handle:
@@ -390,57 +424,6 @@ class Run:
                               + shlex.join(sys.argv[1:]), **config)
         write_json(self.json_path, {'benchmark': self.name, **payload, 'skipped': self.skipped},
                    config, self.comm)
-
-
-def pyplot():
-    """matplotlib.pyplot drawing into files (the Agg backend), or None without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def plot_lines(path, series, xlabel, ylabel, title):
-    """Log-log plot, one line per {label: (xs, ys)}; returns a message saying what happened."""
-    plt = pyplot()
-    if plt is None:
-        return NO_MATPLOTLIB
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker='o', label=label)
-    ax.set(xscale='log', yscale='log', xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend()
-    return save_figure(plt, fig, path)
-
-
-def plot_bars(path, panels, ylabel, title):
-    """Bar charts side by side, one per {panel: {label: value}} (each panel with its own
-    scale: models differ by orders of magnitude); returns a message saying what happened."""
-    plt = pyplot()
-    if plt is None:
-        return NO_MATPLOTLIB
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(1 + 4.5 * max(1, len(panels)), 5.5),
-                             squeeze=False)
-    for ax, (name, bars) in zip(axes[0], panels.items()):
-        positions = range(len(bars))
-        ax.bar(positions, list(bars.values()))
-        ax.set_xticks(list(positions))
-        ax.set_xticklabels(list(bars), rotation=40, ha='right', fontsize=8)
-        ax.set(title=name, ylabel=ylabel)
-        ax.grid(True, axis='y', alpha=0.3)
-    fig.suptitle(title)
-    return save_figure(plt, fig, path)
-
-
-def save_figure(plt, fig, path, dpi=120):
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return f'plot written to {path}'
 
 
 # ---------------------------------------------------------------- failure handling

@@ -29,7 +29,7 @@ import sys
 from mpi4py import MPI
 
 import mpi_kvstore
-from benchmarks import harness, peers
+from benchmarks import harness, peers, report
 from mpi_kvstore.comm import Comm
 
 COMM = MPI.COMM_WORLD
@@ -79,8 +79,6 @@ def main():
         for mode in ('off', 'on'):
             stores[mode] = create_store(args.design, mode)
     rows = []
-    header = (f"{'size':>6} {'method':>12} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'vs flat':>8}")
-    harness.rank0_print(header)
     for index, nbytes in enumerate(args.sizes):
         with harness.deadline(args.timeout, f'size {harness.format_size(nbytes)}'):
             makers = {'mpi:flat': functools.partial(peers.raw_allreduce_op, nbytes, comm=flat),
@@ -103,17 +101,20 @@ def main():
             ratio = medians[name] / medians[base] if base in medians else float('nan')
             rows.append({'size': nbytes, 'method': name, 'median_s': medians[name],
                          'min_s': min(ts), 'max_s': max(ts), 'times_s': ts, 'vs_flat': ratio})
-            harness.rank0_print(f'{harness.format_size(nbytes):>6} {name:>12} '
-                                f'{medians[name] * 1e3:10.1f} {min(ts) * 1e3:8.1f} '
-                                f'{max(ts) * 1e3:8.1f} {ratio:8.3f}')
+    harness.rank0_print(report.text(
+        ['size', 'method', 'median ms', 'min ms', 'max ms', 'vs flat'],
+        [[harness.format_size(r['size']), r['method'], f'{r["median_s"] * 1e3:.1f}',
+          f'{r["min_s"] * 1e3:.1f}', f'{r["max_s"] * 1e3:.1f}', f'{r["vs_flat"]:.3f}'] for r in rows],
+        align=['right'] * 6))
     harness.rank0_print('\nratios hierarchical / flat (median of the slowest rank; < 1: '
                         'hierarchy faster)')
-    harness.rank0_print(f"{'size':>6} " + ' '.join(f'{a + "/" + b:>22}' for a, b in PAIRS))
+    ratios = []
     for nbytes in args.sizes:
         found = {r['method']: r['median_s'] for r in rows if r['size'] == nbytes}
-        cells = [f'{found[a] / found[b]:22.3f}' if a in found and b in found else f'{"-":>22}'
-                 for a, b in PAIRS]
-        harness.rank0_print(f'{harness.format_size(nbytes):>6} ' + ' '.join(cells))
+        ratios.append([harness.format_size(nbytes)] + [
+            f'{found[a] / found[b]:.3f}' if a in found and b in found else '-' for a, b in PAIRS])
+    harness.rank0_print(report.text(['size'] + [f'{a}/{b}' for a, b in PAIRS], ratios,
+                                    align=['right'] * (1 + len(PAIRS))))
     for kv in stores.values():
         kv.close()
     hier.free()

@@ -29,7 +29,7 @@ import mxnet as mx
 from mpi4py import MPI
 
 import mpi_kvstore  # noqa: F401  (registers dist_mpi with mx.kv.create)
-from benchmarks import harness, peers
+from benchmarks import harness, peers, report
 from benchmarks.memory_probe import Gate, gated_step, rss_mb
 from mpi_kvstore import engine
 
@@ -154,7 +154,7 @@ class Run(harness.Run):
         with harness.deadline(self.args.timeout, f'{name} over {self.args.calls} calls'):
             row = bench(self.args, *bench_args)
         self.rows.append({'method': name, **row})
-        harness.rank0_print(f'  {format_row(self.rows[-1], self.baseline())}')
+        harness.rank0_print('  ' + '  '.join(map(str, row_cells(self.rows[-1], self.baseline()))))
         self.save()
 
     def baseline(self):
@@ -166,22 +166,21 @@ class Run(harness.Run):
                    target_MB_per_million=TARGET_MB_PER_MILLION)
 
 
-def format_row(row, baseline):
-    """One table line; 'x raw' is growth / raw_mpi's growth ('-' while raw_mpi grew nothing)."""
+def row_cells(row, baseline):
+    """One table row; 'x raw' is growth / raw_mpi's growth ('-' while raw_mpi grew nothing)."""
     extra, ratio = '-', '-'
     if baseline is not None and row is not baseline:
         extra = f'{row["growth_MB"] - baseline["growth_MB"]:+.2f}'
         if baseline['growth_MB'] > 0:
             ratio = f'{row["growth_MB"] / baseline["growth_MB"]:.1f}x'
     verdict = 'ok' if row['MB_per_million'] < TARGET_MB_PER_MILLION else 'OVER TARGET'
-    return (f'{row["method"]:<24}{row["calls"]:>9}{row["rss_before_MB"]:>10.1f}'
-            f'{row["rss_after_MB"]:>10.1f}{row["growth_MB"]:>10.2f}{extra:>10}{ratio:>8}'
-            f'{row["bytes_per_call"]:>9.1f}{row["MB_per_million"]:>9.2f}'
-            f'{row["us_per_call"]:>9.1f}  {verdict}')
+    return [row['method'], row['calls'], f'{row["rss_before_MB"]:.1f}', f'{row["rss_after_MB"]:.1f}',
+            f'{row["growth_MB"]:.2f}', extra, ratio, f'{row["bytes_per_call"]:.1f}',
+            f'{row["MB_per_million"]:.2f}', f'{row["us_per_call"]:.1f}', verdict]
 
 
-HEADER = (f'{"method":<24}{"calls":>9}{"RSS0(MB)":>10}{"RSS1(MB)":>10}{"grow(MB)":>10}'
-          f'{"-raw(MB)":>10}{"x raw":>8}{"B/call":>9}{"MB/1M":>9}{"us/call":>9}')
+HEADER = ['method', 'calls', 'RSS0(MB)', 'RSS1(MB)', 'grow(MB)', '-raw(MB)', 'x raw', 'B/call',
+          'MB/1M', 'us/call', '']
 
 
 def main(argv=None):
@@ -190,7 +189,6 @@ def main(argv=None):
     harness.rank0_print(f'memory benchmark: {COMM.size} ranks, {args.calls} calls per method after '
                         f'{args.warmup_fraction:.0%} warm-up, {args.keys} keys x {args.kbytes} KB '
                         f'float32, {"ready arrays" if args.ready else "engine ops on workers"}')
-    harness.rank0_print(HEADER)
     run.method('raw_mpi', bench_raw)
     run.method('engine_op', bench_engine_op)
     for design in harness.designs(args.designs):
@@ -206,10 +204,9 @@ def main(argv=None):
     harness.rank0_print(f'\nRSS growth after the warm-up, largest over ranks; -raw = growth minus '
                         f'raw_mpi\'s, x raw = the ratio; MB/1M = growth per 1,000,000 calls '
                         f'(target < {TARGET_MB_PER_MILLION:g})')
-    harness.rank0_print(HEADER)
     baseline = run.baseline()
-    for row in run.rows:
-        harness.rank0_print(format_row(row, baseline))
+    harness.rank0_print(report.text(HEADER, [row_cells(row, baseline) for row in run.rows],
+                                    align=['left'] + ['right'] * 9 + ['left']))
     run.save()
     harness.rank0_print(f'\nresults written to {run.json_path}')
 

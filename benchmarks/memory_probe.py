@@ -5,20 +5,12 @@ An op whose arrays are ready runs inline on the pushing thread (kAsync), which
 never showed the leak; gradients still being written by backward are not ready.
 Holding the arrays behind a gate op reproduces that in every design.
 """
-import os
 import threading
 
+from benchmarks.harness import rss_mb
 from mpi_kvstore import engine
 
 __all__ = ['Gate', 'gated_step', 'rss_mb']
-
-_PAGE = os.sysconf('SC_PAGE_SIZE')
-
-
-def rss_mb():
-    """Resident set size of this process, in MB (2**20 bytes)."""
-    with open('/proc/self/statm') as statm:
-        return int(statm.read().split()[1]) * _PAGE / 2 ** 20
 
 
 class Gate:

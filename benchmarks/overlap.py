@@ -85,14 +85,14 @@ import mxnet as mx
 from mpi4py import MPI
 from mxnet import gluon
 
-from benchmarks import gpu_like, harness, peers
+from benchmarks import gpu_like, harness, peers, report
 
 FIFO = 'funneled+partition_bytes=0+credit_bytes=0'
 STEPS = {'warmups': 1, 'trials': 4}         # untimed and timed rounds
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'overlap')
 PSLITE_LIFETIME = 3600                      # s: the ps-lite servers' own safety alarm
 COMPUTE = 'compute alone'
-STAT_FIELDS = ('user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq', 'steal')
+STAT_FIELDS = harness.STAT_FIELDS
 BUSY_FIELDS = ('user', 'nice', 'system', 'irq', 'softirq', 'steal')
 KERNEL_FIELDS = ('system', 'softirq')
 
@@ -167,20 +167,6 @@ def make_columns(run, model, dist_sync):
     return columns
 
 
-def proc_stat():
-    """The machine's jiffies since boot, every core together: {field: count} of /proc/stat's
-    'cpu' line (guest time is inside user), or None where it cannot be read."""
-    try:
-        with open('/proc/stat') as fh:
-            fields = fh.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != 'cpu':
-        return None
-    values = [int(v) for v in fields[1:1 + len(STAT_FIELDS)]]
-    return dict(zip(STAT_FIELDS, values + [0] * (len(STAT_FIELDS) - len(values))))
-
-
 def process_cpu_s():
     """This process's user + system CPU seconds so far (every thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -194,7 +180,7 @@ class CpuMeter:
 
     def __init__(self, comm=None):
         self.comm, self.last, self.kept = comm, None, {}
-        self.tick_s = 1.0 / os.sysconf('SC_CLK_TCK')
+        self.tick_s = harness.TICK_S
 
     def measure(self, op, units):
         """op()'s result; self.last: the machine's jiffies and every rank's CPU seconds over
@@ -203,11 +189,11 @@ class CpuMeter:
             return op()
         comm = self.comm
         comm.Barrier()
-        stat, cpu, wall = proc_stat() if comm.rank == 0 else None, process_cpu_s(), \
+        stat, cpu, wall = harness.machine_jiffies() if comm.rank == 0 else None, process_cpu_s(), \
             time.perf_counter()
         value = op()
         wall, cpu = time.perf_counter() - wall, process_cpu_s() - cpu
-        after = proc_stat() if comm.rank == 0 else None
+        after = harness.machine_jiffies() if comm.rank == 0 else None
         ranks = comm.gather(cpu, root=0)
         self.last = None
         if comm.rank == 0:
@@ -374,24 +360,20 @@ def _rank_ms(cpu):
 
 
 def table(rows, compute, skipped, compute_cpu=None):
-    lines = ['| column | step ms (min-max) | exchange alone ms (min-max) | hidden share | '
-             'step / max(compute, exchange) | vs fifo | machine busy %: step; exchange | '
-             'rank CPU ms/step: step; exchange | weights |',
-             '|---|---|---|---|---|---|---|---|---|',
-             f'| compute alone | {_ms(compute)} | | | | | {_busy(compute_cpu)} | '
-             f'{_rank_ms(compute_cpu)} | |']
+    cells = [['compute alone', _ms(compute), '', '', '', '', _busy(compute_cpu), _rank_ms(compute_cpu), '']]
     for row in rows:
         if 'step' not in row:
-            lines.append(f'| {row["column"]} | failed | | | | | | | {row["check"]} |')
+            cells.append([row['column'], 'failed', '', '', '', '', '', '', row['check']])
             continue
-        vs = f'{row["vs_fifo"]:.2f}x' if 'vs_fifo' in row else '-'
         step_cpu, exchange_cpu = row.get('cpu_step'), row.get('cpu_exchange')
-        lines.append(f'| {row["column"]} | {_ms(row["step"])} | {_ms(row["exchange"])} | '
-                     f'{row["hidden_share"]:.2f} | {row["step_over_max"]:.2f} | {vs} | '
-                     f'{_busy(step_cpu)}; {_busy(exchange_cpu)} | '
-                     f'{_rank_ms(step_cpu)}; {_rank_ms(exchange_cpu)} | ok |')
-    lines += [f'| {name} | skipped | | | | | | | {why} |' for name, why in skipped.items()]
-    return '\n'.join(lines)
+        cells.append([row['column'], _ms(row['step']), _ms(row['exchange']), f'{row["hidden_share"]:.2f}',
+                      f'{row["step_over_max"]:.2f}', f'{row["vs_fifo"]:.2f}x' if 'vs_fifo' in row else '-',
+                      f'{_busy(step_cpu)}; {_busy(exchange_cpu)}',
+                      f'{_rank_ms(step_cpu)}; {_rank_ms(exchange_cpu)}', 'ok'])
+    cells += [[name, 'skipped', '', '', '', '', '', '', why] for name, why in skipped.items()]
+    return report.markdown(['column', 'step ms (min-max)', 'exchange alone ms (min-max)', 'hidden share',
+                            'step / max(compute, exchange)', 'vs fifo', 'machine busy %: step; exchange',
+                            'rank CPU ms/step: step; exchange', 'weights'], cells)
 
 
 def cpu_table(rows, compute_cpu):
@@ -401,39 +383,36 @@ def cpu_table(rows, compute_cpu):
     entries = [('compute alone', 'compute', compute_cpu)]
     for row in rows:
         entries += [(row['column'], 'training step', row.get('cpu_step')),
-                     (row['column'], 'exchange alone', row.get('cpu_exchange'))]
+                    (row['column'], 'exchange alone', row.get('cpu_exchange'))]
     entries = [e for e in entries if e[2]]
     if not entries:
         return ''
-    cores = entries[0][2]['cores']
-    lines = [f'CPU of the timed runs ({cores} cores; machine: /proc/stat, every core together; '
-             'rank: getrusage user + system, every thread):', '',
-             '| column | runs | machine busy % (min-max) | sys+softirq % (min-max) | '
-             'machine core-ms / step | ranks\' share % (min-max) | '
-             'rank CPU ms / step, median (min-max), each rank |',
-             '|---|---|---|---|---|---|---|']
+
+    def share(value, runs):
+        return f'{value * 100:.0f} ({runs["min"] * 100:.0f}-{runs["max"] * 100:.0f})'
+    cells = []
     for name, what, cpu in entries:
+        machine = ['-', '-', '-']
         if 'machine_busy' in cpu:
-            busy, runs = cpu['machine_busy'] * 100, cpu['machine_busy_runs']
-            kernel, kruns = cpu['machine_kernel'] * 100, cpu['machine_kernel_runs']
-            machine = (f'{busy:.0f} ({runs["min"] * 100:.0f}-{runs["max"] * 100:.0f}) | '
-                       f'{kernel:.0f} ({kruns["min"] * 100:.0f}-{kruns["max"] * 100:.0f}) | '
-                       f'{cpu["machine_core_ms_per_unit"]:.0f}')
-        else:
-            machine = '- | - | -'
-        ranks = ', '.join(f'{r["median"]:.0f} ({r["min"]:.0f}-{r["max"]:.0f})'
-                          for r in cpu['rank_cpu_ms_per_unit'])
-        share, sruns = cpu['ranks_share'] * 100, cpu['ranks_share_runs']
-        lines.append(f'| {name} | {what} | {machine} | {share:.0f} ({sruns["min"] * 100:.0f}-'
-                     f'{sruns["max"] * 100:.0f}) | {ranks} |')
-    return '\n'.join(lines)
+            machine = [share(cpu['machine_busy'], cpu['machine_busy_runs']),
+                       share(cpu['machine_kernel'], cpu['machine_kernel_runs']),
+                       f'{cpu["machine_core_ms_per_unit"]:.0f}']
+        cells.append([name, what, *machine, share(cpu['ranks_share'], cpu['ranks_share_runs']),
+                      ', '.join(f'{r["median"]:.0f} ({r["min"]:.0f}-{r["max"]:.0f})'
+                                for r in cpu['rank_cpu_ms_per_unit'])])
+    return '\n'.join([
+        f'CPU of the timed runs ({entries[0][2]["cores"]} cores; machine: /proc/stat, every core '
+        'together; rank: getrusage user + system, every thread):', '',
+        report.markdown(['column', 'runs', 'machine busy % (min-max)', 'sys+softirq % (min-max)',
+                         'machine core-ms / step', "ranks' share % (min-max)",
+                         'rank CPU ms / step, median (min-max), each rank'], cells)])
 
 
 def plot(path, rows, compute, title):
     """Grouped bars per column: compute alone, exchange alone, the training step (medians)."""
-    plt = harness.pyplot()
+    plt = report.pyplot()
     if plt is None:
-        return harness.NO_MATPLOTLIB
+        return report.NO_MATPLOTLIB
     rows = [r for r in rows if 'step' in r]
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 5))
     width = 0.27
@@ -447,14 +426,7 @@ def plot(path, rows, compute, title):
     ax.set(ylabel='ms (median)', title=title)
     ax.grid(True, axis='y', alpha=0.3)
     ax.legend()
-    return harness.save_figure(plt, fig, path)
-
-
-def topology(args, comm):
-    """Hosts (MPI processor names) and ranks on each, with --topology's label."""
-    names = comm.allgather(MPI.Get_processor_name())
-    per_host = {name: names.count(name) for name in dict.fromkeys(names)}
-    return {'hosts': len(per_host), 'ranks_per_host': per_host, 'label': args.topology}
+    return report.save_figure(plt, fig, path)
 
 
 def main(argv=None):
@@ -463,7 +435,7 @@ def main(argv=None):
     plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
     model = gpu_like.GPULikeModel(plan_)
     model.initialize()
-    where = topology(args, comm)
+    where = harness.topology(comm, args.topology)
     label = args.topology or f'{where["hosts"]} host(s), {comm.size} ranks in all'
     load_start = os.getloadavg()
     run = harness.Run('overlap', args, comm=comm, label=f'{args.model}_h{where["hosts"]}'

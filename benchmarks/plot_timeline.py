@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from benchmarks import harness
+from benchmarks import report
 
 COLORS = {'QUEUED': '#d9d9d9', 'NEGOTIATE': '#fdae61'}
 COLLECTIVE_COLOR = '#2c7bb6'
@@ -69,7 +69,7 @@ def draw(plt, ranks, output, title):
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (*COLORS.values(), COLLECTIVE_COLOR)]
     ax.legend(handles, [*COLORS, 'collective'], loc='lower right', fontsize=8)
-    return harness.save_figure(plt, fig, output)
+    return report.save_figure(plt, fig, output)
 
 
 def main(argv=None):
@@ -78,9 +78,9 @@ def main(argv=None):
     parser.add_argument('-o', '--output', default='timeline.png')
     parser.add_argument('--title', default='mpi_kvstore timeline')
     args = parser.parse_args(argv)
-    plt = harness.pyplot()
+    plt = report.pyplot()
     if plt is None:
-        sys.exit(harness.NO_MATPLOTLIB)
+        sys.exit(report.NO_MATPLOTLIB)
     print(draw(plt, load(args.traces), args.output, args.title))
 
 

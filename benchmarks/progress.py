@@ -27,7 +27,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from benchmarks import harness
+from benchmarks import harness, report
 
 COMM = MPI.COMM_WORLD
 
@@ -124,13 +124,14 @@ def main():
               f'interleaved rounds; compute alone {compute_alone["median"] * 1e3:.1f} ms '
               f'(min {compute_alone["min"] * 1e3:.1f}, max {compute_alone["max"] * 1e3:.1f}; '
               f'{work} matmuls); ms: median, min, max')
-        print(f'{"mode":<12} {"exchange ms":>12} {"min":>8} {"max":>8} {"cpu/wall":>9} '
-              f'{"machine cores":>14} {"both ms":>9} {"min":>8} {"max":>8} {"hidden":>7}')
-        for name, wall, share, machine, together, hidden in rows:
-            print(f'{name:<12} {wall["median"] * 1e3:12.1f} {wall["min"] * 1e3:8.1f} '
-                  f'{wall["max"] * 1e3:8.1f} {share:9.2f} {machine:14.2f} '
-                  f'{together["median"] * 1e3:9.1f} {together["min"] * 1e3:8.1f} '
-                  f'{together["max"] * 1e3:8.1f} {hidden:7.2f}')
+        print(report.text(
+            ['mode', 'exchange ms', 'min', 'max', 'cpu/wall', 'machine cores', 'both ms', 'min',
+             'max', 'hidden'],
+            [[name, f'{wall["median"] * 1e3:.1f}', f'{wall["min"] * 1e3:.1f}', f'{wall["max"] * 1e3:.1f}',
+              f'{share:.2f}', f'{machine:.2f}', f'{together["median"] * 1e3:.1f}',
+              f'{together["min"] * 1e3:.1f}', f'{together["max"] * 1e3:.1f}', f'{hidden:.2f}']
+             for name, wall, share, machine, together, hidden in rows],
+            align=['left'] + ['right'] * 9))
 
 
 if __name__ == '__main__':

@@ -40,7 +40,7 @@ from mxnet.gluon.model_zoo import vision
 from mxnet.kvstore import KVStoreBase
 
 import mpi_kvstore
-from benchmarks import harness, peers
+from benchmarks import harness, peers, report
 from examples.cifar_resnet import resnet20  # the net examples/train_cifar10.py trains
 
 COMM = MPI.COMM_WORLD
@@ -483,9 +483,8 @@ def _derive_cpu(row, none):
     row['hidden_max'] = 1 - (row['cpu_floor_ms'] - none_ms) / row['exchange_alone_ms']
 
 
-def _cell(value, spec, width, suffix=''):
-    text = '-' if value is None else format(value, spec) + suffix
-    return text.rjust(width)
+def _cell(value, spec, suffix=''):
+    return '-' if value is None else format(value, spec) + suffix
 
 
 def _model_header(name, entry, run):
@@ -498,23 +497,22 @@ def _model_header(name, entry, run):
             f'(each step the slowest rank)')
 
 
-def _row_text(row):
-    return (f'{row["config"]:<28}{row["step_ms"]:9.1f}{row["step_min_ms"]:9.1f}{row["step_max_ms"]:9.1f}'
-            f'{_cell(row["spread_pct"], ".0f", 8, "%")}'
-            f'{row["images_per_s"]:9.1f}{_cell(row["scaling_efficiency"], ".2f", 12)}'
-            f'{_cell(row["vs_none"], ".2f", 8)}{_cell(row["overhead_pct"], "+.1f", 9, "%")}'
-            f'{_cell(row["exchange_alone_ms"], ".1f", 15)}{_cell(row["hidden"], ".2f", 7)}')
+def _row_cells(row):
+    return [row['config'], f'{row["step_ms"]:.1f}', f'{row["step_min_ms"]:.1f}',
+            f'{row["step_max_ms"]:.1f}', _cell(row['spread_pct'], '.0f', '%'),
+            f'{row["images_per_s"]:.1f}', _cell(row['scaling_efficiency'], '.2f'),
+            _cell(row['vs_none'], '.2f'), _cell(row['overhead_pct'], '+.1f', '%'),
+            _cell(row['exchange_alone_ms'], '.1f'), _cell(row['hidden'], '.2f')]
 
 
 def print_model(run, name):
     entry = run.models[name]
     derive(entry['rows'])
     harness.rank0_print(_model_header(name, entry, run))
-    harness.rank0_print(f'{"config":<28}{"step(ms)":>9}{"min":>9}{"max":>9}{"spread":>8}{"images/s":>9}'
-                        f'{"scaling eff":>12}'
-                        f'{"vs none":>8}{"overhead":>9}{"exch alone(ms)":>15}{"hidden":>7}')
-    for row in entry['rows']:
-        harness.rank0_print(_row_text(row))
+    harness.rank0_print(report.text(
+        ['config', 'step(ms)', 'min', 'max', 'spread', 'images/s', 'scaling eff', 'vs none',
+         'overhead', 'exch alone(ms)', 'hidden'], [_row_cells(row) for row in entry['rows']],
+        align=['left'] + ['right'] * 10))
     _print_cpu(entry['rows'])
     if entry.get('raw_allreduce'):
         harness.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
@@ -529,12 +527,11 @@ def _print_cpu(rows):
         return
     harness.rank0_print(f'every rank on this machine ({rows[0]["machine_cores"]} cores): CPU per step, '
                         'and the fastest step those cores allow')
-    harness.rank0_print(f'{"config":<28}{"busy cores":>11}{"exch cpu(ms)":>13}{"cpu floor(ms)":>14}'
-                        f'{"hidden max":>11}')
-    for row in rows:
-        harness.rank0_print(f'{row["config"]:<28}{row["busy_cores"]:11.2f}'
-                            f'{_cell(row["exchange_cpu_ms"], ".1f", 13)}'
-                            f'{_cell(row["cpu_floor_ms"], ".1f", 14)}{_cell(row["hidden_max"], ".2f", 11)}')
+    harness.rank0_print(report.text(
+        ['config', 'busy cores', 'exch cpu(ms)', 'cpu floor(ms)', 'hidden max'],
+        [[row['config'], f'{row["busy_cores"]:.2f}', _cell(row['exchange_cpu_ms'], '.1f'),
+          _cell(row['cpu_floor_ms'], '.1f'), _cell(row['hidden_max'], '.2f')] for row in rows],
+        align=['left'] + ['right'] * 4))
 
 
 def _print_verdict(rows):
@@ -558,7 +555,7 @@ def plot(run):
     panels = {name: {r['config']: r['images_per_s'] for r in entry['rows']}
               for name, entry in run.models.items()}
     title = f'training throughput, {COMM.size} ranks, synthetic data (higher is better)'
-    return harness.plot_bars(run.png_path, panels, 'images/s', title)
+    return report.plot_bars(run.png_path, panels, 'images/s', title)
 
 
 def _omp_note():

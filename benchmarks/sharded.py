@@ -85,7 +85,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks import harness
+from benchmarks import harness, report
 
 CONFIGS = {
     'unsharded': {'shard_optimizer': False},
@@ -251,14 +251,8 @@ def wire_bytes(name, plan_, nranks):
 
 
 def rss():
-    """{'VmRSS': MB, 'VmHWM': MB} of this process (/proc/self/status)."""
-    found = {}
-    with open('/proc/self/status') as status:
-        for line in status:
-            key, _, value = line.partition(':')
-            if key in ('VmRSS', 'VmHWM'):
-                found[key] = int(value.split()[0]) * 1024 / MB
-    return found
+    """{'VmRSS': MB, 'VmHWM': MB} of this process: now and its peak."""
+    return dict(zip(('VmRSS', 'VmHWM'), harness.rss_and_peak_mb()))
 
 
 # ---------------------------------------------------------------- checks
@@ -445,10 +439,7 @@ def summarize(names, steps, rows):
 
 
 def table(names, rows, nranks):
-    lines = ['| configuration | step ms median (min-max) | step / unsharded (median of '
-             'per-round ratios, min-max) | optimizer state MB/rank | state / unsharded | '
-             'RSS MB/rank (own job) | wire MB/step/rank | weights |',
-             '|---|---|---|---|---|---|---|---|']
+    cells = []
     base_state = rows.get('unsharded', {}).get('state_bytes')
     for name in names:
         row = rows[name]
@@ -459,9 +450,12 @@ def table(names, rows, nranks):
         share = f'{row["state_bytes"] / base_state:.3f} (1/N = {1 / nranks:.3f})' \
             if base_state else '-'
         rss_ = f'{row["rss"]["rss_MB"]:.0f}' if row.get('rss') else '-'
-        lines.append(f'| {name} | {_ms(row["step"])} | {ratio} | {state:.1f} | {share} | '
-                     f'{rss_} | {row["wire_bytes"] / MB:.1f} | {row["check"]} |')
-    return '\n'.join(lines)
+        cells.append([name, _ms(row['step']), ratio, f'{state:.1f}', share, rss_,
+                      f'{row["wire_bytes"] / MB:.1f}', row['check']])
+    return report.markdown(['configuration', 'step ms median (min-max)', 'step / unsharded '
+                            '(median of per-round ratios, min-max)', 'optimizer state MB/rank',
+                            'state / unsharded', 'RSS MB/rank (own job)', 'wire MB/step/rank',
+                            'weights'], cells)
 
 
 def findings(names, rows, nranks):
@@ -554,13 +548,6 @@ def timed(args, plan_, comm, run):
     return rows, all_rss
 
 
-def topology(args, comm):
-    from mpi4py import MPI
-    names = comm.allgather(MPI.Get_processor_name())
-    per_host = {name: names.count(name) for name in dict.fromkeys(names)}
-    return {'hosts': len(per_host), 'ranks_per_host': per_host, 'label': args.topology}
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if _driver_args(argv).launch:
@@ -569,7 +556,7 @@ def main(argv=None):
     from benchmarks import gpu_like
     comm = harness.world()
     plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
-    where = topology(args, comm)
+    where = harness.topology(comm, args.topology)
     base = f'{args.model}_{args.optimizer}_h{where["hosts"]}'
     if args.rss_only:
         run = harness.Run('sharded', args, comm=comm, label=f'{base}_rss_{args.rss_only}')

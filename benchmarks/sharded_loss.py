@@ -40,7 +40,7 @@ import hashlib
 import os
 import sys
 
-from benchmarks import harness
+from benchmarks import harness, report
 
 CONFIGS = {
     'sharded': {},
@@ -268,8 +268,7 @@ def main(argv=None):
             failed[f'sharded seed {seed} against one process'] = (
                 f'losses differ by up to {rel:.3g} relative (--ref-rtol {args.ref_rtol:g})')
     rows = []
-    lines = ['| configuration | loss, last 20 steps, per seed | relative to exact, per seed | '
-             'worst | held-out accuracy, per seed |', '|---|---|---|---|---|']
+    cells = []
     for name in args.configs:
         means = [last_mean(r['losses']) for r in results[name]]
         exact = [last_mean(r['losses']) for r in results['sharded']]
@@ -280,10 +279,12 @@ def main(argv=None):
                      'rel_to_exact': rel, 'worst_rel': worst, 'accuracy': accs,
                      'losses': [r['losses'] for r in results[name]],
                      'check': [r['check'] for r in results[name]]})
-        lines.append(f'| {name} | {" / ".join(f"{m:.4f}" for m in means)} | '
-                     f'{" / ".join(f"{r:+.2%}" for r in rel)} | {worst:+.2%} | '
-                     f'{" / ".join(f"{a:.3f}" for a in accs)} |')
-    text = '\n'.join(lines)
+        cells.append([name, ' / '.join(f'{m:.4f}' for m in means),
+                      ' / '.join(f'{r:+.2%}' for r in rel), f'{worst:+.2%}',
+                      ' / '.join(f'{a:.3f}' for a in accs)])
+    text = report.markdown(['configuration', 'loss, last 20 steps, per seed',
+                            'relative to exact, per seed', 'worst', 'held-out accuracy, per seed'],
+                           cells)
     harness.rank0_print(f'\n{text}\n')
     for row in rows[1:]:
         met = 'met' if abs(row['worst_rel']) <= TARGET else 'NOT met'

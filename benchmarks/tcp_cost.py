@@ -26,7 +26,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from benchmarks import harness
+from benchmarks import harness, report
 from mpi_kvstore.progress import PROGRESS_TESTS, wait_polling  # the store's own wait
 
 COMM = MPI.COMM_WORLD
@@ -119,13 +119,14 @@ def main():
     harness.rank0_print(f'{harness.format_size(count)} each way between 2 ranks, {args.trials} '
                         'interleaved rounds: median, min and max of wall ms and of the machine\'s '
                         'busy core-ms; machine cores = median core-ms / median wall ms')
-    harness.rank0_print(f'{"mode":<12} {"wall ms":>9} {"min":>8} {"max":>8} {"core-ms":>9} {"min":>7} '
-                        f'{"max":>7} {"machine cores":>14}')
+    rows = []
     for name, (walls, busy) in timed.items():
         w, b = harness.spread(walls), harness.spread(busy)
-        harness.rank0_print(f'{name:<12} {w["median"] * 1e3:9.1f} {w["min"] * 1e3:8.1f} '
-                            f'{w["max"] * 1e3:8.1f} {b["median"] * 1e3:9.0f} {b["min"] * 1e3:7.0f} '
-                            f'{b["max"] * 1e3:7.0f} {b["median"] / w["median"]:14.2f}')
+        rows.append([name, *(f'{w[k] * 1e3:.1f}' for k in ('median', 'min', 'max')),
+                     *(f'{b[k] * 1e3:.0f}' for k in ('median', 'min', 'max')),
+                     f'{b["median"] / w["median"]:.2f}'])
+    harness.rank0_print(report.text(['mode', 'wall ms', 'min', 'max', 'core-ms', 'min', 'max',
+                                     'machine cores'], rows, align=['left'] + ['right'] * 7))
 
 
 if __name__ == '__main__':

@@ -45,7 +45,7 @@ import sys
 import time
 
 import testbed
-from benchmarks import harness
+from benchmarks import harness, report
 
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'testbed')
 DEFAULT_RATES = '1gbit,3gbit,10gbit'
@@ -354,11 +354,10 @@ def markdown(combined):
             names = []
             for rate in rates:
                 names += [n for n in data['cells'][(layout, rate)] if n not in names]
-            heading = [f'{rate or "no network"}' for rate in rates]
-            lines += [f'**{layout}**', '',
-                      '| config | ' + ' | '.join(f'{h}: step ms | alone ms | hidden | hidden max '
-                                                  f'| vs none' for h in heading) + ' |',
-                      '|---|' + '---:|---:|---:|---:|---:|' * len(rates)]
+            headers = ['config'] + [f'{rate or "no network"}: {h}' if h == 'step ms' else h
+                                    for rate in rates
+                                    for h in ('step ms', 'alone ms', 'hidden', 'hidden max', 'vs none')]
+            table = []
             for name in _config_order(names):
                 cells = []
                 for rate in rates:
@@ -369,8 +368,8 @@ def markdown(combined):
                     cells += [_step_cell(row), _fmt(row['exchange_alone_ms'], '.0f'),
                               _fmt(row['hidden'], '+.2f'), _fmt(row.get('hidden_max'), '.2f'),
                               _fmt(row['vs_none'], '.2f', 'x')]
-                lines.append(f'| {name} | ' + ' | '.join(cells) + ' |')
-            lines.append('')
+                table.append([name] + cells)
+            lines += [f'**{layout}**', '', report.markdown(headers, table), '']
         for config_name, why in data['skipped'].items():
             lines.append(f'- skipped {config_name}: {why}')
         lines.append(f'- skipped dist_sync: {combined["dist_sync"]}')
@@ -389,9 +388,9 @@ def markdown(combined):
 
 def plot(combined, out):
     """Per model: step time and hidden share against link rate, one panel per layout."""
-    plt = harness.pyplot()
+    plt = report.pyplot()
     if plt is None:
-        return [harness.NO_MATPLOTLIB]
+        return [report.NO_MATPLOTLIB]
     messages = []
     for model, data in rows_by_model(combined).items():
         layouts = []
@@ -431,12 +430,12 @@ def plot(combined, out):
                 ax.legend(fontsize=7)
         fig.suptitle('training step over the test bed\n(2 hosts, TCP over tbf-shaped links; '
                      'all hosts share the machine\'s cores)', fontsize=10)
-        messages.append(harness.save_figure(plt, fig, os.path.join(out, f'testbed_scaling_{model}.png'),
+        messages.append(report.save_figure(plt, fig, os.path.join(out, f'testbed_scaling_{model}.png'),
                                             dpi=110))
     return messages
 
 
-def report(args, combined):
+def write_report(args, combined):
     text = markdown(combined)
     path = os.path.join(args.out, 'testbed_scaling.md')
     with open(path, 'w') as handle:
@@ -455,7 +454,7 @@ def main(argv=None):
     if args.report_only:
         with open(os.path.join(args.out, JSON_NAME)) as handle:
             combined = json.load(handle)
-        report(args, combined)
+        write_report(args, combined)
         return 0
     ok, why = testbed.available(rate=True, mpi=True)
     if not ok:
@@ -470,7 +469,7 @@ def main(argv=None):
         combine(args, records, started_at, time.monotonic() - started)   # a killed run keeps these
     combined = combine(args, records, started_at, time.monotonic() - started)
     if not args.allreduce_only:
-        report(args, combined)
+        write_report(args, combined)
     failed = [r['job'] for r in records if not r['ok']]
     print(f'\n{len(jobs)} jobs in {combined["elapsed_s"]:.0f} s'
           + (f'; failed: {", ".join(failed)}' if failed else ''))

@@ -21,6 +21,7 @@ import uuid
 import pytest
 
 import testbed
+from benchmarks import schema
 
 from mpi_harness import REPO_ROOT, child_env, kill_leftovers, launcher_flags
 
@@ -99,6 +100,7 @@ def table(output, names):
 
 def check_run_record(record, benchmark):
     """What every JSON a benchmark writes carries besides its results."""
+    assert schema.check(record) == 'run'
     assert record['benchmark'] == benchmark
     assert record['nranks'] == NPROCS and record['config']['nranks'] == NPROCS
     assert record['versions']['mpi_kvstore'] and record['versions']['mxnet']
@@ -117,6 +119,37 @@ def test_benchmarks_is_a_package_without_path_edits():
             assert not re.search(r'sys\.path\.(insert|append|extend)|sys\.path\s*(\[|\+?=)',
                                  handle.read()), name
         assert re.search(rf'^\s+{name}\s', benchmarks.__doc__, re.MULTILINE), f'{name} not in the docstring'
+
+
+def test_committed_results_follow_the_schema():
+    """Every JSON under benchmarks/results/ is a result of a kind benchmarks/schema.py writes
+    down, with that kind's keys; the Markdown beside them (NOTES.md too) is passed over."""
+    results = os.path.join(BENCHMARKS, 'results')
+    found = {os.path.join(folder, name): name for folder, _, files in os.walk(results)
+             for name in files}
+    checked = schema.check_tree(results)
+    assert set(checked) == {path for path in found if path.endswith('.json')}
+    assert {'run', 'overlap', 'tune'} <= set(checked.values()), checked
+    assert any(name == 'NOTES.md' for name in found.values())
+
+
+def test_schema_names_what_a_result_lacks(tmp_path):
+    """A run record without its versions, its command, or of no kind at all is refused with
+    the file and the missing key named."""
+    with open(os.path.join(BENCHMARKS, 'results', 'overlap', '2026-11-25', 'r50_125_2h_3gbit_gpusgd_cpu_2322',
+                           'overlap_n2_resnet50_v1_h2.json')) as handle:
+        record = json.load(handle)
+    assert schema.check(record, 'r.json') == 'run'
+    del record['config']['command']
+    with pytest.raises(schema.SchemaError, match=r'r\.json: a run result without config\.command'):
+        schema.check(record, 'r.json')
+    del record['versions']
+    with pytest.raises(schema.SchemaError, match=r'without versions, config\.command'):
+        schema.check(record, 'r.json')
+    (tmp_path / 'NOTES.md').write_text('# prose\n')
+    (tmp_path / 'x.json').write_text(json.dumps({'figures': [1, 2]}))
+    with pytest.raises(schema.SchemaError, match=r'x\.json: not a result of any kind'):
+        schema.check_tree(tmp_path)
 
 
 # ---------------------------------------------------------------- MPI benchmarks on this machine

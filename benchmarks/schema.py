@@ -1,0 +1,90 @@
+"""What a result file under benchmarks/results/ holds, written down once and checked.
+
+Every JSON there is one of these kinds (:func:`kind` tells them apart), each with the keys
+below at least; a script's own results come beside them (results, models, columns, rows...):
+
+    run        one script's run, written by harness.Run.write on rank 0: benchmark (the
+               script's name), versions (VERSIONS), env (the OMP_/MXNET_/MPI_KVSTORE_/...
+               variables it saw), nranks, config (its arguments plus CONFIG: the script, the
+               rank count, argv, the date the run started and the command that reruns it),
+               time (when the file was written) and skipped ({method: why})
+    testbed    testbed_scaling.py's combined record: benchmark, time, config, jobs (each a
+               job on a test bed of its own, with its scaling and allreduce run records)
+    cost_model cost_model's report (cost_model.json): time, assumptions, prediction
+    overlap    cost_model --overlap (overlap_model.json): points, fitted, predictions,
+               fit_on, assumptions
+    tune       a tune table (schedule_tune.py writes the schedule entry): version,
+               comm_size; mpi_kvstore.tuning.Table.from_json validates what is inside
+
+The other files are prose or logs and are not checked: NAME.md (a script's tables),
+log.txt and load.txt (its output, the machine's load meanwhile) and NOTES.md (notes
+written by people).
+"""
+import json
+import os
+
+VERSIONS = ('python', 'numpy', 'mxnet', 'mpi4py', 'mpi_kvstore', 'mpi_library', 'hostname',
+            'platform', 'cpu_count')
+CONFIG = ('script', 'nranks', 'argv', 'date', 'command')
+KINDS = {
+    'run': ('benchmark', 'versions', 'env', 'nranks', 'config', 'time', 'skipped'),
+    'testbed': ('benchmark', 'time', 'config', 'jobs'),
+    'cost_model': ('time', 'assumptions', 'prediction'),
+    'overlap': ('points', 'fitted', 'predictions', 'fit_on', 'assumptions'),
+    'tune': ('version', 'comm_size'),
+}
+NESTED = {('run', 'versions'): VERSIONS, ('run', 'config'): CONFIG}
+
+
+class SchemaError(ValueError):
+    """A result file that does not hold what its kind must."""
+
+
+def kind(record):
+    """Which kind of result a JSON record is (see the module docstring)."""
+    if not isinstance(record, dict):
+        return None
+    if record.get('benchmark') == 'testbed_scaling' and 'jobs' in record:
+        return 'testbed'
+    if 'benchmark' in record:
+        return 'run'
+    if 'prediction' in record:
+        return 'cost_model'
+    if 'fitted' in record:
+        return 'overlap'
+    if 'comm_size' in record:
+        return 'tune'
+    return None
+
+
+def check(record, where='record'):
+    """record's kind, or SchemaError naming `where` and what is missing."""
+    found = kind(record)
+    if found is None:
+        raise SchemaError(f'{where}: not a result of any kind ({", ".join(KINDS)}): keys '
+                          f'{sorted(record) if isinstance(record, dict) else type(record).__name__}')
+    missing = [key for key in KINDS[found] if key not in record]
+    for (of, key), wanted in NESTED.items():
+        if of == found and isinstance(record.get(key), dict):
+            missing += [f'{key}.{sub}' for sub in wanted if sub not in record[key]]
+    if found == 'testbed':
+        for job in record['jobs']:
+            for part in ('scaling', 'allreduce'):
+                if job.get(part):
+                    check(job[part], f'{where}: job {job.get("job")} {part}')
+    if missing:
+        raise SchemaError(f'{where}: a {found} result without {", ".join(missing)}')
+    return found
+
+
+def check_tree(root):
+    """{path: kind} of every JSON under root, each checked; other files are passed over."""
+    checked = {}
+    for folder, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            if not name.endswith('.json'):
+                continue        # NAME.md, NOTES.md, log.txt, load.txt: prose and logs
+            path = os.path.join(folder, name)
+            with open(path) as handle:
+                checked[path] = check(json.load(handle), path)
+    return checked
