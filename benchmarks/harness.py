@@ -9,7 +9,7 @@ rounds, each round running every op once in an order that rotates, so slow phase
 shared VM hit every op alike. A trial counts the slowest rank (a collective is done only
 when its last rank is), and :func:`spread` reports min, median and max.
 
-mpi4py is imported on first use, not here: cost_model.py and testbed_scaling.py use this
+mpi4py is imported on first use, not here: cost_model and testbed_scaling.py use this
 module outside mpiexec, where importing it would start MPI for nothing.
 """
 import argparse
@@ -181,6 +181,8 @@ def rss_and_peak_mb():
 def one_machine(comm):
     """Whether every rank of comm runs on this kernel (test hosts of testbed/ do: network
     namespaces of one machine), so that /proc/stat counts what all of them cost."""
+    # The kernel's boot id, not psutil.boot_time(): two machines booted in the same second
+    # would share a boot time, never a boot id.
     try:
         with open('/proc/sys/kernel/random/boot_id') as fh:
             boot = fh.read().strip()

@@ -345,11 +345,6 @@ def close(columns):
     gc.collect()
 
 
-def _ms(spread):
-    return (f'{spread["median"] * 1e3:.1f} ({spread["min"] * 1e3:.1f}-'
-            f'{spread["max"] * 1e3:.1f})')
-
-
 def _busy(cpu):
     return '-' if not cpu or 'machine_busy' not in cpu else f'{cpu["machine_busy"] * 100:.0f}'
 
@@ -360,13 +355,15 @@ def _rank_ms(cpu):
 
 
 def table(rows, compute, skipped, compute_cpu=None):
-    cells = [['compute alone', _ms(compute), '', '', '', '', _busy(compute_cpu), _rank_ms(compute_cpu), '']]
+    cells = [['compute alone', report.spread_ms(compute), '', '', '', '', _busy(compute_cpu),
+              _rank_ms(compute_cpu), '']]
     for row in rows:
         if 'step' not in row:
             cells.append([row['column'], 'failed', '', '', '', '', '', '', row['check']])
             continue
         step_cpu, exchange_cpu = row.get('cpu_step'), row.get('cpu_exchange')
-        cells.append([row['column'], _ms(row['step']), _ms(row['exchange']), f'{row["hidden_share"]:.2f}',
+        cells.append([row['column'], report.spread_ms(row['step']), report.spread_ms(row['exchange']),
+                      f'{row["hidden_share"]:.2f}',
                       f'{row["step_over_max"]:.2f}', f'{row["vs_fifo"]:.2f}x' if 'vs_fifo' in row else '-',
                       f'{_busy(step_cpu)}; {_busy(exchange_cpu)}',
                       f'{_rank_ms(step_cpu)}; {_rank_ms(exchange_cpu)}', 'ok'])

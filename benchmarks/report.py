@@ -26,6 +26,16 @@ def text(headers, rows, align=None, indent=''):
     return '\n'.join(indent + line for line in table.splitlines())
 
 
+def cell(value, spec, suffix=''):
+    """A table's cell: value formatted by spec (and suffix), '-' for None."""
+    return '-' if value is None else format(value, spec) + suffix
+
+
+def spread_ms(spread):
+    """'median (min-max)' in ms of a harness.spread of seconds."""
+    return f'{spread["median"] * 1e3:.1f} ({spread["min"] * 1e3:.1f}-{spread["max"] * 1e3:.1f})'
+
+
 def pyplot():
     """matplotlib.pyplot drawing into files (the Agg backend), or None without matplotlib."""
     try:

@@ -483,10 +483,6 @@ def _derive_cpu(row, none):
     row['hidden_max'] = 1 - (row['cpu_floor_ms'] - none_ms) / row['exchange_alone_ms']
 
 
-def _cell(value, spec, suffix=''):
-    return '-' if value is None else format(value, spec) + suffix
-
-
 def _model_header(name, entry, run):
     info = entry['info']
     return (f'\n{name}: input {"x".join(map(str, info["input_shape"][1:]))}, batch '
@@ -499,10 +495,10 @@ def _model_header(name, entry, run):
 
 def _row_cells(row):
     return [row['config'], f'{row["step_ms"]:.1f}', f'{row["step_min_ms"]:.1f}',
-            f'{row["step_max_ms"]:.1f}', _cell(row['spread_pct'], '.0f', '%'),
-            f'{row["images_per_s"]:.1f}', _cell(row['scaling_efficiency'], '.2f'),
-            _cell(row['vs_none'], '.2f'), _cell(row['overhead_pct'], '+.1f', '%'),
-            _cell(row['exchange_alone_ms'], '.1f'), _cell(row['hidden'], '.2f')]
+            f'{row["step_max_ms"]:.1f}', report.cell(row['spread_pct'], '.0f', '%'),
+            f'{row["images_per_s"]:.1f}', report.cell(row['scaling_efficiency'], '.2f'),
+            report.cell(row['vs_none'], '.2f'), report.cell(row['overhead_pct'], '+.1f', '%'),
+            report.cell(row['exchange_alone_ms'], '.1f'), report.cell(row['hidden'], '.2f')]
 
 
 def print_model(run, name):
@@ -529,8 +525,8 @@ def _print_cpu(rows):
                         'and the fastest step those cores allow')
     harness.rank0_print(report.text(
         ['config', 'busy cores', 'exch cpu(ms)', 'cpu floor(ms)', 'hidden max'],
-        [[row['config'], f'{row["busy_cores"]:.2f}', _cell(row['exchange_cpu_ms'], '.1f'),
-          _cell(row['cpu_floor_ms'], '.1f'), _cell(row['hidden_max'], '.2f')] for row in rows],
+        [[row['config'], f'{row["busy_cores"]:.2f}', report.cell(row['exchange_cpu_ms'], '.1f'),
+          report.cell(row['cpu_floor_ms'], '.1f'), report.cell(row['hidden_max'], '.2f')] for row in rows],
         align=['left'] + ['right'] * 4))
 
 

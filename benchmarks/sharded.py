@@ -46,7 +46,7 @@ Per configuration, besides the step:
                  allreduce 2(N-1)/N G; reduce-scatter (N-1)/N G + allgather (N-1)/N G, the
                  same; with a 16-bit wire the reduce-scatter half of that, with 2-bit a
                  sixteenth;
-  RSS MB/rank    VmRSS of /proc/self/status, largest over ranks, after training: configurations
+  RSS MB/rank    VmRSS (psutil), largest over ranks, after training: configurations
                  in one process share its memory (and MXNet's pooled allocator keeps what it
                  freed), so RSS comes from a job of its own per configuration: --rss-only
                  CONFIG trains that configuration alone (--warmups + --rounds runs) and writes
@@ -415,11 +415,6 @@ def load_rss(args, nranks):
 
 # ---------------------------------------------------------------- the timed job
 
-def _ms(spread):
-    return (f'{spread["median"] * 1e3:.1f} ({spread["min"] * 1e3:.1f}-'
-            f'{spread["max"] * 1e3:.1f})')
-
-
 def _ratio_text(ratio):
     return f'{ratio["median"]:.3f}x' if ratio else '-'
 
@@ -450,7 +445,7 @@ def table(names, rows, nranks):
         share = f'{row["state_bytes"] / base_state:.3f} (1/N = {1 / nranks:.3f})' \
             if base_state else '-'
         rss_ = f'{row["rss"]["rss_MB"]:.0f}' if row.get('rss') else '-'
-        cells.append([name, _ms(row['step']), ratio, f'{state:.1f}', share, rss_,
+        cells.append([name, report.spread_ms(row['step']), ratio, f'{state:.1f}', share, rss_,
                       f'{row["wire_bytes"] / MB:.1f}', row['check']])
     return report.markdown(['configuration', 'step ms median (min-max)', 'step / unsharded '
                             '(median of per-round ratios, min-max)', 'optimizer state MB/rank',

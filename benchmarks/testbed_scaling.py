@@ -314,15 +314,11 @@ def rows_by_model(combined):
     return models
 
 
-def _fmt(value, spec, suffix=''):
-    return '-' if value is None else format(value, spec) + suffix
-
-
 def _step_cell(row):
     """'median (min-max)' of a row's step ms, over its timed rounds."""
     times = row.get('step_times_s') or []
     if row.get('step_ms') is None or not times:
-        return _fmt(row.get('step_ms'), '.0f')
+        return report.cell(row.get('step_ms'), '.0f')
     return f'{row["step_ms"]:.0f} ({min(times) * 1e3:.0f}-{max(times) * 1e3:.0f})'
 
 
@@ -365,9 +361,9 @@ def markdown(combined):
                     if row is None:
                         cells += ['-'] * 5
                         continue
-                    cells += [_step_cell(row), _fmt(row['exchange_alone_ms'], '.0f'),
-                              _fmt(row['hidden'], '+.2f'), _fmt(row.get('hidden_max'), '.2f'),
-                              _fmt(row['vs_none'], '.2f', 'x')]
+                    cells += [_step_cell(row), report.cell(row['exchange_alone_ms'], '.0f'),
+                              report.cell(row['hidden'], '+.2f'), report.cell(row.get('hidden_max'), '.2f'),
+                              report.cell(row['vs_none'], '.2f', 'x')]
                 table.append([name] + cells)
             lines += [f'**{layout}**', '', report.markdown(headers, table), '']
         for config_name, why in data['skipped'].items():

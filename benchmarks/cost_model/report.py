@@ -6,7 +6,7 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.cost_model.fit import TARGET_ERROR, _bed_order, _rate_bits
 from benchmarks.cost_model.model import FUSION_THRESHOLD, GBIT, HEADLINE
-from benchmarks.report import NO_MATPLOTLIB, markdown, pyplot, save_figure
+from benchmarks.report import NO_MATPLOTLIB, cell, markdown, pyplot, save_figure
 
 
 def overlap_tables(points, fitted, predictions):
@@ -60,14 +60,12 @@ def calibration_table(cal):
 
 
 def topology_table(rows):
-    def fmt(value, spec):
-        return '-' if value is None else format(value, spec)
     return markdown(
         ['test bed', 'size', '2 ranks, 1 a host (ms)', 'N ranks (ms)', 'ratio', 'flat: link alone (ms)',
          'hierarchical: link alone (ms)', 'inside a host, if hierarchical (GB/s)'],
         [[f'{r["ranks"]} ranks, {r["ppn"]} a host, {r["rate"]}', harness.format_size(r['bytes']),
-          fmt(r['two_rank_ms'], '.1f'), f'{r["measured_ms"]:.1f}', fmt(r['ratio'], '.2f'),
-          f'{r["flat_ms"]:.1f}', f'{r["hierarchical_ms"]:.1f}', fmt(r['intra_GBps'], '.2f')]
+          cell(r['two_rank_ms'], '.1f'), f'{r["measured_ms"]:.1f}', cell(r['ratio'], '.2f'),
+          f'{r["flat_ms"]:.1f}', f'{r["hierarchical_ms"]:.1f}', cell(r['intra_GBps'], '.2f')]
          for r in rows])
 
 
