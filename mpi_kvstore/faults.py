@@ -36,7 +36,7 @@ import threading
 import time
 import traceback
 
-from . import supervision
+from . import last_words, supervision
 from .errors import CollectiveError
 from .mpiabi import MPI, provided_thread_level, thread_level_name
 
@@ -77,9 +77,20 @@ def install_abort_hook():
         sys.excepthook = _aborting_excepthook(sys.excepthook)
         threading.excepthook = _aborting_thread_hook(threading.excepthook)
         _hooks_installed = True
+        rank, size = world()
         if supervision.active():   # tell the supervisor where this rank runs
-            rank, size = world()
             supervision.started(rank, size, MPI.Get_processor_name())
+        if size > 1:
+            _install_last_words(rank, size)
+
+
+def _install_last_words(rank, size):
+    """A fatal signal inside MPI (UCX on a dead connection) must still end in words."""
+    try:
+        last_words.install(rank, size, MPI.Get_processor_name())
+    except Exception as exc:  # a diagnostic must never stop the store from being made
+        log.warning('mpi_kvstore: rank %d: no last words on a fatal signal (%s: %s)',
+                    rank, type(exc).__name__, exc)
 
 
 def _aborting_excepthook(previous):
@@ -221,6 +232,25 @@ def format_report(heading, rank, size, stalled, states, note=''):
     return '\n'.join(lines)
 
 
+def last_look(period, pushed, newest, oldest, waiting, silent):
+    """The stall inspector's last look, in words, for a fatal signal's handler: how many
+    collectives this rank had pushed, the NEWEST it saw (a description, or ''), the OLDEST
+    of the WAITING ones (description, seconds), and the ranks SILENT at its last query."""
+    words = ('at the stall inspector\'s last look (every %g s) this rank had pushed %d '
+             'collectives' % (period, pushed))
+    if newest:
+        words += ', the newest it saw %s' % newest
+    if waiting:
+        words += '; it waited on %s for %.1f s' % oldest
+        if waiting > 1:
+            words += ' (and %d more)' % (waiting - 1)
+    else:
+        words += '; it waited on none'
+    if silent:
+        words += '; %s did not answer its last stall query' % rank_list(silent)
+    return words
+
+
 def inspection_period(warn, abort):
     """Seconds between looks: about 1/8 of the shortest threshold, from 0.1 to 1 s."""
     threshold = min(t for t in (warn, abort) if t > 0)
@@ -276,6 +306,8 @@ class StallInspector:
         self._query_ids = itertools.count()
         self._sends = []
         self._silent = set()  # ranks that did not answer the last query
+        self._said = ''       # the last words left for a fatal signal (_say)
+        self._newest = ''     # the newest collective it saw, pending or done
         self._next_warning = 0.0
         self._thread = self._comm = None
         self._why_local = ''
@@ -325,6 +357,7 @@ class StallInspector:
             return
         now = time.monotonic()
         self._ages.update(snapshot, now)
+        self._say(snapshot, now)
         stalled = [(r, age) for r, age in self._ages.ages(now) if age >= self._threshold]
         if not stalled:
             self._next_warning = 0.0
@@ -341,6 +374,19 @@ class StallInspector:
         elif self._warn and longest >= self._warn and now >= self._next_warning:
             log.warning(self._report(stalled, self._heading('', self._warn, 'stall_warning')))
             self._next_warning = now + self._warn
+
+    def _say(self, snapshot, now):
+        """Leave what this look saw where a fatal signal's handler finds it (last_words)."""
+        numbered = [r for r in snapshot if r.seq >= 0]
+        if numbered:
+            self._newest = max(numbered, key=lambda r: r.seq).describe()
+        ages = self._ages.ages(now)
+        oldest = (ages[0][0].describe(), ages[0][1]) if ages else None
+        words = last_look(self._period, self._design.pushed, self._newest, oldest, len(ages),
+                          sorted(self._silent))
+        if words != self._said:
+            last_words.say(words)
+            self._said = words
 
     def _heading(self, action, limit, knob):
         return ('mpi_kvstore: rank %d of %d: stall: %scollectives pending for more than '

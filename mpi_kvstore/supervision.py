@@ -6,15 +6,16 @@ relaunch) from a bug (a Python exception in the user's code: stop). Exit statuse
 say it: MPI_Abort ends every rank with one status, and the launcher reports its own. So a
 rank that aborts the job writes first why it does (:func:`record`), and every rank writes
 at start-up where it runs (:func:`started`). A rank killed by a signal writes nothing,
-which the supervisor reads as a fault too.
+which the supervisor reads as a fault too; one that a fatal signal (a segmentation fault
+inside MPI) ends writes its last words first (last_words.py, into FATAL; :func:`fatal`).
 
 No MPI and no MXNet here: the supervisor imports this module without starting MPI.
 """
 import json
 import os
 
-__all__ = ['DIR_ENV', 'LAUNCH_ENV', 'STATE_ENV', 'active', 'record', 'started', 'read',
-           'launch_index']
+__all__ = ['DIR_ENV', 'LAUNCH_ENV', 'STATE_ENV', 'FATAL', 'active', 'record', 'started',
+           'read', 'fatal', 'launch_index']
 
 DIR_ENV = 'MPI_KVSTORE_SUPERVISION_DIR'   # where ranks write; set by the supervisor
 LAUNCH_ENV = 'MPI_KVSTORE_LAUNCH'         # 0 for the first launch, 1 for the first relaunch...
@@ -22,6 +23,7 @@ STATE_ENV = 'MPI_KVSTORE_STATE_DIR'       # elastic.State's default directory
 
 # causes a rank records
 EXCEPTION, STALL = 'exception', 'stall'
+FATAL = 'fatal.%d.txt'   # a rank's last words on a fatal signal: one line of text
 
 
 def active(environ=None):
@@ -83,3 +85,26 @@ def read(folder):
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return found['started'], found['ended']
+
+
+def fatal(folder):
+    """{rank: last words} of the ranks that a fatal signal ended (last_words.py wrote them
+    from its signal handler: plain text, not JSON)."""
+    found = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return found
+    prefix, suffix = FATAL.split('%d')
+    for name in names:
+        number = name[len(prefix):-len(suffix)]
+        if not (name.startswith(prefix) and name.endswith(suffix) and number.isdigit()):
+            continue
+        try:
+            with open(os.path.join(folder, name), errors='replace') as fh:
+                words = ' '.join(fh.read(4000).split())
+        except OSError:
+            continue
+        if words:
+            found[int(number)] = words
+    return found

@@ -55,10 +55,11 @@ class Outcome:
         return 'Outcome(%r, %r, %r)' % (self.kind, self.why, self.lost_hosts)
 
 
-def diagnose(status, started, ended, interrupted, size, hosts=None):
+def diagnose(status, started, ended, interrupted, size, hosts=None, fatal=None):
     """The :class:`Outcome` of a launch that ended with ``status``, from the records of the
     ranks (supervision.read: ``started`` and ``ended``, {rank: fields}), whether the
-    supervisor was interrupted, the launch's ``size`` and its ``hosts`` (None: no hostfile)."""
+    supervisor was interrupted, the launch's ``size``, its ``hosts`` (None: no hostfile)
+    and the last words of ranks a fatal signal ended (supervision.fatal: {rank: line})."""
     if interrupted:
         return Outcome('interrupted', 'interrupted (Ctrl-C or SIGTERM)')
     if status == 0:
@@ -68,17 +69,24 @@ def diagnose(status, started, ended, interrupted, size, hosts=None):
     if bugs:
         rank = min(bugs)
         return Outcome('error', 'rank %d raised %s' % (rank, bugs[rank]['detail']))
+    fatal = {r: w for r, w in (fatal or {}).items() if r not in ended}
+    stalls = [f for f in ended.values() if f['cause'] == supervision.STALL]
+    faults = [f for f in ended.values() if f['cause'] == supervision.EXCEPTION]
     lost = _lost(ended)
+    # Without a stall's view, a rank a fatal signal ended is lost, unless every rank was:
+    # a cut link can make both sides fault, and no host would be left to relaunch on.
+    if not stalls and set(fatal) < set(started):
+        lost = set(fatal)
     lost_hosts = {started[r]['host'] for r in lost if r in started}
     if hosts is not None and started:   # a host where no rank started failed to start
         lost_hosts.update(h for h in hosts if h not in {f['host'] for f in started.values()})
-    stalls = [f for f in ended.values() if f['cause'] == supervision.STALL]
-    faults = [f for f in ended.values() if f['cause'] == supervision.EXCEPTION]
     if stalls:
         why = 'stall abort: %s lost' % _ranks(lost)
     elif faults:
         rank = min(r for r, f in ended.items() if f in faults)
         why = 'rank %d failed in MPI: %s' % (rank, faults[0]['detail'])
+    elif fatal:
+        why = 'a fatal signal: %s' % _last_words(fatal)
     elif len(started) < size:
         why = ('%d of %d ranks started (a host failed to start?); launcher status %s'
                % (len(started), size, status))
@@ -87,7 +95,16 @@ def diagnose(status, started, ended, interrupted, size, hosts=None):
             status,)
     if lost_hosts:
         why += '; host(s) %s' % ', '.join(sorted(lost_hosts))
+    if fatal and (stalls or faults):
+        why += '; and a fatal signal: %s' % _last_words(fatal)
     return Outcome('fault', why, lost_hosts)
+
+
+def _last_words(fatal):
+    """The lowest rank's last words (each names its rank), and how many others left some."""
+    rank = min(fatal)
+    more = len(fatal) - 1
+    return fatal[rank] + (' (and %d more rank(s) left last words)' % more if more else '')
 
 
 def _lost(ended):
@@ -312,7 +329,8 @@ def main(argv=None):
                                folder, signals)
             started, ended = supervision.read(folder)
             outcome = diagnose(status, started, ended, signals.received is not None, nprocs,
-                               [h for h, _ in hosts] if hosts else None)
+                               [h for h, _ in hosts] if hosts else None,
+                               supervision.fatal(folder))
             took = time.monotonic() - start
             ended_line = 'mpi_kvstore run: launch %d ended after %.1f s: %s' % (
                 launch + 1, took, outcome.why)

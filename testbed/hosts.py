@@ -120,6 +120,18 @@ class Hosts(HostJobs):
         hosts.prefix = prefix
         return hosts
 
+    def cut(self, host):
+        """Cut HOST's link: its bridge port goes down, as if its cable were pulled."""
+        network.set_link(self._need_prefix(), self.names[self._index(host)], up=False)
+
+    def mend(self, host):
+        """Put HOST's link back (a no-op on a link that is up; never raises)."""
+        if self.prefix is not None:
+            try:
+                network.set_link(self.prefix, self.names[self._index(host)], up=True)
+            except TestbedError:
+                pass
+
     def down(self):
         """Remove the test bed (idempotent)."""
         prefix = self.prefix

@@ -154,6 +154,13 @@ def build(prefix, names, rate_bits=None):
             f.write(hosts_file(prefix, names))
 
 
+def set_link(prefix, host, up):
+    """Take HOST's port on the bridge down (its cable pulled: eth0 inside HOST loses its
+    carrier, keeps its address, and TCP sees silence, not an error) or up again."""
+    sh(need_tool('ip'), '-n', bridge_namespace(prefix), 'link', 'set', host,
+       'up' if up else 'down')
+
+
 def hosts_file(prefix, names):
     """/etc/hosts for a host of test bed PREFIX: every host's address, name and namespace."""
     lines = ['# test bed %s' % prefix, '127.0.0.1 localhost',

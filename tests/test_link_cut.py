@@ -1,0 +1,198 @@
+"""A stall or a lost peer always ends in words (issue 30, part 4).
+
+Where a cut link leads: MPICH's UCX transport fails a TCP connection whose keepalive
+probes go unanswered (the link went down while the ranks were between steps), and the
+next collective over it dies inside MPI with SIGSEGV (faulthandler's stack: the
+communication thread in ``comm.start_min``, mpi4py's ``Iallreduce``). Nothing of
+ours can stop that, so the store's last words (last_words.py) say, before the process
+dies, which rank and which collectives; the supervisor reads them. A cut in the middle
+of a step leaves the connection in TCP's retransmissions instead: the stall inspector
+names the stall and the silent peer.
+
+- without MPI: the words of the inspector's last look, the supervisor's reading of
+  last words;
+- one host, 2 ranks: rank 1 reads address 0 while it waits on a collective rank 0
+  never pushes (tests/scenarios/fault_signal.py): its words name the signal and the
+  collective, plain and under ``python -m mpi_kvstore run``;
+- two test hosts: h1's link goes down mid-training (tests/scenarios/fault_link_cut.py),
+  RUNS times in a row: rank 0 names the stall and rank 1 within the deadline, and no
+  rank dies of a signal without words.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+import testbed
+from mpi_kvstore import faults, supervision, supervisor
+
+from mpi_harness import (
+    REPO_ROOT,
+    SCENARIOS_DIR,
+    MPIRunError,
+    child_env,
+    kill_leftovers,
+    processes,
+    run_mpi,
+)
+
+# -- without MPI -----------------------------------------------------------------------------
+
+
+def test_last_look_names_the_newest_the_oldest_waiting_and_the_silent():
+    words = faults.last_look(0.5, 31, "collective #30 (allreduce of key 'b', shape (4,), "
+                             "dtype float32)", ("collective #28 (allreduce of key 'a', shape "
+                                                "(8,), dtype float32)", 12.25), 3, [0, 2])
+    assert words == ("at the stall inspector's last look (every 0.5 s) this rank had pushed 31 "
+                     "collectives, the newest it saw collective #30 (allreduce of key 'b', "
+                     "shape (4,), dtype float32); it waited on collective #28 (allreduce of "
+                     "key 'a', shape (8,), dtype float32) for 12.2 s (and 2 more); ranks 0, 2 "
+                     "did not answer its last stall query")
+    assert faults.last_look(1, 0, '', None, 0, []) == (
+        "at the stall inspector's last look (every 1 s) this rank had pushed 0 collectives; "
+        "it waited on none")
+
+
+WORDS = ('mpi_kvstore: rank 1 of 2 on h1 (pid 7): Segmentation fault (signal 11) inside MPI '
+         "or the store; at the stall inspector's last look (every 1 s) this rank had pushed 5 "
+         'collectives; it waited on none\n')
+
+
+def test_supervisor_reads_last_words(tmp_path):
+    """supervision.fatal reads what the signal handler wrote; diagnose names it and leaves
+    out the faulted rank's host, unless every rank faulted (a cut link, both sides)."""
+    (tmp_path / (supervision.FATAL % 1)).write_text(WORDS)
+    (tmp_path / 'fatal.x.txt').write_text('not a rank')
+    (tmp_path / (supervision.FATAL % 0)).write_text('')   # opened, never written: no words
+    fatal = supervision.fatal(str(tmp_path))
+    assert fatal == {1: WORDS.strip()}
+    started = {0: {'rank': 0, 'host': 'h0'}, 1: {'rank': 1, 'host': 'h1'}}
+    found = supervisor.diagnose(-11, started, {}, False, 2, ['h0', 'h1'], fatal)
+    assert found.kind == 'fault' and found.lost_hosts == ['h1'], found
+    assert found.why == 'a fatal signal: %s; host(s) h1' % WORDS.strip()
+    both = {**fatal, 0: WORDS.strip().replace('rank 1 of 2 on h1', 'rank 0 of 2 on h0')}
+    found = supervisor.diagnose(-11, started, {}, False, 2, ['h0', 'h1'], both)
+    assert found.lost_hosts == [] and found.why.startswith('a fatal signal: mpi_kvstore: '
+                                                           'rank 0 of 2 on h0'), found
+    assert found.why.endswith('(and 1 more rank(s) left last words)'), found
+    # A stall abort's view of who is lost comes first; the words are added.
+    stall = {0: {'rank': 0, 'cause': supervision.STALL, 'fault': True, 'detail': '',
+                 'lost': [1]}}
+    found = supervisor.diagnose(1, started, stall, False, 2, ['h0', 'h1'], fatal)
+    assert found.why == ('stall abort: rank(s) 1 lost; host(s) h1; and a fatal signal: %s'
+                         % WORDS.strip()), found
+
+
+# -- one host: a fatal signal while a collective waits -------------------------------------
+
+SIGNAL_ENV = {'MPI_KVSTORE_STALL_WARNING': '2'}   # the inspector looks every 0.25 s
+SIGNAL_TIMEOUT = 90
+LATE = (r"collective #3 \(bcast of key 'late', shape \(8,\), dtype float32\) "
+        r'for [0-9.]+ s \(and 1 more\)')
+
+
+def _words_of_rank_1(output):
+    return re.search(r'mpi_kvstore: rank 1 of 2 on \S+ \(pid \d+\): Segmentation fault '
+                     r"\(signal 11\) inside MPI or the store; at the stall inspector's last "
+                     r'look \(every 0.25 s\) this rank had pushed 5 collectives, the newest it '
+                     r"saw collective #4 \(allreduce of key 'late'[^;]*; it waited on " + LATE,
+                     output)
+
+
+def test_fatal_signal_names_the_rank_and_the_collective(mpi_available):
+    """Chained, whose faulted rank once hung in MXNet's handler's exit() (funneled: the
+    supervisor's test below)."""
+    with pytest.raises(MPIRunError) as info:
+        run_mpi(2, 'fault_signal.py', 'chained', timeout=SIGNAL_TIMEOUT, env=SIGNAL_ENV,
+                module_launch=False)
+    out = info.value.output
+    assert not info.value.timed_out, out[-3000:]
+    words = _words_of_rank_1(out)
+    assert words, out[-3000:]
+    # faulthandler's stack follows: the handler handed the signal on.
+    stack = out.find('Fatal Python error: Segmentation fault', words.end())
+    assert stack > 0 and 'fault_signal.py' in out[stack:], out[-3000:]
+    # ... and the rank died of its signal, which the launcher reports.
+    assert 'Segmentation fault (signal 11)' in out[stack:], out[-3000:]
+
+
+def test_supervisor_diagnosis_names_the_fatal_signal(tmp_path, mpi_available):
+    run_id = uuid.uuid4().hex
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '-n', '2', '--max-restarts', '0',
+            '--state-dir', str(tmp_path / 'state'), '--', sys.executable,
+            os.path.join(SCENARIOS_DIR, 'fault_signal.py'), 'funneled']
+    env = child_env(dict(SIGNAL_ENV, PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR])),
+                    run_id)
+    try:
+        done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=SIGNAL_TIMEOUT, check=False)
+    finally:
+        kill_leftovers(run_id)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    ended = re.search(r'launch 1 ended after [0-9.]+ s: a fatal signal: (.*)', out)
+    assert ended and _words_of_rank_1(ended.group(1)), out[-3000:]
+    assert 'giving up after 0 relaunch(es)' in out, out[-3000:]
+
+
+# -- two test hosts: the link goes down mid-training ---------------------------------------
+
+OK, WHY = testbed.available(rate=True, mpi=True)
+RUNS = 2                   # in a row, on one test bed; docs/faults.md has 5 runs by hand
+CUT_ENV = {'MPI_KVSTORE_STALL_WARNING': '2', 'MPI_KVSTORE_STALL_ABORT': '6'}
+NAMED_WITHIN = 150         # s after the cut (the issue's target, with the defaults)
+STALL_NAMED = re.compile(r'mpi_kvstore: rank 0 of 2: stall: [^\n]*\n  collective #\d+ '
+                         r'\([^\n]*\): waiting [0-9.]+ s; pushed by rank 0; no answer from '
+                         r'rank 1')
+
+
+def _cut_run(hosts, tmp_path, index):
+    """One job across h0 and h1; h1's link goes down after step 2: (output, rank 1's stderr,
+    seconds from the cut to the job's end)."""
+    marker, far = tmp_path / ('cut%d' % index), tmp_path / ('rank1-%d.err' % index)
+    # The launcher loses what rank 1 writes once its host is cut off: rank 1 writes to a file.
+    argv = hosts.mpiexec_argv(2) + [
+        'sh', '-c', 'if [ "$PMI_RANK" = 1 ]; then exec 2>"$0"; fi; exec "$@"', str(far),
+        sys.executable, os.path.join(SCENARIOS_DIR, 'fault_link_cut.py'), str(marker),
+        '--cut-after', '2']
+    run_id = uuid.uuid4().hex
+    env = child_env(dict(CUT_ENV, PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR])),
+                    run_id)
+    log_path = tmp_path / ('log%d' % index)
+    cut = None
+    try:
+        with open(log_path, 'wb') as log:
+            proc = processes.start_group(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and time.monotonic() < deadline:
+                if cut is None and marker.exists():
+                    hosts.cut('h1')
+                    cut = time.monotonic()
+                if cut is not None and time.monotonic() - cut > NAMED_WITHIN:
+                    break
+                time.sleep(0.1)
+            ended = time.monotonic()
+            processes.wait_or_stop(proc, 1, 5.0)
+    finally:
+        hosts.mend('h1')
+        kill_leftovers(run_id)
+    out = log_path.read_text(errors='replace')
+    assert cut is not None, 'the job never reached the cut:\n' + out[-3000:]
+    return out, far.read_text(errors='replace') if far.exists() else '', ended - cut
+
+
+@pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
+def test_link_cut_mid_training_ends_in_words(tmp_path):
+    with testbed.Hosts(2, rate='1gbit') as hosts:
+        for index in range(RUNS):
+            out, far, took = _cut_run(hosts, tmp_path, index)
+            print('link cut, run %d: job ended %.1f s after the cut' % (index + 1, took))
+            assert took < NAMED_WITHIN, out[-3000:]
+            assert STALL_NAMED.search(out), out[-3000:]
+            for what in (out, far):
+                assert 'Segmentation fault' not in what, what[-3000:]
