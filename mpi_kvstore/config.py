@@ -291,9 +291,12 @@ OPTIONS: Tuple[Option, ...] = (
     Option('stall_warning', float, 60.0, 'seconds',
            'Log which collectives have waited this long for other ranks, and which ranks '
            'have not pushed them; repeated while the stall lasts. 0 disables.', _nonneg, agree=False),
-    Option('stall_abort', float, 0.0, 'seconds',
-           'Abort the whole job (MPI_Abort) once a collective has waited this long. '
-           '0 (default) never aborts.', _nonneg, agree=False),
+    # Finite, as PyTorch's NCCL watchdog (10 min): a cut link or a hung rank must end the
+    # job, not hold its machines forever (docs/faults.md, stall_abort's default).
+    Option('stall_abort', float, 600.0, 'seconds',
+           'Abort the whole job (MPI_Abort) once a collective has waited this long '
+           '(the supervisor, python -m mpi_kvstore run, makes it 300). 0 never aborts.',
+           _nonneg, agree=False),
     # auto is flat: MPICH's own Allreduce already goes through the hosts, and nothing beat it
     # reliably (hierarchy.AUTO_MIN_BYTES, docs/hierarchical.md).
     Option('hierarchical', _hierarchical, 'auto', 'auto/on/off',

@@ -231,7 +231,7 @@ def test_inspection_period_follows_the_shortest_threshold():
 
 def test_stall_knobs():
     config = Config(environ={})
-    assert (config.stall_warning, config.stall_abort) == (60.0, 0.0)
+    assert (config.stall_warning, config.stall_abort) == (60.0, 600.0)
     config = Config(environ={'MPI_KVSTORE_STALL_WARNING': '2.5', 'MPI_KVSTORE_STALL_ABORT': '9'})
     assert (config.stall_warning, config.stall_abort) == (2.5, 9.0)
     with pytest.raises(ConfigError, match='MPI_KVSTORE_STALL_ABORT'):
