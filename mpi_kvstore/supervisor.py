@@ -260,8 +260,8 @@ def _kill_marked(mark):
 
 def _run_once(argv, env, folder, signals):
     """Run one launch; -> its status. Ends it itself once a rank recorded why it aborts
-    and the launcher has not ended the job ABORT_GRACE s later; afterwards no process of
-    the launch is left on this machine."""
+    (or left its last words) and the launcher has not ended the job ABORT_GRACE s later;
+    afterwards no process of the launch is left on this machine."""
     mark = '%d.%s' % (os.getpid(), os.path.basename(folder))
     env = dict(env, **{_MARK: mark})
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
@@ -280,11 +280,13 @@ def _run_once(argv, env, folder, signals):
                 if now - stopping_since > 10:   # the ranks did not stop on the signal
                     _signal_group(proc, signal.SIGKILL)
             elif aborting_since is None:
-                if supervision.read(folder)[1]:
+                # A rank's last words count too: the launcher may not learn of its death
+                # from a host that a cut link left unreachable.
+                if supervision.read(folder)[1] or supervision.fatal(folder):
                     aborting_since = now
             elif now - aborting_since > ABORT_GRACE:
                 console.info('mpi_kvstore run: the launcher did not end the job %g s after a '
-                             'rank aborted it: killing the launch', ABORT_GRACE)
+                             'rank aborted it or died: killing the launch', ABORT_GRACE)
                 _signal_group(proc, signal.SIGKILL)
     finally:
         signals.job = None

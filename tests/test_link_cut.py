@@ -20,6 +20,7 @@ names the stall and the silent peer.
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -85,6 +86,18 @@ def test_supervisor_reads_last_words(tmp_path):
     found = supervisor.diagnose(1, started, stall, False, 2, ['h0', 'h1'], fatal)
     assert found.why == ('stall abort: rank(s) 1 lost; host(s) h1; and a fatal signal: %s'
                          % WORDS.strip()), found
+
+
+def test_supervisor_ends_a_launch_that_outlives_last_words(tmp_path, monkeypatch):
+    """A rank died, with words, on a host the launcher cannot reach, and the launcher waits
+    on: the supervisor kills the launch ABORT_GRACE after the words, as after a record."""
+    monkeypatch.setattr(supervisor, 'ABORT_GRACE', 1.0)
+    launcher = 'printf words > "$0/%s"; exec sleep 30' % (supervision.FATAL % 1)
+    start = time.monotonic()
+    status = supervisor._run_once(['sh', '-c', launcher, str(tmp_path)], dict(os.environ),
+                                  str(tmp_path), supervisor._Signals())
+    took = time.monotonic() - start
+    assert status == -signal.SIGKILL and took < 10, (status, took)
 
 
 # -- one host: a fatal signal while a collective waits -------------------------------------
