@@ -13,6 +13,9 @@ What it guarantees, in a job of more than one process:
   with how long it has waited and which ranks have and have not pushed it. The warning
   repeats every ``stall_warning`` seconds while the stall lasts; after ``stall_abort``
   seconds (when set) the job is aborted with the same report.
+- A fatal signal (a segmentation fault inside MPI on a connection a cut link killed) is
+  preceded by the rank's last words: the first store installs last_words.py's handler,
+  and the inspector leaves there, at every look, what it saw (:func:`last_look`).
 
 How ranks learn about each other: one daemon thread per store, the inspector, wakes every
 0.1-1 s, copies the store's list of pending requests and remembers when it first saw each.
@@ -409,6 +412,9 @@ class StallInspector:
         states = {self._rank: self._state()}
         if self._comm is None:
             return states
+        # A send to a rank behind a cut link once died inside MPI (SIGSEGV in this isend,
+        # 60 s after the cut): the last words must say what the rank was doing.
+        last_words.say(self._said + '; then it asked the other ranks about its stall')
         query = next(self._query_ids)
         self._replies[query] = states
         for dest in range(self._size):

@@ -155,17 +155,29 @@ def test_supervisor_diagnosis_names_the_fatal_signal(tmp_path, mpi_available):
 # -- two test hosts: the link goes down mid-training ---------------------------------------
 
 OK, WHY = testbed.available(rate=True, mpi=True)
-RUNS = 2                   # in a row, on one test bed; docs/faults.md has 5 runs by hand
-CUT_ENV = {'MPI_KVSTORE_STALL_WARNING': '2', 'MPI_KVSTORE_STALL_ABORT': '6'}
+# In a row, on one test bed. By hand, the issue's target (5 runs, the store's defaults):
+#   LINK_CUT_RUNS=5 LINK_CUT_DEFAULTS=1 python -m pytest -s tests/test_link_cut.py -k mid
+RUNS = int(os.environ.get('LINK_CUT_RUNS', '2'))
+DEFAULTS = os.environ.get('LINK_CUT_DEFAULTS') == '1'
+CUT_ENV = {} if DEFAULTS else {'MPI_KVSTORE_STALL_WARNING': '2', 'MPI_KVSTORE_STALL_ABORT': '6'}
 NAMED_WITHIN = 150         # s after the cut (the issue's target, with the defaults)
+STARTUP = 90               # s a job may take to reach the cut
 STALL_NAMED = re.compile(r'mpi_kvstore: rank 0 of 2: stall: [^\n]*\n  collective #\d+ '
                          r'\([^\n]*\): waiting [0-9.]+ s; pushed by rank 0; no answer from '
                          r'rank 1')
+# The defaults once (1 run of 8) met MPICH's crash in the stall query's send: the last words
+# then name the stall, and that the rank was asking about it.
+WORDS_NAMED = re.compile(r'mpi_kvstore: rank 0 of 2 on h0 \(pid \d+\): Segmentation fault '
+                         r'\(signal 11\) inside MPI or the store; [^\n]*; it waited on '
+                         r'collective #\d+ [^\n]* for [0-9.]+ s[^\n]*; then it asked the '
+                         r'other ranks about its stall')
 
 
 def _cut_run(hosts, tmp_path, index):
-    """One job across h0 and h1; h1's link goes down after step 2: (output, rank 1's stderr,
-    seconds from the cut to the job's end)."""
+    """One job across h0 and h1; h1's link goes down after step 2. -> (output, rank 1's
+    stderr, seconds from the cut to rank 0's report naming the stall and rank 1, seconds
+    from the cut to the job's end); None for what did not happen. With the defaults the
+    job waits for stall_abort (600 s) once named: it is stopped then."""
     marker, far = tmp_path / ('cut%d' % index), tmp_path / ('rank1-%d.err' % index)
     # The launcher loses what rank 1 writes once its host is cut off: rank 1 writes to a file.
     argv = hosts.mpiexec_argv(2) + [
@@ -176,36 +188,65 @@ def _cut_run(hosts, tmp_path, index):
     env = child_env(dict(CUT_ENV, PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR])),
                     run_id)
     log_path = tmp_path / ('log%d' % index)
-    cut = None
+    cut = named = ended = None
     try:
         with open(log_path, 'wb') as log:
             proc = processes.start_group(argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + STARTUP
             while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
                 if cut is None and marker.exists():
                     hosts.cut('h1')
                     cut = time.monotonic()
-                if cut is not None and time.monotonic() - cut > NAMED_WITHIN:
-                    break
-                time.sleep(0.1)
-            ended = time.monotonic()
+                    deadline = cut + NAMED_WITHIN
+                if cut is not None and named is None and _named(
+                        log_path.read_text(errors='replace')):
+                    named = time.monotonic() - cut
+                    if DEFAULTS:
+                        break
+            if proc.poll() is not None and cut is not None:
+                ended = time.monotonic() - cut
             processes.wait_or_stop(proc, 1, 5.0)
     finally:
         hosts.mend('h1')
         kill_leftovers(run_id)
     out = log_path.read_text(errors='replace')
     assert cut is not None, 'the job never reached the cut:\n' + out[-3000:]
-    return out, far.read_text(errors='replace') if far.exists() else '', ended - cut
+    if named is None and _named(out):   # in the job's last output
+        named = ended
+    return out, far.read_text(errors='replace') if far.exists() else '', named, ended
+
+
+def _named(out):
+    return STALL_NAMED.search(out) or WORDS_NAMED.search(out)
+
+
+def _unsaid_faults(text):
+    """Segmentation faults not preceded by the store's last words."""
+    faults_at = [m.start() for m in re.finditer('Segmentation fault', text)]
+    words_at = [m.start() for m in re.finditer(r'\): Segmentation fault \(signal 11\) inside '
+                                               r'MPI or the store; ', text)]
+    return [at for at in faults_at if not any(w < at for w in words_at)]
 
 
 @pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
 def test_link_cut_mid_training_ends_in_words(tmp_path):
     with testbed.Hosts(2, rate='1gbit') as hosts:
         for index in range(RUNS):
-            out, far, took = _cut_run(hosts, tmp_path, index)
-            print('link cut, run %d: job ended %.1f s after the cut' % (index + 1, took))
-            assert took < NAMED_WITHIN, out[-3000:]
-            assert STALL_NAMED.search(out), out[-3000:]
+            out, far, named, ended = _cut_run(hosts, tmp_path, index)
+            print('link cut, run %d of %d (%s): stall and rank 1 named %s s after the cut, '
+                  'job ended %s s after it' % (
+                      index + 1, RUNS, 'defaults' if DEFAULTS else CUT_ENV,
+                      'never' if named is None else '%.1f' % named,
+                      'never' if ended is None else '%.1f' % ended))
+            assert named is not None and named < NAMED_WITHIN, out[-3000:]
+            if not DEFAULTS:   # the stall abort ends the job, though h1 is out of reach
+                assert ended is not None and ended < NAMED_WITHIN, out[-3000:]
             for what in (out, far):
-                assert 'Segmentation fault' not in what, what[-3000:]
+                if DEFAULTS:   # MPICH's crash may come; never without words before it
+                    assert not _unsaid_faults(what), what[-3000:]
+                    if 'Segmentation fault' in what:
+                        print('  ... a segmentation fault inside MPI, after last words')
+                else:          # the stall abort comes long before UCX fails a connection
+                    assert 'Segmentation fault' not in what, what[-3000:]

@@ -26,6 +26,9 @@ parser.add_argument('--steps', type=int, default=100000)
 parser.add_argument('--cut-after', type=int, default=5)
 parser.add_argument('--step-seconds', type=float, default=0.05)
 parser.add_argument('--hidden', type=int, default=0, help='a Dense layer of this many units (0: none)')
+parser.add_argument('--late', type=float, default=0.0,
+                    help='rank 1 sleeps this long before the step after the cut: rank 0 has '
+                         'sent its part and waits, with nothing of its own in flight')
 args = parser.parse_args()
 PER_RANK = 4
 
@@ -48,6 +51,8 @@ def main():
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1}, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for step in range(args.steps):
+        if step == args.cut_after + 1 and RANK == 1:
+            time.sleep(args.late)
         rng = np.random.RandomState(100 + step * SIZE + RANK)
         data = mx.nd.array(rng.uniform(-1, 1, size=(PER_RANK, 3, 16, 16)).astype(np.float32))
         label = mx.nd.array(rng.randint(0, 10, size=(PER_RANK,)).astype(np.float32))
