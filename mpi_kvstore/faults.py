@@ -23,8 +23,8 @@ That is sampling: nothing is timed per collective and nothing runs on the user's
 The inspector owns a duplicate of the store's communicator. On it, it answers every query
 that arrives with its rank's count of collectives pushed and its pending list, and, when a
 local collective passes the threshold, it asks every other rank and waits a bounded time
-for the answers. Rank r has pushed collective s iff its count exceeds s, because every rank
-numbers collectives in call order.
+for the answers (and once, quietly, after PROBE_AFTER s: see _probe). Rank r has pushed
+collective s iff its count exceeds s, because every rank numbers collectives in call order.
 
 MPI thread level: the inspector calls MPI (improbe, recv, isend on its own communicator)
 while the store's threads call it too, which needs MPI_THREAD_MULTIPLE (mpi4py's default).
@@ -64,6 +64,8 @@ ABORT_GRACE = 0.5
 # The lowest sequence numbers tell the story; a long list would bury it (and answers
 # stay small enough for MPI's eager protocol).
 MAX_LISTED = 8
+# Seconds a collective waits before the inspector asks the other ranks, quietly (_probe).
+PROBE_AFTER = 5.0
 
 # -- an unhandled exception aborts the job --------------------------------------------
 
@@ -311,6 +313,7 @@ class StallInspector:
         self._silent = set()  # ranks that did not answer the last query
         self._said = ''       # the last words left for a fatal signal (_say)
         self._newest = ''     # the newest collective it saw, pending or done
+        self._probed = False  # whether the current stall was probed (_probe)
         self._next_warning = 0.0
         self._thread = self._comm = None
         self._why_local = ''
@@ -361,7 +364,9 @@ class StallInspector:
         now = time.monotonic()
         self._ages.update(snapshot, now)
         self._say(snapshot, now)
-        stalled = [(r, age) for r, age in self._ages.ages(now) if age >= self._threshold]
+        ages = self._ages.ages(now)
+        self._probe(max((age for _, age in ages), default=0.0))
+        stalled = [(r, age) for r, age in ages if age >= self._threshold]
         if not stalled:
             self._next_warning = 0.0
             return
@@ -377,6 +382,18 @@ class StallInspector:
         elif self._warn and longest >= self._warn and now >= self._next_warning:
             log.warning(self._report(stalled, self._heading('', self._warn, 'stall_warning')))
             self._next_warning = now + self._warn
+
+    def _probe(self, longest):
+        """Ask the other ranks once, quietly, when a collective has waited PROBE_AFTER s.
+        After a cut link, UCX's TCP keepalive fails a connection with nothing in flight,
+        and MPICH then dies of SIGSEGV in the next send over it: the stall query at 60 s,
+        in 2 cuts of 8 on the test bed. A query sent early is in flight by then, and keeps
+        TCP retransmitting instead."""
+        if longest < PROBE_AFTER:
+            self._probed = False
+        elif not self._probed and longest < self._threshold:
+            self._probed = True
+            self._gather()
 
     def _say(self, snapshot, now):
         """Leave what this look saw where a fatal signal's handler finds it (last_words)."""

@@ -1,13 +1,13 @@
 """A stall or a lost peer always ends in words (issue 30, part 4).
 
-Where a cut link leads: MPICH's UCX transport fails a TCP connection whose keepalive
-probes go unanswered (the link went down while the ranks were between steps), and the
-next collective over it dies inside MPI with SIGSEGV (faulthandler's stack: the
-communication thread in ``comm.start_min``, mpi4py's ``Iallreduce``). Nothing of
-ours can stop that, so the store's last words (last_words.py) say, before the process
-dies, which rank and which collectives; the supervisor reads them. A cut in the middle
-of a step leaves the connection in TCP's retransmissions instead: the stall inspector
-names the stall and the silent peer.
+Where a cut link leads (docs/faults.md, A cut link): a rank that sends over a connection
+the cut killed can die inside MPI with SIGSEGV (MPICH 5.0.2 over UCX's TCP): in the stall
+inspector's first query, 60 s after a mid-training cut (2 runs of 22 with the defaults; 0
+of 6 since the inspector also asks at 5 s, faults.PROBE_AFTER), or in the next step's
+agreement after a cut between steps (3 of 3; UCX's keepalive had failed the connection).
+Nothing of ours is on those stacks, so the store's last words (last_words.py) say, before
+the process dies, which rank and which collectives; the supervisor reads them. Otherwise
+the stall inspector names the stall and the silent peer.
 
 - without MPI: the words of the inspector's last look, the supervisor's reading of
   last words;
@@ -30,6 +30,8 @@ import pytest
 
 import testbed
 from mpi_kvstore import faults, supervision, supervisor
+from mpi_kvstore.comm import MPI
+from mpi_kvstore.config import Config
 
 from mpi_harness import (
     REPO_ROOT,
@@ -56,6 +58,23 @@ def test_last_look_names_the_newest_the_oldest_waiting_and_the_silent():
     assert faults.last_look(1, 0, '', None, 0, []) == (
         "at the stall inspector's last look (every 1 s) this rank had pushed 0 collectives; "
         "it waited on none")
+
+
+def test_probe_asks_the_other_ranks_once_per_stall_before_the_threshold():
+    """The quiet early query (faults.PROBE_AFTER): once a collective has waited that long,
+    once per stall, and not when the warning's own query comes first."""
+    inspector = faults.StallInspector(MPI.COMM_SELF, Config(environ={}), None, list)
+    asked = []
+    inspector._gather = lambda: asked.append(True)
+    inspector._threshold = 60.0
+    probe = faults.PROBE_AFTER
+    for longest in (1.0, probe + 0.5, probe + 1, 30.0, 0.5, probe + 2, 61.0):
+        inspector._probe(longest)
+    assert len(asked) == 2
+    inspector._threshold = probe / 2   # the warning asks first
+    inspector._probe(0.0)
+    inspector._probe(probe + 1)
+    assert len(asked) == 2
 
 
 WORDS = ('mpi_kvstore: rank 1 of 2 on h1 (pid 7): Segmentation fault (signal 11) inside MPI '
@@ -165,7 +184,7 @@ STARTUP = 90               # s a job may take to reach the cut
 STALL_NAMED = re.compile(r'mpi_kvstore: rank 0 of 2: stall: [^\n]*\n  collective #\d+ '
                          r'\([^\n]*\): waiting [0-9.]+ s; pushed by rank 0; no answer from '
                          r'rank 1')
-# The defaults once (1 run of 8) met MPICH's crash in the stall query's send: the last words
+# The defaults met MPICH's crash in the stall query's send (2 runs of 22): the last words
 # then name the stall, and that the rank was asking about it.
 WORDS_NAMED = re.compile(r'mpi_kvstore: rank 0 of 2 on h0 \(pid \d+\): Segmentation fault '
                          r'\(signal 11\) inside MPI or the store; [^\n]*; it waited on '
