@@ -9,6 +9,15 @@ of store, configured from ``MPI_KVSTORE_*`` environment variables.
 """
 __version__ = '0.1.0'
 
+import os as _os
+import sys as _sys
+
+# UCX's TCP keepalive off unless the user set it, here, before the user's own code can start
+# MPI (mpiabi.py says why); too late once mpi4py.MPI is imported.
+_UCX_KEEPIDLE_BY_STORE = not ('UCX_TCP_KEEPIDLE' in _os.environ or 'mpi4py.MPI' in _sys.modules)
+if _UCX_KEEPIDLE_BY_STORE:
+    _os.environ['UCX_TCP_KEEPIDLE'] = 'inf'
+
 try:
     from mxnet.kvstore import KVStoreBase
 except ImportError as _err:

@@ -11,13 +11,12 @@ import importlib
 import json
 import os
 
-from mpi4py import MPI
-
 from . import mpiabi, topology, transports, tuning
 from .cli import HelpFormatter, console
 from .config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
 from .designs import REGISTRY, get_design
 from .errors import ConfigError
+from .mpiabi import MPI
 from .tuning import Table
 
 __all__ = ['report']
@@ -124,6 +123,16 @@ def _tune_table(config):
     return lines
 
 
+def _keepidle():
+    value, who = mpiabi.ucx_keepidle()
+    if value is None:
+        return ("UCX's default, keepalive on (%s): a cut link between steps can crash MPICH; "
+                'set UCX_TCP_KEEPIDLE=inf in the environment (docs/faults.md)' % who)
+    return 'UCX_TCP_KEEPIDLE=%s (%s%s)' % (
+        value, who, ', TCP keepalive off: a cut link ends as a named stall'
+        if value == mpiabi.KEEPIDLE_DEFAULT else '')
+
+
 def _bytes(n):
     return format_bytes(n, ' B')
 
@@ -150,6 +159,7 @@ def report(environ=None):
         'mpi4py:           %s' % _version('mpi4py'),
         'thread level:     %s provided' % mpiabi.thread_level_name(provided),
         'CUDA-aware MPI:   %s (%s)' % ('yes' if aware else 'no', how),
+        'UCX keepalive:    %s' % _keepidle(),
         'numba:            %s' % _version('numba'),
         'MXNet:            %s' % _version('mxnet'),
         'CuPy:             %s' % _version('cupy'),

@@ -6,18 +6,45 @@ transports and the native ops can all ask it without asking each other.
 """
 import ctypes
 import os
+import sys
 
 import numpy as np
-from mpi4py import MPI
 
-__all__ = ['MPI', 'thread_level_name', 'provided_thread_level', 'cuda_aware', 'CApi', 'c_api',
-           'c_datatype', 'handle']
+# UCX's TCP keepalive off unless the user says otherwise, before MPI (and UCX) start: after a
+# cut link between training steps it failed the idle connection, and MPICH 5.0.2 then died
+# with SIGSEGV in the next collective over it (3 runs of 3 on the test bed); without it the
+# stall inspector names the stall (docs/faults.md, A cut link). A process that imported
+# mpi4py.MPI before this module has started MPI already: the default cannot apply there
+# (doctor reports it).
+KEEPIDLE_DEFAULT = 'inf'
+# What UCX read at MPI_Init: (value, or None for UCX's own; who set it), for doctor. The
+# package's __init__ sets it first, before a user's own mpi4py.MPI import can start MPI.
+if getattr(sys.modules.get(__package__), '_UCX_KEEPIDLE_BY_STORE', False):
+    _KEEPIDLE = (os.environ.get('UCX_TCP_KEEPIDLE'), "the store's default")
+elif 'UCX_TCP_KEEPIDLE' in os.environ:
+    _KEEPIDLE = (os.environ['UCX_TCP_KEEPIDLE'], 'the environment')
+elif 'mpi4py.MPI' in sys.modules and sys.modules['mpi4py.MPI'].Is_initialized():
+    _KEEPIDLE = (None, 'mpi4py.MPI started before mpi_kvstore')
+else:
+    _KEEPIDLE = (KEEPIDLE_DEFAULT, "the store's default")
+    os.environ['UCX_TCP_KEEPIDLE'] = KEEPIDLE_DEFAULT
+
+from mpi4py import MPI  # noqa: E402  (after the UCX default above)
+
+__all__ = ['MPI', 'KEEPIDLE_DEFAULT', 'ucx_keepidle', 'thread_level_name',
+           'provided_thread_level', 'cuda_aware', 'CApi', 'c_api', 'c_datatype', 'handle']
 
 _LEVEL_NAMES = {MPI.THREAD_SINGLE: 'MPI_THREAD_SINGLE', MPI.THREAD_FUNNELED: 'MPI_THREAD_FUNNELED',
                 MPI.THREAD_SERIALIZED: 'MPI_THREAD_SERIALIZED',
                 MPI.THREAD_MULTIPLE: 'MPI_THREAD_MULTIPLE'}
 
 _MPIX_GPU_SUPPORT_CUDA = 0      # MPICH's MPIX_GPU_query_support type for CUDA
+
+
+def ucx_keepidle():
+    """-> (the UCX_TCP_KEEPIDLE this process's MPI started with, or None for UCX's own
+    default (keepalive on), and who set it)."""
+    return _KEEPIDLE
 
 
 def thread_level_name(level):
