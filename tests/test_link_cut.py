@@ -16,7 +16,9 @@ the stall inspector names the stall and the silent peer.
   collective, plain and under ``python -m mpi_kvstore run``;
 - two test hosts: h1's link goes down mid-training (tests/scenarios/fault_link_cut.py),
   RUNS times in a row: rank 0 names the stall and rank 1 within the deadline, and no
-  rank dies of a signal without words.
+  rank dies of a signal without words; and between steps, where only the store's default
+  UCX_TCP_KEEPIDLE=inf (mpiabi.py) keeps MPICH from crashing: named, no fault.
+- in fresh processes: that default, a user's value winning, and doctor's line.
 """
 import json
 import os
