@@ -42,7 +42,9 @@ HEADS = {'shape': "collective #0 (allreduce of key 'w'): ",
          'count': 'how many collectives one call issues: '}
 
 
-@pytest.mark.parametrize('nprocs', [2, 3], ids=lambda n: 'np%d' % n)
+# 3 ranks: ranks that said the same are grouped, and a joined rank takes part (2 ranks took
+# another 50 s of the suite and cover nothing more; the words' own tests are below).
+@pytest.mark.parametrize('nprocs', [3], ids=lambda n: 'np%d' % n)
 @pytest.mark.parametrize('design', NAMES)
 def test_mismatch_names_every_rank_once(design, nprocs, mpi_available):
     out = run_mpi(nprocs, 'kv_mismatch.py', design, timeout=150)
