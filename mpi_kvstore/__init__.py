@@ -7,10 +7,18 @@
 After ``import mpi_kvstore``, ``mx.kv.create('dist_mpi')`` returns the same kind
 of store, configured from ``MPI_KVSTORE_*`` environment variables.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 __version__ = '0.1.0'
 
 import os as _os
 import sys as _sys
+
+if _TYPE_CHECKING:   # the store loads on first use (below); a type checker reads it now
+    from .store import MPIKVStore
 
 # UCX's TCP keepalive off unless the user set it, here, before the user's own code can start
 # MPI (mpiabi.py says why); too late once mpi4py.MPI is imported.
@@ -78,7 +86,7 @@ else:
                'broadcast',
                'broadcast_', 'broadcast_object', 'rank', 'size', 'local_rank', 'local_size']
 
-    def create(name='dist_mpi', comm=None, **options):
+    def create(name: str = 'dist_mpi', comm: _Any = None, **options: _Any) -> MPIKVStore:
         """Create an :class:`MPIKVStore`; options as in :mod:`mpi_kvstore.config`."""
         from .store import MPIKVStore
         return MPIKVStore(name, comm=comm, **options)

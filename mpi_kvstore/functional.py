@@ -5,7 +5,10 @@ Every function is collective: all ranks call it, in the same order. Array
 functions are asynchronous like the store (read the result to wait); object
 functions return the value.
 """
+from __future__ import annotations
+
 import threading
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -13,17 +16,17 @@ import numpy as np
 from .config import launcher_local_rank
 from .fusion import share
 from .mpiabi import MPI
-from .store import MPIKVStore
+from .store import MPIKVStore, NDArray
 
 __all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'reducescatter',
            'broadcast', 'broadcast_', 'broadcast_object', 'allgather_object', 'rank', 'size',
            'local_rank', 'local_size']
 
-_default = {}
+_default: dict = {}
 _lock = threading.Lock()
 
 
-def default_store(**options):
+def default_store(**options: Any) -> MPIKVStore:
     """The store the helpers use when given none; created on first use (collective)."""
     with _lock:
         if 'store' not in _default:
@@ -31,41 +34,46 @@ def default_store(**options):
         return _default['store']
 
 
-def _store(store):
+def _store(store: MPIKVStore | None) -> MPIKVStore:
     return store if store is not None else default_store()
 
 
-def allreduce_(tensor, average=False, name='allreduce', store=None):
+def allreduce_(tensor: NDArray, average: bool = False, name: str = 'allreduce',
+               store: MPIKVStore | None = None) -> NDArray:
     """Sum (or average) ``tensor`` over ranks, in place; returns it."""
     return _store(store).array_collective('allreduce', name, tensor, average=average)
 
 
-def allreduce(tensor, average=False, name='allreduce', store=None):
+def allreduce(tensor: NDArray, average: bool = False, name: str = 'allreduce',
+              store: MPIKVStore | None = None) -> NDArray:
     """Sum (or average) over ranks into a new NDArray."""
     return allreduce_(tensor.copy(), average, name, store)
 
 
-def broadcast_(tensor, root=0, name='broadcast', store=None):
+def broadcast_(tensor: NDArray, root: int = 0, name: str = 'broadcast',
+               store: MPIKVStore | None = None) -> NDArray:
     """Overwrite ``tensor`` with root's, in place; returns it."""
     return _store(store).array_collective('bcast', name, tensor, root=root)
 
 
-def broadcast(tensor, root=0, name='broadcast', store=None):
+def broadcast(tensor: NDArray, root: int = 0, name: str = 'broadcast',
+              store: MPIKVStore | None = None) -> NDArray:
     """Root's tensor, as a new NDArray on every rank."""
     return broadcast_(tensor.copy(), root, name, store)
 
 
-def broadcast_object(obj, root=0, store=None):
+def broadcast_object(obj: Any, root: int = 0, store: MPIKVStore | None = None) -> Any:
     """Root's picklable object on every rank."""
     return _store(store).run_collective(lambda comm: comm.bcast(obj, root=root), 'bcast_object')
 
 
-def allgather_object(obj, store=None):
+def allgather_object(obj: Any, store: MPIKVStore | None = None) -> list:
     """A list of every rank's object, in rank order."""
     return _store(store).run_collective(lambda comm: comm.allgather(obj), 'allgather_object')
 
 
-def allgather(tensor, name='allgather', store=None):
+def allgather(tensor: NDArray, name: str = 'allgather',
+              store: MPIKVStore | None = None) -> NDArray:
     """Concatenate every rank's tensor along axis 0, in rank order (first dimensions may
     differ). Ranks first learn each other's shapes (a small object collective); where they
     are alike, as in training, the data moves in an allgather engine op (MPI_Allgatherv),
@@ -86,7 +94,8 @@ def allgather(tensor, name='allgather', store=None):
     return mx.nd.array(np.concatenate(parts), ctx=tensor.context, dtype=tensor.dtype)
 
 
-def reducescatter(tensor, average=False, name='reducescatter', store=None):
+def reducescatter(tensor: NDArray, average: bool = False, name: str = 'reducescatter',
+                  store: MPIKVStore | None = None) -> NDArray:
     """Horovod's reducescatter: the sum (or mean) over ranks of ``tensor``, cut along axis 0
     into near-equal parts in rank order (the first ``rows % size`` ranks get a row more);
     returns this rank's part, a new NDArray. One MPI_Reduce_scatter in an engine op. Every
@@ -103,20 +112,20 @@ def reducescatter(tensor, average=False, name='reducescatter', store=None):
     return summed[start:stop].copy()
 
 
-def _comm_store(store):
+def _comm_store(store: MPIKVStore | None) -> MPIKVStore | None:
     """The store whose communicator rank() and size() describe: the one given, else the
     default store once it exists (created on a communicator of the user's choosing, it may
     not span COMM_WORLD), else None."""
     return store if store is not None else _default.get('store')
 
 
-def rank(store=None):
+def rank(store: MPIKVStore | None = None) -> int:
     """This process's rank in the store's communicator (COMM_WORLD before any store)."""
     found = _comm_store(store)
     return found.rank if found is not None else MPI.COMM_WORLD.Get_rank()
 
 
-def size(store=None):
+def size(store: MPIKVStore | None = None) -> int:
     """The number of processes of the store's communicator (COMM_WORLD's before any store)."""
     found = _comm_store(store)
     return found.num_workers if found is not None else MPI.COMM_WORLD.Get_size()
@@ -133,10 +142,10 @@ def _local():
     return _default['local']
 
 
-def local_rank():
+def local_rank() -> int:
     """This process's index among the processes of its node: pick a GPU with it."""
     return _local()[0]
 
 
-def local_size():
+def local_size() -> int:
     return _local()[1]

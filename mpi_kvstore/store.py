@@ -1,4 +1,6 @@
 """MPIKVStore: MXNet's KVStore contract on top of the designs."""
+from __future__ import annotations
+
 import atexit
 import collections
 import importlib.metadata
@@ -8,6 +10,7 @@ import pickle
 import sys
 import threading
 import weakref
+from typing import Any, Callable, Sequence, Union
 
 import mxnet as mx
 import numpy as np
@@ -27,6 +30,14 @@ from .namecache import NameCache
 from .timeline import Timeline
 
 __all__ = ['MPIKVStore']
+
+# MXNet ships no type information: an NDArray is Any to a type checker. A key is an int or a
+# str; a call takes one key or a list of them, and one value (or list of values per device)
+# per key.
+NDArray = Any
+Key = Union[int, str]
+Keys = Union[Key, Sequence[Key]]
+Values = Union[NDArray, Sequence[Any]]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +83,7 @@ class MPIKVStore(KVStoreBase):
 
     NAMES = ('dist_mpi', 'dist_sync_mpi')
 
-    def __init__(self, name='dist_mpi', comm=None, **options):
+    def __init__(self, name: str = 'dist_mpi', comm: Any = None, **options: Any) -> None:
         if str(name).lower() not in self.NAMES:
             raise ValueError('unknown store name %r; mpi_kvstore provides %s'
                              % (name, ', '.join(self.NAMES)))
@@ -87,16 +98,16 @@ class MPIKVStore(KVStoreBase):
         if chosen and self._rank == 0:
             log.info('%s', chosen)
         self._keys = KeyTable(self._config, self._rank, self._size)
-        self._fitted = set()              # keys whose optimizer state is cut to this rank's share
+        self._fitted: set = set()         # keys whose optimizer state is cut to this rank's share
         self._calls = CallCache()         # push and pushpull calls already checked
         self._wire = compression.wire_cast(self._config.compression)
         self._codec = None                # set_gradient_compression's (compression.TwoBit)
         # array_collective's staging buffers, least recently used first out (names may be new
         # every step)
         self._helper_buffers = NameCache(self._config.name_cache_capacity)
-        self._clip = None                 # the clipped step under way (shards.ClipStep)
+        self._clip: shards.ClipStep | None = None   # the clipped step under way
         self._errors = DeferredErrors()
-        self._pending = collections.deque()
+        self._pending: collections.deque = collections.deque()
         self._closed = False
         self._timeline = (Timeline(self._config.timeline, self._rank, self._size)
                           if self._config.timeline else None)
@@ -110,34 +121,34 @@ class MPIKVStore(KVStoreBase):
 
     # -- identity -------------------------------------------------------------
     @property
-    def type(self):
+    def type(self) -> str:
         # Module multiplies the batch size by num_workers only when the type
         # contains both 'dist' and '_sync'; Trainer checks for 'dist'.
         return 'dist_sync_mpi'
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._rank
 
     @property
-    def num_workers(self):
+    def num_workers(self) -> int:
         return self._size
 
     @property
-    def design(self):
+    def design(self) -> str:
         return self._design.name
 
     @property
-    def config(self):
+    def config(self) -> Config:
         return self._config
 
     @property
-    def timeline(self):
+    def timeline(self) -> Timeline | None:
         """The store's timeline.Timeline (the ``timeline`` option), or None."""
         return self._timeline
 
     @staticmethod
-    def is_capable(capability):
+    def is_capable(capability: str) -> bool:
         return str(capability).lower() == KVStoreBase.OPTIMIZER
 
     @property
@@ -177,21 +188,22 @@ class MPIKVStore(KVStoreBase):
                        root=root, in_place=in_place)
 
     # -- the contract ---------------------------------------------------------------
-    def init(self, key, value):
+    def init(self, key: Keys, value: Values) -> None:
         """Give keys rank 0's values."""
         self._begin()
         entries = normalize(key, value)
         self._keys.validate(entries, fresh=True)
         self._broadcast(entries, 0)
 
-    def broadcast(self, key, value, out, priority=0):
+    def broadcast(self, key: Keys, value: Values, out: Values, priority: int = 0) -> None:
         """Rank 0's value lands in every out on every rank (and in the store)."""
         self._begin(priority)
         entries = normalize(key, value, out)
         self._keys.validate(entries)
         self._broadcast(entries, priority)
 
-    def broadcast_from(self, key, value, out=None, root=0, priority=0):
+    def broadcast_from(self, key: Keys, value: Values, out: Values | None = None,
+                       root: int = 0, priority: int = 0) -> None:
         """Like broadcast, from any root rank (out=None: in place)."""
         self._begin(priority)
         self._check_root(root)
@@ -220,7 +232,8 @@ class MPIKVStore(KVStoreBase):
                 state.weights = tuple(entry.outs) + tuple(
                     v for v in entry.values if not any(same_array(v, o) for o in entry.outs))
 
-    def pushpull(self, key, value, out=None, priority=0):
+    def pushpull(self, key: Keys, value: Values, out: Values | None = None,
+                 priority: int = 0) -> None:
         """Sum value over devices and ranks into out (in place when out is None).
 
         An allreduce: the key needs no init; its first use fixes its shape and dtype.
@@ -237,7 +250,7 @@ class MPIKVStore(KVStoreBase):
             self._calls.remember('pushpull', key, value, out, plans)
         self._exchange(plans, priority)
 
-    def push(self, key, value, priority=0):
+    def push(self, key: Keys, value: Values, priority: int = 0) -> None:
         """Sum value over devices and ranks into the store (through the optimizer if set).
 
         As in MXNet's own stores, the key must have been given a value by init() or
@@ -347,7 +360,8 @@ class MPIKVStore(KVStoreBase):
             states[key] = shards.fit(key, states[key], count, bounds)
             self._fitted.add(key)
 
-    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+    def pull(self, key: Keys, out: Values | None = None, priority: int = 0,
+             ignore_sparse: bool = True) -> None:
         """Copy the stored value of each key into out."""
         self._begin(priority)
         entries = normalize_out(key, out)
@@ -358,7 +372,7 @@ class MPIKVStore(KVStoreBase):
                 state.value.copyto(arr)
             state.weights = tuple(entry.outs)
 
-    def join(self):
+    def join(self) -> int:
         """This rank has run out of data: until every rank has joined, take part in
         the others' collectives with zeros. Returns, on every rank, the last rank to
         join (the one that issued the most collectives; ties: the highest rank).
@@ -426,11 +440,12 @@ class MPIKVStore(KVStoreBase):
         return pickle.dumps({key: state for key, state in self._updater.states.items()
                              if key not in sharded})
 
-    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+    def row_sparse_pull(self, key: Keys, out: Values | None = None, priority: int = 0,
+                        row_ids: Any = None) -> None:
         raise TypeError('mpi_kvstore reduces dense arrays only; row_sparse_pull is not supported')
 
     # -- optimizer ----------------------------------------------------------------
-    def set_optimizer(self, optimizer):
+    def set_optimizer(self, optimizer: Any) -> None:
         """Run the optimizer in the store: every rank applies it to the same sums (with
         shard_optimizer, each rank to its share of every key)."""
         self._begin()
@@ -447,7 +462,7 @@ class MPIKVStore(KVStoreBase):
             raise MPIKVStoreError('no optimizer is set on this store: call set_optimizer first')
         return self._updater
 
-    def clip_global_norm(self, max_norm, keys):
+    def clip_global_norm(self, max_norm: float, keys: Sequence[Key]) -> None:
         """Clip the next step's gradient by its global norm before the store's optimizer
         runs it: the step is the push or pushpull calls that push each of ``keys`` once, in
         any grouping and order (gluon.Trainer pushes one key a call). The norm is the one
@@ -475,7 +490,7 @@ class MPIKVStore(KVStoreBase):
                              'keys %s: push them first' % (self._clip.waiting,))
         self._clip = shards.ClipStep(float(max_norm), keys)
 
-    def save_optimizer_states(self, fname, dump_optimizer=False):
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write the optimizer's states (and the optimizer with ``dump_optimizer``) in
         MXNet's format. With shard_optimizer this is a collective that gathers every rank's
         shares, so every rank must call it; each writes the same whole-model file, which
@@ -495,7 +510,7 @@ class MPIKVStore(KVStoreBase):
             fh.write(data)
         os.replace(tmp, fname)
 
-    def load_optimizer_states(self, fname):
+    def load_optimizer_states(self, fname: str) -> None:
         """Read states saved by any store (sharded or not, at any number of ranks). A state
         whose size does not fit its key raises ValueError and changes nothing."""
         updater = self._require_updater()
@@ -515,7 +530,7 @@ class MPIKVStore(KVStoreBase):
     def _sharded_keys(self):
         return {st.key: (st.shape, st.count) for st in self._keys if self._keys.sharded(st)}
 
-    def set_gradient_compression(self, compression_params):
+    def set_gradient_compression(self, compression_params: dict) -> None:
         """MXNet's 2-bit compression of push and pushpull: {'type': '2bit', 'threshold': t}
         (t defaults to 0.5), or {'type': 'none'}. Every rank must set the same (their calls
         fail with RankMismatchError otherwise); it applies to the calls made after it, and
@@ -533,7 +548,7 @@ class MPIKVStore(KVStoreBase):
                 return
 
     # -- synchronisation ----------------------------------------------------------
-    def wait(self):
+    def wait(self) -> None:
         """Block until every collective pushed so far finished; raise what failed."""
         while self._pending:
             self._pending[0].wait()
@@ -548,7 +563,8 @@ class MPIKVStore(KVStoreBase):
         req.wait()
         self._errors.raise_pending()
 
-    def array_collective(self, kind, name, tensor, root=0, average=False, unit=1):
+    def array_collective(self, kind: str, name: str, tensor: NDArray, root: int = 0,
+                         average: bool = False, unit: int = 1) -> NDArray:
         """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
         sum, or the mean with ``average``), 'bcast' (root's value), 'reducescatter' (this
         rank's share of the flat tensor gets the sum, or the mean; shares are cut in whole
@@ -582,7 +598,7 @@ class MPIKVStore(KVStoreBase):
         buf.copyto(tensor)
         return tensor
 
-    def run_collective(self, fn, name='custom'):
+    def run_collective(self, fn: Callable[[Any], Any], name: str = 'custom') -> Any:
         """Run ``fn(mpi_comm)`` in collective order on the store's communicator; return its result."""
         self._begin()
         req = Collective('custom', '__%s__' % name, fn=fn)
@@ -591,7 +607,7 @@ class MPIKVStore(KVStoreBase):
         self._errors.raise_pending()
         return req.result
 
-    def close(self):
+    def close(self) -> None:
         """Finish in-flight work and stop the communication threads (idempotent).
 
         Raises the error of any collective that failed and was not raised yet.
@@ -631,7 +647,7 @@ class MPIKVStore(KVStoreBase):
 
 
 _ARRAY_KINDS = ('allreduce', 'bcast', 'reducescatter', 'allgather')
-_LIVE = weakref.WeakSet()
+_LIVE: weakref.WeakSet = weakref.WeakSet()
 _exit_lock = threading.Lock()
 
 
