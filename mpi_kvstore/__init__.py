@@ -21,8 +21,10 @@ if _TYPE_CHECKING:   # the store loads on first use (below); a type checker read
     from .store import MPIKVStore
 
 # UCX's TCP keepalive off unless the user set it, here, before the user's own code can start
-# MPI (mpiabi.py says why); too late once mpi4py.MPI is imported.
-_UCX_KEEPIDLE_BY_STORE = not ('UCX_TCP_KEEPIDLE' in _os.environ or 'mpi4py.MPI' in _sys.modules)
+# MPI (mpiabi.py says why, and reads what was decided); too late once MPI has started.
+_MPI = _sys.modules.get('mpi4py.MPI')
+_UCX_KEEPIDLE_BY_STORE = not ('UCX_TCP_KEEPIDLE' in _os.environ
+                              or (_MPI is not None and _MPI.Is_initialized()))
 if _UCX_KEEPIDLE_BY_STORE:
     _os.environ['UCX_TCP_KEEPIDLE'] = 'inf'
 

@@ -10,24 +10,20 @@ import sys
 
 import numpy as np
 
-# UCX's TCP keepalive off unless the user says otherwise, before MPI (and UCX) start: after a
-# cut link between training steps it failed the idle connection, and MPICH 5.0.2 then died
-# with SIGSEGV in the next collective over it (3 runs of 3 on the test bed); without it the
-# stall inspector names the stall (docs/faults.md, A cut link). A process that imported
-# mpi4py.MPI before this module has started MPI already: the default cannot apply there
-# (doctor reports it).
+# UCX's TCP keepalive is off unless the user says otherwise: after a cut link between training
+# steps it failed the idle connection, and MPICH 5.0.2 then died with SIGSEGV in the next
+# collective over it (3 runs of 3 on the test bed); without it the stall inspector names the
+# stall (docs/faults.md, A cut link). The package's __init__ sets the default, since it runs
+# before this module and before a user's own mpi4py.MPI import can start MPI; a process that
+# imported mpi4py.MPI first keeps UCX's own (doctor reports it).
 KEEPIDLE_DEFAULT = 'inf'
-# What UCX read at MPI_Init: (value, or None for UCX's own; who set it), for doctor. The
-# package's __init__ sets it first, before a user's own mpi4py.MPI import can start MPI.
+# What UCX read at MPI_Init: (value, or None for UCX's own; who set it), for doctor.
 if getattr(sys.modules.get(__package__), '_UCX_KEEPIDLE_BY_STORE', False):
     _KEEPIDLE = (os.environ.get('UCX_TCP_KEEPIDLE'), "the store's default")
 elif 'UCX_TCP_KEEPIDLE' in os.environ:
     _KEEPIDLE = (os.environ['UCX_TCP_KEEPIDLE'], 'the environment')
-elif 'mpi4py.MPI' in sys.modules and sys.modules['mpi4py.MPI'].Is_initialized():
-    _KEEPIDLE = (None, 'mpi4py.MPI started before mpi_kvstore')
 else:
-    _KEEPIDLE = (KEEPIDLE_DEFAULT, "the store's default")
-    os.environ['UCX_TCP_KEEPIDLE'] = KEEPIDLE_DEFAULT
+    _KEEPIDLE = (None, 'mpi4py.MPI started before mpi_kvstore')
 
 from mpi4py import MPI  # noqa: E402  (after the UCX default above)
 

@@ -187,7 +187,7 @@ def load(path, comm, origin='argument'):
     mine = first or read(path)
     if mine.error:   # not on this host: rank 0's table serves
         shown = "%r (not readable here: rank 0's, content sha256 %s)" % (path, used.key[:12])
-        mine = Reading(path, payload, None)._replace(path=path)
+        mine = used
     else:
         shown = mine.shown
     check(comm, [Setting('tune_table', mine.key, shown, origin)], 'a store')
