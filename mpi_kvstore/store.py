@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import importlib.metadata
 import logging
 import os
 import pickle
@@ -16,13 +15,13 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, engine, shards, topology, tuning
+from . import compression, engine, shards, topology
 from .collective import CLIP_NORM, LAMB_NORMS, Collective
 from .config import Config
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
 from .designs import check_thread_level, get_design
-from .errors import ConfigError, MPIKVStoreError
+from .errors import MPIKVStoreError
 from .faults import StallInspector, install_abort_hook
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
 from .mpiabi import MPI
@@ -40,30 +39,6 @@ Keys = Union[Key, Sequence[Key]]
 Values = Union[NDArray, Sequence[Any]]
 
 log = logging.getLogger(__name__)
-
-
-def _agreed_config(comm, options):
-    """Collective: (Config of ``options``, tune table) once every rank of ``comm`` was given
-    the same design, schedule, compression, tune table... (topology.agree); else
-    ConfigError on every rank alike, naming each option that differs with every rank's value
-    and where it came from. An invalid option on one rank is compared too, so that the
-    others raise with it instead of waiting for it in the store's first collective."""
-    try:
-        config, problem = Config(**options), None
-    except ConfigError as err:
-        config, problem = None, err
-    topology.agree(comm, config, _version(), problem)
-    if problem is not None:
-        # Raised here, not deep in config.py, so the traceback ends at the user's call.
-        raise problem.with_traceback(None)
-    return config, tuning.load(config.tune_table, comm, config.origin('tune_table'))
-
-
-def _version():
-    try:
-        return importlib.metadata.version('mpi_kvstore')
-    except importlib.metadata.PackageNotFoundError:   # a source tree on sys.path
-        return 'source tree'
 
 
 class MPIKVStore(KVStoreBase):
@@ -88,7 +63,7 @@ class MPIKVStore(KVStoreBase):
             raise ValueError('unknown store name %r; mpi_kvstore provides %s'
                              % (name, ', '.join(self.NAMES)))
         comm = MPI.COMM_WORLD if comm is None else comm
-        self._config, table = _agreed_config(comm, options)
+        self._config, table = topology.agreed_config(comm, options)
         design = get_design(self._config.design)
         check_thread_level(design)
         engine.set_naive(self._config.naive_engine)

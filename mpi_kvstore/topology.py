@@ -16,17 +16,20 @@ content the ranks have agreed on (:func:`agree`). A value the user gave is kept.
   docs/scheduling.md has the measurements behind these values.
 - A tune table's ``schedule`` entry (python -m mpi_kvstore tune) wins over both.
 """
+import importlib.metadata
 import logging
 import os
 
 import numpy as np
 
-from .config import AGREED, format_bytes
+from . import tuning
+from .config import AGREED, Config, format_bytes
 from .consensus import Setting, check
+from .errors import ConfigError
 from .mpiabi import MPI
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',
-           'resolve', 'settings', 'agree']
+           'resolve', 'settings', 'agree', 'agreed_config']
 
 log = logging.getLogger(__name__)
 
@@ -145,3 +148,27 @@ _BYTES = ('fusion_threshold', 'device_fusion_threshold', 'partition_bytes', 'cre
 
 def _show(value):
     return '%g' % value if isinstance(value, float) else format_bytes(value)
+
+
+def agreed_config(comm, options):
+    """Collective: (Config of ``options``, tune table) once every rank of ``comm`` was given
+    the same design, schedule, compression, tune table... (:func:`agree`); else
+    ConfigError on every rank alike, naming each option that differs with every rank's value
+    and where it came from. An invalid option on one rank is compared too, so that the
+    others raise with it instead of waiting for it in the store's first collective."""
+    try:
+        config, problem = Config(**options), None
+    except ConfigError as err:
+        config, problem = None, err
+    agree(comm, config, _version(), problem)
+    if problem is not None:
+        # Raised here, not deep in config.py, so the traceback ends at the user's call.
+        raise problem.with_traceback(None)
+    return config, tuning.load(config.tune_table, comm, config.origin('tune_table'))
+
+
+def _version():
+    try:
+        return importlib.metadata.version('mpi_kvstore')
+    except importlib.metadata.PackageNotFoundError:   # a source tree on sys.path
+        return 'source tree'
