@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from benchmarks import harness, report
 from mpi_kvstore import compression
-from mpi_kvstore.comm import Comm
+from mpi_kvstore.comm.host import Comm
 
 UNIT = {'fp16': 2.0 ** -11, 'bf16': 2.0 ** -8}
 

@@ -24,13 +24,14 @@ import numpy as np
 from mpi4py import MPI
 
 from benchmarks import harness, report
-from mpi_kvstore import comm as comm_mod
-from mpi_kvstore import compression, transports
-from mpi_kvstore.collective import Collective
+from mpi_kvstore import compression
+from mpi_kvstore.comm import host as comm_mod
+from mpi_kvstore.comm import transports
+from mpi_kvstore.comm.collective import Collective
+from mpi_kvstore.comm.fusion import plan
+from mpi_kvstore.comm.reduce import Reducer
+from mpi_kvstore.comm.transports import staged
 from mpi_kvstore.errors import ConfigError
-from mpi_kvstore.fusion import plan
-from mpi_kvstore.reduce import Reducer
-from mpi_kvstore.transports import staged
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -82,7 +82,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from benchmarks import harness
-from mpi_kvstore.arrays import array_pointer, host_view
+from mpi_kvstore.engine.arrays import array_pointer, host_view
 
 __all__ = ['MODELS', 'RESNET50_IMAGES_PER_S', 'BATCH', 'ParamSpec', 'Layer', 'Plan',
            'zoo_params', 'total_flops', 'default_images_per_s', 'plan', 'grad_unit',

@@ -9,7 +9,7 @@ Measured in one run, interleaved (every trial runs each method once, in an order
 rotates from trial to trial, so load from other work slows every method alike), on float32
 buffers, in place:
   mpi:flat     COMM.Allreduce(IN_PLACE, buf): MPICH's own algorithm;
-  mpi:hier     mpi_kvstore.comm.Comm(hierarchical='on').allreduce(buf): what the store
+  mpi:hier     mpi_kvstore.comm.host.Comm(hierarchical='on').allreduce(buf): what the store
                runs where every host has as many ranks: Reduce_scatter inside each host,
                an Allreduce of each piece among the ranks with the same local rank (every
                rank of a host sends its share over the link), Allgatherv inside each host;
@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 import mpi_kvstore
 from benchmarks import harness, peers, report
-from mpi_kvstore.comm import Comm
+from mpi_kvstore.comm.host import Comm
 
 COMM = MPI.COMM_WORLD
 FULL = {'sizes': harness.parse_sizes('1M,4M,16M,64M'), 'warmups': 1, 'trials': 5}

@@ -31,7 +31,7 @@ from mpi4py import MPI
 import mpi_kvstore  # noqa: F401  (registers dist_mpi with mx.kv.create)
 from benchmarks import harness, peers, report
 from benchmarks.memory_probe import Gate, gated_step, rss_mb
-from mpi_kvstore import engine
+from mpi_kvstore.engine import core as engine
 
 COMM = MPI.COMM_WORLD
 ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')   # the designs that push engine ops

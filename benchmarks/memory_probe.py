@@ -8,7 +8,7 @@ Holding the arrays behind a gate op reproduces that in every design.
 import threading
 
 from benchmarks.harness import rss_mb
-from mpi_kvstore import engine
+from mpi_kvstore.engine import core as engine
 
 __all__ = ['Gate', 'gated_step', 'rss_mb']
 

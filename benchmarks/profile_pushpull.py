@@ -35,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from benchmarks import harness, peers
-from mpi_kvstore.arrays import array_pointer, host_view
+from mpi_kvstore.engine.arrays import array_pointer, host_view
 
 COMM = MPI.COMM_WORLD
 
@@ -129,7 +129,8 @@ def _noop_op(array, inline):
     import numba
     from numba import types
 
-    from mpi_kvstore import engine, native
+    from mpi_kvstore.engine import core as engine
+    from mpi_kvstore.engine import native
 
     complete = native._call_void_3   # the store's own call of the engine's callback
 

@@ -19,7 +19,7 @@ Rank 0 writes the winner into --table: into the ``schedule`` entry of the tune t
 (python -m mpi_kvstore tune writes its allreduce rows), or into a new table whose allreduce
 rows leave every size to MPI. A store created with ``tune_table=`` that file (or
 MPI_KVSTORE_TUNE_TABLE) then takes these values for the options left 'auto'
-(mpi_kvstore/topology.py). The table is for this topology: a job on other hosts, another
+(mpi_kvstore/comm/topology.py). The table is for this topology: a job on other hosts, another
 rate or another rank count should tune its own.
 """
 import argparse
@@ -62,7 +62,7 @@ def label(pair):
 
 def write_table(path, pair, comm_size, measured):
     """The winner into path's schedule entry (rank 0 only)."""
-    from mpi_kvstore import tuning
+    from mpi_kvstore.comm import tuning
     if os.path.exists(path):
         with open(path) as fh:
             table = tuning.Table.from_json(json.load(fh))

@@ -14,7 +14,7 @@ below at least; a script's own results come beside them (results, models, column
     overlap    cost_model --overlap (overlap_model.json): points, fitted, predictions,
                fit_on, assumptions
     tune       a tune table (schedule_tune.py writes the schedule entry): version,
-               comm_size; mpi_kvstore.tuning.Table.from_json validates what is inside
+               comm_size; mpi_kvstore.comm.tuning.Table.from_json validates what is inside
 
 The other files are prose or logs and are not checked: NAME.md (a script's tables),
 log.txt and load.txt (its output, the machine's load meanwhile) and NOTES.md (notes

@@ -210,7 +210,7 @@ def state_bytes(kv):
     """Bytes of optimizer state this rank's store holds: every NDArray of every key's state."""
     import numpy as np
 
-    from mpi_kvstore import shards
+    from mpi_kvstore.optim import shards
     updater = kv._updater
     if updater is None:
         return 0
@@ -224,8 +224,8 @@ def expected_share_bytes(kv_whole, nranks, rank):
     whole."""
     import numpy as np
 
-    from mpi_kvstore import shards
-    from mpi_kvstore.fusion import share
+    from mpi_kvstore.comm.fusion import share
+    from mpi_kvstore.optim import shards
     total = 0
     for state in kv_whole._updater.states.values():
         for leaf in shards.leaves(state):

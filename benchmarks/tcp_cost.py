@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from benchmarks import harness, report
-from mpi_kvstore.progress import PROGRESS_TESTS, wait_polling  # the store's own wait
+from mpi_kvstore.comm.progress import PROGRESS_TESTS, wait_polling  # the store's own wait
 
 COMM = MPI.COMM_WORLD
 

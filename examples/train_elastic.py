@@ -18,7 +18,8 @@ import time
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from mpi_kvstore import elastic, supervision
+from mpi_kvstore import elastic
+from mpi_kvstore.launch import supervision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common

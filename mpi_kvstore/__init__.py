@@ -18,7 +18,7 @@ import os as _os
 import sys as _sys
 
 if _TYPE_CHECKING:   # the store loads on first use (below); a type checker reads it now
-    from .store import MPIKVStore
+    from .store.kvstore import MPIKVStore
 
 # UCX's TCP keepalive off unless the user set it, here, before the user's own code can start
 # MPI (mpiabi.py says why, and reads what was decided); too late once MPI has started.
@@ -52,7 +52,7 @@ else:
     # mpi4py.MPI, and that import starts MPI, which ``python -m mpi_kvstore run`` must not
     # do in the supervisor's process (its ranks start their own).
     _PUBLIC = {
-        'clipping': ['clip_global_norm'], 'config': ['Config', 'options_table'],
+        'optim.clipping': ['clip_global_norm'], 'config': ['Config', 'options_table'],
         'designs': ['DESIGNS'], 'gluon': ['DistributedTrainer', 'broadcast_parameters'],
         'store': ['MPIKVStore'],
         'errors': ['ArrayLayoutError', 'CollectiveError', 'ConfigError', 'JoinError',
@@ -90,7 +90,7 @@ else:
 
     def create(name: str = 'dist_mpi', comm: _Any = None, **options: _Any) -> MPIKVStore:
         """Create an :class:`MPIKVStore`; options as in :mod:`mpi_kvstore.config`."""
-        from .store import MPIKVStore
+        from .store.kvstore import MPIKVStore
         return MPIKVStore(name, comm=comm, **options)
 
     # mx.kv.create(name) looks the lower-cased name up here and calls what it finds with no

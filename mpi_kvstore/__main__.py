@@ -10,24 +10,24 @@
 import argparse
 import sys
 
-from .cli import HelpFormatter, console, to_stdout
 from .errors import ConfigError
+from .launch.console import HelpFormatter, console, to_stdout
 
 PROG = 'python -m mpi_kvstore'
 
 
 def _doctor(argv):
-    from .doctor import main  # initialises MPI: loaded only for the command that needs it
+    from .cli.doctor import main  # initialises MPI: loaded only for the command that needs it
     return main(argv)
 
 
 def _tune(argv):
-    from .tune import main  # initialises MPI: loaded only for the command that needs it
+    from .cli.tune import main  # initialises MPI: loaded only for the command that needs it
     return main(argv)
 
 
 def _run(argv):
-    from .supervisor import main  # starts no MPI: the job does
+    from .launch.supervisor import main  # starts no MPI: the job does
     return main(argv)
 
 

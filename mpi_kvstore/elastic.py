@@ -39,8 +39,8 @@ import tempfile
 import mxnet as mx
 import numpy as np
 
-from . import supervision
-from .mpiabi import MPI
+from .comm.mpiabi import MPI
+from .launch import supervision
 
 __all__ = ['State', 'latest_commit']
 

@@ -13,10 +13,10 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from .comm.fusion import share
+from .comm.mpiabi import MPI
 from .config import launcher_local_rank
-from .fusion import share
-from .mpiabi import MPI
-from .store import MPIKVStore, NDArray
+from .store.kvstore import MPIKVStore, NDArray
 
 __all__ = ['default_store', 'allreduce', 'allreduce_', 'allgather', 'reducescatter',
            'broadcast', 'broadcast_', 'broadcast_object', 'allgather_object', 'rank', 'size',

@@ -1,4 +1,4 @@
-"""One agreed configuration per store (mpi_kvstore/consensus.py, topology.agree): ranks given
+"""One agreed configuration per store (mpi_kvstore/comm/consensus.py, topology.agree): ranks given
 different options raise ConfigError together at creation, naming every rank's value."""
 import re
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mpi_kvstore import config as cfg
-from mpi_kvstore import consensus, topology
+from mpi_kvstore.comm import consensus, topology
 from mpi_kvstore.errors import ConfigError
 
 from mpi_harness import MPIRunError, parametrize_sizes, run_mpi

@@ -1,11 +1,11 @@
-"""The agreement messages (mpi_kvstore.agreement), with the MPI MIN done by numpy."""
+"""The agreement messages (mpi_kvstore.comm.agreement), with the MPI MIN done by numpy."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mpi_kvstore import agreement as ag
-from mpi_kvstore.collective import SIG_LIMIT
+from mpi_kvstore.comm import agreement as ag
+from mpi_kvstore.comm.collective import SIG_LIMIT
 
 
 def _min(*msgs):
@@ -91,7 +91,7 @@ def test_runs_as_offered_is_no_join_and_no_mismatch(offers):
 
 def test_runs_as_offered_compiles_to_the_same_answers():
     """The native op's compiled copy answers as the Python function does."""
-    from mpi_kvstore import native  # imports MXNet: the copy sits beside the op
+    from mpi_kvstore.engine import native  # imports MXNet: the copy sits beside the op
     mine = ag.group_message([5, 9], rank=1)
     for other in ([5, 9], [9, 5], [5], [5, 9, 9], [], None):
         theirs = (ag.group_message((), joined=True) if other is None

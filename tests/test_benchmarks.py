@@ -316,7 +316,7 @@ def test_schedule_tune(mpi_available, tmp_path):
     written = json.loads(table.read_text())
     assert (written['schedule']['partition_bytes'], written['schedule']['credit_bytes']) == best
     assert 'schedule written to' in out
-    from mpi_kvstore import tuning
+    from mpi_kvstore.comm import tuning
     assert tuning.Table.from_json(written).schedule == written['schedule']
 
 
@@ -375,7 +375,7 @@ def test_testbed_scaling_then_cost_model(mpi_available, tmp_path):
 
 
 def test_cost_model_predicts(tmp_path):
-    """The prediction alone: fusion (mpi_kvstore.fusion.plan) packs ResNet-50's arrays into
+    """The prediction alone: fusion (mpi_kvstore.comm.fusion.plan) packs ResNet-50's arrays into
     fewer collectives than arrays, and no fusion sends one collective per array."""
     out = run(python_m('cost_model', '--predict-only', '--out', tmp_path))
     report = load(tmp_path / 'cost_model.json')

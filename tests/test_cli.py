@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from mpi_kvstore import __main__ as cli_main
-from mpi_kvstore import config, supervisor
-from mpi_kvstore.cli import console
+from mpi_kvstore import config
+from mpi_kvstore.launch import supervisor
+from mpi_kvstore.launch.console import console
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = 'python -m mpi_kvstore'
@@ -43,7 +44,7 @@ def _exit(capsys, *argv):
 
 
 def _tune_parser():
-    from mpi_kvstore import tune  # initialises MPI (a singleton here): only where needed
+    from mpi_kvstore.cli import tune  # initialises MPI (a singleton here): only where needed
     return tune._parser()
 
 

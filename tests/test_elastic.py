@@ -25,7 +25,7 @@ import uuid
 import numpy as np
 import pytest
 
-from mpi_kvstore import supervision, supervisor
+from mpi_kvstore.launch import supervision, supervisor
 
 from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, processes
 

@@ -13,10 +13,10 @@ import types
 
 import pytest
 
-from mpi_kvstore import faults
-from mpi_kvstore.comm import MPI
+from mpi_kvstore.comm.host import MPI
 from mpi_kvstore.config import Config, ConfigError
 from mpi_kvstore.designs import ENGINE_NAMES
+from mpi_kvstore.faults import abort as faults
 
 from mpi_harness import MPIRunError, run_mpi
 

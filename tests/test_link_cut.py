@@ -32,9 +32,11 @@ import uuid
 import pytest
 
 import testbed
-from mpi_kvstore import faults, mpiabi, supervision, supervisor
-from mpi_kvstore.comm import MPI
+from mpi_kvstore.comm import mpiabi
+from mpi_kvstore.comm.host import MPI
 from mpi_kvstore.config import Config
+from mpi_kvstore.faults import abort as faults
+from mpi_kvstore.launch import supervision, supervisor
 
 from mpi_harness import (
     REPO_ROOT,
@@ -83,7 +85,8 @@ def test_probe_asks_the_other_ranks_once_per_stall_before_the_threshold():
 KEEPIDLE_CHECK = """
 import json, os
 {first}
-from mpi_kvstore import mpiabi, doctor
+from mpi_kvstore.comm import mpiabi
+from mpi_kvstore.cli import doctor
 print(json.dumps([os.environ.get('UCX_TCP_KEEPIDLE'), mpiabi.ucx_keepidle(), doctor._keepidle()]))
 """
 

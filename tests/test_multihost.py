@@ -28,8 +28,8 @@ import pytest
 from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_MARGIN
 
 import testbed
-from mpi_kvstore import faults
 from mpi_kvstore.designs import NAMES as DESIGNS
+from mpi_kvstore.faults import abort as faults
 
 from mpi_harness import MPIRunError, run_mpi
 

@@ -8,7 +8,7 @@ MXNet keeps with it).
 """
 import pytest
 
-from mpi_kvstore.namecache import NameCache
+from mpi_kvstore.store.namecache import NameCache
 
 from mpi_harness import run_mpi
 

@@ -12,10 +12,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from mpi_kvstore import debug
-from mpi_kvstore.collective import Collective
-from mpi_kvstore.fusion import Shares, pieces
-from mpi_kvstore.poison import poison_value
-from mpi_kvstore.schedule import Piece, Queue, SharePiece, cut
+from mpi_kvstore.comm.collective import Collective
+from mpi_kvstore.comm.fusion import Shares, pieces
+from mpi_kvstore.comm.poison import poison_value
+from mpi_kvstore.designs.schedule import Piece, Queue, SharePiece, cut
 
 DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64')
 
@@ -396,7 +396,7 @@ def test_timeline_keeps_a_requests_marks_for_pieces_that_finish_out_of_order(tmp
     event still starts at the request's push, and nothing is left behind."""
     import json
 
-    from mpi_kvstore.timeline import Timeline
+    from mpi_kvstore.comm.timeline import Timeline
     req = Collective('allreduce', 'w', np.dtype('float32'), (8,))
     req.seq, req.view = 0, np.zeros(8, np.float32)
     timeline = Timeline(str(tmp_path / 't.json'), 0, 1)

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mpi_kvstore import config as cfg
-from mpi_kvstore.collective import Collective, signature
-from mpi_kvstore.fusion import plan
+from mpi_kvstore.comm.collective import Collective, signature
+from mpi_kvstore.comm.fusion import plan
 from mpi_kvstore.gluon import _groups  # loaded in a test, the store outlasts hypothesis' deadline
 
 
@@ -153,9 +153,9 @@ def test_the_transports_import_without_mxnet():
     import sys
     code = ("import sys; sys.modules['mxnet'] = None\n"
             "import numpy as np\n"
-            "from mpi_kvstore import transports, comm, reduce\n"
-            "from mpi_kvstore.collective import Collective\n"
-            "from mpi_kvstore.mpiabi import MPI\n"
+            "from mpi_kvstore.comm import host as comm, reduce, transports\n"
+            "from mpi_kvstore.comm.collective import Collective\n"
+            "from mpi_kvstore.comm.mpiabi import MPI\n"
             "c = comm.Comm(MPI.COMM_WORLD, 'off')\n"
             "req = Collective('allreduce', 'k', np.dtype('f4'), (3,), place='cpu')\n"
             "req.view = np.arange(3, dtype='f4')\n"
@@ -173,7 +173,7 @@ def test_cuda_awareness_is_asked_of_the_loaded_mpi():
     the PyPI mpich wheel answers with no; 'on' and 'off' override it."""
     import ctypes
 
-    from mpi_kvstore import mpiabi
+    from mpi_kvstore.comm import mpiabi
     lib = ctypes.CDLL(mpiabi._loaded_libmpi())
     assert hasattr(lib, 'MPIX_Query_cuda_support') or hasattr(lib, 'MPIX_GPU_query_support')
     lib.MPIX_Query_cuda_support.restype = ctypes.c_int
@@ -225,7 +225,7 @@ def test_fusion_plans_from_agreed_metadata_only():
 
 
 def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
-    from mpi_kvstore.tuning import Table
+    from mpi_kvstore.comm.tuning import Table
     table = Table([4096, 1 << 20, 1 << 26], ['mpi', 'rsag', 'mpi'], 2)
     assert [table.choose(n) for n in (4, 4096, 65535, 65536, 1 << 20, (8 << 20) - 1, 8 << 20,
                                       1 << 30)] \
@@ -239,8 +239,8 @@ def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
 
 def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
     """auto's transport stays unless another is 3% faster (closer is noise)."""
-    from mpi_kvstore.tune import _pick_device
-    from mpi_kvstore.tuning import Table
+    from mpi_kvstore.cli.tune import _pick_device
+    from mpi_kvstore.comm.tuning import Table
     assert _pick_device({'nccl': 1.0, 'staged': 0.98}, 'nccl') == 'nccl'
     assert _pick_device({'nccl': 1.0, 'staged': 0.96}, 'nccl') == 'staged'
     assert _pick_device({'staged': 2.0}, 'staged') == 'staged'
@@ -254,7 +254,8 @@ def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
 
 def test_compiled_polling_takes_as_many_tests_per_wake_as_python():
     """native.py keeps its own copy (numba's cache cannot see a change in progress.py)."""
-    from mpi_kvstore import native, progress
+    from mpi_kvstore.comm import progress
+    from mpi_kvstore.engine import native
     assert native.TESTS_PER_WAKE == progress.PROGRESS_TESTS
 
 
@@ -262,7 +263,7 @@ def test_gpu_transport_choice_is_a_pure_agreed_function():
     """transports.decide: auto takes the first of nccl, cuda_mpi, staged that can run; a
     named transport that cannot run raises ConfigError saying why (on every rank alike,
     since its inputs are agreed)."""
-    from mpi_kvstore import transports
+    from mpi_kvstore.comm import transports
     assert transports.AUTO_ORDER == ('nccl', 'cuda_mpi', 'staged')
     assert set(transports.REGISTRY) == set(cfg.GPU_TRANSPORTS) - {'auto'}
     yes, no = (True, ''), (False, 'not here')
@@ -294,7 +295,7 @@ def test_gpu_transport_option():
 
 def test_cuda_aware_mpi_is_never_chosen_for_an_mpi_that_says_no():
     """The PyPI mpich wheel is not CUDA-aware: cuda_mpi is unusable unless cuda_aware=on."""
-    from mpi_kvstore.transports import cuda_mpi
+    from mpi_kvstore.comm.transports import cuda_mpi
     probe = type('Probe', (), {'cuda_aware_setting': 'auto'})()
     ok, why = cuda_mpi.CudaMPI.usable(probe)
     assert not ok and 'not known to be CUDA-aware' in why
@@ -371,7 +372,7 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
     that is synchronised before the bucket completes, even where the transport lives on
     GPU 0 (its stream belongs to device 0); a bucket on GPU 0 uses the transport's stream
     and finish(). A rank whose read failed sends zeros made on the bucket's device."""
-    from mpi_kvstore import reduce as reduce_mod
+    from mpi_kvstore.comm import reduce as reduce_mod
     fake = _FakeCuda()
     monkeypatch.setitem(sys.modules, 'cupy', fake)
     monkeypatch.setattr(reduce_mod, '_streams', {})
@@ -417,7 +418,7 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
     assert fake.events == [('stream of 1', 1), ('allreduce on 1', 1), ('synchronize 1', 1)]
 
     # Fusion buffers: one pool entry per device, each made with its device current.
-    from mpi_kvstore.fusion import BufferPool
+    from mpi_kvstore.comm.fusion import BufferPool
     pool = BufferPool()
     CupyArray = type('ndarray', (_DeviceArray,), {'__module__': 'cupy'})  # told by module
     like = {d: CupyArray(np.ones(4, np.float32), d) for d in (0, 1)}
@@ -428,7 +429,7 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
 
 
 def test_huge_page_advice_agrees_between_python_and_compiled_code():
-    from mpi_kvstore import arrays, native
+    from mpi_kvstore.engine import arrays, native
     assert (native.HUGE_PAGE, native.HUGE_MIN_BYTES, native.MADV_HUGEPAGE,
             native.MADV_COLLAPSE) == (arrays.HUGE_PAGE, arrays.HUGE_MIN_BYTES,
                                       arrays.MADV_HUGEPAGE, arrays.MADV_COLLAPSE)
@@ -453,7 +454,7 @@ def test_huge_pages_keep_an_arrays_content_and_make_huge_pages_where_the_kernel_
 
     import mxnet as mx
 
-    from mpi_kvstore.arrays import HUGE_PAGE, array_pointer, huge_pages
+    from mpi_kvstore.engine.arrays import HUGE_PAGE, array_pointer, huge_pages
     values = np.arange(6 << 20, dtype=np.float32)          # 24 MB: MXNet's own memory
     array = mx.nd.array(values)
     array.wait_to_read()
@@ -473,7 +474,7 @@ def test_huge_pages_keep_an_arrays_content_and_make_huge_pages_where_the_kernel_
 def test_auto_schedule_options_follow_the_hosts_and_keep_explicit_values(monkeypatch):
     from mpi4py import MPI
 
-    from mpi_kvstore import topology
+    from mpi_kvstore.comm import topology
     monkeypatch.setattr(topology, 'count_hosts', lambda comm: 2)
     config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
@@ -500,7 +501,7 @@ def test_ranks_outnumber_cores_by_the_union_of_their_affinities(monkeypatch):
     affinities cover do (the two ranks of a 2-rank job below, each seeing one core)."""
     from mpi4py import MPI
 
-    from mpi_kvstore import topology
+    from mpi_kvstore.comm import topology
     assert topology.oversubscribed(MPI.COMM_SELF) is False
 
     class Node:
@@ -540,14 +541,14 @@ def test_ranks_outnumber_cores_by_the_union_of_their_affinities(monkeypatch):
 def test_one_process_spans_one_host():
     from mpi4py import MPI
 
-    from mpi_kvstore import topology
+    from mpi_kvstore.comm import topology
     assert topology.count_hosts(MPI.COMM_SELF) == 1
 
 
 def test_a_tune_tables_schedule_wins_over_the_hosts_and_travels_through_json(monkeypatch):
     from mpi4py import MPI
 
-    from mpi_kvstore import topology, tuning
+    from mpi_kvstore.comm import topology, tuning
     table = tuning.Table([1024], ['mpi'], 2, schedule={'partition_bytes': 1 << 20,
                                                        'credit_bytes': 3 << 20})
     again = tuning.Table.from_json(table.to_json())
@@ -567,7 +568,7 @@ def test_a_tune_tables_schedule_wins_over_the_hosts_and_travels_through_json(mon
     ([1, 2], 'schedule must be an object'),
 ])
 def test_a_bad_schedule_in_a_tune_table_is_refused(schedule, words):
-    from mpi_kvstore import tuning
+    from mpi_kvstore.comm import tuning
     with pytest.raises(ValueError, match=words):
         tuning.Table([1024], ['mpi'], 2, schedule=schedule)
 
@@ -585,7 +586,7 @@ def test_schedule_options_take_auto_bytes_or_numbers():
 def test_shares_are_numpys_array_split(count, width):
     """The sharded optimizer's cut (fusion.share, fusion.pieces) is numpy's array_split: the
     same on every rank, contiguous, the larger shares first."""
-    from mpi_kvstore.fusion import pieces, share
+    from mpi_kvstore.comm.fusion import pieces, share
     expected = np.array_split(np.arange(count), width)
     counts, displs = pieces(count, width)
     assert counts == [len(part) for part in expected]
@@ -612,7 +613,7 @@ def test_sharded_and_plain_requests_never_share_a_bucket():
 def test_shares_lay_out_every_request_once_rank_major(sizes, width):
     """fusion.Shares: rank r's chunk holds share r of every request in bucket order, and the
     chunks, packed at their displacements, hold every element once (numpy's array_split)."""
-    from mpi_kvstore.fusion import Shares
+    from mpi_kvstore.comm.fusion import Shares
     reqs = [Collective('reducescatter', 'k%d' % j, np.dtype('float32'), (n,))
             for j, n in enumerate(sizes)]
     layout = Shares(reqs, width)

@@ -35,7 +35,7 @@ link:
 
 Store. The gradients (sizes s_i in the Trainer's order) travel as collectives. With fusion,
 neighbouring arrays of at most `threshold` bytes share one collective of at most `threshold`
-bytes and bigger ones travel alone (mpi_kvstore.fusion.plan, the store's own planner); without, one collective
+bytes and bigger ones travel alone (mpi_kvstore.comm.fusion.plan, the store's own planner); without, one collective
 per array. funneled and concurrent fuse whatever is pending when they negotiate (gluon.Trainer's
 per-parameter calls too); chained and blocking run each call on its own, so they fuse only
 inside one grouped call (DistributedTrainer). On top of MPI the store costs sigma once per

@@ -82,7 +82,7 @@ class Store:
 
 
 class _Gradient:
-    """What mpi_kvstore.fusion.plan reads of a request: a float32 allreduce on the CPU, all of
+    """What mpi_kvstore.comm.fusion.plan reads of a request: a float32 allreduce on the CPU, all of
     one priority, so that it keeps the order given (seq)."""
     kind, priority, dtype, average, place = 'allreduce', 0, 'float32', False, 'cpu'
 
@@ -96,7 +96,7 @@ def buckets(sizes, threshold):
     threshold; threshold 0: each alone."""
     # Imported here: mpi_kvstore's package imports MXNet and starts MPI, which --calibrate
     # would otherwise do before it launches its MPI jobs.
-    from mpi_kvstore.fusion import plan
+    from mpi_kvstore.comm.fusion import plan
     requests = [_Gradient(i, size, seq) for seq, (i, size) in enumerate(sizes)]
     return [[req.index for req in bucket] for bucket in plan(requests, threshold)]
 

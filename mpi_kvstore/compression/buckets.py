@@ -4,8 +4,8 @@ import zlib
 
 import numpy as np
 
-from ..collective import SIG_LIMIT
-from ..fusion import pieces
+from ..comm.collective import SIG_LIMIT
+from ..comm.fusion import pieces
 
 __all__ = ['sign']
 

@@ -1,9 +1,9 @@
 """TwoBit: MXNet's 2-bit gradient compression with error feedback (see the package)."""
 import numpy as np
 
-from .. import device_codecs
-from ..fusion import Shares
-from ..mpiabi import MPI
+from ..comm.fusion import Shares
+from ..comm.mpiabi import MPI
+from . import device as device_codecs
 from .buckets import ceil_div, device_module, host_empty
 from .kernels import DELTAS, count_sum, quantize_pack
 

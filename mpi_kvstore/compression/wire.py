@@ -1,9 +1,9 @@
 """WireCast: float32/float64 buckets exchanged as float16 or bfloat16 (see the package)."""
 import numpy as np
 
-from .. import device_codecs
-from ..fusion import Shares, pieces
-from ..mpiabi import MPI
+from ..comm.fusion import Shares, pieces
+from ..comm.mpiabi import MPI
+from . import device as device_codecs
 from .buckets import device_module, float32_values, host_empty, packed, ring_pieces
 from .kernels import host_codec
 

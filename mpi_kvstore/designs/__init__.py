@@ -3,8 +3,8 @@
 config.py validates ``design`` against :data:`REGISTRY`, and the tests take
 their parameters from :data:`NAMES` and :data:`ENGINE_NAMES`.
 """
+from ..comm.mpiabi import provided_thread_level, thread_level_name
 from ..errors import ConfigError, ThreadLevelError
-from ..mpiabi import provided_thread_level, thread_level_name
 from .blocking import Blocking
 from .chained import Chained
 from .concurrent import Concurrent

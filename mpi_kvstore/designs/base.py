@@ -5,14 +5,14 @@ import logging
 
 import numpy as np
 
-from .. import agreement
-from ..arrays import flat_view, view_at
-from ..collective import SIG_LIMIT
-from ..comm import Comm
+from ..comm import agreement
+from ..comm.collective import SIG_LIMIT
+from ..comm.fusion import plan
+from ..comm.host import Comm
+from ..comm.mpiabi import MPI
+from ..comm.reduce import Reducer
+from ..engine.arrays import flat_view, view_at
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
-from ..fusion import plan
-from ..mpiabi import MPI
-from ..reduce import Reducer
 from . import join, mismatch
 
 __all__ = ['Design', 'native_view', 'progress', 'new_comm', 'comm_factory']

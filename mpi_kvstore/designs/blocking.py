@@ -1,5 +1,5 @@
 """The blocking baseline."""
-from ..mpiabi import MPI
+from ..comm.mpiabi import MPI
 from .base import Design
 
 __all__ = ['Blocking']

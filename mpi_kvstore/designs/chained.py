@@ -8,11 +8,14 @@ import time
 import mxnet as mx
 import numpy as np
 
-from .. import agreement, engine, native, native_records
-from ..fusion import BufferPool
-from ..mpiabi import MPI, c_datatype
-from ..progress import AGREEMENT_POLL_US
-from ..timeline import op_name
+from ..comm import agreement
+from ..comm.fusion import BufferPool
+from ..comm.mpiabi import MPI, c_datatype
+from ..comm.progress import AGREEMENT_POLL_US
+from ..comm.timeline import op_name
+from ..engine import core as engine
+from ..engine import native
+from ..engine import records as native_records
 from .base import Design
 from .base import progress as _progress
 

@@ -2,7 +2,7 @@
 import queue
 import threading
 
-from ..mpiabi import MPI
+from ..comm.mpiabi import MPI
 from .base import comm_factory
 from .negotiated import Negotiated
 

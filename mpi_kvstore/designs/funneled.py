@@ -1,5 +1,5 @@
 """The funneled design."""
-from ..mpiabi import MPI
+from ..comm.mpiabi import MPI
 from .negotiated import Negotiated
 
 __all__ = ['Funneled']

@@ -11,7 +11,7 @@ ranks stay paired.
 import numpy as np
 
 from .. import compression
-from ..collective import CLIP_NORM, LAMB_NORMS, Collective
+from ..comm.collective import CLIP_NORM, LAMB_NORMS, Collective
 
 __all__ = ['describe', 'mirror', 'refusal']
 

@@ -18,7 +18,7 @@ import logging
 
 import numpy as np
 
-from ..faults import rank_list
+from ..faults.abort import rank_list
 
 __all__ = ['describe', 'gather', 'explain', 'words']
 

@@ -27,10 +27,14 @@ import threading
 
 import numpy as np
 
-from .. import agreement, engine, native, native_records, schedule
+from ..comm import agreement
+from ..comm.progress import wait_polling
+from ..comm.timeline import op_name
 from ..config import window_of
-from ..progress import wait_polling
-from ..timeline import op_name
+from ..engine import core as engine
+from ..engine import native
+from ..engine import records as native_records
+from . import schedule
 from .base import Design
 
 __all__ = ['Negotiated']

@@ -8,10 +8,10 @@ import threading
 import mxnet as mx
 import numpy as np
 
+from ..comm.mpiabi import MPI
+from ..comm.timeline import trace_path
 from ..config import launcher_local_rank
-from ..mpiabi import MPI
-from ..store import MPIKVStore
-from ..timeline import trace_path
+from ..store.kvstore import MPIKVStore
 
 log = logging.getLogger(__name__)
 

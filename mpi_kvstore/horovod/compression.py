@@ -3,7 +3,7 @@ compress/decompress around the exchange."""
 
 import numpy as np
 
-from ..store import MPIKVStore
+from ..store.kvstore import MPIKVStore
 from .basics import _store_options
 from .ops import _set_store
 

@@ -5,7 +5,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import functional
-from ..mpiabi import MPI
+from ..comm.mpiabi import MPI
 from .basics import (
     _MPI_OPS,
     _OP_NAMES,

@@ -6,7 +6,7 @@ import tempfile
 import numba
 from mpi4py import MPI
 
-from mpi_kvstore import doctor
+from mpi_kvstore.cli import doctor
 
 from common import RANK, SIZE, done
 

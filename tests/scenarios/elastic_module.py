@@ -15,7 +15,8 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from mpi_kvstore import elastic, supervision
+from mpi_kvstore import elastic
+from mpi_kvstore.launch import supervision
 
 from common import RANK, SIZE
 

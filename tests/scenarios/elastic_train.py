@@ -22,7 +22,8 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mpi_kvstore
-from mpi_kvstore import elastic, supervision
+from mpi_kvstore import elastic
+from mpi_kvstore.launch import supervision
 
 from common import RANK, SIZE
 

@@ -31,7 +31,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from mpi_kvstore import reduce
+from mpi_kvstore.comm import reduce
 from mpi_kvstore.designs import base
 
 from common import RANK, SIZE, WORLD, close, design_arg, done

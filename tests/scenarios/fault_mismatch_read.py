@@ -31,7 +31,7 @@ except mx.base.MXNetError as err:
           flush=True)
 again = out.asnumpy()
 print('rank %d: read returned %s' % (RANK, again.ravel()[:3]), flush=True)
-poison = mpi_kvstore.deferred.poison_value(DTYPE)
+poison = mpi_kvstore.store.deferred.poison_value(DTYPE)
 assert np.array_equal(again, np.full(shape, poison, dtype=DTYPE), equal_nan=True), \
     'rank %d: a failed collective left %s, not the poison %s' % (RANK, again.ravel()[:3], poison)
 print('rank %d: output poisoned' % RANK, flush=True)

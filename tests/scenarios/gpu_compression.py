@@ -11,10 +11,11 @@ step, must be bitwise equal, and equal on every rank. No MXNet.
 import cupy
 import numpy as np
 
-from mpi_kvstore import comm as comm_mod
-from mpi_kvstore import compression, device_codecs
-from mpi_kvstore.collective import Collective
-from mpi_kvstore.reduce import Reducer
+from mpi_kvstore import compression
+from mpi_kvstore.comm import host as comm_mod
+from mpi_kvstore.comm.collective import Collective
+from mpi_kvstore.comm.reduce import Reducer
+from mpi_kvstore.compression import device as device_codecs
 
 from common import RANK, SIZE, WORLD, done, same_on_all_ranks
 

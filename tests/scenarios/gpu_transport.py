@@ -23,13 +23,14 @@ import threading
 import cupy
 import numpy as np
 
-from mpi_kvstore import comm as comm_mod
-from mpi_kvstore import debug, transports
-from mpi_kvstore import reduce as reduce_mod
-from mpi_kvstore.collective import Collective
+from mpi_kvstore import debug
+from mpi_kvstore.comm import host as comm_mod
+from mpi_kvstore.comm import reduce as reduce_mod
+from mpi_kvstore.comm import transports
+from mpi_kvstore.comm.collective import Collective
+from mpi_kvstore.comm.fusion import pieces, plan
+from mpi_kvstore.comm.tuning import Table
 from mpi_kvstore.errors import ConfigError
-from mpi_kvstore.fusion import pieces, plan
-from mpi_kvstore.tuning import Table
 
 from common import RANK, SIZE, WORLD, close, done, expect_raises
 

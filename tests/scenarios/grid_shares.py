@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from mpi_kvstore.hierarchy import Grid
+from mpi_kvstore.comm.hierarchy import Grid
 
 from common import RANK, SIZE, WORLD, close, done
 

@@ -16,7 +16,7 @@ import mxnet as mx
 import numpy as np
 
 import mpi_kvstore
-from mpi_kvstore.comm import MPI, Comm
+from mpi_kvstore.comm.host import MPI, Comm
 
 from common import RANK, SIZE, WORLD, close, done, expect_raises
 

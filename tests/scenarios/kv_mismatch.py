@@ -96,7 +96,7 @@ def poisoned(out, case):
     except mx.base.MXNetError:
         pass
     got = out.asnumpy()
-    want = mpi_kvstore.deferred.poison_value(got.dtype)
+    want = mpi_kvstore.store.deferred.poison_value(got.dtype)
     assert np.array_equal(got, np.full(got.shape, want, dtype=got.dtype), equal_nan=True), (
         'rank %d: %s: a mismatched output holds %s, not the poison %s'
         % (RANK, case.__name__, got[:4], want))

@@ -14,7 +14,8 @@ import mxnet as mx
 from mxnet import gluon
 
 import mpi_kvstore
-from mpi_kvstore import debug, native
+from mpi_kvstore import debug
+from mpi_kvstore.engine import native
 
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 

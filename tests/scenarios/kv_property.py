@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 import mpi_kvstore
-from mpi_kvstore.contract import SUPPORTED_DTYPES
+from mpi_kvstore.store.contract import SUPPORTED_DTYPES
 
 from common import RANK, SIZE, WORLD, design_arg, done
 

@@ -24,8 +24,8 @@ import numpy as np
 
 import mpi_kvstore
 from mpi_kvstore import debug
+from mpi_kvstore.comm.timeline import trace_path
 from mpi_kvstore.config import parse_bytes
-from mpi_kvstore.timeline import trace_path
 
 from common import RANK, SIZE, WORLD, close, design_arg, done, same_on_all_ranks
 

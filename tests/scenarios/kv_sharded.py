@@ -42,7 +42,7 @@ from mxnet import autograd, gluon
 
 import mpi_kvstore
 from mpi_kvstore.errors import MPIKVStoreError
-from mpi_kvstore.shards import leaves
+from mpi_kvstore.optim.shards import leaves
 
 from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
 

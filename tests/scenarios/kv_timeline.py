@@ -8,7 +8,7 @@ import sys
 import mxnet as mx
 
 import mpi_kvstore
-from mpi_kvstore.timeline import trace_path
+from mpi_kvstore.comm.timeline import trace_path
 
 from common import RANK, SIZE, WORLD, done
 

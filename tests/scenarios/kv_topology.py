@@ -3,7 +3,7 @@
 usage: kv_topology.py DESIGN HOSTS   (HOSTS: how many hosts the test placed the ranks on)
 
 A store created with no options resolves partition_bytes, credit_bytes and
-progress_sleep_us from the hosts (mpi_kvstore/topology.py): across hosts 4M, 8M and 200 us,
+progress_sleep_us from the hosts (mpi_kvstore/comm/topology.py): across hosts 4M, 8M and 200 us,
 on one host 0, 0 and 0 (200 us where the ranks outnumber the cores). Then a 10 MB pushpull
 (cut in pieces across hosts) and a few small ones give numpy's sums. A store whose ranks are
 given different partition_bytes raises

@@ -9,7 +9,9 @@ import numpy as np
 from mpi4py import MPI
 
 import mpi_kvstore
-from mpi_kvstore import debug, tune, tuning
+from mpi_kvstore import debug
+from mpi_kvstore.cli import tune
+from mpi_kvstore.comm import tuning
 
 from common import RANK, SIZE, design_arg, done, expect_raises
 

@@ -10,11 +10,11 @@ real transports where a GPU exists.
 """
 import numpy as np
 
-from mpi_kvstore import debug, transports
-from mpi_kvstore.comm import Comm
+from mpi_kvstore import debug
+from mpi_kvstore.comm.host import Comm, transports
+from mpi_kvstore.comm.transports.base import Transport, register
+from mpi_kvstore.comm.tuning import Table
 from mpi_kvstore.errors import ConfigError
-from mpi_kvstore.transports.base import Transport, register
-from mpi_kvstore.tuning import Table
 
 from common import RANK, SIZE, WORLD, done
 

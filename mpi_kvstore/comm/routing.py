@@ -12,8 +12,9 @@ through a copy on the transports' device.
 """
 import logging
 
-from . import debug, transports
-from .errors import ConfigError
+from .. import debug
+from ..errors import ConfigError
+from . import transports
 from .tuning import BySize
 
 __all__ = ['DeviceRouter']

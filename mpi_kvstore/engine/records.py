@@ -6,7 +6,7 @@ import select
 
 import numpy as np
 
-from .mpiabi import c_datatype
+from ..comm.mpiabi import c_datatype
 from .native import (
     _ARRAYS,
     _COUNT,

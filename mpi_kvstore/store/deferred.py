@@ -17,9 +17,9 @@ communication thread). Three things then happen, in this order:
 import collections
 import logging
 
-from . import engine
-from .errors import CollectiveError, MPIKVStoreError
-from .poison import poison, poison_value
+from ..comm.poison import poison, poison_value
+from ..engine import core as engine
+from ..errors import CollectiveError, MPIKVStoreError
 
 __all__ = ['DeferredErrors', 'poison', 'poison_value']
 

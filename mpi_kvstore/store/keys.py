@@ -7,10 +7,10 @@ call, so a rejected call leaves the store as it was.
 import mxnet as mx
 import numpy as np
 
-from . import debug
-from .collective import Collective, place_of, signature
-from .errors import UnknownKeyError
-from .fusion import share
+from .. import debug
+from ..comm.collective import Collective, place_of, signature
+from ..comm.fusion import share
+from ..errors import UnknownKeyError
 
 __all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request', 'fill',
            'note_weights']

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 
-from . import debug
+from .. import debug
 from .libmxnet import bind, last_error
 
 __all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'python_entry', 'consume_raised',

@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 
-from .errors import ArrayLayoutError
+from ..errors import ArrayLayoutError
 from .libmxnet import bind, last_error
 
 __all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer', 'huge_pages']

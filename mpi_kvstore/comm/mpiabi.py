@@ -17,8 +17,9 @@ import numpy as np
 # before this module and before a user's own mpi4py.MPI import can start MPI; a process that
 # imported mpi4py.MPI first keeps UCX's own (doctor reports it).
 KEEPIDLE_DEFAULT = 'inf'
-# What UCX read at MPI_Init: (value, or None for UCX's own; who set it), for doctor.
-if getattr(sys.modules.get(__package__), '_UCX_KEEPIDLE_BY_STORE', False):
+# What UCX read at MPI_Init: (value, or None for UCX's own; who set it), for doctor. The
+# flag is the root package's (mpi_kvstore/__init__.py).
+if getattr(sys.modules.get(__name__.partition('.')[0]), '_UCX_KEEPIDLE_BY_STORE', False):
     _KEEPIDLE = (os.environ.get('UCX_TCP_KEEPIDLE'), "the store's default")
 elif 'UCX_TCP_KEEPIDLE' in os.environ:
     _KEEPIDLE = (os.environ['UCX_TCP_KEEPIDLE'], 'the environment')

@@ -19,7 +19,7 @@ import hashlib
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .mpiabi import MPI
 
 __all__ = ['Setting', 'SLOTS', 'digest', 'check', 'describe', 'rank_ranges']

@@ -37,7 +37,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import supervision
+from ..launch import supervision
 
 __all__ = ['install', 'say', 'installed', 'SIGNALS']
 

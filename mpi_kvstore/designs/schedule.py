@@ -19,8 +19,8 @@ order without a coordinator. docs/scheduling.md has the deadlock argument.
 """
 import threading
 
-from . import debug
-from .fusion import order, pieces, share
+from .. import debug
+from ..comm.fusion import order, pieces, share
 
 __all__ = ['Piece', 'SharePiece', 'cut', 'Queue']
 

@@ -49,9 +49,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import agreement, engine  # agreement.HEADER: a constant of the message format
+from ..comm import agreement  # agreement.HEADER: a constant of the message format
+from ..comm.mpiabi import c_api
+from . import core as engine
 from .libmxnet import address_of
-from .mpiabi import c_api
 
 __all__ = ['mark_ready_address', 'run_chained_address', 'SCALES', 'Stage']
 

@@ -11,7 +11,7 @@ Nothing here imports MXNet, so the transports run on CuPy arrays alone.
 """
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from . import cuda_mpi, nccl, staged
 from .base import REGISTRY, Transport, register
 

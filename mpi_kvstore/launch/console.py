@@ -1,5 +1,5 @@
 """What the command-line tools (doctor, tune, run, the options table) share: where they write,
-the logger ``mpi_kvstore.cli`` (the library only logs; ``python -m mpi_kvstore`` attaches a
+the logger ``mpi_kvstore.launch.console`` (the library only logs; ``python -m mpi_kvstore`` attaches a
 handler that writes those records, bare, to standard output), and how their ``--help`` reads."""
 import argparse
 import logging
@@ -7,7 +7,7 @@ import sys
 
 __all__ = ['console', 'to_stdout', 'HelpFormatter']
 
-console = logging.getLogger('mpi_kvstore.cli')
+console = logging.getLogger('mpi_kvstore.launch.console')
 
 
 def to_stdout():

@@ -22,10 +22,10 @@ import os
 
 import numpy as np
 
+from ..config import AGREED, Config, format_bytes
+from ..errors import ConfigError
 from . import tuning
-from .config import AGREED, Config, format_bytes
 from .consensus import Setting, check
-from .errors import ConfigError
 from .mpiabi import MPI
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',

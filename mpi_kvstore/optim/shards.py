@@ -20,9 +20,9 @@ import threading
 import mxnet as mx
 import numpy as np
 
-from .arrays import flat_view
-from .fusion import share
-from .poison import poison
+from ..comm.fusion import share
+from ..comm.poison import poison
+from ..engine.arrays import flat_view
 
 __all__ = ['refuse', 'fit', 'gather', 'check_sizes', 'needs_norms', 'leaves', 'LambShare',
            'ClipStep', 'check_max_norm', 'JoinedShares']

@@ -31,7 +31,7 @@ import tempfile
 import time
 
 from . import supervision
-from .cli import console
+from .console import console
 
 __all__ = ['main', 'parse_hostfile', 'diagnose', 'Outcome']
 

@@ -39,9 +39,10 @@ import threading
 import time
 import traceback
 
-from . import last_words, supervision
-from .errors import CollectiveError
-from .mpiabi import MPI, provided_thread_level, thread_level_name
+from ..comm.mpiabi import MPI, provided_thread_level, thread_level_name
+from ..errors import CollectiveError
+from ..launch import supervision
+from . import last_words
 
 __all__ = ['install_abort_hook', 'abort_job', 'StallInspector', 'PendingAges',
            'format_report', 'who_pushed', 'rank_list']

@@ -8,7 +8,7 @@ out   : the same grammar; None means in place into value
 import mxnet as mx
 import numpy as np
 
-from .arrays import array_meta
+from ..engine.arrays import array_meta
 
 __all__ = ['normalize', 'normalize_out', 'check_dense', 'check_priority', 'Entry',
            'SUPPORTED_DTYPES']

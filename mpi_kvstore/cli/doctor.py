@@ -11,13 +11,13 @@ import importlib
 import json
 import os
 
-from . import mpiabi, topology, transports, tuning
-from .cli import HelpFormatter, console
-from .config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
-from .designs import REGISTRY, get_design
-from .errors import ConfigError
-from .mpiabi import MPI
-from .tuning import Table
+from ..comm import mpiabi, topology, transports, tuning
+from ..comm.mpiabi import MPI
+from ..comm.tuning import Table
+from ..config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
+from ..designs import REGISTRY, get_design
+from ..errors import ConfigError
+from ..launch.console import HelpFormatter, console
 
 __all__ = ['report']
 

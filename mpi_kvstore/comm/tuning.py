@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
+from ..errors import ConfigError
 from .consensus import Setting, check
-from .errors import ConfigError
 from .transports.base import REGISTRY
 
 __all__ = ['Table', 'BySize', 'Reading', 'read', 'load', 'LOSSLESS', 'LOSSY']

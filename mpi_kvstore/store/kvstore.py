@@ -15,18 +15,21 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, engine, shards, topology
-from .collective import CLIP_NORM, LAMB_NORMS, Collective
-from .config import Config
+from .. import compression
+from ..comm import topology
+from ..comm.collective import CLIP_NORM, LAMB_NORMS, Collective
+from ..comm.mpiabi import MPI
+from ..comm.timeline import Timeline
+from ..config import Config
+from ..designs import check_thread_level, get_design
+from ..engine import core as engine
+from ..errors import MPIKVStoreError
+from ..faults.abort import StallInspector, install_abort_hook
+from ..optim import shards
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
-from .designs import check_thread_level, get_design
-from .errors import MPIKVStoreError
-from .faults import StallInspector, install_abort_hook
 from .keys import CallCache, KeyTable, fill, note_weights, request, same_array
-from .mpiabi import MPI
 from .namecache import NameCache
-from .timeline import Timeline
 
 __all__ = ['MPIKVStore']
 

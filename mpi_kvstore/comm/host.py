@@ -10,7 +10,7 @@ import logging
 
 import numpy as np
 
-from . import debug
+from .. import debug
 from .fusion import BufferPool, pieces
 from .hierarchy import Hierarchy, PairedCalls
 from .mpiabi import MPI, handle

@@ -28,13 +28,14 @@ import time
 
 import numpy as np
 
-from . import compression, transports
-from .cli import HelpFormatter, console, to_stdout
-from .comm import Comm
-from .config import format_bytes, parse_bytes
-from .errors import ConfigError
-from .mpiabi import MPI
-from .tuning import LOSSLESS, LOSSY, Table
+from .. import compression
+from ..comm import transports
+from ..comm.host import Comm
+from ..comm.mpiabi import MPI
+from ..comm.tuning import LOSSLESS, LOSSY, Table
+from ..config import format_bytes, parse_bytes
+from ..errors import ConfigError
+from ..launch.console import HelpFormatter, console, to_stdout
 
 __all__ = ['main']
 
