@@ -17,6 +17,7 @@ from mpi_kvstore.comm.host import MPI
 from mpi_kvstore.config import Config, ConfigError
 from mpi_kvstore.designs import ENGINE_NAMES
 from mpi_kvstore.faults import abort as faults
+from mpi_kvstore.faults import stall
 
 from mpi_harness import MPIRunError, run_mpi
 
@@ -174,10 +175,10 @@ WAIT11 = (11, "collective #11 (allreduce of key 'w')", 7.5)
 
 def test_who_pushed_from_pushed_counts():
     states = {0: _state(12, WAIT11), 1: _state(11), 2: _state(12, WAIT11)}
-    assert faults.who_pushed(11, 3, states) == 'pushed by ranks 0, 2; not pushed by rank 1'
-    assert faults.who_pushed(10, 3, states) == 'pushed by ranks 0-2'
+    assert stall.who_pushed(11, 3, states) == 'pushed by ranks 0, 2; not pushed by rank 1'
+    assert stall.who_pushed(10, 3, states) == 'pushed by ranks 0-2'
     del states[1]
-    assert faults.who_pushed(11, 4, states) == (
+    assert stall.who_pushed(11, 4, states) == (
         'pushed by ranks 0, 2; no answer from ranks 1, 3 (finished or closed its store, '
         'or hung where its inspector cannot run)')
 
@@ -186,7 +187,7 @@ def test_format_report_names_collectives_and_ranks():
     stalled = [(11, "collective #11 (allreduce of key 'w')", 7.5),
                (12, "collective #12 (allreduce of key 'b')", 7.25)]
     states = {0: _state(13, *stalled), 1: _state(11), 2: _state(13, WAIT11)}
-    report = faults.format_report('HEAD', 0, 3, stalled, states).split('\n')
+    report = stall.format_report('HEAD', 0, 3, stalled, states).split('\n')
     assert report == [
         'HEAD',
         "  collective #11 (allreduce of key 'w'): waiting 7.5 s; pushed by ranks 0, 2; "
@@ -199,10 +200,10 @@ def test_format_report_names_collectives_and_ranks():
 
 
 def test_format_report_is_bounded_and_says_when_it_is_local():
-    stalled = [(s, 'collective #%d' % s, 9.0) for s in range(faults.MAX_LISTED + 5)]
-    report = faults.format_report('HEAD', 0, 2, stalled, {0: _state(99)}, note='NOTE')
+    stalled = [(s, 'collective #%d' % s, 9.0) for s in range(stall.MAX_LISTED + 5)]
+    report = stall.format_report('HEAD', 0, 2, stalled, {0: _state(99)}, note='NOTE')
     lines = report.split('\n')
-    assert len(lines) == 1 + faults.MAX_LISTED + 2
+    assert len(lines) == 1 + stall.MAX_LISTED + 2
     assert lines[-2] == '  ... and 5 more'
     assert lines[-1] == '  NOTE'
     assert lines[1].endswith('pushed by rank 0; not asked: rank 1')
@@ -213,7 +214,7 @@ def _req(seq, done=False):
 
 
 def test_pending_ages_are_sampled_from_first_sight():
-    ages = faults.PendingAges()
+    ages = stall.PendingAges()
     a, b, c, unnumbered = _req(3), _req(4), _req(5, done=True), _req(-1)
     ages.update([b, a, c, unnumbered], now=10.0)
     assert [(r.seq, age) for r, age in ages.ages(12.0)] == [(3, 2.0), (4, 2.0)]
@@ -224,9 +225,9 @@ def test_pending_ages_are_sampled_from_first_sight():
 
 
 def test_inspection_period_follows_the_shortest_threshold():
-    assert faults.inspection_period(60.0, 0.0) == 1.0
-    assert faults.inspection_period(2.0, 6.0) == 0.25
-    assert faults.inspection_period(0.0, 0.2) == 0.1
+    assert stall.inspection_period(60.0, 0.0) == 1.0
+    assert stall.inspection_period(2.0, 6.0) == 0.25
+    assert stall.inspection_period(0.0, 0.2) == 0.1
 
 
 def test_stall_knobs():
@@ -240,7 +241,7 @@ def test_stall_knobs():
 
 def test_inspector_of_one_rank_starts_nothing():
     before = threading.active_count()
-    inspector = faults.StallInspector(MPI.COMM_SELF, Config(environ={}), None, list)
+    inspector = stall.StallInspector(MPI.COMM_SELF, Config(environ={}), None, list)
     assert threading.active_count() == before
     inspector.stop()
     inspector.stop()

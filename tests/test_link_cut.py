@@ -3,7 +3,7 @@
 Where a cut link leads (docs/faults.md, A cut link): a rank that sends over a connection
 the cut killed can die inside MPI with SIGSEGV (MPICH 5.0.2 over UCX's TCP): in the stall
 inspector's first query, 60 s after a mid-training cut (2 runs of 22 with the defaults; 0
-of 6 since the inspector also asks at 5 s, faults.PROBE_AFTER), or in the next step's
+of 6 since the inspector also asks at 5 s, stall.PROBE_AFTER), or in the next step's
 agreement after a cut between steps (3 of 3; UCX's keepalive had failed the connection).
 Nothing of ours is on those stacks, so the store's last words (last_words.py) say, before
 the process dies, which rank and which collectives; the supervisor reads them. Otherwise
@@ -35,7 +35,7 @@ import testbed
 from mpi_kvstore.comm import mpiabi
 from mpi_kvstore.comm.host import MPI
 from mpi_kvstore.config import Config
-from mpi_kvstore.faults import abort as faults
+from mpi_kvstore.faults import stall
 from mpi_kvstore.launch import supervision, supervisor
 
 from mpi_harness import (
@@ -52,7 +52,7 @@ from mpi_harness import (
 
 
 def test_last_look_names_the_newest_the_oldest_waiting_and_the_silent():
-    words = faults.last_look(0.5, 31, "collective #30 (allreduce of key 'b', shape (4,), "
+    words = stall.last_look(0.5, 31, "collective #30 (allreduce of key 'b', shape (4,), "
                              "dtype float32)", ("collective #28 (allreduce of key 'a', shape "
                                                 "(8,), dtype float32)", 12.25), 3, [0, 2])
     assert words == ("at the stall inspector's last look (every 0.5 s) this rank had pushed 31 "
@@ -60,19 +60,19 @@ def test_last_look_names_the_newest_the_oldest_waiting_and_the_silent():
                      "shape (4,), dtype float32); it waited on collective #28 (allreduce of "
                      "key 'a', shape (8,), dtype float32) for 12.2 s (and 2 more); ranks 0, 2 "
                      "did not answer its last stall query")
-    assert faults.last_look(1, 0, '', None, 0, []) == (
+    assert stall.last_look(1, 0, '', None, 0, []) == (
         "at the stall inspector's last look (every 1 s) this rank had pushed 0 collectives; "
         "it waited on none")
 
 
 def test_probe_asks_the_other_ranks_once_per_stall_before_the_threshold():
-    """The quiet early query (faults.PROBE_AFTER): once a collective has waited that long,
+    """The quiet early query (stall.PROBE_AFTER): once a collective has waited that long,
     once per stall, and not when the warning's own query comes first."""
-    inspector = faults.StallInspector(MPI.COMM_SELF, Config(environ={}), None, list)
+    inspector = stall.StallInspector(MPI.COMM_SELF, Config(environ={}), None, list)
     asked = []
     inspector._gather = lambda: asked.append(True)
     inspector._threshold = 60.0
-    probe = faults.PROBE_AFTER
+    probe = stall.PROBE_AFTER
     for longest in (1.0, probe + 0.5, probe + 1, 30.0, 0.5, probe + 2, 61.0):
         inspector._probe(longest)
     assert len(asked) == 2

@@ -24,7 +24,8 @@ from ..config import Config
 from ..designs import check_thread_level, get_design
 from ..engine import core as engine
 from ..errors import MPIKVStoreError
-from ..faults.abort import StallInspector, install_abort_hook
+from ..faults.abort import install_abort_hook
+from ..faults.stall import StallInspector
 from ..optim import shards
 from .contract import check_priority, normalize, normalize_out
 from .deferred import DeferredErrors
