@@ -8,10 +8,11 @@ import os
 import sys
 import time
 
+from mpi_kvstore.launch.processes import start_time
+
 from . import network, registry
 from .jobs import DEFAULT_TIMEOUT, HostJobs
 from .machine import TestbedError, available
-from .processes import start_time
 
 MAX_HOSTS = 64
 

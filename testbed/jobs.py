@@ -17,9 +17,10 @@ import tempfile
 import time
 import uuid
 
+from mpi_kvstore.launch.processes import kill_marked, marked_environ, start_group, wait_or_stop
+
 from .machine import TestbedError, find_mpiexec, is_hydra, need_tool
 from .network import IFACE, run_dir
-from .processes import kill_marked, marked_environ, start_group, wait_or_stop
 
 # Real TCP between ranks on different hosts: MPICH's default (UCX with every
 # transport) finds the shared memory of the one kernel even across namespaces.

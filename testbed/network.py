@@ -22,8 +22,9 @@ import re
 import shutil
 import subprocess
 
+from mpi_kvstore.launch.processes import alive, pids
+
 from .machine import need_tool, sh, which
-from .processes import alive, pids
 
 NAME_BASE = 'mkvtb'
 STATE_ROOT = '/run/mkvtb'    # a directory per test bed: its state, UTS files and scripts

@@ -13,6 +13,8 @@ import signal
 import sys
 import threading
 
+from mpi_kvstore.launch.processes import kill, start_time, wait_gone
+
 from .machine import TestbedError
 from .network import (
     NAME_BASE,
@@ -27,7 +29,6 @@ from .network import (
     remove,
     run_dir,
 )
-from .processes import kill, start_time, wait_gone
 
 LOCK = threading.RLock()   # one claim or teardown at a time in this process
 INSIDE_GRACE = 2.0         # seconds the processes in a test bed get to die of SIGKILL

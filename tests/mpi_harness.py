@@ -6,7 +6,7 @@ ranks waiting for it; ``module_launch=False`` runs ``python SCRIPT`` instead,
 as users launch, for tests of what the library itself does when a rank
 fails. The timeout covers what an abort cannot: a rank that hangs. Either
 way the test fails with the tail of the job's output, and no rank is left
-running afterwards (process groups and the run-id search: testbed.processes).
+running afterwards (process groups and the run-id search: mpi_kvstore.launch.processes).
 
     from mpi_harness import mpi_sizes, run_mpi
 
@@ -29,7 +29,7 @@ import pytest
 
 # One process-group helper for the test bed and this harness (tests/conftest.py puts
 # the repository root, which holds testbed/, on sys.path).
-from testbed import processes
+from mpi_kvstore.launch import processes
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS_DIR)

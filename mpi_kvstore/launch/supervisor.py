@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from . import supervision
+from . import processes, supervision
 from .console import console
 
 __all__ = ['main', 'parse_hostfile', 'diagnose', 'Outcome']
@@ -227,14 +227,7 @@ class _Signals:
     def _handle(self, sig, frame):
         self.received = sig
         if self.job is not None:
-            _signal_group(self.job, sig)
-
-
-def _signal_group(proc, sig):
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+            processes.signal_group(self.job.pid, sig)
 
 
 # Every process of a launch inherits this variable with the launch's own value: the ranks
@@ -243,28 +236,13 @@ def _signal_group(proc, sig):
 _MARK = 'MPI_KVSTORE_SUPERVISED_LAUNCH'
 
 
-def _kill_marked(mark):
-    """SIGKILL every process of this machine whose environment holds ``_MARK=mark``."""
-    needle = ('%s=%s' % (_MARK, mark)).encode()
-    for name in os.listdir('/proc'):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open('/proc/%s/environ' % name, 'rb') as fh:
-                if needle not in fh.read().split(b'\0'):
-                    continue
-            os.kill(int(name), signal.SIGKILL)
-        except (OSError, ValueError):
-            continue
-
-
 def _run_once(argv, env, folder, signals):
     """Run one launch; -> its status. Ends it itself once a rank recorded why it aborts
     (or left its last words) and the launcher has not ended the job ABORT_GRACE s later;
     afterwards no process of the launch is left on this machine."""
     mark = '%d.%s' % (os.getpid(), os.path.basename(folder))
     env = dict(env, **{_MARK: mark})
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    proc = processes.start_group(argv, env=env)
     signals.job = proc
     aborting_since = None
     stopping_since = None
@@ -278,7 +256,7 @@ def _run_once(argv, env, folder, signals):
             if signals.received is not None:
                 stopping_since = stopping_since or now
                 if now - stopping_since > 10:   # the ranks did not stop on the signal
-                    _signal_group(proc, signal.SIGKILL)
+                    processes.signal_group(proc.pid, signal.SIGKILL)
             elif aborting_since is None:
                 # A rank's last words count too: the launcher may not learn of its death
                 # from a host that a cut link left unreachable.
@@ -287,12 +265,12 @@ def _run_once(argv, env, folder, signals):
             elif now - aborting_since > ABORT_GRACE:
                 console.info('mpi_kvstore run: the launcher did not end the job %g s after a '
                              'rank aborted it or died: killing the launch', ABORT_GRACE)
-                _signal_group(proc, signal.SIGKILL)
+                processes.signal_group(proc.pid, signal.SIGKILL)
     finally:
         signals.job = None
-        _signal_group(proc, signal.SIGKILL)   # leftovers of the launch's process group
+        processes.signal_group(proc.pid, signal.SIGKILL)   # leftovers of the launch's process group
         proc.wait()
-        _kill_marked(mark)
+        processes.kill(processes.marked(_MARK, mark))
 
 
 def main(argv=None):

@@ -5,9 +5,9 @@ as a whole. A process that left the group (hydra starts each rank in a session o
 its own, so killpg alone does not reach it) is found by a marker variable that
 every process of the job inherits from the job's environment.
 
-One helper for the test bed (testbed.jobs) and the test harness
-(tests/mpi_harness.py). Reads Linux /proc; without it, the group signal is all
-there is. Knows nothing of test beds.
+One helper for ``python -m mpi_kvstore run`` (supervisor.py), the test bed (testbed/) and
+the test harness (tests/mpi_harness.py). Reads Linux /proc; without it, the group signal is
+all there is. Knows nothing of MPI or test beds.
 """
 import os
 import signal
