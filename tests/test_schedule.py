@@ -15,7 +15,7 @@ from mpi_kvstore import debug
 from mpi_kvstore.comm.collective import Collective
 from mpi_kvstore.comm.fusion import Shares, pieces
 from mpi_kvstore.comm.poison import poison_value
-from mpi_kvstore.designs.schedule import Piece, Queue, SharePiece, cut
+from mpi_kvstore.designs.schedule import Piece, Queue, SharePiece, cut, wire_bytes
 
 DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64')
 
@@ -308,6 +308,35 @@ def test_credit_zero_takes_all_and_a_large_unit_goes_alone():
     assert [r.seq for r in tight.take()] == [3]
     assert tight.take() == [] and len(tight) == 0
     assert debug.since(before, 'schedule') == {'held_back': 3}
+
+
+@pytest.mark.parametrize('codec, dtype, per_value', [
+    ('fp16', 'float32', 2), ('bf16', 'float32', 2), ('fp16', 'float64', 2),
+    ('2bit', 'float32', 0.25), ('fp16', 'int32', 4), (None, 'float32', 4)])
+def test_pieces_and_credit_count_the_bytes_on_the_wire(codec, dtype, per_value):
+    """A compressed request is cut and credited by its codes: fp16 pieces hold twice the
+    float32 values (four times the float64 ones), 2-bit's sixteen times; a codec that does
+    not apply to the dtype (int32) counts the values' own bytes."""
+    from mpi_kvstore import compression
+    count, partition = 100_000, 40_000
+    req = request(0, count, dtype)
+    req.codec = (compression.from_params({'type': '2bit', 'threshold': 0.5}) if codec == '2bit'
+                 else compression.wire_cast(codec) if codec else None)
+    assert wire_bytes(req) == -(-count * per_value // 1)
+    units = cut(req, partition)
+    per_piece = int(partition // per_value)          # values of every piece but the last
+    if count * per_value <= partition:
+        assert units == [req]
+    else:
+        assert [u.extent for u in units[:-1]] == [per_piece] * (len(units) - 1)
+        assert sum(u.extent for u in units) == count
+        assert all(wire_bytes(u) <= partition for u in units)
+    # the credit: as many pieces as fit on the wire, counted in the same bytes
+    queue = Queue(partition, 2 * partition)
+    queue.add([req])
+    taken = queue.take()
+    assert sum(wire_bytes(u) for u in taken) <= 2 * partition
+    assert len(taken) == min(2, len(units))
 
 
 def test_a_late_high_priority_request_overtakes_the_pieces_left():

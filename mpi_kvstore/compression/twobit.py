@@ -33,6 +33,11 @@ class TwoBit:
     def applies_to(self, dtype):
         return dtype == np.float32
 
+    def wire_bytes(self, nbytes, dtype):
+        """Bytes that ``nbytes`` of float32 put on the wire: their 2-bit codes, a sixteenth
+        (the scheduler's unit: designs/schedule.py)."""
+        return -(-nbytes // 16)
+
     def residual(self, key):
         """This rank's residual of key (None before its first compressed exchange)."""
         return self._residuals.get(key)

@@ -13,6 +13,11 @@ those agreed requests become a queue of units that every rank holds alike:
   order, then piece) up to ``credit_bytes``; what is left waits for the next round, where
   requests agreed meanwhile may overtake it.
 
+Both sizes count the bytes a unit puts on the wire (:func:`wire_bytes`): a compressed request
+counts its codes, so that fp16 cuts pieces of twice the values and fits twice the values in
+a credit. Counted in the uncompressed bytes, the pieces and the rounds ate a third of
+fp16's gain across hosts (docs/scheduling.md).
+
 Every rank cuts the same agreed requests the same way (their sizes are in the agreed
 signature) and takes from the same queue, so every rank runs the same buckets in the same
 order without a coordinator. docs/scheduling.md has the deadlock argument.
@@ -22,7 +27,16 @@ import threading
 from .. import debug
 from ..comm.fusion import order, pieces, share
 
-__all__ = ['Piece', 'SharePiece', 'cut', 'Queue']
+__all__ = ['Piece', 'SharePiece', 'cut', 'Queue', 'wire_bytes']
+
+
+def wire_bytes(req):
+    """The bytes ``req`` (a request or a piece) puts on the wire: its codec's, where it is
+    compressed, else its own."""
+    codec = req.codec
+    if codec is None or req.dtype is None or not codec.applies_to(req.dtype):
+        return req.nbytes
+    return codec.wire_bytes(req.nbytes, req.dtype)
 
 
 class _Cut:
@@ -124,7 +138,7 @@ def _cut_shares(req, partition_bytes, size):
     ranks: piece p takes part p (fusion.share) of every rank's share, the same cut on every
     rank, since it depends on the agreed size alone."""
     counts, displs = pieces(req.nbytes // req.dtype.itemsize, size)
-    count = min(-(-req.nbytes // partition_bytes), max(counts))   # none empty everywhere
+    count = min(-(-wire_bytes(req) // partition_bytes), max(counts))   # none empty everywhere
     shared = _Cut(count)
     units = []
     for p in range(count):
@@ -135,10 +149,11 @@ def _cut_shares(req, partition_bytes, size):
 
 
 def cut(req, partition_bytes, size=1):
-    """``req`` as the units it is scheduled in: pieces of at most ``partition_bytes`` (an
+    """``req`` as the units it is scheduled in: pieces of at most ``partition_bytes`` on the
+    wire (an
     allreduce larger than that; a reduce-scatter or allgather of host memory over ``size``
     ranks, whole elements: SharePiece), else itself."""
-    if partition_bytes <= 0 or req.dtype is None or req.nbytes <= partition_bytes:
+    if partition_bytes <= 0 or req.dtype is None or wire_bytes(req) <= partition_bytes:
         return [req]
     if req.kind in ('reducescatter', 'allgather'):
         if size > 1 and req.place == 'cpu' and req.unit == 1:
@@ -147,7 +162,8 @@ def cut(req, partition_bytes, size=1):
     if req.kind != 'allreduce':
         return [req]
     count = req.nbytes // req.dtype.itemsize
-    step = max(1, partition_bytes // req.dtype.itemsize)
+    # Values a piece: partition_bytes on the wire (wire_bytes is linear in the values).
+    step = max(1, partition_bytes * count // wire_bytes(req))
     bounds = list(range(0, count, step)) + [count]
     shared = _Cut(len(bounds) - 1)
     return [Piece(req, i, bounds[i], bounds[i + 1], shared) for i in range(len(bounds) - 1)]
@@ -174,17 +190,18 @@ class Queue:
             self._units.extend(units)
 
     def take(self):
-        """The highest-priority units up to ``credit_bytes`` (at least one; 0: all), in
-        order; the rest stay for the next round."""
+        """The highest-priority units up to ``credit_bytes`` on the wire (at least one; 0:
+        all), in order; the rest stay for the next round."""
         self._units.sort(key=order)
         if self.credit_bytes <= 0:
             taken, self._units = self._units, []
             return taken
         total, n = 0, 0
         for unit in self._units:
-            if n and total + unit.nbytes > self.credit_bytes:
+            size = wire_bytes(unit)
+            if n and total + size > self.credit_bytes:
                 break
-            total += unit.nbytes
+            total += size
             n += 1
         taken, self._units = self._units[:n], self._units[n:]
         if self._units:
