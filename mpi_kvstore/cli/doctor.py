@@ -144,7 +144,7 @@ def report(environ=None):
         table = tuning.load(config.tune_table, MPI.COMM_WORLD)
     except ConfigError:
         table = None          # _tune_table says why
-    config, chosen = topology.resolve(config, MPI.COMM_WORLD, table)
+    config, chosen = topology.resolve(config, MPI.COMM_WORLD, table, warn=False)
     provided = mpiabi.provided_thread_level()
     library = ' '.join(MPI.Get_library_version().split('\n')[0].split())
     aware = mpiabi.cuda_aware(config.cuda_aware)
@@ -171,6 +171,9 @@ def report(environ=None):
            else 'the default'),
     ]
     lines += _designs(config, provided)
+    warning = topology.design_warning(config.design, topology.count_hosts(MPI.COMM_WORLD))
+    if warning:
+        lines.append('  warning: ' + warning.split(': ', 1)[1])
     if provided < design.thread_level:
         lines.append('  the chosen design cannot run here: creating a store raises '
                      'ThreadLevelError')

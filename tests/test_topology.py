@@ -1,0 +1,45 @@
+"""comm/topology.py without mpiexec: the warning a design that loses across hosts gets, from
+the store (rank 0 logs it once) and from doctor (a line of its report)."""
+import logging
+
+import pytest
+
+from mpi_kvstore.cli import doctor
+from mpi_kvstore.comm import topology
+from mpi_kvstore.comm.mpiabi import MPI
+from mpi_kvstore.config import Config
+
+
+@pytest.mark.parametrize('design, hosts, warned', [
+    ('chained', 2, True), ('chained', 4, True), ('chained', 1, False),
+    ('funneled', 2, False), ('concurrent', 3, False), ('blocking', 2, False)])
+def test_chained_across_hosts_is_warned_and_names_the_better_design(design, hosts, warned):
+    words = topology.design_warning(design, hosts)
+    if not warned:
+        assert words is None
+        return
+    assert 'design=chained across %d hosts' % hosts in words
+    assert 'design=funneled' in words and 'docs/designs.md' in words
+
+
+def test_the_store_logs_it_once_and_doctor_shows_it(monkeypatch, caplog):
+    """resolve (what the store calls at creation) logs the warning on rank 0 across hosts;
+    doctor's report carries it as a line, and its own resolve call does not log it again."""
+    monkeypatch.setattr(topology, 'count_hosts', lambda comm: 2)
+    with caplog.at_level(logging.WARNING, logger='mpi_kvstore'):
+        config, _ = topology.resolve(Config(environ={}, design='chained'), MPI.COMM_SELF)
+    assert config.partition_bytes == topology.ACROSS_HOSTS['partition_bytes']
+    assert [r.getMessage() for r in caplog.records] == [topology.design_warning('chained', 2)]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger='mpi_kvstore'):
+        topology.resolve(Config(environ={}, design='funneled'), MPI.COMM_SELF)
+    assert caplog.records == []
+
+    monkeypatch.setenv('MPI_KVSTORE_DESIGN', 'chained')
+    with caplog.at_level(logging.WARNING, logger='mpi_kvstore'):
+        lines = doctor.report()
+    warned = [line for line in lines if line.startswith('  warning: design=chained across 2')]
+    assert len(warned) == 1 and 'design=funneled' in warned[0], lines
+    assert caplog.records == []
+    monkeypatch.setenv('MPI_KVSTORE_DESIGN', 'funneled')
+    assert not any('warning: design' in line for line in doctor.report())
