@@ -80,13 +80,12 @@ def design_warning(design, hosts):
 
     chained runs each call's collectives in push order, in one compiled op per call: no
     negotiation round, so nothing lets a high-priority piece overtake (docs/designs.md,
-    chained). Where the network is the bottleneck that order costs: on the GPU-like ResNet-50
-    across 2 test hosts chained stepped in 640 ms against funneled's 434 ms."""
+    chained). Where the network is the bottleneck, that order costs."""
     if design != 'chained' or hosts < 2:
         return None
     return ('mpi_kvstore: design=chained across %d hosts runs collectives in push order, '
             'without priority pieces; design=funneled (the default) schedules them by '
-            'priority and stepped 1.47x faster on ResNet-50 across 2 hosts (docs/designs.md)'
+            'priority, which pays where the network is the bottleneck (docs/designs.md)'
             % hosts)
 
 
