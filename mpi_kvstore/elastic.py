@@ -28,6 +28,8 @@ Every rank takes part in ``commit()`` (it is collective when the optimizer is sh
 ends with a barrier). At construction, rank 0 reads the last commit and broadcasts it, so
 every rank starts alike whatever file system it sees.
 """
+from __future__ import annotations
+
 import logging
 import os
 import pickle
@@ -35,6 +37,7 @@ import random
 import re
 import shutil
 import tempfile
+from typing import Any, Callable
 
 import mxnet as mx
 import numpy as np
@@ -50,7 +53,7 @@ _COMMIT = re.compile(r'^commit-(\d+)$')
 DEFAULT_DIRECTORY = 'mpi_kvstore_state'
 
 
-def latest_commit(directory):
+def latest_commit(directory: str) -> tuple[int, str | None]:
     """(number, path) of the newest whole commit in ``directory``, or (0, None)."""
     try:
         names = os.listdir(directory)
@@ -120,8 +123,9 @@ class State:
     the script reads and sets as attributes (``state.step``), committed with the rest.
     """
 
-    def __init__(self, params, trainer=None, directory=None, keep=2, on_resize=None,
-                 comm=None, **extra):
+    def __init__(self, params: Any, trainer: Any = None, directory: str | None = None,
+                 keep: int = 2, on_resize: Callable[[int, int], Any] | None = None,
+                 comm: MPI.Comm | None = None, **extra: Any) -> None:
         object.__setattr__(self, 'extra', dict(extra))
         self._params = _Params(params)
         self._trainer = trainer
@@ -132,28 +136,31 @@ class State:
         self._rank, self._size = self._comm.Get_rank(), self._comm.Get_size()
         self.on_resize = on_resize
         self.restored = False
-        self.restored_from = None     # (commit number, the size that wrote it)
-        self.number = 0               # the last commit's number
+        """Whether a commit was restored at construction."""
+        self.restored_from: tuple[int, int] | None = None
+        """(commit number, the number of ranks that wrote it) of the restored commit."""
+        self.number = 0
+        """The last commit's number (0: none yet)."""
         if self._rank == 0:
             os.makedirs(self._dir, exist_ok=True)
         self._restore()
 
     # -- extra values as attributes ----------------------------------------------------
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         extra = self.__dict__.get('extra', {})
         if name in extra:
             return extra[name]
         raise AttributeError('elastic.State has no value %r (give it to State(..., %s=...))'
                              % (name, name))
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name in self.__dict__.get('extra', {}):
             self.extra[name] = value
         else:
             object.__setattr__(self, name, value)
 
     # -- commit ----------------------------------------------------------------------------
-    def commit(self):
+    def commit(self) -> int:
         """Write the state as the next commit (every rank calls it; returns its number)."""
         states = self._optimizer_states()
         rng = self._comm.gather((random.getstate(), np.random.get_state()), root=0)
@@ -261,7 +268,8 @@ class State:
                                'after the restored parameters, then loads its states')
 
     # -- Module.fit ------------------------------------------------------------------------
-    def fit(self, train_data, commit_every, batch_end_callback=None, **fit_args):
+    def fit(self, train_data: mx.io.DataIter, commit_every: int, batch_end_callback: Any = None,
+            **fit_args: Any) -> None:
         """``Module.fit`` that commits every ``commit_every`` batches and, after a restore,
         goes on from the committed epoch and batch. The Module was bound and its
         parameters initialised before the State was created; this initialises its optimizer
@@ -284,7 +292,9 @@ class State:
             self._load_states(pending)
         callbacks = batch_end_callback or []
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        skip = self.batch
+        # an extra value (State(mod, batch=0)); mypy reads the tuple assignment below as its
+        # definition and cannot type it
+        skip = self.batch  # type: ignore[has-type]
 
         def commit(param):
             self.epoch, self.batch = param.epoch, param.nbatch + 1 + (

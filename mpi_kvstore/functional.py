@@ -148,4 +148,5 @@ def local_rank() -> int:
 
 
 def local_size() -> int:
+    """The number of processes on this process's node."""
     return _local()[1]

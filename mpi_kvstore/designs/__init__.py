@@ -14,6 +14,7 @@ __all__ = ['REGISTRY', 'NAMES', 'ENGINE_NAMES', 'get_design', 'check_thread_leve
 
 REGISTRY = {cls.name: cls for cls in (Funneled, Concurrent, Chained, Blocking)}
 NAMES = tuple(REGISTRY)
+"""The design names ``create(design=...)`` accepts (``mpi_kvstore.DESIGNS``)."""
 # The designs whose collectives run inside MXNet's engine (blocking runs on the caller).
 ENGINE_NAMES = tuple(name for name, cls in REGISTRY.items() if cls.in_engine)
 

@@ -1,9 +1,12 @@
 """Horovod's basics on the store: init and the process sets, ranks, what this build has,
 the timeline, and the HOROVOD_* variables (mpi_kvstore.horovod's docstring says more)."""
+from __future__ import annotations
+
 import logging
 import os
 import tempfile
 import threading
+from typing import Any, Callable, Iterable, Mapping
 
 import mxnet as mx
 import numpy as np
@@ -15,16 +18,29 @@ from ..store.kvstore import MPIKVStore
 
 log = logging.getLogger(__name__)
 
+NDArray = Any   # MXNet ships no type hints
+
 # Horovod's reduction ops, with Horovod's numbers (horovod.common.basics).
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+Average = 0
+"""The reduction op: the mean over the processes (the default ``op``)."""
+Sum = 1
+"""The reduction op: the sum over the processes."""
+Adasum = 2
+"""Horovod's Adasum op: not implemented here (a NotImplementedError names the ops that are)."""
+Min = 3
+"""The reduction op: the element-wise minimum over the processes (synchronous)."""
+Max = 4
+"""The reduction op: the element-wise maximum over the processes (synchronous)."""
+Product = 5
+"""The reduction op: the element-wise product over the processes (synchronous)."""
 _OP_NAMES = {Average: 'Average', Sum: 'Sum', Adasum: 'Adasum', Min: 'Min', Max: 'Max',
              Product: 'Product'}
 _MPI_OPS = {Min: 'MIN', Max: 'MAX', Product: 'PROD'}
 
 _NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
 _lock = threading.RLock()
-_state = {}
-_named_once = []   # the ignored HOROVOD_* variables are named once a process, not once an init
+_state: dict[str, Any] = {}
+_named_once: list[bool] = []   # the ignored HOROVOD_* variables are named once a process, not once an init
 
 
 # -- the environment --------------------------------------------------------------------------
@@ -37,7 +53,7 @@ def _on_off(text):
 
 
 # HOROVOD_* variable -> (store option, parse); MPI_KVSTORE_<OPTION> wins over it
-_HONOURED = {
+_HONOURED: dict[str, tuple[str, Callable[[str], Any]]] = {
     'HOROVOD_FUSION_THRESHOLD': ('fusion_threshold', int),
     'HOROVOD_TIMELINE': ('timeline', str),
     'HOROVOD_HIERARCHICAL_ALLREDUCE': ('hierarchical', _on_off),
@@ -52,7 +68,8 @@ _LOG_LEVELS = {'trace': logging.DEBUG, 'debug': logging.DEBUG, 'info': logging.I
                'warning': logging.WARNING, 'error': logging.ERROR, 'fatal': logging.CRITICAL}
 
 
-def environment_options(environ=None):
+def environment_options(environ: Mapping[str, str] | None = None
+                        ) -> tuple[dict[str, Any], list[str]]:
     """The store options that Horovod's environment variables ask for, and the HOROVOD_*
     variables that have no meaning here (sorted) -> (options, ignored). An
     ``MPI_KVSTORE_*`` variable of the same option wins over the Horovod one."""
@@ -89,11 +106,14 @@ class ProcessSet:
     :func:`add_process_set` registers it (collective on every process). Build it from a list
     of ranks or from an mpi4py communicator (``MPI.COMM_NULL`` on the processes outside)."""
 
-    process_set_id = None
-    ranks = None
-    mpi_comm = None
+    process_set_id: int | None = None
+    """The set's number (0: the global set), None until it is registered."""
+    ranks: list[int] | None = None
+    """The set's ranks (of :func:`init`'s communicator), in order."""
+    mpi_comm: Any = None
+    """The mpi4py communicator the set was built from, if it was."""
 
-    def __init__(self, ranks_or_comm):
+    def __init__(self, ranks_or_comm: Iterable[int] | MPI.Comm) -> None:
         if isinstance(ranks_or_comm, MPI.Comm):
             self.mpi_comm = ranks_or_comm
         else:
@@ -105,26 +125,28 @@ class ProcessSet:
             if any(not isinstance(r, (int, np.integer)) or isinstance(r, bool) for r in ranks):
                 raise ValueError('ProcessSet: ranks must be ints, not %r' % (ranks,))
             self.ranks = [int(r) for r in ranks]
-        self._store = None     # this process's store of the set (None outside it)
-        self._stores = {}      # DistributedTrainer's stores by compression
+        self._store: MPIKVStore | None = None   # this process's store of the set (None outside)
+        self._stores: dict[Any, MPIKVStore] = {}   # DistributedTrainer's stores by compression
 
-    def size(self):
+    def size(self) -> int | None:
         """The number of processes in the set, or None before it is registered."""
-        return None if self.process_set_id is None else len(self.ranks)
+        if self.process_set_id is None or self.ranks is None:
+            return None
+        return len(self.ranks)
 
-    def rank(self):
+    def rank(self) -> int | None:
         """This process's rank inside the set, None outside it or before registration."""
-        if self.process_set_id is None or not self.included():
+        if self.process_set_id is None or self.ranks is None or not self.included():
             return None
         return self.ranks.index(rank())
 
-    def included(self):
+    def included(self) -> bool | None:
         """Whether this process belongs to the set (None before its ranks are known)."""
         if self.ranks is None:
             return None
         return rank() in self.ranks
 
-    def __str__(self):
+    def __str__(self) -> str:
         return 'ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)' % (
             self.process_set_id, self.ranks, self.mpi_comm)
 
@@ -132,10 +154,13 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet([])
+"""The process set of every process of :func:`init`'s communicator (the collectives' default)."""
 global_process_set.process_set_id = 0
 
 
-def init(comm=None, process_sets=None, **options):
+def init(comm: MPI.Comm | Iterable[int] | None = None,
+         process_sets: Iterable[ProcessSet | Iterable[int]] | str | None = None,
+         **options: Any) -> None:
     """Start: a store on ``comm`` (default COMM_WORLD; an mpi4py communicator, or a list of
     COMM_WORLD ranks), and one for each of ``process_sets``. Collective on COMM_WORLD (or on
     ``comm``). Store options (mpi_kvstore.config) may be given as keywords; the HOROVOD_*
@@ -196,12 +221,12 @@ def init(comm=None, process_sets=None, **options):
         add_process_set(process_set)
 
 
-def _require_init():
+def _require_init() -> None:
     if _state.get('store') is None:
         raise ValueError(_NOT_INITIALIZED)
 
 
-def add_process_set(process_set):
+def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     """Register a process set (a ProcessSet or a list of ranks) and return it: a
     sub-communicator and a store on it for its members. Collective on every process, as
     in Horovod; the same ranks twice raise ValueError."""
@@ -234,7 +259,7 @@ def add_process_set(process_set):
     return process_set
 
 
-def remove_process_set(process_set):
+def remove_process_set(process_set: ProcessSet) -> bool:
     """Close a registered process set's stores; True if it was registered (the global set is
     never removed). Collective on the set's members."""
     with _lock:
@@ -256,7 +281,7 @@ def _store_options():
     return dict(_state['options'], timeline='')
 
 
-def shutdown():
+def shutdown() -> None:
     """Finish every collective and close the stores; init() may start again."""
     with _lock:
         if _state.get('store') is None:
@@ -273,94 +298,107 @@ def shutdown():
     global_process_set.ranks = []
 
 
-def is_initialized():
+def is_initialized() -> bool:
+    """Whether :func:`init` has run (and :func:`shutdown` not since)."""
     return _state.get('store') is not None
 
 
-def store():
+def store() -> MPIKVStore:
     """The store under :func:`init` (an MPIKVStore), for the rest of mpi_kvstore's API."""
     _require_init()
     return _state['store']
 
 
-def rank():
+def rank() -> int:
+    """This process's rank in :func:`init`'s communicator."""
     _require_init()
     return _state['rank']
 
 
-def size():
+def size() -> int:
+    """The number of processes in :func:`init`'s communicator."""
     _require_init()
     return _state['size']
 
 
-def local_rank():
+def local_rank() -> int:
+    """This process's index among the processes of its node: pick a GPU with it."""
     _require_init()
     return _state['local'][0]
 
 
-def local_size():
+def local_size() -> int:
+    """The number of processes on this process's node."""
     _require_init()
     return _state['local'][1]
 
 
-def cross_rank():
+def cross_rank() -> int:
     """This process's rank among the processes of the same local rank (one a node)."""
     _require_init()
     return _state['cross'][0]
 
 
-def cross_size():
+def cross_size() -> int:
     """The number of processes of this process's local rank: the number of nodes."""
     _require_init()
     return _state['cross'][1]
 
 
 # -- what this build has ----------------------------------------------------------------------
-def mpi_built():
+def mpi_built() -> bool:
+    """True: every collective here runs on MPI."""
     return True
 
 
-def mpi_enabled():
+def mpi_enabled() -> bool:
+    """True: every collective here runs on MPI."""
     return True
 
 
-def mpi_threads_supported():
+def mpi_threads_supported() -> bool:
+    """Whether MPI was started with MPI_THREAD_MULTIPLE."""
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
-def gloo_built():
+def gloo_built() -> bool:
+    """False: there is no Gloo here."""
     return False
 
 
-def gloo_enabled():
+def gloo_enabled() -> bool:
+    """False: there is no Gloo here."""
     return False
 
 
-def nccl_built():
+def nccl_built() -> int:
     """0, as Horovod answers without NCCL: the store's NCCL transport (docs/gpu.md) runs on
     CuPy, not in an MXNet build of Horovod's kind."""
     return 0
 
 
-def ddl_built():
+def ddl_built() -> bool:
+    """False: there is no IBM DDL here."""
     return False
 
 
-def ccl_built():
+def ccl_built() -> bool:
+    """False: there is no oneCCL here."""
     return False
 
 
-def cuda_built():
+def cuda_built() -> bool:
     """Whether this MXNet was built with CUDA (the store then exchanges GPU arrays)."""
     return bool(mx.runtime.Features().is_enabled('CUDA'))
 
 
-def rocm_built():
+def rocm_built() -> bool:
+    """False: there is no ROCm here."""
     return False
 
 
 # -- timeline ---------------------------------------------------------------------------------
-def start_timeline(file_path, mark_cycles=False):
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record the collectives from now on into ``file_path`` (one file a rank: ``.rankN``
     before the extension). As in Horovod, the timeline must be enabled at init:
     HOROVOD_TIMELINE=DYNAMIC, a path, or the store's timeline option."""
@@ -371,7 +409,7 @@ def start_timeline(file_path, mark_cycles=False):
     timeline.record_into(trace_path(file_path, _state['rank'], _state['size']))
 
 
-def stop_timeline():
+def stop_timeline() -> None:
     """Write the timeline recorded since start_timeline and stop filling that file."""
     _require_init()
     timeline = _state['store'].timeline

@@ -1,5 +1,6 @@
 """Horovod's ``Compression`` names, mapped to the store's codecs, and a user compressor's
 compress/decompress around the exchange."""
+from __future__ import annotations
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class Compression:
     twobit = TwoBitCompressor
 
     @staticmethod
-    def twobit_threshold(threshold):
+    def twobit_threshold(threshold: float) -> type[TwoBitCompressor]:
         """A 2-bit compressor of this threshold (> 0)."""
         if not float(threshold) > 0:
             raise ValueError('2-bit compression needs a threshold > 0, not %r' % (threshold,))

@@ -1,5 +1,8 @@
 """Horovod's collectives on NDArrays: reductions, gathers, broadcasts, alltoall, objects."""
+from __future__ import annotations
+
 import warnings
+from typing import Any, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -11,6 +14,7 @@ from .basics import (
     _OP_NAMES,
     Adasum,
     Average,
+    NDArray,
     ProcessSet,
     Sum,
     _require_init,
@@ -102,12 +106,14 @@ def _allreduce_inplace(tensor, op, name, prescale_factor, postscale_factor, proc
         _mpi_reduce(kv, tensor, op)
         return _scale(tensor, postscale_factor)
     kv.array_collective('allreduce', name or 'hvd.allreduce', tensor)
-    factor = postscale_factor / len(process_set.ranks) if op == Average else postscale_factor
+    # the set's store spans exactly its ranks
+    factor = postscale_factor / kv.num_workers if op == Average else postscale_factor
     return _scale(tensor, factor)
 
 
-def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set, op=None):
+def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = None,
+               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set, op: int | None = None) -> NDArray:
     """Horovod's in-place allreduce: ``postscale * op(prescale * tensor)`` over the set's
     processes; op defaults to Average. Returns ``tensor``. ``priority`` is accepted: these
     collectives run in call order."""
@@ -116,8 +122,9 @@ def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                               process_set, 'allreduce_')
 
 
-def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set, op=None):
+def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = None,
+              priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set, op: int | None = None) -> NDArray:
     """As :func:`allreduce_`, into a new NDArray; ``tensor`` is left as it was."""
     op = _op_of(op, average, 'allreduce')
     _set_store(process_set, 'allreduce')
@@ -125,8 +132,11 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
                               process_set, 'allreduce')
 
 
-def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set, op=None):
+def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
+                       name: str | None = None, priority: int = 0, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set,
+                       op: int | None = None) -> list[NDArray]:
     """allreduce_ of each tensor of the list, in place; returns the list."""
     op = _op_of(op, average, 'grouped_allreduce_')
     base = name or 'hvd.grouped_allreduce'
@@ -136,8 +146,11 @@ def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_fa
     return tensors
 
 
-def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set, op=None):
+def grouped_allreduce(tensors: Sequence[NDArray], average: bool | None = None,
+                      name: str | None = None, priority: int = 0, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
+                      op: int | None = None) -> list[NDArray]:
     """grouped_allreduce_ into new NDArrays; the inputs are left as they were."""
     op = _op_of(op, average, 'grouped_allreduce')
     if tensors:
@@ -146,8 +159,9 @@ def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_fac
                               prescale_factor, postscale_factor, process_set, op)
 
 
-def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: NDArray, op: int = Average, name: str | None = None,
+                  priority: int = 0, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> NDArray:
     """The Average (default) or Sum over the set, cut along axis 0 in rank order (the first
     ``rows % size`` ranks get a row more): this rank's part, a new NDArray."""
     op = _op_of(op, None, 'reducescatter')
@@ -160,47 +174,59 @@ def reducescatter(tensor, op=Average, name=None, priority=0, process_set=global_
     source = _scale(tensor.copy(), prescale_factor) if prescale_factor != 1.0 else tensor
     part = functional.reducescatter(source, average=False, name=name or 'hvd.reducescatter',
                                     store=kv)
-    factor = postscale_factor / len(process_set.ranks) if op == Average else postscale_factor
+    # the set's store spans exactly its ranks
+    factor = postscale_factor / kv.num_workers if op == Average else postscale_factor
     return _scale(part, factor)
 
 
-def grouped_reducescatter(tensors, op=Average, name=None, priority=0,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
+def grouped_reducescatter(tensors: Sequence[NDArray], op: int = Average,
+                          name: str | None = None, priority: int = 0,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[NDArray]:
+    """:func:`reducescatter` of each tensor of the list: this rank's parts, new NDArrays."""
     base = name or 'hvd.grouped_reducescatter'
     return [reducescatter(t, op, '%s.%d' % (base, i), priority, process_set, prescale_factor,
                           postscale_factor) for i, t in enumerate(tensors)]
 
 
 # -- gathers and broadcasts -------------------------------------------------------------------
-def allgather(tensor, name=None, priority=0, process_set=global_process_set):
+def allgather(tensor: NDArray, name: str | None = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> NDArray:
     """Every set member's tensor concatenated along axis 0 in rank order (first dimensions
     may differ), a new NDArray."""
     kv = _set_store(process_set, 'allgather')
     return functional.allgather(tensor, name=name or 'hvd.allgather', store=kv)
 
 
-def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
+def grouped_allgather(tensors: Sequence[NDArray], name: str | None = None, priority: int = 0,
+                      process_set: ProcessSet = global_process_set) -> list[NDArray]:
+    """:func:`allgather` of each tensor of the list: new NDArrays, in the list's order."""
     base = name or 'hvd.grouped_allgather'
     return [allgather(t, '%s.%d' % (base, i), priority, process_set)
             for i, t in enumerate(tensors)]
 
 
-def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+def broadcast_(tensor: NDArray, root_rank: int, name: str | None = None, priority: int = 0,
+               process_set: ProcessSet = global_process_set) -> NDArray:
     """Overwrite ``tensor`` with ``root_rank``'s (a rank of init's communicator); returns it."""
     kv = _set_store(process_set, 'broadcast_')
     root = _set_root(process_set, root_rank, 'broadcast_')
     return kv.array_collective('bcast', name or 'hvd.broadcast', tensor, root=root)
 
 
-def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+def broadcast(tensor: NDArray, root_rank: int, name: str | None = None, priority: int = 0,
+              process_set: ProcessSet = global_process_set) -> NDArray:
     """``root_rank``'s tensor as a new NDArray on every member; ``tensor`` is left as it was."""
     kv = _set_store(process_set, 'broadcast')
     root = _set_root(process_set, root_rank, 'broadcast')
     return kv.array_collective('bcast', name or 'hvd.broadcast', tensor.copy(), root=root)
 
 
-def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
+def alltoall(tensor: NDArray, splits: NDArray | Sequence[int] | None = None,
+             name: str | None = None, priority: int = 0,
+             process_set: ProcessSet = global_process_set
+             ) -> NDArray | tuple[NDArray, NDArray]:
     """Send ``splits[i]`` rows of ``tensor`` (in order, along axis 0) to the set's i-th rank
     and return the rows received, concatenated in rank order (the splits may add up to fewer
     rows than the tensor has, as in Horovod). Without ``splits`` the rows
@@ -208,7 +234,7 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     alone is returned; with it, also the rows received from each rank (an int32 NDArray).
     Synchronous: MPI_Alltoallv of a numpy copy in collective order."""
     kv = _set_store(process_set, 'alltoall')
-    count = len(process_set.ranks)
+    count = kv.num_workers   # the set's store spans exactly its ranks
     if tensor.ndim == 0:
         raise ValueError('alltoall does not support scalar inputs')
     rows = tensor.shape[0]
@@ -243,14 +269,16 @@ def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_proc
     return result, mx.nd.array(received, ctx=mx.cpu(), dtype='int32')
 
 
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
     """``root_rank``'s picklable object, returned on every member."""
     kv = _set_store(process_set, 'broadcast_object')
     root = _set_root(process_set, root_rank, 'broadcast_object')
     return functional.broadcast_object(obj, root=root, store=kv)
 
 
-def allgather_object(obj, name=None, process_set=global_process_set):
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
     """A list of every member's picklable object, in rank order."""
     kv = _set_store(process_set, 'allgather_object')
     return functional.allgather_object(obj, store=kv)

@@ -1,12 +1,15 @@
 """Horovod's broadcast_parameters, DistributedTrainer and DistributedOptimizer, averaging as
 Horovod does."""
+from __future__ import annotations
+
 import warnings
+from typing import Any, Mapping
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .basics import _require_init, global_process_set, size
+from .basics import NDArray, ProcessSet, _require_init, global_process_set, size
 from .compression import Compression, _ours, _trainer_store
 from .ops import _scale, _set_root, _set_store, broadcast_
 
@@ -25,7 +28,8 @@ def _broadcast_after_init(param, root_rank, name):
     param._init_impl = init_then_broadcast.__get__(param)
 
 
-def broadcast_parameters(params, root_rank=0, prefix=None):
+def broadcast_parameters(params: Mapping[str, Any], root_rank: int = 0,
+                         prefix: str | None = None) -> None:
     """Give every process ``root_rank``'s values: ``params`` is a ParameterDict or a dict of
     Parameters (Block.collect_params()), or a dict of NDArrays (Module.get_params()), broadcast
     in place in name order. A Parameter whose initialisation is deferred is broadcast when it
@@ -95,9 +99,10 @@ class DistributedTrainer(gluon.Trainer):
     also gives every process rank 0's parameters at its first step (gluon.Trainer's own
     broadcast), a no-op after broadcast_parameters."""
 
-    def __init__(self, params, optimizer, optimizer_params=None, compression=Compression.none,
-                 gradient_predivide_factor=1.0, prefix=None, num_groups=0,
-                 process_set=global_process_set):
+    def __init__(self, params: Any, optimizer: Any, optimizer_params: dict | None = None,
+                 compression: Any = Compression.none, gradient_predivide_factor: float = 1.0,
+                 prefix: str | None = None, num_groups: int = 0,
+                 process_set: ProcessSet = global_process_set) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
             warnings.warn('DistributedTrainer does not take DistributedOptimizer as its '
@@ -161,8 +166,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     optimizer's. ``num_groups`` is accepted: each gradient is its own collective, and the
     store fuses those ready together."""
 
-    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
-                 process_set=global_process_set):
+    def __init__(self, optimizer: mx.optimizer.Optimizer, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, process_set: ProcessSet = global_process_set) -> None:
         if not float(gradient_predivide_factor) > 0:
             raise ValueError('DistributedOptimizer: gradient_predivide_factor must be > 0')
         kv = _set_store(process_set, 'DistributedOptimizer')
@@ -178,10 +183,12 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             raise AttributeError(item)
         return getattr(self._optimizer, item)
 
-    def create_state(self, index, weight):
+    def create_state(self, index: int, weight: NDArray) -> Any:
+        """The wrapped optimizer's state for this weight."""
         return self._optimizer.create_state(index, weight)
 
-    def create_state_multi_precision(self, index, weight):
+    def create_state_multi_precision(self, index: int, weight: NDArray) -> Any:
+        """The wrapped optimizer's multi-precision state for this weight."""
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _do_allreduce(self, index, grad):
@@ -194,19 +201,26 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         for i, g in zip(indices, grads):
             self._hvd_store.array_collective('allreduce', 'hvd.opt:%s' % (i,), g)
 
-    def update(self, index, weight, grad, state):
+    def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Sum ``grad`` over the processes in place (rescale_grad makes it their mean), then
+        run the wrapped optimizer's update."""
         self._do_allreduce(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
-    def update_multi_precision(self, index, weight, grad, state):
+    def update_multi_precision(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
+        """Sum ``grad`` over the processes in place (rescale_grad makes it their mean), then
+        run the wrapped optimizer's multi-precision update."""
         self._do_allreduce(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
-    def set_learning_rate(self, lr):
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the wrapped optimizer's learning rate."""
         self._optimizer.set_learning_rate(lr)
 
-    def set_lr_mult(self, args_lr_mult):
+    def set_lr_mult(self, args_lr_mult: dict) -> None:
+        """Set the wrapped optimizer's per-parameter learning-rate multipliers."""
         self._optimizer.set_lr_mult(args_lr_mult)
 
-    def set_wd_mult(self, args_wd_mult):
+    def set_wd_mult(self, args_wd_mult: dict) -> None:
+        """Set the wrapped optimizer's per-parameter weight-decay multipliers."""
         self._optimizer.set_wd_mult(args_wd_mult)
