@@ -20,10 +20,15 @@ __all__ = ['ConfigError', 'Config', 'OPTIONS', 'AGREED', 'options_table', 'engin
 # Every vocabulary of the options, as literals: the modules that implement them sit above
 # this one, and a test checks each equals its registry (designs, transports, codecs).
 DESIGNS = ('funneled', 'concurrent', 'chained', 'blocking')
+"""The values of the ``design`` option."""
 HIERARCHICAL_MODES = ('auto', 'on', 'off')
+"""The values of the ``hierarchical`` option."""
 CUDA_AWARE_MODES = ('auto', 'on', 'off')
+"""The values of the ``cuda_aware`` option."""
 GPU_TRANSPORTS = ('auto', 'nccl', 'cuda_mpi', 'staged')
+"""The values of the ``gpu_transport`` option."""
 COMPRESSIONS = ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring')
+"""The values of the ``compression`` option (the wire casts)."""
 
 
 def _one_of(names):
@@ -306,11 +311,14 @@ OPTIONS: Tuple[Option, ...] = (
            'broadcast, where hosts run different numbers of ranks). auto = off: flat MPI, '
            'whose own Allreduce was as fast.'),
 )
+"""Every option of the store, an :class:`Option` each (name, parser, default, unit, help);
+``options_table()`` lists them with their environment variables."""
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 
 # The options every rank of a store must be given alike, in the order they are compared.
 AGREED: Tuple[str, ...] = tuple(o.name for o in OPTIONS if o.agree)
+"""The options every rank of a store must be given alike (a mismatch raises at creation)."""
 
 
 def from_environment(name, environ=None):
@@ -364,6 +372,7 @@ class Config:
         return self._origins[name]
 
     def as_dict(self):
+        """Every option's value by name, with ``naive_engine``."""
         return dict(self._values, naive_engine=self.naive_engine)
 
     def __repr__(self):
