@@ -1,5 +1,6 @@
 """Pure-Python parts: configuration, fusion planning, the key/value grammar."""
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -252,13 +253,6 @@ def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
         Table([4096], ['mpi'], 2, device=[(4096, 'gloo')])
 
 
-def test_compiled_polling_takes_as_many_tests_per_wake_as_python():
-    """native.py keeps its own copy (numba's cache cannot see a change in progress.py)."""
-    from mpi_kvstore.comm import progress
-    from mpi_kvstore.engine import native
-    assert native.TESTS_PER_WAKE == progress.PROGRESS_TESTS
-
-
 def test_gpu_transport_choice_is_a_pure_agreed_function():
     """transports.decide: auto takes the first of nccl, cuda_mpi, staged that can run; a
     named transport that cannot run raises ConfigError saying why (on every rank alike,
@@ -428,11 +422,106 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
 
 
 
-def test_huge_page_advice_agrees_between_python_and_compiled_code():
-    from mpi_kvstore.engine import arrays, native
-    assert (native.HUGE_PAGE, native.HUGE_MIN_BYTES, native.MADV_HUGEPAGE,
-            native.MADV_COLLAPSE) == (arrays.HUGE_PAGE, arrays.HUGE_MIN_BYTES,
-                                      arrays.MADV_HUGEPAGE, arrays.MADV_COLLAPSE)
+def _request(array, kind='allreduce', average=False, root=0):
+    dtype = np.dtype(array.dtype)
+    return types.SimpleNamespace(array=array, nbytes=array.size * dtype.itemsize, kind=kind,
+                                 dtype=dtype, root=root, average=average)
+
+
+def test_a_chained_record_holds_each_field_where_its_layout_declares():
+    """records.py writes and reads a record by the word offsets that layout.py derives: seen
+    through the declared dtypes, each field holds what the plan was given."""
+    import mxnet as mx
+
+    from mpi_kvstore.comm import agreement
+    from mpi_kvstore.comm.mpiabi import c_datatype
+    from mpi_kvstore.engine import layout, records
+    ints = [mx.nd.ones((3,), dtype='int32'), mx.nd.ones((5,), dtype='int32')]
+    floats = mx.nd.ones((4,))
+    buckets = [[_request(a, average=True) for a in ints], [_request(floats, 'bcast', root=1)]]
+    message = agreement.group_message([11, 12], rank=1)
+    plan = records.ChainedPlan(buckets, types.SimpleNamespace(handle=7, size=2), message, 5,
+                               lambda dtype, count: np.zeros(count, dtype), (10, 0), 3)
+    words = plan.record
+    head = words[:layout.HEADER].view(layout.HEADER_DTYPE)[0]
+    assert (head['count'], head['nbuckets'], head['comm'], head['size'], head['eventfd'],
+            head['one'], head['progress_us'], head['poll_us'], head['msglen']) == (
+                3, 2, 7, 2, 5, 1, 10, 3, len(message))
+    assert head['fns'] == records.function_table().ctypes.data
+    np.testing.assert_array_equal(head['mine'][:len(message)], message)
+    end = layout.HEADER + 3 * layout.SLOT
+    slots = words[layout.HEADER:end].view(layout.ARRAY_DTYPE)
+    assert list(slots['handle']) == [a.handle.value for a in ints + [floats]]
+    assert list(slots['nbytes']) == [12, 20, 16]
+    fused, bcast = words[end:].view(layout.BUCKET_DTYPE)
+    assert [fused[f] for f in layout.BUCKET_DTYPE.names] == [
+        layout.ALLREDUCE_POLLED, 0, 2, 8, c_datatype(np.int32), 0,
+        layout.SCALES[np.dtype(np.int32)], plan.keep[0].ctypes.data]
+    assert [bcast[f] for f in layout.BUCKET_DTYPE.names] == [
+        layout.BCAST, 2, 1, 4, c_datatype(np.float32), 1, 0, 0]
+
+    op = records.ChainedOp(plan, [r for b in buckets for r in b], ints + [floats], print)
+    try:
+        assert op.address == op.record.ctypes.data != plan.record.ctypes.data
+        head = op.record[:layout.HEADER].view(layout.HEADER_DTYPE)[0]
+        assert head['self'] == op.address
+        head['msg'][:len(message)] = message - 1
+        head['stage'], head['bucket'], head['errcode'] = layout.Stage.MPI_ERROR, 1, 42
+        np.testing.assert_array_equal(op.message(), message - 1)
+        assert op.stage == (layout.Stage.MPI_ERROR, 1, 42)
+        tensor = op.record[layout.HEADER:end].view(layout.ARRAY_DTYPE)[2:]['tensor']
+        op.record[layout.HEADER + 2 * layout.SLOT + layout.A_MANAGED] = 1
+        tensor['data'], tensor['byte_offset'] = 4096, 64
+        tensor['device_type'], tensor['device_id'] = 3, 2
+        assert op.pointer(2) == (4160, 3, 2) and op.pointer(0) is None
+    finally:
+        op.forget()
+
+
+def test_the_compiled_op_writes_its_record_where_python_reads_it():
+    """mark_ready, called as the engine calls it, takes each array's pointer and the
+    engine's completion into the fields that records.NativeOp reads, marks the record
+    ready and writes the eventfd."""
+    import ctypes
+    import os
+
+    import mxnet as mx
+
+    from mpi_kvstore.engine import records
+    from mpi_kvstore.engine.arrays import array_pointer
+    arrays = [mx.nd.ones((3,)), mx.nd.ones((6,), dtype='int64')[2:]]
+    for array in arrays:
+        array.wait_to_read()
+    waker = records.Waker()
+    op = records.NativeOp(arrays, [], waker.fd)
+    completion = np.array([11, 22, 33], dtype=np.int64)
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+        records.mark_ready_address())
+    try:
+        assert not op.ready
+        run(None, completion.ctypes.data, op.address)
+        assert op.ready and op.callback() == (11, 22, 33)
+        assert [op.pointer(i) for i in range(2)] == [array_pointer(a) for a in arrays]
+        assert os.eventfd_read(waker.fd) == 1
+    finally:
+        waker.close()
+
+
+def test_compiled_ops_are_cached_by_the_source_they_compile_in(monkeypatch, tmp_path):
+    """numba keys its on-disk cache by the compiled function's own file only: the entry
+    points are keyed by the source of the files they take constants and code from too, so
+    a change there compiles them again instead of loading stale machine code."""
+    import numba
+
+    from mpi_kvstore.engine import native
+    monkeypatch.setattr(numba.config, 'CACHE_DIR', str(tmp_path))
+    hits = []
+    for key in ('one', 'one', 'another', 'one'):
+        monkeypatch.setattr(native, '_compiled', {})
+        monkeypatch.setattr(native, '_source_key', lambda key=key: key)
+        native.address('mark_ready')
+        hits.append(native._compiled['mark_ready'].cache_hits)
+    assert hits == [0, 1, 0, 1]
 
 
 def _anon_huge_kb(address, nbytes):

@@ -14,8 +14,7 @@ from ..comm.mpiabi import MPI, c_datatype
 from ..comm.progress import AGREEMENT_POLL_US
 from ..comm.timeline import op_name
 from ..engine import core as engine
-from ..engine import native
-from ..engine import records as native_records
+from ..engine import layout, records
 from .base import Design
 from .base import progress as _progress
 
@@ -45,7 +44,7 @@ class Chained(Design):
     Each op first MIN-allreduces a 4-int fingerprint of its requests, so ranks
     that disagree fail loudly instead of summing different keys.
 
-    The op is native (native.run_chained_address): machine code calls MPI, so
+    The op is native (engine/native.py, run_chained): machine code calls MPI, so
     no Python runs on the engine worker. It hands the rare cases to Python on
     the same worker (:meth:`_in_python`). Requests are marked done lazily
     (:meth:`reap`), by whoever asks: the next call, ``wait()``, the stall
@@ -66,7 +65,7 @@ class Chained(Design):
         self._native = (config.native_ops and not config.naive_engine and not timeline
                         and not self._comm.hierarchical)
         self._fusion = BufferPool()           # host buffers for fused buckets
-        self._plans = {}                      # call shape -> native_records.ChainedPlan
+        self._plans = {}                      # call shape -> records.ChainedPlan
         self._inflight = collections.deque()  # native ops, in push (= completion) order
         self._reap_lock = threading.Lock()
         self._waker = None
@@ -74,14 +73,14 @@ class Chained(Design):
         # (native.py: elsewhere it re-pushes itself to the priority worker).
         self._inline_max = config.inline_max_bytes if self._native else -1
         if self._native:
-            self._address = native.run_chained_address()   # compiled now, not in step one
-            self._waker = native_records.Waker()
+            self._address = records.run_chained_address()   # compiled now, not in step one
+            self._waker = records.Waker()
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
         plan_ = self._plan(reqs, arrays) if self._native else None
         if plan_ is not None:
-            op = native_records.ChainedOp(plan_, reqs, arrays, self._in_python)
+            op = records.ChainedOp(plan_, reqs, arrays, self._in_python)
             for req in reqs:
                 req.waiter = self._wait
             self._inflight.append(op)
@@ -143,9 +142,9 @@ class Chained(Design):
             return None
         message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
                    if self.size > 1 else None)
-        found = native_records.ChainedPlan(buckets, self._comm,
-                                   message, self._waker.fd, self._fusion_buffer,
-                                   _progress(self.config), AGREEMENT_POLL_US)
+        found = records.ChainedPlan(buckets, self._comm, message, self._waker.fd,
+                                    self._fusion_buffer, _progress(self.config),
+                                    AGREEMENT_POLL_US)
         found.handles = engine.Handles(arrays + [self._chain])
         return found
 
@@ -159,9 +158,9 @@ class Chained(Design):
         stage, failed_bucket, code = op.stage
         try:
             self.attach_native(op)   # a refused array fails here, and spoils its signature
-            if stage == native.Stage.READ:
+            if stage == layout.Stage.READ:
                 self.agree_and_execute(op.reqs, self._comm)
-            elif stage == native.Stage.AGREED:
+            elif stage == layout.Stage.AGREED:
                 self.run_agreed(op.reqs, op.message(), self._comm)
             else:
                 self._after_mpi_error(op, failed_bucket, MPI.Exception(code))
@@ -219,7 +218,7 @@ class Chained(Design):
 
 def _native_can_run(reqs):
     for req in reqs:
-        if req.kind not in native_records.KINDS or req.codec is not None:   # compressed: compression/
+        if req.kind not in records.KINDS or req.codec is not None:   # compressed: compression/
             return False
         if req.place != 'cpu':   # device memory: a device transport (reduce.py)
             return False
@@ -227,6 +226,6 @@ def _native_can_run(reqs):
             continue
         if c_datatype(req.dtype) is None or req.nbytes // req.dtype.itemsize > _INT_MAX:
             return False
-        if req.average and req.dtype not in native.SCALES:
+        if req.average and req.dtype not in layout.SCALES:
             return False
     return True

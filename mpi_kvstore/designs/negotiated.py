@@ -32,8 +32,7 @@ from ..comm.progress import wait_polling
 from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
-from ..engine import native
-from ..engine import records as native_records
+from ..engine import records
 from . import schedule
 from .base import Design
 
@@ -47,7 +46,7 @@ class Negotiated(Design):
         super().__init__(comm, config, sink, timeline, table, make_comm)
         self._control = self.make_comm()
         self._lock = threading.Lock()
-        self._waker = native_records.Waker()      # engine ops, calls and close() wake the thread
+        self._waker = records.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
         # complete before its function returns (native.py).
         self._native = config.native_ops and not config.naive_engine
@@ -77,10 +76,10 @@ class Negotiated(Design):
         # Priorities take effect where the order is decided: each round runs its agreed
         # requests by priority, then push order (fusion.order).
         if self._native:
-            op = native_records.NativeOp(arrays, reqs, self._waker.fd)
+            op = records.NativeOp(arrays, reqs, self._waker.fd)
             with self._lock:
                 self._inflight.append(op)
-            engine.push_native(native.mark_ready_address(), op.record.ctypes.data, arrays,
+            engine.push_native(records.mark_ready_address(), op.record.ctypes.data, arrays,
                                priority=priority, name=op_name(reqs[0].kind),
                                inline_when_ready=True)
             return

@@ -63,16 +63,36 @@ _push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_v
 
 _push_async_released = bind('MXEnginePushAsyncND', *_push_async.argtypes, release_gil=True)
 
-_live = {}             # op id -> _Op, until the engine runs it
-_active = [0]          # engine threads inside _trampoline
-_active_lock = threading.Lock()
-_ids = itertools.count(1)
-_callbacks = {}        # engine callback address -> ctypes function, built once
 _cpu_context = _Context(_CPU, 0)
 _properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC)}
 _CPU_CONTEXT = ctypes.addressof(_cpu_context)
 _PROPERTY_ADDRESSES = {prop: ctypes.addressof(value) for prop, value in _properties.items()}
-_naive = [False]
+
+
+class _State:
+    """What this process keeps about the engine, all of it here (one instance, ``_state``)."""
+
+    __slots__ = ('live', 'ids', 'active', 'active_lock', 'naive', 'raised', 'callbacks',
+                 'entries', 'native_fns', 'names', 'kept')
+
+    def __init__(self):
+        self.live = {}                 # op id -> _Op, until the engine runs it
+        self.ids = itertools.count(1)
+        self.active = 0                # engine threads running our Python (quiesce waits)
+        self.active_lock = threading.Lock()
+        self.naive = False             # NaiveEngine: an op completes before it returns
+        # Arrays written by an op completed with an error. The engine keeps that error
+        # on them until someone reads them, and skips every later op that touches them
+        # (the store's own next collective too): consume_raised() reads it off.
+        self.raised = collections.deque()
+        self.callbacks = {}            # engine callback address -> ctypes function
+        self.entries = []              # python_entry's ctypes thunks, alive for the process
+        self.native_fns = {}           # C function address -> its ctypes function
+        self.names = {}                # op name -> its bytes
+        self.kept = threading.local()  # .thread_state: this thread keeps its thread state
+
+
+_state = _State()
 
 
 class _EngineError:
@@ -116,11 +136,6 @@ class _EngineError:
 
 _NativeRecord = collections.namedtuple('_NativeRecord', 'callback engine param')
 
-# Arrays written by an op completed with an error. The engine keeps that error
-# on them until someone reads them, and skips every later op that touches them
-# (the store's own next collective too): consume_raised() reads it off.
-_raised = collections.deque()
-
 
 class Completion:
     """Completes one engine op exactly once, from any thread."""
@@ -128,9 +143,9 @@ class Completion:
     __slots__ = ('_fn', '_engine', '_param', '_lock', '_done', '_event', 'arrays')
 
     def __init__(self, record, wait_inline, arrays=()):
-        fn = _callbacks.get(record.callback)
+        fn = _state.callbacks.get(record.callback)
         if fn is None:
-            fn = _callbacks.setdefault(record.callback, _ENGINE_CALLBACK(record.callback))
+            fn = _state.callbacks.setdefault(record.callback, _ENGINE_CALLBACK(record.callback))
         self._fn, self._engine, self._param = fn, record.engine, record.param
         self._lock = threading.Lock()
         self._done = False
@@ -151,10 +166,10 @@ class Completion:
             if self._done:
                 return
             self._done = True
-        if error is None or _naive[0]:
+        if error is None or _state.naive:
             self._fn(self._engine, self._param, None)
         else:
-            _raised.extend(self.arrays)
+            _state.raised.extend(self.arrays)
             _EngineError.complete(self._fn, self._engine, self._param, str(error))
         if self._event is not None:
             self._event.set()
@@ -191,8 +206,8 @@ def consume_raised():
     Only arrays whose op already completed are listed, so this never waits on MPI.
     """
     from mxnet.base import MXNetError  # mxnet is loaded; keep the top light
-    while _raised:
-        array = _raised.popleft()
+    while _state.raised:
+        array = _state.raised.popleft()
         try:
             array.wait_to_read()
         except MXNetError:
@@ -204,9 +219,6 @@ class _Op:
 
     def __init__(self, run, on_error, keep):
         self.run, self.on_error, self.keep = run, on_error, keep
-
-
-_kept = threading.local()   # .thread_state: this thread keeps its Python thread state
 
 
 def _keep_thread_state():
@@ -227,9 +239,9 @@ def _keep_thread_state():
     thread before it touches the (dangling) state, exactly as for a daemon
     thread. quiesce() keeps ours out of that window, as before.
     """
-    if not getattr(_kept, 'thread_state', False):
+    if not getattr(_state.kept, 'thread_state', False):
         ctypes.pythonapi.PyGILState_Ensure()
-        _kept.thread_state = True
+        _state.kept.thread_state = True
 
 
 @contextlib.contextmanager
@@ -237,14 +249,14 @@ def _python_on_engine_thread():
     """Bracket Python code that an engine thread entered: keep its thread state, count
     the entry (debug: engine_python), and let quiesce() see it running."""
     _keep_thread_state()
-    with _active_lock:
-        _active[0] += 1
+    with _state.active_lock:
+        _state.active += 1
         debug.count('engine_python')
     try:
         yield
     finally:
-        with _active_lock:
-            _active[0] -= 1
+        with _state.active_lock:
+            _state.active -= 1
 
 
 @_ASYNC_FN
@@ -252,9 +264,9 @@ def _trampoline(_run_ctx, on_complete, param):
     with _python_on_engine_thread():
         # The op runs exactly once: dropping it here needs no Python deleter,
         # which the engine could call during interpreter shutdown.
-        op = _live.pop(param)
+        op = _state.live.pop(param)
         record = ctypes.cast(on_complete, ctypes.POINTER(_CallbackOnComplete)).contents
-        completion = Completion(record, _naive[0], op.keep[1])
+        completion = Completion(record, _state.naive, op.keep[1])
         try:
             op.run(completion)
         except BaseException as err:  # nothing may escape into C
@@ -265,7 +277,6 @@ def _trampoline(_run_ctx, on_complete, param):
 
 
 _ENTRY_FN = ctypes.CFUNCTYPE(None, ctypes.c_int64)
-_entries = []          # the ctypes thunks of python_entry, alive for the process
 
 
 def python_entry(fn):
@@ -280,7 +291,7 @@ def python_entry(fn):
             except BaseException:  # nothing may escape into C
                 log.exception('mpi_kvstore: a native op\'s Python path failed')
     thunk = _ENTRY_FN(entry)
-    _entries.append(thunk)
+    _state.entries.append(thunk)
     return thunk
 
 
@@ -293,8 +304,8 @@ def quiesce(timeout=10.0):
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with _active_lock:
-            if _active[0] == 0:
+        with _state.active_lock:
+            if _state.active == 0:
                 return True
         time.sleep(1e-3)
     return False
@@ -309,7 +320,7 @@ def _report(op, err):
 
 def set_naive(flag):
     """Under NaiveEngine an async op must complete before its function returns."""
-    _naive[0] = bool(flag)
+    _state.naive = bool(flag)
 
 
 def _handles(arrays):
@@ -328,17 +339,14 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
     """
     prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
     const, mutable = list(const), list(mutable)
-    op_id = next(_ids)
-    _live[op_id] = _Op(run, on_error or _log_error, (const, mutable))
+    op_id = next(_state.ids)
+    _state.live[op_id] = _Op(run, on_error or _log_error, (const, mutable))
     ret = _push_async(_trampoline, op_id, None, _CPU_CONTEXT,
                       _handles(const), len(const), _handles(mutable), len(mutable),
                       prop, int(priority), _encoded(name), False)
     if ret != 0:
-        _live.pop(op_id, None)
+        _state.live.pop(op_id, None)
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
-
-
-_native_fns = {}   # C function address -> its ctypes pointer object, built once
 
 
 class Handles:
@@ -366,9 +374,9 @@ def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstor
     ``may_block``: the op may run inline and wait for other ranks (the chained op), so
     the push gives the GIL up meanwhile: other threads (the stall inspector) go on.
     """
-    fn = _native_fns.get(fn_address)
+    fn = _state.native_fns.get(fn_address)
     if fn is None:
-        fn = _native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
+        fn = _state.native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
     if not isinstance(mutable, Handles):
         mutable = Handles(list(mutable))
     prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
@@ -379,7 +387,6 @@ def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstor
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 
-_names = {}
 _native_name = ctypes.create_string_buffer(b'mpi_kvstore_chained')
 
 
@@ -391,9 +398,9 @@ def native_push_constants():
 
 
 def _encoded(name):
-    text = _names.get(name)
+    text = _state.names.get(name)
     if text is None:
-        text = _names.setdefault(name, name.encode())
+        text = _state.names.setdefault(name, name.encode())
     return text
 
 

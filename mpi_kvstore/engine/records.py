@@ -1,66 +1,91 @@
-"""The Python side of the native engine ops' records (native.py): building a record,
-reading what the op took, and the eventfd that wakes the thread waiting for ops."""
+"""The Python side of the native engine ops (native.py): the table of C functions they
+call through, building a record (layout.py declares it), reading what the op took, and the
+eventfd that wakes the thread waiting for ops."""
+import ctypes
 import functools
 import os
 import select
 
 import numpy as np
 
-from ..comm.mpiabi import c_datatype
-from .native import (
-    _ARRAYS,
-    _COUNT,
-    _DATA,
-    _DEVICE,
-    _DTYPE,
-    _FIRST,
-    _FUSION,
-    _KIND,
-    _NBYTES,
-    _OFFSET,
-    _ROOT,
-    _SCALE,
-    ALLREDUCE,
-    ALLREDUCE_POLLED,
-    BARRIER,
-    BCAST,
-    BSLOT,
-    BUCKET,
-    CALLBACK,
-    COMM,
-    COUNT,
-    DONE,
-    ENGINE,
-    ERRCODE,
-    EVENTFD,
-    FNS,
-    HEADER,
-    MINE,
-    MSG,
-    MSGLEN,
-    NBUCKETS,
-    ONE,
-    PARAM,
-    POLL_US,
-    PRIORITY,
-    PROGRESS_US,
-    PUSHER,
-    READY,
-    SCALES,
-    SELF,
-    SIZE,
-    SLOT,
-    STAGE,
-    STATE,
-    _fallbacks,
-    _functions,
-)
+from ..comm.mpiabi import c_api, c_datatype
+from . import core as engine
+from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY...
+from . import native
+from .libmxnet import address_of
 
-__all__ = ['NativeOp', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS']
+__all__ = ['mark_ready_address', 'run_chained_address', 'function_table', 'NativeOp',
+           'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS']
 
 # The collective kinds the compiled op runs, and its code for each; the others (Python
 # collectives, the sharded optimizer's reduce-scatter and allgather) run in Python.
-KINDS = {'allreduce': ALLREDUCE, 'bcast': BCAST, 'barrier': BARRIER}
+KINDS = {'allreduce': L.ALLREDUCE, 'bcast': L.BCAST, 'barrier': L.BARRIER}
+
+
+class _State:
+    """This process's table, and the chained ops that may hand over to Python."""
+
+    __slots__ = ('table', 'entry', 'fallbacks')
+
+    def __init__(self):
+        self.table = None      # layout.TABLE_DTYPE in an int64 array, built on first use
+        self.entry = None      # the Python entry (core.python_entry) the table points to
+        self.fallbacks = {}    # record address -> what finishes its op in Python
+
+
+_state = _State()
+
+
+def _run_in_python(address):
+    _state.fallbacks.pop(address)()
+
+
+def _address(fn):
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def _fill(table, **entries):
+    fields = table.view(L.TABLE_DTYPE)
+    for name, value in entries.items():
+        fields[name] = value
+
+
+def function_table():
+    """This process's table (int64 words, layout.TABLE_DTYPE), whose address every record
+    carries; MPI's part is added once a chained op needs it, mpi4py being loaded by then."""
+    if _state.table is None:
+        libc = ctypes.CDLL(None)
+        table = np.zeros(L.TABLE, dtype=np.int64)
+        _state.entry = engine.python_entry(_run_in_python)
+        cpu_context, prioritized, name = engine.native_push_constants()
+        _fill(table, to_dlpack=address_of('MXNDArrayToDLPack'),
+              dlpack_delete=address_of('MXNDArrayCallDLPackDeleter'),
+              memcpy=_address(libc.memcpy), write=_address(libc.write),
+              python=_address(_state.entry), usleep=_address(libc.usleep),
+              pthread_self=_address(libc.pthread_self), push=address_of('MXEnginePushAsyncND'),
+              madvise=_address(libc.madvise), cpu_context=cpu_context,
+              prioritized=prioritized, name=name)
+        _state.table = table
+    return _state.table
+
+
+def mark_ready_address():
+    """The address of the funneled/concurrent op (native.py)."""
+    function_table()
+    return native.address('mark_ready')
+
+
+def run_chained_address():
+    """The address of the chained op (native.py)."""
+    table = function_table()
+    if not table[L.F_ALLREDUCE]:
+        api = c_api()
+        _fill(table, allreduce=api.allreduce, bcast=api.bcast, barrier=api.barrier,
+              in_place=api.in_place, sum=api.sum, min=api.min, int32=api.int32,
+              iallreduce=api.iallreduce, test=api.test)
+    if not table[L.F_QUEUED]:
+        table[L.F_QUEUED] = native.address('run_queued')
+    return native.address('run_chained')
 
 
 class NativeOp:
@@ -69,36 +94,38 @@ class NativeOp:
     __slots__ = ('record', 'arrays', 'reqs', 'keep')
 
     def __init__(self, arrays, reqs, eventfd, extra=0):
-        rec = np.zeros(HEADER + SLOT * len(arrays) + extra, dtype=np.int64)
-        rec[COUNT], rec[EVENTFD], rec[SELF], rec[ONE] = len(arrays), eventfd, rec.ctypes.data, 1
-        rec[FNS] = _functions().ctypes.data
-        rec[HEADER:HEADER + SLOT * len(arrays):SLOT] = [a.handle.value for a in arrays]
+        rec = np.zeros(L.HEADER + L.SLOT * len(arrays) + extra, dtype=np.int64)
+        rec[L.COUNT], rec[L.EVENTFD], rec[L.ONE] = len(arrays), eventfd, 1
+        rec[L.SELF], rec[L.FNS] = rec.ctypes.data, function_table().ctypes.data
+        rec[L.HEADER + L.A_HANDLE:L.HEADER + L.SLOT * len(arrays):L.SLOT] = [
+            a.handle.value for a in arrays]
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, ()
 
     @property
     def address(self):
-        return int(self.record[SELF])
+        return int(self.record[L.SELF])
 
     @property
     def ready(self):
-        return self.record[STATE] == READY
+        return self.record[L.STATE] == L.READY
 
     @property
     def done(self):
-        return self.record[STATE] == DONE
+        return self.record[L.STATE] == L.DONE
 
     def callback(self):
         """(callback, engine, param) of the engine's completion record."""
-        return int(self.record[CALLBACK]), int(self.record[ENGINE]), int(self.record[PARAM])
+        rec = self.record
+        return int(rec[L.CALLBACK]), int(rec[L.ENGINE]), int(rec[L.PARAM])
 
     def pointer(self, i):
         """(address, DLPack device type, device id) of array ``i``, as taken inside the op;
         None if the op could not read it."""
-        slot = HEADER + SLOT * i
-        if not self.record[slot + 1]:   # MXNDArrayToDLPack gave no tensor
+        slot = L.HEADER + L.SLOT * i
+        if not self.record[slot + L.A_MANAGED]:   # MXNDArrayToDLPack gave no tensor
             return None
-        device = int(self.record[slot + _DEVICE])
-        address = int(self.record[slot + _DATA]) + int(self.record[slot + _OFFSET])
+        device = int(self.record[slot + L.A_DEVICE])
+        address = int(self.record[slot + L.A_DATA]) + int(self.record[slot + L.A_OFFSET])
         return address, device & 0xffffffff, device >> 32
 
 
@@ -122,38 +149,38 @@ class ChainedPlan:
     def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0):
         reqs = [r for bucket in buckets for r in bucket]
         arrays = [r.array for r in reqs if r.array is not None]
-        rec = NativeOp(arrays, reqs, eventfd, extra=BSLOT * len(buckets)).record
-        rec[SELF] = 0
-        rec[COMM], rec[SIZE], rec[NBUCKETS] = comm.handle, comm.size, len(buckets)
+        rec = NativeOp(arrays, reqs, eventfd, extra=L.BSLOT * len(buckets)).record
+        rec[L.SELF] = 0
+        rec[L.COMM], rec[L.SIZE], rec[L.NBUCKETS] = comm.handle, comm.size, len(buckets)
         sleep_us, min_bytes = progress
         if sleep_us > 0:
-            rec[PROGRESS_US] = max(1, int(sleep_us))
-            rec[POLL_US] = max(1, int(poll_us))
-        rec[HEADER + _NBYTES:HEADER + SLOT * len(arrays):SLOT] = [
+            rec[L.PROGRESS_US] = max(1, int(sleep_us))
+            rec[L.POLL_US] = max(1, int(poll_us))
+        rec[L.HEADER + L.A_NBYTES:L.HEADER + L.SLOT * len(arrays):L.SLOT] = [
             r.nbytes for r in reqs if r.array is not None]
         if message is not None and comm.size > 1:
-            rec[MSGLEN] = len(message)
-            rec[MINE:MINE + 3].view(np.int32)[:] = message
+            rec[L.MSGLEN] = len(message)
+            rec[L.MINE:L.MINE + L.MESSAGE_WORDS].view(np.int32)[:len(message)] = message
         keep, spans, first, start = [], [], 0, 0
         for b, bucket in enumerate(buckets):
             head = bucket[0]
-            words = rec[HEADER + SLOT * len(arrays) + BSLOT * b:][:BSLOT]
+            words = rec[L.HEADER + L.SLOT * len(arrays) + L.BSLOT * b:][:L.BSLOT]
             kind = KINDS[head.kind]
             arrays_here = sum(r.array is not None for r in bucket)
             nbytes = sum(r.nbytes for r in bucket)
             count = nbytes // head.dtype.itemsize if head.dtype else 0
-            if kind == ALLREDUCE and rec[PROGRESS_US] and nbytes >= min_bytes:
-                kind = ALLREDUCE_POLLED
-            words[_KIND], words[_FIRST], words[_ARRAYS], words[_COUNT] = (
+            if kind == L.ALLREDUCE and rec[L.PROGRESS_US] and nbytes >= min_bytes:
+                kind = L.ALLREDUCE_POLLED
+            words[L.B_KIND], words[L.B_FIRST], words[L.B_ARRAYS], words[L.B_COUNT] = (
                 kind, first, arrays_here, count)
             if head.dtype is not None:
-                words[_DTYPE] = c_datatype(head.dtype)
-            words[_ROOT] = head.root
-            words[_SCALE] = SCALES[head.dtype] if head.average else 0
+                words[L.B_DTYPE] = c_datatype(head.dtype)
+            words[L.B_ROOT] = head.root
+            words[L.B_SCALE] = L.SCALES[head.dtype] if head.average else 0
             if arrays_here > 1:
                 buf = fusion(head.dtype, count)
                 keep.append(buf)
-                words[_FUSION] = buf.ctypes.data
+                words[L.B_FUSION] = buf.ctypes.data
             first += arrays_here
             spans.append((start, start + len(bucket)))
             start += len(bucket)
@@ -166,7 +193,7 @@ class ChainedOp(NativeOp):
     """One chained call, run by :func:`run_chained_address`: a copy of its plan's record.
 
     ``reqs`` in plan order; ``on_python(op)``: called on the engine thread when the op
-    hands over (see :class:`Stage`); it must complete the op and call
+    hands over (see layout.Stage); it must complete the op and call
     :meth:`finish_in_python`.
     """
 
@@ -176,10 +203,10 @@ class ChainedOp(NativeOp):
 
     def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
         rec = plan.record.copy()
-        self._address = rec[SELF] = rec.ctypes.data
+        self._address = rec[L.SELF] = rec.ctypes.data
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
         self._spans = plan.spans
-        _fallbacks[self._address] = functools.partial(on_python, self)
+        _state.fallbacks[self._address] = functools.partial(on_python, self)
 
     @property
     def address(self):
@@ -193,23 +220,25 @@ class ChainedOp(NativeOp):
     @property
     def stage(self):
         """(Stage, bucket, MPI error code) of a hand-over."""
-        return int(self.record[STAGE]), int(self.record[BUCKET]), int(self.record[ERRCODE])
+        rec = self.record
+        return int(rec[L.STAGE]), int(rec[L.BUCKET]), int(rec[L.ERRCODE])
 
     def message(self):
         """The agreement message after the MIN (int32)."""
-        return self.record[MSG:MSG + 3].view(np.int32).copy()
+        words = self.record[L.MSG:L.MSG + L.MESSAGE_WORDS]
+        return words.view(np.int32)[:self.record[L.MSGLEN]].copy()
 
     def pushed_from(self, thread, priority):
         """Pushed inline-when-ready from ``thread`` (pthread_self): on another thread the
         op goes on from the priority worker, at ``priority``."""
-        self.record[PUSHER], self.record[PRIORITY] = thread, priority
+        self.record[L.PUSHER], self.record[L.PRIORITY] = thread, priority
 
     def finish_in_python(self):
-        self.record[STATE] = DONE
-        os.eventfd_write(int(self.record[EVENTFD]), 1)
+        self.record[L.STATE] = L.DONE
+        os.eventfd_write(int(self.record[L.EVENTFD]), 1)
 
     def forget(self):
-        _fallbacks.pop(self._address, None)
+        _state.fallbacks.pop(self._address, None)
 
 
 class Waker:

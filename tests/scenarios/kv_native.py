@@ -15,7 +15,7 @@ from mxnet import gluon
 
 import mpi_kvstore
 from mpi_kvstore import debug
-from mpi_kvstore.engine import native
+from mpi_kvstore.engine import layout
 
 from common import RANK, SIZE, close, design_arg, done, expect_raises
 
@@ -80,8 +80,8 @@ def inline_when_ready():
             value.wait_to_read()
             kv.pushpull('inline%d' % nbytes, value)
             if DESIGN == 'chained' and NATIVE and SIZE > 1:
-                op = kv._design._inflight[-1]
-                offered = bool(op.record[native.PUSHER])   # pushed to run inline if ready
+                op = kv._job.design._inflight[-1]
+                offered = bool(op.record[layout.PUSHER])   # pushed to run inline if ready
                 assert offered == (nbytes <= limit) and (op.done or not offered), (
                     'rank %d: %d bytes with inline_max_bytes=%d: offered inline %s, done '
                     'when pushpull returned %s' % (RANK, nbytes, limit, offered, op.done))

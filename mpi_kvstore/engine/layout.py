@@ -1,0 +1,137 @@
+"""The records that the compiled engine ops (native.py) and Python (records.py) share,
+declared once, as numpy structured dtypes; every word offset either side uses is derived
+from them here.
+
+A record is an int64 array that Python owns until its op completes::
+
+    [HEADER_DTYPE, then an ARRAY_DTYPE per array,
+     then a BUCKET_DTYPE per bucket (chained only)]
+
+Every record carries the address of a table of the C functions and MPI constants that
+compiled code calls (TABLE_DTYPE), so that the machine code holds no address of this
+process and numba can cache it on disk. Compiled code reads the offsets below as
+constants (numba freezes module-level ints when it compiles); native.py keys its cache by
+this file's source, so a change here compiles it again.
+"""
+import enum
+
+import numpy as np
+
+from ..comm import agreement
+
+__all__ = ['HEADER_DTYPE', 'ARRAY_DTYPE', 'DL_TENSOR_DTYPE', 'BUCKET_DTYPE', 'TABLE_DTYPE',
+           'HEADER', 'SLOT', 'BSLOT', 'TABLE', 'MESSAGE_WORDS', 'Stage', 'SCALES']
+
+_I64 = np.int64
+# A chained op's agreement message (agreement.group_message), in whole words.
+MESSAGE_WORDS = -(-len(agreement.group_message(())) // 2)
+
+HEADER_DTYPE = np.dtype([
+    ('state', _I64),                  # PENDING, READY, DONE
+    ('callback', _I64), ('engine', _I64), ('param', _I64),   # the engine's completion
+    ('count', _I64),                  # arrays
+    ('eventfd', _I64),                # written when the op is ready (or done)
+    ('self', _I64),                   # the record's own address
+    ('one', _I64),                    # 1: what an eventfd write adds
+    ('comm', _I64), ('size', _I64),   # the MPI_Comm handle and its size (chained)
+    ('nbuckets', _I64),
+    ('stage', _I64),                  # why the op handed over to Python (Stage)...
+    ('bucket', _I64),                 # ...at which bucket (-1: the agreement)...
+    ('errcode', _I64),                # ...with which MPI error code
+    ('msglen', _I64),                 # int32 in the agreement message (0: no agreement)
+    ('fns', _I64),                    # the table's address
+    ('msg', np.int32, 2 * MESSAGE_WORDS),    # the agreement message after the MIN
+    ('mine', np.int32, 2 * MESSAGE_WORDS),   # this rank's own
+    ('poll_us', _I64),        # longest sleep between polls of the agreement (0: blocking)
+    ('progress_us', _I64),    # the same for a polled bucket (ALLREDUCE_POLLED)
+    ('request', _I64), ('flag', _I64), ('status', _I64, 8),   # MPI_Iallreduce, MPI_Test
+    # pthread_self() of the thread that pushed a chained op inline-when-ready (0: pushed
+    # to the priority worker), and the call's priority, for a re-push.
+    ('pusher', _I64), ('priority', _I64),
+])
+
+# dlpack.h's DLTensor, with which MXNDArrayToDLPack's DLManagedTensor begins.
+DL_TENSOR_DTYPE = np.dtype([
+    ('data', _I64), ('device_type', np.int32), ('device_id', np.int32),
+    ('ndim', np.int32), ('dtype', np.uint32), ('shape', _I64), ('strides', _I64),
+    ('byte_offset', _I64),
+])
+ARRAY_DTYPE = np.dtype([
+    ('handle', _I64),                 # the NDArrayHandle
+    ('managed', _I64),                # its DLManagedTensor* (0: refused, MKLDNN layout)
+    ('tensor', DL_TENSOR_DTYPE),      # a copy of its DLTensor, taken inside the op
+    ('nbytes', _I64),
+])
+BUCKET_DTYPE = np.dtype([
+    ('kind', _I64), ('first', _I64),  # bucket kind, its first array
+    ('arrays', _I64), ('count', _I64),   # how many arrays, how many elements
+    ('dtype', _I64), ('root', _I64),  # MPI datatype handle, broadcast root
+    ('scale', _I64),                  # SCALES (0: a sum)
+    ('fusion', _I64),                 # the fusion buffer's address (several arrays)
+])
+TABLE_DTYPE = np.dtype([(name, _I64) for name in (
+    'to_dlpack', 'dlpack_delete', 'memcpy', 'write', 'python', 'usleep', 'pthread_self',
+    'push', 'madvise',                # libmxnet, libc, the Python entry (core.python_entry)
+    'allreduce', 'bcast', 'barrier', 'iallreduce', 'test',   # MPI (mpiabi.CApi)...
+    'in_place', 'sum', 'min', 'int32',                       # ...and its constants
+    'cpu_context', 'prioritized', 'name',   # what a re-push passes (core.native_push_constants)
+    'queued',                               # the compiled op a re-push runs (native.py)
+)])
+
+
+def _words(dtype, *names):
+    """The int64 word at which each field of ``dtype`` starts (``a.b``: a nested field)."""
+    found = []
+    for name in names:
+        offset, inner = 0, dtype
+        for part in name.split('.'):
+            inner, at = inner.fields[part][:2]
+            offset += at
+        if offset % 8:
+            raise ValueError('record field %r does not start on a word' % name)
+        found.append(offset // 8)
+    return found[0] if len(found) == 1 else found
+
+
+HEADER, SLOT, BSLOT, TABLE = (d.itemsize // 8 for d in (
+    HEADER_DTYPE, ARRAY_DTYPE, BUCKET_DTYPE, TABLE_DTYPE))
+(STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
+ BUCKET, ERRCODE, MSGLEN, FNS, MSG, MINE, POLL_US, PROGRESS_US, REQUEST, FLAG, STATUS,
+ PUSHER, PRIORITY) = _words(
+    HEADER_DTYPE, 'state', 'callback', 'engine', 'param', 'count', 'eventfd', 'self', 'one',
+    'comm', 'size', 'nbuckets', 'stage', 'bucket', 'errcode', 'msglen', 'fns', 'msg', 'mine',
+    'poll_us', 'progress_us', 'request', 'flag', 'status', 'pusher', 'priority')
+# Within an array's slot; A_DEVICE holds device_type (low half) and device_id.
+A_HANDLE, A_MANAGED, A_TENSOR, A_DATA, A_DEVICE, A_OFFSET, A_NBYTES = _words(
+    ARRAY_DTYPE, 'handle', 'managed', 'tensor', 'tensor.data', 'tensor.device_type',
+    'tensor.byte_offset', 'nbytes')
+DL_TENSOR_BYTES = DL_TENSOR_DTYPE.itemsize
+# Within a bucket's slot.
+B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION = _words(
+    BUCKET_DTYPE, 'kind', 'first', 'arrays', 'count', 'dtype', 'root', 'scale', 'fusion')
+# Within the table.
+(F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_USLEEP, F_PTHREAD_SELF,
+ F_PUSH, F_MADVISE, F_ALLREDUCE, F_BCAST, F_BARRIER, F_IALLREDUCE, F_TEST, C_IN_PLACE,
+ C_SUM, C_MIN, C_INT32, C_CPU_CONTEXT, C_PRIORITIZED, C_NAME, F_QUEUED) = _words(
+    TABLE_DTYPE, 'to_dlpack', 'dlpack_delete', 'memcpy', 'write', 'python', 'usleep',
+    'pthread_self', 'push', 'madvise', 'allreduce', 'bcast', 'barrier', 'iallreduce', 'test',
+    'in_place', 'sum', 'min', 'int32', 'cpu_context', 'prioritized', 'name', 'queued')
+
+PENDING, READY, DONE = 0, 1, 2        # STATE
+ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # a bucket's kind
+# How an averaged bucket is divided by the number of ranks, by dtype (as reduce.Reducer
+# does: floats multiply by 1/size in their own precision, integers floor-divide).
+SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3,
+          np.dtype(np.int64): 4}
+
+# Why a chained op handed its collective to Python (STAGE):
+READ = 1       # an array was refused by MXNDArrayToDLPack, or is not host memory
+AGREED = 2     # the agreement found a mismatch or a joined rank; MSG holds it
+MPI_ERROR = 3  # an MPI call returned ERRCODE at bucket BUCKET (-1: the agreement)
+
+
+class Stage(enum.IntEnum):
+    """STAGE's values, for Python."""
+    READ = READ
+    AGREED = AGREED
+    MPI_ERROR = MPI_ERROR
