@@ -104,7 +104,8 @@ def bad_input(comm):
 
 def main():
     comm = WORLD.Dup()
-    salt = check('pipelined', lambda b, r, c, w: broadcast.pipelined(comm, b, r, c, w), 0)
+    salt = check('flat', lambda b, r, c, w: broadcast.flat(comm, b, r), 0)
+    salt = check('pipelined', lambda b, r, c, w: broadcast.pipelined(comm, b, r, c, w), salt)
     salt = check('chain', lambda b, r, c, w: broadcast.chain(comm, b, r, c, w), salt)
     # a buffer of several default chunks (1 MB), odd in size
     for root in {0, SIZE - 1}:
