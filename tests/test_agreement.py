@@ -90,8 +90,8 @@ def test_runs_as_offered_is_no_join_and_no_mismatch(offers):
 
 
 def test_runs_as_offered_compiles_to_the_same_answers():
-    """The native op's compiled copy answers as the Python function does."""
-    from mpi_kvstore.engine import native  # imports MXNet: the copy sits beside the op
+    """The function compiled into the native op (numba) answers as it does in Python."""
+    from mpi_kvstore.engine import native  # imports MXNet: the compiled one sits beside the op
     mine = ag.group_message([5, 9], rank=1)
     for other in ([5, 9], [9, 5], [5], [5, 9, 9], [], None):
         theirs = (ag.group_message((), joined=True) if other is None

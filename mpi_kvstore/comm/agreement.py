@@ -65,8 +65,8 @@ def group_mismatch(msg):
 def runs_as_offered(msg, mine):
     """After the MIN: nobody joined and every rank sent this rank's body ``mine[HEADER:]``.
 
-    The test of the chained design's native op (native._runs_as_offered compiles the
-    same lines; a test keeps them equal): for an active rank it equals ``not read_header(msg).someone_joined and
+    The test of the chained design's native op (engine/native.py compiles this very
+    function): for an active rank it equals ``not read_header(msg).someone_joined and
     not group_mismatch(msg)``, because the MIN of each pair ``(x + 1, SIG_LIMIT - x)``
     equals this rank's pair exactly when no rank sent a smaller x and none a larger one.
     """
