@@ -12,7 +12,8 @@ rotates from trial to trial), uint8 buffers from --root, in place, on a Dup of C
   pipelined:C       comm.broadcast.pipelined: chunks of C bytes, --window Ibcasts in flight;
   chain:C           comm.broadcast.chain: chunks of C passed along the ring from the root;
   hier, hier:C      comm.broadcast.Hierarchical over hierarchy.py's node and cross
-                    communicators, whole or in chunks of C. On one host the hierarchy does
+                    communicators, whole or in chunks of C, each step a chain;
+  hier-ibcast:C     the same, each step --window Ibcasts. On one host the hierarchy does
                     not apply and hier is flat through this code, unless --ranks-per-host L
                     splits COMM_WORLD into "hosts" of L ranks (a stand-in: every link is
                     still this machine's shared memory).
@@ -82,6 +83,8 @@ def methods(comm, hier, args):
         found['chain:' + tag] = functools.partial(broadcast.chain, comm, root=root,
                                                   chunk_bytes=chunk, window=window)
         found['hier:' + tag] = functools.partial(hier, root=root, chunk_bytes=chunk, window=window)
+        found['hier-ibcast:' + tag] = functools.partial(hier, root=root, chunk_bytes=chunk,
+                                                        window=window, how='ibcast')
     if args.methods:
         wanted = harness.names(args.methods)
         unknown = [name for name in wanted if name not in found]

@@ -26,7 +26,7 @@ def test_every_method_runs_and_is_reported(mpi_available, tmp_path):
     assert record['config']['hierarchy_active'] is True
     assert record['config']['root'] == 1
     methods = ['flat', 'hier'] + ['%s:%sB' % (m, c) for c in CHUNKS
-                                  for m in ('pipelined', 'chain', 'hier')]
+                                  for m in ('pipelined', 'chain', 'hier', 'hier-ibcast')]
     rows = record['results']
     assert [r['size'] for r in rows] == [4096] * len(methods) + [102400] * len(methods)
     for size in (4096, 102400):

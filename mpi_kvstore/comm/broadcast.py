@@ -14,14 +14,15 @@ travels as its bytes, so any dtype goes, ml-dtypes' bfloat16 included):
                host (``node``: shared memory). Where some host has fewer ranks than the
                root's local rank, the root's host broadcasts first and its lowest rank
                passes the buffer to the other hosts' lowest ranks (``cross`` of local rank
-               0: the leaders). With ``chunk_bytes``, chunk k crosses the network while
-               chunk k-1 spreads inside the host.
+               0: the leaders). With ``chunk_bytes``, each step is a chain (or Ibcasts),
+               so chunk k crosses the network while chunk k-1 spreads inside the host.
 
 Every rank must pass a buffer of the same number of bytes and the same root, chunk size
 and window (as MPI_Bcast requires): the chunks, and so the calls, follow from those alone.
 It cannot deadlock: each communicator sees its calls in chunk order on every member; a
 rank starts step s of chunk k only after its step s-1 of chunk k completed, and waiting
-on any request drives MPI's progress on all of them. Give these functions a communicator
+on any request drives MPI's progress on all of them. In chains a rank receives only from
+the rank before it and sends only on, so the waits form a tree from the root. Give these functions a communicator
 of their own (a Dup, as host.Comm holds): ``chain`` sends point-to-point with tag
 :data:`CHAIN_TAG`.
 """
@@ -103,27 +104,47 @@ def chain(comm, buf, root=0, chunk_bytes=DEFAULT_CHUNK_BYTES, window=DEFAULT_WIN
     the last forwards chunk k while it receives the next ones (``window`` receives posted)."""
     root = _check(comm, root, 'broadcast.chain', chunk_bytes, window)
     data = _as_bytes(buf, 'broadcast.chain')
-    size, me = comm.Get_size(), comm.Get_rank()
-    place = (me - root) % size                 # 0: the root, size-1: the end of the chain
-    before, after = (me - 1) % size, (me + 1) % size
-    chunks = _chunks(data.size, int(chunk_bytes))
+    _relay(data, [(comm, root)], int(chunk_bytes), int(window))
+    return buf
+
+
+def _links(steps):
+    """(parent, children) of this rank in the chains of ``steps`` [(communicator, root)]:
+    in each step's ring from its root, the rank before and the rank after this one."""
+    parent, children = None, []
+    for s, (comm, root) in enumerate(steps):
+        size, me = comm.Get_size(), comm.Get_rank()
+        place = (me - root) % size           # 0: the step's root, size-1: its chain's end
+        if place > 0:
+            if s:   # Hierarchical.steps makes a rank the root of every step but its first
+                raise RuntimeError('broadcast: step %d of %s would deliver to this rank again'
+                                   % (s, steps))
+            parent = (comm, (me - 1) % size)
+        if place < size - 1:
+            children.append((comm, (me + 1) % size))
+    return parent, children
+
+
+def _relay(data, steps, chunk_bytes, window):
+    """This rank's part of chained ``steps``: chunk k from the parent (``window`` receives
+    posted ahead), then on to every child, while the next chunks arrive."""
+    parent, children = _links(steps)
+    chunks = _chunks(data.size, chunk_bytes)
     receives = collections.deque()
     sends = []
 
     def post(k):
-        if place > 0 and k < len(chunks):
+        if parent is not None and k < len(chunks):
             lo, hi = chunks[k]
-            receives.append(comm.Irecv(data[lo:hi], source=before, tag=CHAIN_TAG))
-    for k in range(int(window)):
+            receives.append(parent[0].Irecv(data[lo:hi], source=parent[1], tag=CHAIN_TAG))
+    for k in range(window):
         post(k)
     for k, (lo, hi) in enumerate(chunks):
-        if place > 0:
+        if parent is not None:
             receives.popleft().Wait()
-            post(k + int(window))
-        if place < size - 1:
-            sends.append(comm.Isend(data[lo:hi], dest=after, tag=CHAIN_TAG))
+            post(k + window)
+        sends += [comm.Isend(data[lo:hi], dest=dest, tag=CHAIN_TAG) for comm, dest in children]
     MPI.Request.Waitall(sends)
-    return buf
 
 
 def _run_steps(data, steps, chunk_bytes, window):
@@ -198,11 +219,19 @@ class Hierarchical:
             return [(self.node, local)] + leaders
         return leaders + [(self.node, 0)]
 
-    def __call__(self, buf, root=0, chunk_bytes=None, window=DEFAULT_WINDOW):
-        """``buf`` of global rank ``root`` into every rank's ``buf``; ``chunk_bytes`` None:
-        one blocking Bcast a step. Returns ``buf``."""
+    def __call__(self, buf, root=0, chunk_bytes=None, window=DEFAULT_WINDOW, how='chain'):
+        """``buf`` of global rank ``root`` into every rank's ``buf``. ``chunk_bytes`` None:
+        one blocking Bcast a step; else chunks of it, each step a chain (``how='chain'``,
+        point-to-point, as :func:`chain`) or ``window`` Ibcasts in flight (``'ibcast'``, as
+        :func:`pipelined`). Returns ``buf``."""
         root = _check(self.comm, root, 'broadcast.Hierarchical', chunk_bytes, window)
+        if how not in ('chain', 'ibcast'):
+            raise ValueError("broadcast.Hierarchical: how=%r must be 'chain' or 'ibcast'" % (how,))
         data = _as_bytes(buf, 'broadcast.Hierarchical')
-        chunk = data.size if chunk_bytes is None else int(chunk_bytes)
-        _run_steps(data, self.steps(root), max(chunk, 1), int(window))
+        if chunk_bytes is None:
+            _run_steps(data, self.steps(root), max(data.size, 1), int(window))
+        elif how == 'chain':
+            _relay(data, self.steps(root), int(chunk_bytes), int(window))
+        else:
+            _run_steps(data, self.steps(root), int(chunk_bytes), int(window))
         return buf

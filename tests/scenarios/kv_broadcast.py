@@ -1,5 +1,6 @@
-"""comm.broadcast against flat MPI_Bcast and numpy, bitwise: pipelined (Ibcast chunks),
-chain, and hierarchical, the last on this job's real hosts (Hierarchical.build) and on
+"""comm.broadcast against flat MPI_Bcast and numpy, bitwise: flat, pipelined (Ibcast
+chunks), chain, and hierarchical (its steps as chains, and as Ibcasts), the last on this
+job's real hosts (Hierarchical.build) and on
 "hosts" made by splitting COMM_WORLD (in blocks, interleaved, and uneven: one host of one
 rank), so that both of its shapes run (across then inside; and inside the root's host,
 across the leaders, inside the rest). Every root, dtypes of 1-16 bytes (bfloat16 from
@@ -122,6 +123,9 @@ def main():
     for layout, hier in layouts.items():
         salt = check('hierarchical (%s)' % layout,
                      lambda b, r, c, w, h=hier: h(b, r, c if c < (1 << 30) else None, w), salt)
+    for layout in ('interleaved', 'uneven'):   # the steps as Ibcasts instead of chains
+        salt = check('hierarchical Ibcasts (%s)' % layout,
+                     lambda b, r, c, w, h=layouts[layout]: h(b, r, c, w, how='ibcast'), salt)
     # Both shapes ran: 'uneven' at 3+ ranks sends a root of local rank 1 through the leaders.
     uneven = layouts['uneven']
     if SIZE >= 3:
@@ -133,6 +137,7 @@ def main():
         assert [c for c, _ in uneven.steps(0)][-1] == uneven.node   # across, then inside
     bad_input(comm)
     expect_raises(ValueError, real, np.zeros(3), SIZE + 2, contains='root=%d' % (SIZE + 2))
+    expect_raises(ValueError, real, np.zeros(3), 0, 4, how='tree', contains="how='tree'")
     hierarchy.free()
     done('kv_broadcast')
 
