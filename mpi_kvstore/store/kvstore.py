@@ -61,6 +61,7 @@ class MPIKVStore(KVStoreBase):
     """
 
     NAMES = ('dist_mpi', 'dist_sync_mpi')
+    """The store names ``create`` and ``mx.kv.create`` accept."""
 
     def __init__(self, name: str = 'dist_mpi', comm: Any = None, **options: Any) -> None:
         if str(name).lower() not in self.NAMES:
@@ -101,24 +102,29 @@ class MPIKVStore(KVStoreBase):
     # -- identity -------------------------------------------------------------
     @property
     def type(self) -> str:
+        """MXNet's name for the kind of store (``dist`` and ``_sync``: distributed, synchronous)."""
         # Module multiplies the batch size by num_workers only when the type
         # contains both 'dist' and '_sync'; Trainer checks for 'dist'.
         return 'dist_sync_mpi'
 
     @property
     def rank(self) -> int:
+        """This process's rank in the store's communicator."""
         return self._rank
 
     @property
     def num_workers(self) -> int:
+        """The number of processes the store spans."""
         return self._size
 
     @property
     def design(self) -> str:
+        """The scheduling design in use (``'funneled'``, ``'concurrent'``, ...)."""
         return self._design.name
 
     @property
     def config(self) -> Config:
+        """The store's resolved options (a :class:`~mpi_kvstore.config.Config`)."""
         return self._config
 
     @property
@@ -128,6 +134,7 @@ class MPIKVStore(KVStoreBase):
 
     @staticmethod
     def is_capable(capability: str) -> bool:
+        """Whether the store supports ``capability``: only MXNet's ``'optimizer'``."""
         return str(capability).lower() == KVStoreBase.OPTIMIZER
 
     @property
@@ -421,6 +428,7 @@ class MPIKVStore(KVStoreBase):
 
     def row_sparse_pull(self, key: Keys, out: Values | None = None, priority: int = 0,
                         row_ids: Any = None) -> None:
+        """Not supported: the store reduces dense arrays only (raises TypeError)."""
         raise TypeError('mpi_kvstore reduces dense arrays only; row_sparse_pull is not supported')
 
     # -- optimizer ----------------------------------------------------------------
