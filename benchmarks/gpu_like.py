@@ -2,71 +2,39 @@
 
     python -m benchmarks.gpu_like [--model resnet50_v1] [--images-per-s 125] [--batch 32] [--steps 5]
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.gpu_like --trainer distributed|gluon|none
-        [--update-on-kvstore] [--design D] [--lr 0.1] [--out DIR]
 
-On a GPU node the forward and backward passes run on the GPU and leave the CPU to the
-gradient exchange. Here every layer's forward and backward is an engine op that sleeps, so a
-test bed of CPU ranks measures how the exchange is scheduled, not how it fights the model for
-cores.
+On a GPU node the forward and backward passes leave the CPU to the gradient exchange. Here
+every layer's forward and backward is an engine op that sleeps, so a test bed of CPU ranks
+measures how the exchange is scheduled, not how it fights the model for cores.
 
 The model (:class:`GPULikeModel`, a gluon Block): one emulated layer per convolution or dense
-layer of ``mxnet.gluon.model_zoo.vision.get_model(name)`` (resnet18_v1, resnet50_v1, vgg11,
-vgg16). It owns that layer's weight and the parameters after it up to the next weight (its
-bias, the batch norm that follows), each with the zoo's name (less the net's prefix), shape,
-order (input side first) and grad_req: batch norm's running mean and variance get no
-gradient, as in the real model.
+layer of ``mxnet.gluon.model_zoo.vision.get_model(name)``, owning that layer's weight and the
+parameters after it up to the next weight (its bias, the batch norm that follows), each with
+the zoo's name, shape, order and grad_req.
 
-Times: a step's compute is batch / images_per_s (the stated speed of one GPU), split over the
-layers in proportion to their forward FLOPs, a third to forward and two thirds to backward
-(backward = 2 x forward). A convolution's FLOPs are 2 * Cout * Cin/groups * kh * kw * Hout *
-Wout, a dense layer's 2 * in * out; biases and batch norm get no time of their own. Output
-sizes come from MXNet's shape inference on the zoo net's symbol for one 1x3x224x224 image (no
-compute). Speeds: ResNet-50 v1 at 125 images/s per GPU at batch 32 (a slower GPU) or 400 (a
-faster one), the figures issue 21 states; other models by the FLOP-proportional rule, at the
-FLOP throughput ResNet-50 has at 125 images/s: VGG-16, with 4.0x ResNet-50's FLOPs (30.9 G
-against 7.7 G a forward), gets 31.2 images/s. That assumes equal efficiency per FLOP (VGG's
-large convolutions usually run nearer a GPU's peak): a stated rule, not a measurement.
+Times: a step's compute is batch / images_per_s, split over the layers in proportion to their
+forward FLOPs (a convolution's 2 * Cout * Cin/groups * kh * kw * Hout * Wout, a dense layer's
+2 * in * out, output sizes from MXNet's shape inference for one 224x224 image), a third to
+forward and two thirds to backward. ResNet-50 v1 runs at 125 images/s per GPU at batch 32 (or
+400); other models at the same FLOP throughput (VGG-16, 4.0x the FLOPs: 31.2 images/s), a
+stated rule, not a measurement.
 
-The emulated GPU: every layer op is pushed to the engine's worker of context cpu(1), one
-thread, as a GPU runs its kernels one after another on a stream; the op is compiled code
-(numba), so it runs no Python and takes no GIL. It does its small real work, then sleeps in
-clock_nanosleep until its time is up: the work is part of the layer's time, not added to it.
-Engine dependencies are the real model's: layer i's forward reads its parameters and the
-previous activation (its output adds the weight's first element to it, one float), so the
-next step's forward of layer i waits for weight i's update, and layers run in order; layer
-i's backward writes its gradients when it ends, last layer first, so an exchange of layer i's
-gradients can start while the layers below are still in backward. MXNet's own compute worker
-(cpu(0)) and the store's threads stay free. This needs MXNet's default engine,
-ThreadedEnginePerDevice, which gives cpu(1) a worker of its own (NaiveEngine runs the ops, and
-their sleeps, on the pushing thread).
+The emulated GPU: every layer op is compiled code (numba, no Python, no GIL) pushed to the
+engine's worker of cpu(1), one thread, as a GPU's stream; it does its small real work, then
+sleeps in clock_nanosleep until its time is up. Engine dependencies are the real model's:
+forward of layer i reads its parameters and the previous activation, backward writes its
+gradients when it ends, last layer first, so an exchange of layer i's gradients can start while
+the layers below are still in backward. Needs ThreadedEnginePerDevice (MXNet's default).
 
-A step takes a little longer than stated (tens of microseconds per layer op of waking the
-sleeping thread), and a layer whose gradient takes longer to write than its backward lasts
-as long as the write (VGG-16's fc6). Compare a trainer's steps with the same model's "compute
-alone" (main prints both), not with the stated time alone. docs/benchmarks.md (A GPU-like
-workload) has the measured figures.
-
-Gradients are deterministic: each step starts with ``model(scale)`` (scale = a float, the
-input; :func:`step_scale` gives each (step, rank) its own), and parameter j's gradient is then
-``grad_unit(j) * scale`` in every element, so sums over ranks and SGD updates can be
-recomputed in numpy. Writing them is the compute's only real CPU work: ResNet-50's 102 MB a
-step, filled by glibc's wmemset inside each layer's backward op. :func:`measure_compute`
-measures the whole CPU cost (pushing the ops, the fills, the engine) as a share of a core,
-which must stay under 5% at ResNet-50's 125 images/s (tests/test_gpu_like.py).
-
-The optimizer: MXNet's SGD runs on the CPU (about 70 ms a step for ResNet-50's 102 MB on the
-2-core VM), which no GPU node spends; ``--optimizer gpulikesgd`` (:class:`GPULikeSGD`) makes
-each weight's update an op on the emulated GPU's stream that takes a GPU's time, and
-:func:`check_gradients` then checks every element of the summed gradients.
-
-Trainers: gluon.Trainer with an mpi_kvstore store (update_on_kvstore False or True) and
-mpi_kvstore.DistributedTrainer: ``model(scale); model.backward(); trainer.step(batch)``. Not
-autograd: autograd needs a Python CustomOp per layer, the usual way, whose Python costs
-several times the 5% of a core this workload may take. Module: gpu_like_symbol builds the
-same layers as a symbol of such Python CustomOps (module_arg_params gives the initial values),
-so Module's path checks results, not timings.
+Gradients are deterministic: ``model(scale)`` (:func:`step_scale` gives each (step, rank) its
+own scale) makes parameter j's gradient ``grad_unit(j) * scale`` in every element, so sums over
+ranks and updates can be recomputed in numpy. Filling them (glibc's wmemset) is the compute's
+only real CPU work; :func:`measure_compute` measures the CPU share, under 5% of a core at
+ResNet-50's 125 images/s (tests/test_gpu_like.py). ``--optimizer gpulikesgd``
+(:class:`GPULikeSGD`) runs each weight's SGD update as an op on the emulated GPU instead of
+MXNet's CPU update. gpu_like_symbol builds the same layers as Python CustomOps for Module,
+which checks results, not timings.
 """
-import argparse
 import collections
 import ctypes
 import functools
@@ -83,11 +51,6 @@ from numba.extending import intrinsic
 
 from benchmarks import harness
 from mpi_kvstore.engine.arrays import array_pointer, host_view
-
-__all__ = ['MODELS', 'RESNET50_IMAGES_PER_S', 'BATCH', 'ParamSpec', 'Layer', 'Plan',
-           'zoo_params', 'total_flops', 'default_images_per_s', 'plan', 'grad_unit',
-           'step_scale', 'initial_value', 'GPULikeModel', 'measure_compute', 'gpu_like_symbol',
-           'fixed_param_names', 'module_arg_params', 'measure_module', 'main']
 
 MODELS = ('resnet18_v1', 'resnet50_v1', 'vgg11', 'vgg16')
 IMAGE = (1, 3, 224, 224)                # one ImageNet image: the zoo nets' input
@@ -254,24 +217,37 @@ _prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
 _prctl.restype = ctypes.c_int
 CLOCK_MONOTONIC, TIMER_ABSTIME, PR_SET_TIMERSLACK = 1, 1, 29
 
-# A layer op's record, int64 words: its own address, its duration in ns, the float32
-# addresses it reads (SRC; ADD, 0: none), writes (DST) and scales by (SCALE), the number of
-# gradients it fills, a timespec; then per gradient its address, element count and unit
-# (float64 bits).
-SELF, DURATION, SRC, ADD, DST, SCALE, NFILL, TS = range(8)
+# Every op's record starts with, in int64 words: its own address, its duration in ns and a
+# timespec. A layer op's then holds the float32 addresses it reads (SRC; ADD, 0: none), writes
+# (DST) and scales by (SCALE), the number of gradients it fills; then per gradient its
+# address, element count and unit (float64 bits).
+SELF, DURATION, TS, SRC, ADD, DST, SCALE, NFILL = 0, 1, 2, 4, 5, 6, 7, 8
 HEADER, FILL = 10, 3
+
+
+@numba.njit
+def _start(head):
+    """Now + the op's duration, in ns: when the op must end. Leaves now in the timespec."""
+    # The kernel may wake a sleeper up to its timer slack late (50 us by default): over
+    # a hundred layers a step, several ms the model would not take. 1 ns: on time.
+    _prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    _clock_gettime(CLOCK_MONOTONIC, _void_at(head[SELF] + 8 * TS))
+    return head[TS] * 1000000000 + head[TS + 1] + head[DURATION]
+
+
+@numba.njit
+def _end(head, deadline):
+    """Sleep until the deadline (ns, from _start)."""
+    head[TS] = deadline // 1000000000
+    head[TS + 1] = deadline % 1000000000
+    _clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, _void_at(head[SELF] + 8 * TS), _void_at(0))
 
 
 def _layer_op(run_ctx, param):
     """The engine calls this for one layer's forward or backward: DST = SRC (+ ADD), every
     gradient = unit * SCALE, then sleep until the layer's duration since the start is up."""
     head = numba.carray(param, HEADER, dtype=np.int64)
-    ts = _void_at(head[SELF] + 8 * TS)
-    # The kernel may wake a sleeper up to its timer slack late (50 us by default): over
-    # a hundred layers a step, several ms the model would not take. 1 ns: on time.
-    _prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    _clock_gettime(CLOCK_MONOTONIC, ts)
-    deadline = head[TS] * 1000000000 + head[TS + 1] + head[DURATION]
+    deadline = _start(head)
     value = numba.carray(_float32_at(head[SRC]), 1)[0]
     if head[ADD] != 0:
         value += numba.carray(_float32_at(head[ADD]), 1)[0]
@@ -285,9 +261,7 @@ def _layer_op(run_ctx, param):
             at = HEADER + FILL * k
             bits = np.array([units[at + 2] * scale], np.float32).view(np.int32)[0]
             _wmemset(_void_at(words[at]), bits, words[at + 1])
-    head[TS] = deadline // 1000000000
-    head[TS + 1] = deadline % 1000000000
-    _clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, ts, _void_at(0))
+    _end(head, deadline)
 
 
 _SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
@@ -338,11 +312,14 @@ class _Op:
         self.mutable = _handles([dst] + [grad for grad, _ in fills])
 
     def push(self):
-        fn = _compiled()[1]
-        if _push_sync(fn, self.record.ctypes.data, None, ctypes.addressof(_COMPUTE_CONTEXT),
-                      self.const, len(self.const), self.mutable, len(self.mutable), None, 0,
-                      self.name) != 0:
-            raise RuntimeError('MXEnginePushSyncND failed: ' + _LIB.MXGetLastError().decode())
+        _push(_compiled()[1], self)
+
+
+def _push(fn, op):
+    """Push op (its record, const and mutable handles, name) to the emulated GPU's stream."""
+    if _push_sync(fn, op.record.ctypes.data, None, ctypes.addressof(_COMPUTE_CONTEXT), op.const,
+                  len(op.const), op.mutable, len(op.mutable), None, 0, op.name) != 0:
+        raise RuntimeError('MXEnginePushSyncND failed: ' + _LIB.MXGetLastError().decode())
 
 
 def _handles(arrays):
@@ -360,11 +337,11 @@ def _address(array):
 
 # ---------------------------------------------------------------- the optimizer on the GPU
 
-# An update op's record, int64 words: its own address, its duration in ns, the float32
-# weight (written) and gradient (read) addresses, the weight's element count, the step's
-# coefficient (float64 bits: learning rate x rescale_grad), a timespec.
-U_SELF, U_DURATION, U_WEIGHT, U_GRAD, U_COUNT, U_COEF, U_TS = range(7)
-U_HEADER = 9
+# An update op's record after the common start (SELF, DURATION, TS): the float32 weight
+# (written) and gradient (read) addresses, the weight's element count, the step's
+# coefficient (float64 bits: learning rate x rescale_grad).
+U_WEIGHT, U_GRAD, U_COUNT, U_COEF = 4, 5, 6, 7
+U_HEADER = 8
 # Bytes a second of the emulated GPU's memory: an SGD step reads the weight and the
 # gradient and writes the weight (a P100's 732 GB/s, rounded down).
 GPU_BYTES_PER_S = 700e9
@@ -376,19 +353,14 @@ def _update_op(run_ctx, param):
     constant per parameter, so element 0 stands for all: a wrong sum in any other element is
     caught by check_gradients, not by the weights."""
     head = numba.carray(param, U_HEADER, dtype=np.int64)
-    ts = _void_at(head[U_SELF] + 8 * U_TS)
-    _prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    _clock_gettime(CLOCK_MONOTONIC, ts)
-    deadline = head[U_TS] * 1000000000 + head[U_TS + 1] + head[U_DURATION]
+    deadline = _start(head)
     coef = numba.carray(param, U_HEADER, dtype=np.float64)[U_COEF]
     weight = numba.carray(_float32_at(head[U_WEIGHT]), 1)
     grad = numba.carray(_float32_at(head[U_GRAD]), 1)
     value = np.float32(weight[0] - np.float32(coef) * grad[0])
     bits = np.array([value], np.float32).view(np.int32)[0]
     _wmemset(_void_at(head[U_WEIGHT]), bits, head[U_COUNT])
-    head[U_TS] = deadline // 1000000000
-    head[U_TS + 1] = deadline % 1000000000
-    _clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, ts, _void_at(0))
+    _end(head, deadline)
 
 
 @functools.lru_cache(maxsize=None)
@@ -431,18 +403,15 @@ class _UpdateOp:
     def __init__(self, weight, grad):
         self.record = np.zeros(U_HEADER, np.int64)
         rec = self.record
-        rec[U_SELF] = rec.ctypes.data
-        rec[U_DURATION] = round(3 * 4 * weight.size / GPU_BYTES_PER_S * 1e9)
+        rec[SELF] = rec.ctypes.data
+        rec[DURATION] = round(3 * 4 * weight.size / GPU_BYTES_PER_S * 1e9)
         rec[U_WEIGHT], rec[U_GRAD], rec[U_COUNT] = _address(weight), _address(grad), weight.size
         self.const, self.mutable = _handles([grad]), _handles([weight])
         self.name = b'gpu_like_update'
 
     def push(self, coef):
         self.record[U_COEF:U_COEF + 1].view(np.float64)[0] = coef
-        fn = _compiled_update()[1]
-        if _push_sync(fn, self.record.ctypes.data, None, ctypes.addressof(_COMPUTE_CONTEXT),
-                      self.const, 1, self.mutable, 1, None, 0, self.name) != 0:
-            raise RuntimeError('MXEnginePushSyncND failed: ' + _LIB.MXGetLastError().decode())
+        _push(_compiled_update()[1], self)
 
 
 # ---------------------------------------------------------------- the gluon model
@@ -529,22 +498,36 @@ class GPULikeModel(gluon.Block):
             _set_grad_state(handle, 1)
 
 
-def measure_compute(model, steps, warmups=1, rank=0):
-    """Forward and backward of `model` alone (no exchange), `steps` times after `warmups`,
-    each waited for: {'wall_s': [per step], 'cpu_s': [per step], 'compute_s': the stated
-    time, 'cpu_share': process CPU time over wall time (every thread of the process)}."""
+def timed_runs(body, warmups, trials, comm=None, per=1):
+    """{'wall_s', 'cpu_s': [a figure per timed run], 'cpu_share'} of body(run), run `warmups`
+    untimed then `trials` timed times, each waited for (waitall), divided by `per`. With comm:
+    the ranks start together and the wall time is the slowest rank's. CPU is this process's
+    (every thread of it)."""
     walls, cpus = [], []
-    for step in range(warmups + steps):
+    for run in range(warmups + trials):
         mx.nd.waitall()
+        if comm is not None:
+            comm.Barrier()  # no collective of a store in flight: MPI from this thread is safe
         wall, cpu = time.perf_counter(), time.process_time()
+        body(run)
+        mx.nd.waitall()
+        if run >= warmups:
+            wall = time.perf_counter() - wall
+            if comm is not None:
+                from mpi4py import MPI  # MPI only where ranks take part
+                wall = comm.allreduce(wall, op=MPI.MAX)
+            walls.append(wall / per)
+            cpus.append((time.process_time() - cpu) / per)
+    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls)}
+
+
+def measure_compute(model, steps, warmups=1, rank=0):
+    """Forward and backward of `model` alone (no exchange), `steps` times after `warmups`:
+    timed_runs' figures per step, and 'compute_s', the stated time."""
+    def body(step):
         model(step_scale(step, rank))
         model.backward()
-        mx.nd.waitall()
-        if step >= warmups:
-            walls.append(time.perf_counter() - wall)
-            cpus.append(time.process_time() - cpu)
-    return {'wall_s': walls, 'cpu_s': cpus, 'compute_s': model.plan.compute_s,
-            'cpu_share': sum(cpus) / sum(walls)}
+    return dict(timed_runs(body, warmups, steps), compute_s=model.plan.compute_s)
 
 
 # ---------------------------------------------------------------- Module: a symbol of CustomOps
@@ -643,21 +626,6 @@ def module_arg_params(plan_, prefix=''):
             for index, p in enumerate(plan_.params)}
 
 
-def measure_module(module, steps, warmups=1):
-    """As measure_compute, for a bound Module on gpu_like_symbol (forward_backward only)."""
-    batch = mx.io.DataBatch([mx.nd.zeros((1,))], [])
-    walls, cpus = [], []
-    for step in range(warmups + steps):
-        mx.nd.waitall()
-        wall, cpu = time.perf_counter(), time.process_time()
-        module.forward_backward(batch)
-        mx.nd.waitall()
-        if step >= warmups:
-            walls.append(time.perf_counter() - wall)
-            cpus.append(time.process_time() - cpu)
-    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls)}
-
-
 # ---------------------------------------------------------------- main
 
 STEPS = {'warmups': 1, 'trials': 5}   # untimed, then timed steps of a run
@@ -666,35 +634,27 @@ def add_workload_args(parser):
     """The workload's options, shared by the scripts that train this model (gpu_like,
     overlap, schedule_tune): --model, --images-per-s, --batch, --chain, --lr, --optimizer."""
     parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
-    parser.add_argument('--images-per-s', type=float, default=None,
-                        help='images/s of one emulated GPU (default: 125 for resnet50_v1, '
-                             'other models at the same FLOP throughput)')
-    parser.add_argument('--batch', type=int, default=BATCH,
-                        help=f'images per rank per step (default {BATCH})')
+    parser.add_argument('--images-per-s', type=float,
+                        help='of one emulated GPU (default: 125 for resnet50_v1, others at its FLOP rate)')
+    parser.add_argument('--batch', type=int, default=BATCH, help='images per rank per step')
     parser.add_argument('--chain', type=int, default=3,
-                        help='training steps per timed run, with no waitall between them '
-                             '(default 3); --trials counts runs')
-    parser.add_argument('--lr', type=float, default=0.1, help='SGD learning rate (default 0.1)')
+                        help='steps per timed run, no waitall between them (--trials counts runs)')
+    parser.add_argument('--lr', type=float, default=0.1)
     parser.add_argument('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
-                        help="sgd: MXNet's, on the CPU; gpulikesgd: the update as an op on the "
-                             'emulated GPU (GPULikeSGD)')
+                        help="gpulikesgd: the update as an op on the emulated GPU (GPULikeSGD)")
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     add_workload_args(parser)
-    # --warmups, --trials (also --steps), --timeout and --out are the benchmarks' own
-    harness.add_common_args(parser, sizes=False, quick=False, full=STEPS,
-                            timeout_help='seconds the run may take before the job is ended '
-                                         '(default 600)')
+    harness.add_common_args(parser, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--steps', dest='trials', type=int, help='the same as --trials')
     parser.add_argument('--trainer', default='none', choices=('none', 'gluon', 'distributed'),
                         help='none: compute alone; gluon: gluon.Trainer with an mpi_kvstore '
                              'store; distributed: mpi_kvstore.DistributedTrainer')
     parser.add_argument('--update-on-kvstore', action='store_true',
-                        help='gluon.Trainer updates on the store (default: on each rank)')
-    parser.add_argument('--design', default=None,
-                        help="the store's design, options after '+' (default: the default)")
+                        help='gluon.Trainer updates on the store')
+    parser.add_argument('--design', help="the store's design, options after '+'")
     return harness.resolve_quick(parser.parse_args(argv), STEPS)
 
 
@@ -715,47 +675,23 @@ def _trainer(args, model):
 def _train(args, model, trainer, comm):
     """Runs of ``--chain`` steps of forward, backward, trainer.step, with one waitall at the
     end of the run, as a training loop has none per step: the next forward of layer i waits
-    only for weight i (engine dependencies). A step's time is its run's (slowest rank's)
-    over the steps in it; one figure per run."""
-    from mpi4py import MPI  # MPI starts where a trainer runs, as the store needs it anyway
-    walls, cpus, step = [], [], 0
-    for run in range(args.warmups + args.trials):
-        mx.nd.waitall()
-        comm.Barrier()      # no collective of the store in flight: MPI from this thread is safe
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(args.chain):
+    only for weight i (engine dependencies). One figure per run: its time over its steps."""
+    def body(run):
+        for i in range(args.chain):
+            step = run * args.chain + i
             model(step_scale(step, comm.rank))
             model.backward()
             trainer.step(args.batch * comm.size)     # gradients are summed over ranks
-            step += 1
-        mx.nd.waitall()
-        if run >= args.warmups:
-            walls.append(comm.allreduce(time.perf_counter() - wall, op=MPI.MAX) / args.chain)
-            cpus.append((time.process_time() - cpu) / args.chain)
-    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls),
-            'steps': step}
+    timed = timed_runs(body, args.warmups, args.trials, comm, per=args.chain)
+    return dict(timed, steps=(args.warmups + args.trials) * args.chain)
 
 
 def _exchange_alone(args, trainer, comm):
     """The trainer's exchange of one step's gradients, already computed, waited for: what
     a step would take if nothing of it overlapped compute. Sums into the gradients, so it
     runs after _check_trained."""
-    from mpi4py import MPI
-    walls = []
-    for run in range(args.warmups + args.trials):
-        mx.nd.waitall()
-        comm.Barrier()
-        wall = time.perf_counter()
-        trainer.allreduce_grads()
-        mx.nd.waitall()
-        if run >= args.warmups:
-            walls.append(comm.allreduce(time.perf_counter() - wall, op=MPI.MAX))
-    return {'wall_s': walls}
-
-
-def _spread_ms(seconds):
-    ms = {k: v * 1e3 for k, v in harness.spread(seconds).items()}
-    return f'{ms["median"]:.1f} ms (min {ms["min"]:.1f}, max {ms["max"]:.1f})'
+    timed = timed_runs(lambda run: trainer.allreduce_grads(), args.warmups, args.trials, comm)
+    return {'wall_s': timed['wall_s']}
 
 
 def _ratio(train, alone, exchange):
@@ -797,11 +733,14 @@ def _check_trained(model, args, steps, nranks):
                                f'{got.ravel()[:3]}, expected {expected}')
 
 
-def _against(seconds, compute_s):
-    """'262.1 ms (min 261.5, max 263.5) against 256.0 stated (+2.4%)' for step times."""
+def _ms(seconds, compute_s=None):
+    """'262.1 ms (min 261.5, max 263.5)' [' against 256.0 stated (+2.4%)' with compute_s]."""
     ms = {k: v * 1e3 for k, v in harness.spread(seconds).items()}
-    return (f'{ms["median"]:.1f} ms (min {ms["min"]:.1f}, max {ms["max"]:.1f}) against '
-            f'{compute_s * 1e3:.1f} stated ({(ms["median"] / (compute_s * 1e3) - 1) * 100:+.1f}%)')
+    text = f'{ms["median"]:.1f} ms (min {ms["min"]:.1f}, max {ms["max"]:.1f})'
+    if compute_s is None:
+        return text
+    return text + (f' against {compute_s * 1e3:.1f} stated '
+                   f'({(ms["median"] / (compute_s * 1e3) - 1) * 100:+.1f}%)')
 
 
 def main(argv=None):
@@ -823,7 +762,7 @@ def main(argv=None):
     with harness.deadline(args.timeout, f'gpu_like {args.model} --trainer {args.trainer}'):
         payload['alone'] = alone = measure_compute(model, args.trials, args.warmups, comm.rank)
         harness.rank0_print(
-            f'  compute alone:  step {_against(alone["wall_s"], plan_.compute_s)}; CPU '
+            f'  compute alone:  step {_ms(alone["wall_s"], plan_.compute_s)}; CPU '
             f'{alone["cpu_share"] * 100:.2f}% of a core (rank 0)')
         if args.trainer != 'none':
             model.initialize(force_reinit=True)      # known weights for _check_trained
@@ -832,7 +771,7 @@ def main(argv=None):
             harness.rank0_print(
                 f'  {args.trainer} trainer{" (updates on the store)" if args.update_on_kvstore else ""}, '
                 f'{kv.type} store, {comm.size} ranks: step '
-                f'{_against(train["wall_s"], plan_.compute_s)}; CPU '
+                f'{_ms(train["wall_s"], plan_.compute_s)}; CPU '
                 f'{train["cpu_share"] * 100:.1f}% of a core (rank 0)')
             _check_trained(model, args, train['steps'], comm.size)
             if not args.update_on_kvstore:
@@ -841,7 +780,7 @@ def main(argv=None):
                 payload['exchange'] = exchange = _exchange_alone(args, trainer, comm)
                 harness.rank0_print(
                     f'  exchange alone (the trainer\'s allreduce_grads of ready gradients): '
-                    f'{_spread_ms(exchange["wall_s"])}; step / max(compute, exchange) = '
+                    f'{_ms(exchange["wall_s"])}; step / max(compute, exchange) = '
                     f'{_ratio(train, alone, exchange):.2f}')
     run.write(payload)
     harness.rank0_print(f'  written to {run.json_path}')

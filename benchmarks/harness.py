@@ -88,34 +88,50 @@ def format_size(nbytes):
     return f'{nbytes / (1 << shift):.3g}{largest}B'
 
 
+class _ShowDefaults(argparse.HelpFormatter):
+    """Adds '(default: X)' to an option's help, unless X is None or False or the help says."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or 'default' in action.help:
+            return action.help
+        return action.help + ' (default: %(default)s)'
+
+
+def parser(doc):
+    """An argument parser described by doc's first paragraph, defaults in its options' help."""
+    return argparse.ArgumentParser(description=doc.split('\n\n')[0], formatter_class=_ShowDefaults)
+
+
 def add_common_args(parser, default_out=DEFAULT_OUT, sizes=True, quick=True, full=None,
-                    timeout=600.0, timeout_help=None):
-    """The options every benchmark shares; call resolve_quick(args, full) after parsing.
+                    timeout=600.0):
+    """The options every benchmark shares; call resolve_quick(args, full, quick) after parsing.
     sizes=False leaves out --sizes, for a script that does not sweep message sizes;
-    quick=False leaves out --quick; full: the defaults of a full run (FULL's keys)."""
+    quick=False leaves out --quick, a dict gives its defaults (QUICK's keys); full: the
+    defaults of a full run (FULL's keys)."""
     full = dict(FULL, **(full or {}))
-    sweep = ','.join(format_size(n) for n in full['sizes'])
+    fast = dict(QUICK, **quick) if isinstance(quick, dict) else QUICK
 
     def default(key):
-        return f'default {full[key]}' + (f', quick {QUICK[key]}' if quick else '')
+        show = (lambda v: ','.join(map(format_size, v))) if key == 'sizes' else str
+        return f'default {show(full[key])}' + (f', quick {show(fast[key])}' if quick else '')
     if quick:
         parser.add_argument('--quick', action='store_true',
                             help='few small sizes and few trials (a smoke run, well under a minute)')
     if sizes:
-        parser.add_argument('--sizes', type=parse_sizes, default=None,
-                            help=f'comma-separated sizes in bytes, e.g. 4K,1M,256M (default {sweep})')
-    parser.add_argument('--warmups', type=int, default=None, help=f'untimed runs per case ({default("warmups")})')
-    parser.add_argument('--trials', type=int, default=None, help=f'timed runs per case ({default("trials")})')
+        parser.add_argument('--sizes', type=parse_sizes, help='comma-separated sizes in bytes, e.g. '
+                            f'4K,1M,256M ({default("sizes")})')
+    parser.add_argument('--warmups', type=int, help=f'untimed runs per case ({default("warmups")})')
+    parser.add_argument('--trials', type=int, help=f'timed runs per case ({default("trials")})')
     parser.add_argument('--timeout', type=float, default=timeout,
-                        help=timeout_help or f'seconds one case may take before the job is ended '
-                                             f'(default {timeout:g})')
+                        help='seconds a case (or the run) may take before the job is ended')
     parser.add_argument('--out', default=default_out, help='folder for JSON and PNG results')
     return parser
 
 
-def resolve_quick(args, full=None):
+def resolve_quick(args, full=None, quick=None):
     """Fill the defaults that depend on --quick; explicit options always win."""
-    defaults = QUICK if getattr(args, 'quick', False) else dict(FULL, **(full or {}))
+    fast = dict(QUICK, **(quick or {}))
+    defaults = fast if getattr(args, 'quick', False) else dict(FULL, **(full or {}))
     for key, value in defaults.items():
         if getattr(args, key, False) is None:
             setattr(args, key, value)

@@ -1,9 +1,7 @@
-"""Hierarchical against flat allreduce, with ranks on several hosts (issue 10, part 5).
+"""Hierarchical against flat allreduce, with ranks on several hosts.
 
     python -m testbed run --hosts 2 --rate 3gbit -n 4 --ppn 2 --timeout 300 -- \\
-        python -m benchmarks.hierarchical [--sizes 1M,4M,16M,64M] [--warmups W] [--trials T]
-        [--design funneled] [--no-kv] [--methods mpi:flat,mpi:hier] [--label 3gbit]
-        [--out DIR]
+        python -m benchmarks.hierarchical [--sizes 1M,4M,16M,64M] [--label 3gbit]
 
 Measured in one run, interleaved (every trial runs each method once, in an order that
 rotates from trial to trial, so load from other work slows every method alike), on float32
@@ -22,7 +20,6 @@ Per size and method: the median (and min, max) over trials of the slowest rank's
 hierarchical / flat from this run (below 1: the hierarchy is faster). Rank 0 prints a
 table and writes benchmarks/results/hierarchical_n<N>[_<label>].json.
 """
-import argparse
 import functools
 import sys
 
@@ -37,14 +34,12 @@ FULL = {'sizes': harness.parse_sizes('1M,4M,16M,64M'), 'warmups': 1, 'trials': 5
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    harness.add_common_args(parser, quick=False, full=FULL, timeout=240,
-                            timeout_help='seconds one size may take (all methods, all trials)')
+    parser = harness.parser(__doc__)
+    harness.add_common_args(parser, quick=False, full=FULL, timeout=240)
     parser.add_argument('--design', default='funneled', help='design of the two kv stores')
     parser.add_argument('--no-kv', action='store_true', help='raw MPI methods only')
-    parser.add_argument('--methods', default=None,
-                        help='comma-separated subset of mpi:flat,mpi:hier,mpi:leaders,'
-                             'kv:flat,kv:hier (default: all)')
+    parser.add_argument('--methods', help='comma-separated subset of mpi:flat,mpi:hier,'
+                                          'mpi:leaders,kv:flat,kv:hier (default: all)')
     parser.add_argument('--label', default='', help='added to the JSON name (e.g. the rate)')
     return harness.resolve_quick(parser.parse_args(argv), FULL)
 

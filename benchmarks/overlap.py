@@ -1,76 +1,34 @@
-"""How much of each trainer's exchange hides behind compute: issue 21's side by side, one job.
+"""How much of each trainer's exchange hides behind compute: the trainers side by side, one job.
 
-    mpiexec -n 2 python -m benchmarks.overlap [--model resnet50_v1] [--images-per-s 125]
-        [--batch 32] [--rounds 4] [--chain 3] [--warmups 1] [--p3 | --no-dist-sync]
-        [--topology "2 hosts x 1 rank, 3gbit"] [--out DIR]
+    mpiexec -n 2 python -m benchmarks.overlap [--model resnet50_v1] [--rounds 4] [--p3]
     python -m testbed run --hosts 2 --rate 3gbit -n 2 --timeout 900 -- \\
         python -m benchmarks.overlap --topology "2 hosts x 1 rank, 3gbit"
 
-The workload is gpu_like's model (layers that sleep on the engine: compute takes wall time,
-not CPU). Every column is a trainer over a store of its own, all created before anything is
-timed and alive together, each training the same model:
+gpu_like's model, trained by every column, each a trainer over a store of its own, all
+created before anything is timed: fifo (DistributedTrainer on funneled with no partitions
+or credits: every group starts when ready, Horovod's order), priority (DistributedTrainer on
+the default store: priority-partitioned across hosts), gluon (gluon.Trainer, one pushpull a
+key), dist_sync (gluon.Trainer on ps-lite; --p3: its P3 van, a job of its own) and horovod
+(when it imports; else skipped).
 
-  fifo       mpi_kvstore.DistributedTrainer on funneled+partition_bytes=0+credit_bytes=0:
-             every group starts when it is ready (Horovod's order, DistributedTrainer's before
-             priority scheduling);
-  priority   DistributedTrainer on the default store (across hosts the 'auto' partition_bytes,
-             credit_bytes and progress_sleep_us: priority-partitioned scheduling);
-  gluon      gluon.Trainer (update_on_kvstore=False) on the default store: one pushpull a key;
-  dist_sync  gluon.Trainer on MXNet's ps-lite dist_sync store (peers.DistSync); with --p3 the
-             column is dist_sync:p3, ps-lite's P3 van: ps-lite allows one store per process,
-             so the two need a job each;
-  horovod    horovod.mxnet.DistributedTrainer, when it imports (else reported as skipped).
+Timing: rounds (--warmups untimed, then --rounds) in which every column makes one run of
+--chain steps, in an order that rotates (harness.interleaved). A run resets the weights,
+trains with no waitall between steps (gpu_like._train), waits once, and checks every weight
+against numpy: a column that fails is reported failed and timed no more. Compute alone
+(gpu_like.measure_compute, every store alive) is one more entry of the same rounds; then
+each column's exchange alone (trainer.allreduce_grads of ready gradients), interleaved.
 
-Timing, in rounds (--warmups untimed, then --rounds timed): in each round every column makes
-one run of --chain training steps, columns in an order that rotates from round to round
-(harness.interleaved), so load that drifts hits every column alike. A run resets the weights
-to gpu_like's initial values, trains with no waitall between steps (gpu_like._train: the next
-forward of layer i waits only for weight i), waits once, and checks every weight against
-numpy (gpu_like._check_trained): a column whose check fails is reported as failed and timed
-no more. A step's time is the run's, on its slowest rank, over --chain. Compute alone is one
-more entry of the same rounds: --chain steps of forward and backward with no trainer, every
-step waited for (gpu_like.measure_compute), the slowest rank's, with every store alive. Then
-each column's exchange alone (trainer.allreduce_grads of gradients already there, waited
-for, gpu_like._exchange_alone), interleaved the same way.
+From the medians: hidden share = (compute + exchange - step) / min(compute, exchange),
+clipped to [0, 1]; step / max(compute, exchange), 1.0 a perfect overlap; vs fifo = fifo's
+step / this step. The step also holds the optimizer's update, which neither alone measures.
 
-Per column, from the medians (step, exchange alone, compute alone):
+CPU, around each timed run only: the machine's busy share of every core (/proc/stat via
+psutil: on the test bed the hosts are namespaces of one machine, so it holds every rank and
+the kernel's TCP), its system + softirq share (where TCP's cost lands), machine core-ms a
+step, each rank's user + system CPU ms a step (getrusage), and the ranks' share of the
+machine. /proc/stat counts in 10 ms ticks, coarse for a short run.
 
-  hidden share = (compute + exchange - step) / min(compute, exchange), clipped to [0, 1]:
-                 1 when the step takes max(compute, exchange) (the shorter one hidden
-                 completely), 0 when it takes compute + exchange (nothing hidden);
-  step / max   = step / max(compute, exchange): 1.0 is a perfect overlap;
-  vs fifo      = fifo's step / this column's step (above 1: faster than fifo).
-
-The step also holds the optimizer's update (SGD over every weight, on MXNet's CPU worker),
-which neither alone measures: a step that overlaps nothing takes more than compute +
-exchange, and the hidden share then reads 0.
-
-CPU accounting (issue 21's 4-host clause: can the cores carry the ranks' TCP?): around each
-timed run of every entry (compute alone, each column's training runs and its exchange alone),
-and only around the timed part (not the weight reset or the numpy check), rank 0 reads the
-machine's /proc/stat and every rank its own getrusage(RUSAGE_SELF), gathered to rank 0:
-
-  machine busy %  = (user + nice + system + irq + softirq + steal) jiffies over all jiffies,
-                    every core together (100%: every core busy the whole run); on the test
-                    bed the hosts are namespaces of one machine, so this is every rank, the
-                    kernel's TCP over veth, and anything else running on the machine;
-  sys+softirq %   = (system + softirq) jiffies over all jiffies: the kernel's share, where
-                    TCP's cost lands;
-  machine core-ms = busy jiffies a step (or an exchange), in ms of one core;
-  rank CPU ms     = each rank's user + system CPU seconds (every thread of its process) a
-                    step, or an exchange for the exchange-alone runs;
-  ranks' share    = every rank's CPU seconds together over (cores x the runs' wall time):
-                    the part of machine busy % that this job's ranks are charged for (the
-                    rest: the kernel's network work charged to no process, ps-lite's
-                    servers, and other load on the machine; the JSON also keeps the load
-                    average at the start and the end).
-
-Per entry the JSON keeps every timed run's figures and the totals over the runs (busy share
-= the runs' busy jiffies over their jiffies); the table shows the medians and a second table
-the spreads. /proc/stat counts in 1/CLK_TCK s (10 ms), coarse for a short run.
-
-Rank 0 prints markdown tables and writes them (.md), a JSON (harness.Run: versions, argv,
-command, date, topology) and a bar plot (.png) to --out, default benchmarks/results/overlap/.
+Rank 0 prints Markdown tables and writes them (.md), a JSON and a bar plot to --out.
 """
 import argparse
 import functools
@@ -98,14 +56,10 @@ KERNEL_FIELDS = ('system', 'softirq')
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     gpu_like.add_workload_args(parser)      # every column trains with --optimizer
-    parser.add_argument('--topology', default=None,
-                        help='a free label for the tables, e.g. "2 hosts x 1 rank, 3gbit" '
-                             '(hosts and ranks per host are recorded anyway)')
-    harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS,
-                            timeout_help='seconds the whole measurement may take before the job '
-                                         'is ended (default 600)')
+    parser.add_argument('--topology', help='a free label, e.g. "2 hosts x 1 rank, 3gbit"')
+    harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
     peers.add_args(parser)
     return harness.resolve_quick(parser.parse_args(argv), STEPS)

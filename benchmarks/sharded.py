@@ -1,77 +1,31 @@
-"""The sharded optimizer (shard_optimizer, issue 22) side by side with the unsharded store.
+"""The sharded optimizer (shard_optimizer) side by side with the unsharded store.
 
-    mpiexec -n 4 python -m benchmarks.sharded [--model resnet50_v1] [--optimizer adam]
-        [--configs unsharded,sharded,sharded+bf16] [--rounds 5] [--chain 3] [--warmups 1]
-        [--design D] [--topology LABEL] [--out DIR]
-    mpiexec -n 4 python -m benchmarks.sharded --rss-only sharded [same options]
-    python -m benchmarks.sharded --launch 'mpiexec -n 4' [same options]
-    python -m testbed run --hosts 2 --rate 1gbit -n 2 --timeout 900 -- \\
-        python -m benchmarks.sharded --topology "2 hosts x 1 rank, 1gbit"
+    mpiexec -n 4 python -m benchmarks.sharded [--configs unsharded,sharded,sharded+bf16]
+    python -m benchmarks.sharded --launch 'mpiexec -n 4' [options]   # with an RSS job each
 
-The workload is gpu_like's model (a model zoo net's parameters, ResNet-50 v1 by default,
-whose layers sleep on the engine: compute takes wall time, not CPU), trained by
-gluon.Trainer with the optimizer in the store (update_on_kvstore=True), Adam by default.
-Every configuration (--configs) is a store of its own with a model of its own, all created
-before anything is timed:
+gpu_like's model, trained by gluon.Trainer with the optimizer in the store (Adam by
+default). Every configuration (CONFIGS) is a store and a model of its own, all created
+before anything is timed: unsharded (allreduce, every rank updates everything), sharded
+(reduce-scatter, update this rank's share, allgather the weights), sharded+bf16/fp16 (a
+16-bit reduce-scatter), sharded+2bit (MXNet's 2-bit gradient compression, threshold 0.5,
+on the reduce-scatter), and unsharded+whole / sharded+whole (no collective cut into
+priority pieces). Rounds interleave the configurations (harness.interleaved), each making
+one run of --chain steps (gpu_like._train).
 
-  unsharded     shard_optimizer=0: allreduce the gradients, every rank updates every weight
-                with the whole optimizer state;
-  sharded       shard_optimizer=1: reduce-scatter the gradients, update this rank's share of
-                every weight with its share of the state, allgather the weights;
-  sharded+bf16  sharded with compression=bf16: the reduce-scatter sends bfloat16 (the
-                allgather stays exact float32); sharded+fp16 likewise with float16.
-  sharded+2bit  sharded with MXNet's 2-bit gradient compression (kv.set_gradient_compression
-                {'type': '2bit', 'threshold': 0.5}, MXNet's default threshold; error
-                feedback): the reduce-scatter sends a quarter byte a value
-                (TwoBit.reduce_scatter), the allgather stays exact float32.
-  unsharded+whole, sharded+whole
-                partition_bytes=0, credit_bytes=0: no collective cut into priority pieces
-                (the defaults cut them across hosts: schedule.py), to see what pieces
-                gain each, interleaved in one job.
+Per configuration: step (min/median/max, ratio to unsharded's, per-round ratios), the
+optimizer state this rank holds (largest over ranks), wire bytes a rank sends a step in the
+ring model (allreduce 2(N-1)/N G; reduce-scatter + allgather the same; a 16-bit wire halves
+the reduce-scatter, 2-bit sends a sixteenth), and RSS. RSS comes from a job of its own per
+configuration (configurations in one process share its memory): --rss-only CONFIG trains
+one alone and writes its RSS; --rss-files hands the timed job those files; --launch PREFIX
+runs both kinds of job, each under a timeout.
 
-Timing, in rounds (--warmups untimed, then --rounds timed): in each round every
-configuration makes one run of --chain training steps (gpu_like._train: no waitall between
-steps), in an order that rotates from round to round (harness.interleaved), so load that
-drifts hits every configuration alike. A step's time is the run's, on its slowest rank, over
---chain; the table gives min / median / max over the rounds, the ratio of medians to
-unsharded's, and the per-round ratios (both runs of a round share its load).
-
-Per configuration, besides the step:
-
-  state MB/rank  the optimizer state this rank holds: nbytes of every NDArray in the store's
-                 updater states (kv._updater.states, tuples recursed), the largest over ranks
-                 (shares are numpy's array_split cut of each key, larger ones first; keys of
-                 fewer elements than ranks are whole);
-  wire MB/step   bytes each rank sends a step in the ring model, from the gradient sizes G:
-                 allreduce 2(N-1)/N G; reduce-scatter (N-1)/N G + allgather (N-1)/N G, the
-                 same; with a 16-bit wire the reduce-scatter half of that, with 2-bit a
-                 sixteenth;
-  RSS MB/rank    VmRSS (psutil), largest over ranks, after training: configurations
-                 in one process share its memory (and MXNet's pooled allocator keeps what it
-                 freed), so RSS comes from a job of its own per configuration: --rss-only
-                 CONFIG trains that configuration alone (--warmups + --rounds runs) and writes
-                 its RSS (and VmHWM, and the RSS of the model before any store existed) to a
-                 JSON; --rss-files gives the timed job those files, and --launch PREFIX runs
-                 it all without mpiexec: one --rss-only job per configuration, then the timed
-                 job, each started as PREFIX python -m benchmarks.sharded ..., each under a
-                 timeout. Without --rss-files the RSS column is empty.
-
-Checks, after the rounds (a failed check is printed in the table and the job exits 1, so a
-broken run cannot pass off its figures): every configuration's weights are the same on
-every rank (a digest of every parameter, allgathered); every element of every trained weight
-equals MXNet's own optimizer run on one-element arrays with the same summed gradients
-(gpu_like's gradients are constant per parameter): float32 tolerance, a loose one (1e-2) for
-16-bit wires; sharded weights equal unsharded ones within the same tolerances; a sharded
-rank's state is exactly its share of unsharded's (the sum over keys of its array_split share
-times the state arrays a key has). 2-bit is lossy far beyond 1e-2, and its reference models
-it: each rank's gradient is quantised with a residual of its own as MXNet's quantize_2bit does
-(+t where residual + gradient >= t, -t where <= -t, else 0; the rest kept), the ranks' codes
-summed, then the same optimizer; gpu_like's gradients and the threshold are multiples of 1/8,
-so this is exact and the check is at float32 tolerance. Its distance to unsharded's weights is
-reported (max_abs_vs_unsharded) but not checked.
-
-Rank 0 prints the table and writes a JSON (harness.Run: versions, argv, command, date,
-interleaved=true) to --out, default benchmarks/results/sharded/.
+Checks (a failure is printed in the table and exits 1): weights equal on every rank; every
+trained weight equals MXNet's own optimizer fed the same summed gradients (float32
+tolerance, 1e-2 for 16-bit wires; for 2-bit a reference that quantises each rank's gradient
+with its own residual, as quantize_2bit does, which is exact on gpu_like's gradients);
+sharded weights equal unsharded ones; a sharded rank's state is exactly its share of
+unsharded's.
 """
 import argparse
 import collections
@@ -80,12 +34,11 @@ import hashlib
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 
 from benchmarks import harness, report
+from mpi_kvstore.launch import processes  # starts no MPI: fine in the driver
 
 CONFIGS = {
     'unsharded': {'shard_optimizer': False},
@@ -135,29 +88,22 @@ def parse_args(argv=None):
                                      conflict_handler='resolve')
     gpu_like.add_workload_args(parser)
     # gpu_like's --optimizer offers SGD without state; here the state is the point.
-    parser.add_argument('--optimizer', default='adam', choices=sorted(OPTIMIZERS),
-                        help='the store\'s optimizer (default adam; sgd and nag with momentum 0.9)')
-    parser.add_argument('--lr', type=float, default=0.01, help='learning rate (default 0.01)')
+    # gpu_like's --optimizer offers SGD without state; here the state is the point.
+    parser.add_argument('--optimizer', default='adam', choices=sorted(OPTIMIZERS))
+    parser.add_argument('--lr', type=float, default=0.01)
     parser.add_argument('--configs', type=configs, default=configs(DEFAULT_CONFIGS),
-                        help=f'comma-separated, of {", ".join(CONFIGS)} (default {DEFAULT_CONFIGS})')
-    parser.add_argument('--design', default=None,
-                        help="every store's design, options after '+' (default: the default)")
-    parser.add_argument('--topology', default=None,
-                        help='a free label for the table, e.g. "2 hosts x 1 rank, 1gbit"')
+                        help=f'comma-separated, of {", ".join(CONFIGS)}')
+    parser.add_argument('--design', help="every store's design, options after '+'")
+    parser.add_argument('--topology', help='a free label, e.g. "2 hosts x 1 rank, 1gbit"')
     harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS,
-                            timeout=900.0,
-                            timeout_help='seconds the whole job may take before it is ended '
-                                         '(default 900)')
+                            timeout=900.0)
     parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
-    parser.add_argument('--rss-only', default=None, choices=list(CONFIGS),
+    parser.add_argument('--rss-only', choices=list(CONFIGS),
                         help='train this configuration alone and write its RSS per rank')
-    parser.add_argument('--rss-json', default=None,
-                        help='with --rss-only: the JSON to write (default: in --out)')
-    parser.add_argument('--rss-files', default=None,
-                        help='comma-separated JSONs of --rss-only jobs, for the RSS column')
-    parser.add_argument('--launch', default=None,
-                        help="run without mpiexec: PREFIX (e.g. 'mpiexec -n 4') starts one "
-                             '--rss-only job per configuration, then the timed job')
+    parser.add_argument('--rss-json', help='with --rss-only: the JSON to write')
+    parser.add_argument('--rss-files', help="comma-separated JSONs of --rss-only jobs")
+    parser.add_argument('--launch', help="PREFIX (e.g. 'mpiexec -n 4'): one --rss-only job "
+                                         'per configuration, then the timed job')
     args = harness.resolve_quick(parser.parse_args(argv), STEPS)
     if args.chain < 1:
         raise SystemExit('--chain must be >= 1')
@@ -415,10 +361,6 @@ def load_rss(args, nranks):
 
 # ---------------------------------------------------------------- the timed job
 
-def _ratio_text(ratio):
-    return f'{ratio["median"]:.3f}x' if ratio else '-'
-
-
 def summarize(names, steps, rows):
     """Medians, spreads and ratios to unsharded's into rows ({config: row})."""
     base = steps.get('unsharded')
@@ -608,24 +550,12 @@ def _without(argv, option):
 
 
 def _launch(command, timeout):
-    """Run one job (its own process group) under a timeout; its exit status."""
+    """Run one job (a process group of its own) under a timeout; its exit status."""
     print('$ ' + shlex.join(command), flush=True)
-    proc = subprocess.Popen(command, start_new_session=True)
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        print(f'timed out after {timeout:.0f} s: ending the job', flush=True)
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return 124
+    status, timed_out = processes.wait_or_stop(processes.start_group(command), timeout, 10)
+    if timed_out:
+        print(f'timed out after {timeout:.0f} s: the job was ended', flush=True)
+    return 124 if timed_out else status
 
 
 def drive(argv):
