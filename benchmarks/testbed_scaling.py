@@ -1,43 +1,22 @@
 """Training throughput over the multi-host test bed: benchmarks/scaling.py at several link rates.
 
     python -m benchmarks.testbed_scaling --quick                  # smoke run, about 2 minutes
-    python -m benchmarks.testbed_scaling [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
-        [--models resnet18_v1] [--designs funneled,concurrent,chained,blocking]
-        [--warmup-steps W] [--steps S] [--batch-size B] [--step-timeout S] [--run-timeout S]
-        [--raw-sizes 4K,...|none] [--allreduce | --allreduce-only] [--allreduce-sizes 4K,...]
-        [--allreduce-designs D,...] [--checkout DIR] [--out DIR] [--report-only]
+    python -m benchmarks.testbed_scaling [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4] [--report-only]
 
-Runs as root from the repository root, not under mpiexec: it builds the test bed itself
-(testbed/README.md). The grid, one scaling.py job each (python -m benchmarks.scaling in the
---checkout tree), every job under a timeout and its
-test bed torn down whatever happens:
+Runs as root, not under mpiexec: it builds the test bed itself (testbed/README.md). One
+scaling.py job per grid point (1 rank on one host alone; N ranks over 2 hosts, N/2 a host,
+at every rate), in the --checkout tree, each under a timeout, its test bed torn down
+whatever happens. Ranks on different hosts talk TCP over a tbf-shaped veth link. Jobs run
+with --no-dist-sync (benchmarks/overlap.py compares ps-lite across hosts). Each job also
+times raw MPI Allreduce(IN_PLACE) of --raw-sizes in the exchange-alone rounds: the
+network's alpha and beta under the same load, which cost_model calibrates on; --allreduce
+adds an allreduce.py sweep per test bed, --allreduce-only runs only that.
 
-  1 rank           on one host alone (no network: the rate does not apply);
-  2 ranks          over 2 hosts, 1 rank a host, at every rate;
-  N ranks (N > 2)  over 2 hosts, N/2 ranks a host (shared memory inside a host), at every rate.
-
-Ranks on different hosts talk TCP over a tbf-shaped veth link (testbed.TCP_ENV). Each job
-runs scaling.py with --no-dist-sync, to keep the grid's jobs short: MXNet's ps-lite store
-across test hosts (peers.pslite_addresses) is compared in benchmarks/overlap.py, beside the
-store's schedules on the GPU-like workload. Horovod appears when horovod.mxnet
-imports (it is reported as skipped otherwise, as scaling.py does).
-
-Each job also times raw MPI Allreduce(IN_PLACE) of a few sizes (--raw-sizes) in the same
-interleaved rounds as the exchange alone: the network's alpha and beta under the very load
-the exchanges saw, which benchmarks/cost_model.py calibrates on. --allreduce also runs
-benchmarks/allreduce.py (raw MPI and the funneled pushpull over a size sweep) on the same test
-bed before each job; --allreduce-only runs only that sweep (cost_model.py --calibrate does).
-
-Writes into --out (default benchmarks/results/testbed/): runs/<job>/scaling_n<N>.json,
-allreduce_n<N>.json and log.txt per job; testbed_scaling.json (every job's results and how
-it ended); testbed_scaling.md (per model a table: config x rate, with step ms, exchange
-alone ms, hidden share, and the step of `none` over this step) and
-testbed_scaling_<model>.png. --report-only rebuilds the table and plot from the json.
-
-All hosts share this machine's CPU cores: a test bed shows what the *network* does to a job.
-With as many ranks as cores nothing is left for communication to hide in.
+Writes into --out: runs/<job>/ (each job's JSONs and log.txt), testbed_scaling.json (every
+job and how it ended), testbed_scaling.md (per model: config x rate, with step ms, exchange
+alone, hidden share and vs none) and a plot per model; --report-only rebuilds the last two.
+All hosts share this machine's cores: a test bed shows what the network does to a job.
 """
-import argparse
 import json
 import os
 import shlex
@@ -66,52 +45,30 @@ JSON_NAME = 'testbed_scaling.json'
 # ---------------------------------------------------------------- arguments
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true',
-                        help=f'a smoke run: rates {QUICK["rates"]}, ranks {QUICK["ranks"]}, designs '
-                             f'{QUICK["designs"]}, {QUICK["warmups"]} + {QUICK["steps"]} rounds, '
-                             f'batch {QUICK["batch_size"]} (explicit options win)')
-    parser.add_argument('--rates', help=f'comma-separated link rates (default {DEFAULT_RATES})')
-    parser.add_argument('--ranks', help='comma-separated rank counts: 1 is one host alone, N > 1 '
-                                        f'is N/2 ranks on each of 2 hosts (default {DEFAULT_RANKS})')
-    parser.add_argument('--models', help=f'scaling.py models (default {DEFAULT_MODELS})')
-    parser.add_argument('--designs', help="scaling.py designs (default: every design; a design may "
-                                          "carry store options: 'funneled+fusion_threshold=0')")
-    parser.add_argument('--trainer-designs',
-                        help="scaling.py's designs for mpi_kvstore.DistributedTrainer (default: the "
-                             "default design); e.g. 'chained,funneled+group_bytes=0'")
-    parser.add_argument('--warmup-steps', dest='warmups', type=int,
-                        help=f'untimed rounds per job (default {DEFAULT_WARMUPS})')
-    parser.add_argument('--steps', type=int, help=f'timed rounds per job (default {DEFAULT_STEPS})')
-    parser.add_argument('--batch-size', type=int, help="images per rank per step (default: scaling.py's)")
-    parser.add_argument('--steps-per-round', type=int, default=1,
-                        help="scaling.py's: steps in a row per timed op, one waitall after the last")
-    parser.add_argument('--step-timeout', type=float, default=300.0,
-                        help="seconds one step may take inside a job (scaling.py's --timeout; default 300)")
-    parser.add_argument('--run-timeout', type=float, default=None,
-                        help='seconds one whole job may take before it is killed '
-                             '(default: estimated from the rounds, at least 600)')
-    parser.add_argument('--checkout', default=harness.REPO_ROOT,
-                        help='the tree whose benchmarks/scaling.py and mpi_kvstore run (default: '
-                             'this repository; e.g. an export of a commit, to measure that commit)')
-    parser.add_argument('--raw-sizes', default=DEFAULT_RAW_SIZES,
-                        help="raw MPI Allreduce sizes timed inside each training job's exchange-alone "
-                             "rounds (scaling.py --raw-allreduce; 'none' for none; default %(default)s)")
-    parser.add_argument('--allreduce', action='store_true',
-                        help='also run benchmarks/allreduce.py on each test bed (calibration data '
-                             'for cost_model.py)')
-    parser.add_argument('--allreduce-only', action='store_true',
-                        help='run only the allreduce.py sweep on each test bed, no training')
-    parser.add_argument('--allreduce-sizes', default=DEFAULT_ALLREDUCE_SIZES,
-                        help='sizes of the allreduce sweep (default %(default)s)')
-    parser.add_argument('--allreduce-designs', default=DEFAULT_ALLREDUCE_DESIGNS,
-                        help='designs whose pushpull the sweep times beside raw MPI (default '
-                             '%(default)s; the cost model needs only raw MPI)')
-    parser.add_argument('--allreduce-trials', type=int, default=ALLREDUCE_TRIALS,
-                        help='timed trials per size and method of the sweep (default %(default)s)')
-    parser.add_argument('--out', default=DEFAULT_OUT, help='folder for results (default %(default)s)')
-    parser.add_argument('--report-only', action='store_true',
-                        help='run nothing: rebuild the table and plot from the json files in --out')
+    parser = harness.parser(__doc__)
+    add = parser.add_argument
+    add('--quick', action='store_true', help=f'a smoke run: {QUICK} (explicit options win)')
+    add('--rates', help=f'comma-separated link rates (default {DEFAULT_RATES})')
+    add('--ranks', help=f'1: one host alone; N > 1: N/2 ranks on each of 2 hosts (default {DEFAULT_RANKS})')
+    add('--models', help=f'scaling.py models (default {DEFAULT_MODELS})')
+    add('--designs', help="scaling.py's (default: every design)")
+    add('--trainer-designs', help="scaling.py's, e.g. 'chained,funneled+group_bytes=0'")
+    add('--warmup-steps', dest='warmups', type=int, help=f'untimed rounds (default {DEFAULT_WARMUPS})')
+    add('--steps', type=int, help=f'timed rounds per job (default {DEFAULT_STEPS})')
+    add('--batch-size', type=int, help="images per rank per step (default: scaling.py's)")
+    add('--steps-per-round', type=int, default=1, help="scaling.py's")
+    add('--step-timeout', type=float, default=300.0, help="seconds a step may take (scaling.py's --timeout)")
+    add('--run-timeout', type=float, help='seconds a job may take (default: from the rounds, >= 600)')
+    add('--checkout', default=harness.REPO_ROOT, help='the tree whose benchmarks and mpi_kvstore run')
+    add('--raw-sizes', default=DEFAULT_RAW_SIZES,
+        help="raw MPI Allreduce sizes timed in each job (scaling.py --raw-allreduce; 'none': none)")
+    add('--allreduce', action='store_true', help='also run allreduce.py on each test bed')
+    add('--allreduce-only', action='store_true', help='only the allreduce.py sweep, no training')
+    add('--allreduce-sizes', default=DEFAULT_ALLREDUCE_SIZES, help='of the sweep')
+    add('--allreduce-designs', default=DEFAULT_ALLREDUCE_DESIGNS, help='beside raw MPI')
+    add('--allreduce-trials', type=int, default=ALLREDUCE_TRIALS, help='of the sweep')
+    add('--out', default=DEFAULT_OUT, help='results folder')
+    add('--report-only', action='store_true', help='rebuild the table and plot from --out')
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {}
     args.rates = harness.names(args.rates or quick.get('rates') or DEFAULT_RATES)
@@ -383,51 +340,21 @@ def markdown(combined):
 
 
 def plot(combined, out):
-    """Per model: step time and hidden share against link rate, one panel per layout."""
-    plt = report.pyplot()
-    if plt is None:
-        return [report.NO_MATPLOTLIB]
+    """Per model: step ms against link rate, a line per layout and config (report.plot_lines)."""
     messages = []
     for model, data in rows_by_model(combined).items():
-        layouts = []
-        for layout, rate in data['cells']:
-            if rate is not None and layout not in layouts:
-                layouts.append(layout)
-        if not layouts:
-            continue
-        fig, axes = plt.subplots(2, len(layouts), figsize=(6 * len(layouts), 8.5), squeeze=False)
-        for col, layout in enumerate(layouts):
-            rates = sorted({r for (lay, r) in data['cells'] if lay == layout},
-                           key=testbed.parse_rate)
-            gbits = [testbed.parse_rate(r) / 1e9 for r in rates]
-            names = []
-            for rate in rates:
-                names += [n for n in data['cells'][(layout, rate)] if n not in names]
-            for name in _config_order(names):
-                if name == 'single':
-                    continue
-                steps = [data['cells'][(layout, r)].get(name, {}).get('step_ms') for r in rates]
-                style = {'linestyle': '--', 'color': 'black'} if name == 'none' else {}
-                label = 'none (compute only)' if name == 'none' else name
-                axes[0][col].plot(gbits, steps, marker='o', label=label, **style)
-                hidden = [data['cells'][(layout, r)].get(name, {}).get('hidden') for r in rates]
-                if any(h is not None for h in hidden):
-                    axes[1][col].plot(gbits, [h if h is not None else float('nan') for h in hidden],
-                                      marker='o', label=name)
-            axes[0][col].set(xscale='log', xlabel='link rate (Gbit/s)', ylabel='step (ms)',
-                             title=f'{model}: {layout}')
-            axes[1][col].set(xscale='log', xlabel='link rate (Gbit/s)',
-                             ylabel='hidden share of the exchange', title='1 = all hidden, 0 = none')
-            axes[1][col].axhline(0, color='grey', linewidth=0.8)
-            for ax in axes[:, col]:
-                ax.set_xticks(gbits)
-                ax.set_xticklabels([f'{g:g}' for g in gbits])
-                ax.grid(True, alpha=0.3)
-                ax.legend(fontsize=7)
-        fig.suptitle('training step over the test bed\n(2 hosts, TCP over tbf-shaped links; '
-                     'all hosts share the machine\'s cores)', fontsize=10)
-        messages.append(report.save_figure(plt, fig, os.path.join(out, f'testbed_scaling_{model}.png'),
-                                            dpi=110))
+        series = {}
+        cells = [(key, rows) for key, rows in data['cells'].items() if key[1] is not None]
+        for (layout, rate), rows in sorted(cells, key=lambda c: testbed.parse_rate(c[0][1])):
+            for name, row in rows.items():
+                if name != 'single' and row.get('step_ms') is not None:
+                    xs, ys = series.setdefault(f'{layout}: {name}', ([], []))
+                    xs.append(testbed.parse_rate(rate) / 1e9)
+                    ys.append(row['step_ms'])
+        if series:
+            messages.append(report.plot_lines(
+                os.path.join(out, f'testbed_scaling_{model}.png'), series, 'link rate (Gbit/s)',
+                'step (ms)', f'{model}: training step over the test bed (2 hosts, shared cores)'))
     return messages
 
 
