@@ -1,33 +1,20 @@
 """Allreduce through kv.pushpull: every mpi_kvstore design against raw MPI and MXNet's dist_sync.
 
     mpiexec -n 2 python -m benchmarks.allreduce --quick
-    mpiexec -n N python -m benchmarks.allreduce [--sizes 4K,1M,256M] [--warmups W] [--trials T]
-        [--designs funneled,concurrent,chained,blocking] [--no-dist-sync | --p3] [--out DIR]
+    mpiexec -n N python -m benchmarks.allreduce [--sizes 4K,1M,256M] [--designs funneled,chained]
 
-Measured in one run, on the same float32 arrays:
-  raw_mpi        comm.Allreduce(send, recv) on numpy buffers: the reference for busbw/raw;
-  raw_mpi:in_place  comm.Allreduce(IN_PLACE, buf): the ceiling for a store that sums in place;
-  mpi_kvstore:D  kv.pushpull(key, arr) in place, then arr.wait_to_read(), for each design D;
-  dist_sync      MXNet's own ps-lite store, scheduler and one server on 127.0.0.1
-                 (dist_sync:p3 with --p3: ps-lite's P3 van);
-  engine_floor   no MPI: one MXNet engine op per array that has it as its mutable
-                 dependency but writes one element (slice_assign_scalar), then waited for.
-                 One engine hand-off, which any engine-embedded collective also pays, so
-                 raw_mpi + engine_floor is the best a pushpull-then-wait can do (column
-                 'vs floor'; the MXNet engine's thread hand-offs cost ~100 us on some VMs).
-                 Not a copy: a copy grows with the size, a hand-off does not.
-The fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer does, and compares
-the total with one raw Allreduce of the same 1.6 MB (fusion_reference, a raw_mpi row).
+Methods, on the same float32 arrays: raw_mpi (Allreduce(send, recv): the reference for
+busbw/raw), raw_mpi:in_place (the ceiling for a store that sums in place), mpi_kvstore:D
+(kv.pushpull in place, then wait_to_read, per design D), dist_sync (MXNet's ps-lite store;
+--p3: its P3 van) and engine_floor (one MXNet engine op per array that writes one element: an
+engine hand-off, no MPI; raw_mpi + engine_floor is the best a pushpull-then-wait can do,
+column 'vs floor'). The fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer
+does, against one raw Allreduce of the same bytes (fusion_reference).
 
-Interleaved: every store is created first and all stay alive together; then each case (each
-size of the sweep, then the fusion case) runs harness.interleaved over every method, so that
-each round runs every method once, in an order that rotates from round to round. A shared
-VM's slow and fast phases then hit all methods alike, and the tables reproduce from run to
-run. Each case is bounded by --timeout; a row keeps the slowest rank's seconds of each round
-(trials_us) and the tables print their median, min and max. The JSON records that the run
-was interleaved, its command line (argv) and its date.
+Every store is created first and stays alive; each case (each size, then fusion) times every
+method in interleaved rounds (harness.interleaved) under --timeout. A row keeps the slowest
+rank's seconds of each round (trials_us); the tables print median, min and max.
 """
-import argparse
 import functools
 import gc
 
@@ -42,14 +29,13 @@ TARGET_FUSION_RATIO = 3.0
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     harness.add_common_args(parser)
-    parser.add_argument('--designs', default=None,
-                        help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
+    parser.add_argument('--designs', help='comma-separated mpi_kvstore designs (default: all)')
     peers.add_args(parser)
     parser.add_argument('--fusion-keys', type=int, default=100, help='keys in the fusion case')
     parser.add_argument('--fusion-size', type=harness.parse_size, default=16 << 10,
-                        help='bytes per key in the fusion case (default 16K)')
+                        help='bytes per key in the fusion case')
     return harness.resolve_quick(parser.parse_args(argv))
 
 

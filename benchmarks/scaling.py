@@ -2,32 +2,17 @@
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.scaling --quick
     OMP_NUM_THREADS=1 mpiexec -n N python -m benchmarks.scaling [--models resnet20,resnet18_v1]
-        [--batch-size B] [--warmup-steps W] [--steps S] [--designs funneled,chained]
-        [--no-dist-sync | --p3] [--raw-allreduce 4K,16M] [--timeout S] [--out DIR]
 
-Per model (resnet20 and resnet18_v1 on 32x32 CIFAR-10 shaped batches, resnet50_v1 on 224x224
-ImageNet shaped ones), in one run, on one net whose weights every config shares:
-  single                 rank 0 alone, no store (the others wait without using a core);
-  none                   N ranks, each on its own batch, no gradient exchange: the ceiling
-                         that a perfectly hidden exchange would reach;
-  mpi_kvstore:D          gluon.Trainer(kvstore=store of design D, update_on_kvstore=False);
-  DistributedTrainer:D   mpi_kvstore.DistributedTrainer (one grouped pushpull per step);
-  horovod                horovod.mxnet.DistributedTrainer, when it imports;
-  dist_sync              MXNet's ps-lite store (scheduler and one server on 127.0.0.1;
-                         dist_sync:p3 with --p3, ps-lite's P3 van).
-A step is forward, backward, trainer.step, then mx.nd.waitall(); its time is the slowest rank's.
-With --steps-per-round K a timed op is K steps in a row and one waitall at the end, and a step's
-time is the op's over K: the next step's forward may then start while the last gradients are
-still exchanged (across iterations, as a training loop that does not wait every step).
-Steps are interleaved: round r runs one step of every config, so a machine whose load drifts
-slows every config alike; a config's step time is its median over rounds. Then each store's
-exchange is timed alone (trainer.allreduce_grads() then waitall) to tell how much of it
-training hides. --raw-allreduce SIZES also times raw MPI Allreduce(IN_PLACE) of those sizes
-in the same interleaved rounds as the exchange alone (under the same load: what
-benchmarks/cost_model.py calibrates its alpha and beta on). Run one rank per core, with
-OMP_NUM_THREADS=1.
+Per model (resnet20 and resnet18_v1 on 32x32 batches, resnet50_v1 on 224x224), on one net
+whose weights every config shares: single (rank 0 alone, no store), none (N ranks, no
+exchange: the ceiling a perfectly hidden exchange reaches), mpi_kvstore:D (gluon.Trainer on a
+store of design D), DistributedTrainer:D, horovod (when it imports) and dist_sync (ps-lite;
+--p3: its P3 van). A step is forward, backward, trainer.step, waitall, the slowest rank's;
+--steps-per-round K times K steps with one waitall. Rounds interleave the configs; then each
+store's exchange is timed alone (allreduce_grads, waitall) to tell how much training hides,
+with --raw-allreduce SIZES of raw MPI Allreduce(IN_PLACE) in the same rounds (what cost_model
+calibrates on). DEFINITIONS says what each column means. One rank per core, OMP_NUM_THREADS=1.
 """
-import argparse
 import gc
 import os
 import time
@@ -65,64 +50,46 @@ class Spec:
 MODELS = {'resnet20': Spec(resnet20, 32, 10, 32),
           'resnet18_v1': Spec(lambda: vision.resnet18_v1(classes=10), 32, 10, 32),
           'resnet50_v1': Spec(vision.resnet50_v1, 224, 1000, 4)}
-QUICK_MODELS, QUICK_BATCH, QUICK_WARMUPS, QUICK_STEPS = 'resnet20,resnet18_v1', 16, 1, 3
+FULL, QUICK = {'warmups': 2, 'trials': 10}, {'warmups': 1, 'trials': 3}    # rounds
+QUICK_MODELS, QUICK_BATCH = 'resnet20,resnet18_v1', 16
 
 
 # ---------------------------------------------------------------- arguments
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    harness.add_common_args(parser, sizes=False)
-    _rehelp(parser, '--quick', f'a smoke run: {QUICK_WARMUPS} warmup and {QUICK_STEPS} timed steps, '
-                               f'models {QUICK_MODELS}, batch {QUICK_BATCH}')
-    _rehelp(parser, '--warmups', 'untimed rounds (one step of every config each; default 2)')
-    _rehelp(parser, '--trials', 'timed rounds (one step of every config each; default 10)')
-    _rehelp(parser, '--timeout', 'seconds one step of one config may take before the job is '
-                                 'ended (default 600)')
+    parser = harness.parser(__doc__)
+    harness.add_common_args(parser, sizes=False, quick=QUICK, full=FULL)
+    # The shared options speak of trials; here a trial is a round: one step of every config.
     parser.add_argument('--warmup-steps', dest='warmups', type=int, help='the same as --warmups')
     parser.add_argument('--steps', dest='trials', type=int, help='the same as --trials')
-    parser.add_argument('--models', default=None,
-                        help=f'comma-separated, from {",".join(MODELS)} '
-                             f'(default: all; quick: {QUICK_MODELS})')
-    parser.add_argument('--batch-size', type=int, default=None,
-                        help='images per rank per step for every model (default: 32 for the '
-                             f'32x32 models, 4 for resnet50_v1; quick {QUICK_BATCH})')
-    parser.add_argument('--designs', default=None,
-                        help='comma-separated mpi_kvstore designs (default: all of mpi_kvstore.DESIGNS)')
-    parser.add_argument('--trainer-designs', default=None, type=harness.names,
-                        help="comma-separated designs for mpi_kvstore.DistributedTrainer, which may "
-                             "carry store options, the trainer's group_bytes and 2-bit gradient "
-                             "compression's threshold: 'chained,funneled+group_bytes=0,"
-                             "chained+compression=fp16,chained+2bit=0.01' (default: the default design)")
+    parser.add_argument('--models', help=f'comma-separated, from {",".join(MODELS)} (default: all)')
+    parser.add_argument('--batch-size', type=int, help='images per rank per step (default: '
+                                                       '32 at 32x32, 4 for resnet50_v1)')
+    parser.add_argument('--designs', help='comma-separated mpi_kvstore designs (default: all)')
+    parser.add_argument('--trainer-designs', type=harness.names,
+                        help="DistributedTrainer's designs, with store options, group_bytes and "
+                             "2-bit's threshold: 'chained,funneled+group_bytes=0,chained+2bit=0.01'")
     parser.add_argument('--steps-per-round', type=int, default=1,
-                        help='steps in a row per timed op, one waitall after the last (default 1: '
-                             'every step ends with waitall); step times are per step')
+                        help='steps in a row per timed op, one waitall after the last')
     peers.add_args(parser)
     parser.add_argument('--seed', type=int, default=42, help='weights seed, the same on every rank')
-    parser.add_argument('--raw-allreduce', type=harness.parse_sizes, default=None, metavar='SIZES',
-                        help='also time raw MPI Allreduce(IN_PLACE) of these sizes (e.g. 4K,1M,43M), '
-                             'interleaved with the exchange-alone rounds (default: none)')
+    parser.add_argument('--raw-allreduce', type=harness.parse_sizes, metavar='SIZES',
+                        help='also time raw MPI Allreduce(IN_PLACE) of these sizes beside the '
+                             'exchanges alone')
     return resolve(parser.parse_args(argv))
-
-
-def _rehelp(parser, option, text):
-    """The shared options speak of sizes and trials; here they mean steps."""
-    parser._option_string_actions[option].help = text
 
 
 def resolve(args):
     """Defaults that depend on --quick; explicit options always win."""
-    args.warmups = args.warmups if args.warmups is not None else QUICK_WARMUPS if args.quick else 2
-    args.trials = args.trials if args.trials is not None else QUICK_STEPS if args.quick else 10
+    harness.resolve_quick(args, FULL, QUICK)
     if args.quick and args.batch_size is None:
         args.batch_size = QUICK_BATCH
     args.models = harness.names(args.models or (QUICK_MODELS if args.quick else ','.join(MODELS)))
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         raise SystemExit(f'unknown model(s) {",".join(unknown)}: choose from {",".join(MODELS)}')
-    if args.warmups < 0 or args.trials < 1 or (args.batch_size or 1) < 1 or args.steps_per_round < 1:
-        raise SystemExit('--warmup-steps must be >= 0, --steps, --batch-size and '
-                         '--steps-per-round >= 1')
+    if (args.batch_size or 1) < 1 or args.steps_per_round < 1:
+        raise SystemExit('--batch-size and --steps-per-round must be >= 1')
     return args
 
 

@@ -2,9 +2,8 @@
 on a GPU-like workload, written where the store finds them (a tune table's schedule entry).
 
     python -m testbed run --hosts 2 --rate 3gbit -n 2 --timeout 1200 -- \\
-        python -m benchmarks.schedule_tune [--model resnet50_v1] [--images-per-s 125] \\
-        [--batch 32] [--partitions 1M,4M,16M] [--credits 4M,8M,32M] [--trials 3] [--chain 3] \\
-        [--table tune.json] [--out DIR]
+        python -m benchmarks.schedule_tune [--partitions 1M,4M,16M] [--credits 4M,8M,32M] \\
+        [--table tune.json]
 
 Candidates: every (partition_bytes, credit_bytes) of the two lists, plus FIFO (0, 0), each a
 DistributedTrainer on a funneled store with those options (progress_sleep_us as the store
@@ -22,7 +21,6 @@ MPI_KVSTORE_TUNE_TABLE) then takes these values for the options left 'auto'
 (mpi_kvstore/comm/topology.py). The table is for this topology: a job on other hosts, another
 rate or another rank count should tune its own.
 """
-import argparse
 import functools
 import itertools
 import json
@@ -34,15 +32,12 @@ STEPS = {'warmups': 1, 'trials': 3}
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     gpu_like.add_workload_args(parser)
-    parser.add_argument('--partitions', default='1M,4M,16M',
-                        help='partition_bytes candidates (default 1M,4M,16M)')
-    parser.add_argument('--credits', default='4M,8M,32M',
-                        help='credit_bytes candidates (default 4M,8M,32M)')
-    parser.add_argument('--table', default='',
-                        help='tune table to write the winner into (created if missing); '
-                             'default: none, only the JSON result')
+    parser.add_argument('--partitions', default='1M,4M,16M', help='partition_bytes candidates')
+    parser.add_argument('--credits', default='4M,8M,32M', help='credit_bytes candidates')
+    parser.add_argument('--table', default='', help='tune table to write the winner into '
+                                                    '(created if missing)')
     harness.add_common_args(parser, sizes=False, quick=False, full=STEPS, timeout=1800.0)
     return harness.resolve_quick(parser.parse_args(argv), STEPS)
 
