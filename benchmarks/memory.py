@@ -2,26 +2,18 @@
 
     mpiexec -n 1 python -m benchmarks.memory --quick
     mpiexec -n N python -m benchmarks.memory [--calls 1000000] [--keys 10] [--kbytes 16]
-        [--designs funneled,concurrent,chained] [--ready] [--timeout S] [--out DIR]
 
-Each method runs a warm-up of 5% of --calls, then --calls measured calls, in steps of
---keys calls, one per key on float32 arrays of --kbytes KB each; RSS (/proc/self/statm) is
-sampled after the warm-up and at every tenth of the measured calls. Methods, in one run:
-  raw_mpi        comm.Allreduce(IN_PLACE, buf) on numpy buffers of the same sizes: the
-                 baseline, what MPI itself costs in memory;
-  engine_op      an engine op that only completes, pushed on each array (kCPUPrioritized,
-                 so it runs on an engine worker), then wait_to_read: no MPI call at all;
-  mpi_kvstore:D  kv.pushpull(key, arr) for every key, then kv.wait(), for each design D.
-By default each step first holds the arrays behind one engine op, as backward holds the
-gradients it writes, and releases it after the pushpulls are pushed: so every pushpull's
-engine op runs on an engine worker thread, as in training (one extra engine op per step).
-With --ready the arrays are ready at push time and funneled and concurrent run their
-engine op inline on this thread instead.
+Each method runs a warm-up of 5% of --calls, then --calls measured calls, in steps of --keys
+calls, one per key on float32 arrays of --kbytes KB each; RSS is sampled after the warm-up
+and at every tenth of the measured calls. Methods: raw_mpi (Allreduce(IN_PLACE): what MPI
+itself costs in memory), engine_op (an engine op that only completes, per array: no MPI),
+and mpi_kvstore:D (kv.pushpull of every key, then kv.wait(), per design D). Each step first
+holds the arrays behind one engine op, as backward holds the gradients it writes, so every
+pushpull's engine op runs on an engine worker, as in training.
 
-Reported per method: growth in MB (largest over ranks), bytes per call, growth
-extrapolated to 1,000,000 calls (target: under 2 MB), and us per call.
+Reported per method: growth in MB (largest over ranks), bytes per call, growth per
+1,000,000 calls (target: under 2 MB), and us per call.
 """
-import argparse
 import gc
 import os
 
@@ -37,32 +29,24 @@ COMM = MPI.COMM_WORLD
 ENGINE_DESIGNS = ('funneled', 'concurrent', 'chained')   # the designs that push engine ops
 TARGET_MB_PER_MILLION = 2.0
 SAMPLES = 10
+WARMUP = 0.05                 # warm-up calls, a share of --calls
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true',
-                        help='100,000 calls instead of 1,000,000 (a few seconds per method)')
-    parser.add_argument('--calls', type=int, default=None,
-                        help='measured calls per method, after the warm-up (default 1000000)')
-    parser.add_argument('--keys', type=int, default=10, help='keys (arrays) per step (default 10)')
-    parser.add_argument('--kbytes', type=int, default=16, help='KB of float32 per key (default 16)')
+    parser = harness.parser(__doc__)
+    parser.add_argument('--quick', action='store_true', help='100,000 calls instead of 1,000,000')
+    parser.add_argument('--calls', type=int, help='measured calls per method, after the warm-up')
+    parser.add_argument('--keys', type=int, default=10, help='keys (arrays) per step')
+    parser.add_argument('--kbytes', type=int, default=16, help='KB of float32 per key')
     parser.add_argument('--designs', '--design', default=','.join(ENGINE_DESIGNS),
-                        help='comma-separated mpi_kvstore designs (default: the engine designs, '
-                             + ','.join(ENGINE_DESIGNS) + ')')
-    parser.add_argument('--ready', action='store_true',
-                        help='push arrays that are ready (no gate op): funneled and concurrent '
-                             'then run their engine op inline on the calling thread')
-    parser.add_argument('--warmup-fraction', type=float, default=0.05,
-                        help='warm-up calls as a fraction of --calls (default 0.05)')
-    parser.add_argument('--timeout', type=float, default=3600.0,
-                        help='seconds one method may take before the job is ended (default 3600)')
+                        help='comma-separated mpi_kvstore designs')
+    parser.add_argument('--timeout', type=float, default=3600.0, help='seconds a method may take')
     parser.add_argument('--out', default=harness.DEFAULT_OUT, help='folder for the JSON results')
     args = parser.parse_args(argv)
     if args.calls is None:
         args.calls = 100000 if args.quick else 1000000
-    if args.calls < args.keys or args.keys < 1 or args.kbytes < 1 or args.warmup_fraction < 0:
-        raise SystemExit('need --calls >= --keys >= 1, --kbytes >= 1, --warmup-fraction >= 0')
+    if args.calls < args.keys or args.keys < 1 or args.kbytes < 1:
+        raise SystemExit('need --calls >= --keys >= 1 and --kbytes >= 1')
     return args
 
 
@@ -74,7 +58,7 @@ def measure(step, args, sync=None):
     step() makes args.keys calls. Returns the row stored in the JSON; growth and time are the
     largest over ranks."""
     steps = args.calls // args.keys
-    warm_steps = int(steps * args.warmup_fraction)
+    warm_steps = int(steps * WARMUP)
     for _ in range(warm_steps):
         step()
     if sync:
@@ -128,7 +112,7 @@ def bench_store(args, design, kv):
     kv.init(keys, arrays)
     # NaiveEngine runs every op inline and waits for it: a gate would never open.
     naive = os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine'
-    gate = Gate(arrays) if design in ENGINE_DESIGNS and not (args.ready or naive) else None
+    gate = Gate(arrays) if design in ENGINE_DESIGNS and not naive else None
 
     def step():
         gated_step(kv, keys, arrays, gate)
@@ -161,8 +145,7 @@ class Run(harness.Run):
         return next((r for r in self.rows if r['method'] == 'raw_mpi'), None)
 
     def save(self):
-        self.write({'results': self.rows},
-                   pattern='ready' if self.args.ready else 'gated (engine ops on workers)',
+        self.write({'results': self.rows}, pattern='gated (engine ops on workers)',
                    target_MB_per_million=TARGET_MB_PER_MILLION)
 
 
@@ -187,8 +170,8 @@ def main(argv=None):
     args = parse_args(argv)
     run = Run(args)
     harness.rank0_print(f'memory benchmark: {COMM.size} ranks, {args.calls} calls per method after '
-                        f'{args.warmup_fraction:.0%} warm-up, {args.keys} keys x {args.kbytes} KB '
-                        f'float32, {"ready arrays" if args.ready else "engine ops on workers"}')
+                        f'{WARMUP:.0%} warm-up, {args.keys} keys x {args.kbytes} KB float32, '
+                        'engine ops on workers')
     run.method('raw_mpi', bench_raw)
     run.method('engine_op', bench_engine_op)
     for design in harness.designs(args.designs):
