@@ -6,15 +6,15 @@ program (``--help`` gives its options; results go to benchmarks/results/):
     mpiexec -n 2 python -m benchmarks.allreduce --quick
 
 Scripts:
-    allreduce         kv.pushpull of one array over a size sweep, and 100 small keys (fusion):
-                      every design against raw MPI, the engine floor and dist_sync
+    allreduce         kv.pushpull over a size sweep and 100 small keys (fusion): every design
+                      against raw MPI, the engine floor and dist_sync
     scaling           training steps on synthetic data (resnet20, resnet18_v1, resnet50_v1):
                       every design, DistributedTrainer, Horovod and dist_sync against no exchange
-    testbed_scaling   scaling (and allreduce) over two test hosts at several link rates; runs as
-                      root, not under mpiexec (it builds the test bed itself)
+    testbed_scaling   scaling (and allreduce) over two test hosts at several link rates (root)
     cost_model        an alpha-beta model of a training step, calibrated and checked on
                       testbed_scaling's results; ResNet-50 on ImageNet at scale (no mpiexec)
     hierarchical      hierarchical against flat allreduce, ranks on several test hosts
+    broadcast         flat MPI_Bcast against pipelined, chained and hierarchical broadcast
     compressed_ring   fp16/bf16 compression-assisted ring against compress-once: time and error
     memory            RSS over many pushpulls: does a long run's memory stay flat?
     progress          blocking MPI against a polled non-blocking allreduce, beside compute
@@ -22,31 +22,23 @@ Scripts:
     profile_pushpull  where one small pushpull's time goes, and a cProfile of its Python path
     gpu_bandwidth     GPU transports on CuPy arrays (needs CuPy and a GPU)
     plot_timeline     MPI_KVSTORE_TIMELINE traces drawn to a PNG (no mpiexec)
-    gpu_like          a GPU-like workload: a model zoo net's parameters (resnet50_v1, vgg16, ...)
-                      whose layers sleep on the engine (no CPU); compute alone, or trained
-                      through gluon.Trainer or DistributedTrainer
-    overlap           gpu_like's model trained by FIFO and priority DistributedTrainer,
-                      gluon.Trainer, dist_sync (or P3) and Horovod in one job, interleaved:
-                      step, exchange alone, and how much of the exchange hides behind compute
-    schedule_tune     partition_bytes and credit_bytes tried on gpu_like's model, interleaved;
-                      the fastest written into a tune table's schedule entry for this topology
-    sharded           the sharded optimizer (shard_optimizer) against unsharded, with and without
-                      compression (fp16, bf16, 2-bit), on gpu_like's model: step, state bytes
-                      and RSS per rank
-    lossy_allgather   what 16-bit weights after every step (a lossy allgather) would cost a
-                      small classifier's loss and accuracy, fp16 and bf16 against exact
-    sharded_loss      what a compressed reduce-scatter (fp16, bf16, 2-bit) costs a small
-                      classifier's loss, trained with shard_optimizer and Adam, against exact
-    relaunch_time     how long the supervisor (python -m mpi_kvstore run) takes from a killed
-                      rank to the relaunched job's restored state (no mpiexec)
+    gpu_like          a GPU-like workload: a model zoo net whose layers sleep on the engine
+    overlap           gpu_like's model trained by every peer (FIFO, priority, gluon, dist_sync
+                      or P3, Horovod) in one job: step, exchange alone, and how much hides
+    schedule_tune     partition_bytes and credit_bytes tried on gpu_like's model; the fastest
+                      written into a tune table for this topology
+    sharded           the sharded optimizer against unsharded, with and without compression,
+                      on gpu_like's model: step, state bytes and RSS per rank
+    lossy_allgather   what 16-bit weights after every step would cost a small classifier
+    sharded_loss      what a compressed reduce-scatter costs a small classifier's loss
+    relaunch_time     from a killed rank to the relaunched job's restored state (no mpiexec)
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON
                       with versions and configuration, CPU and RSS (psutil), deadlines
-    report            tables (tabulate: Markdown and console) and plots (matplotlib)
+    report            tables (tabulate) and plots (matplotlib)
     schema            what a result file under results/ holds, and its check
-    peers             what mpi_kvstore is compared with: raw MPI, the engine floor, ps-lite's
-                      dist_sync and P3, Horovod
+    peers             raw MPI, the engine floor, ps-lite's dist_sync and P3, Horovod
     memory_probe      RSS and an engine-op gate, shared with tests/scenarios/kv_memory.py
 
 tests/test_benchmarks.py runs every script briefly, so that none rots unnoticed.

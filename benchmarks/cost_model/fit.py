@@ -43,7 +43,6 @@ def _rows(payload, method, case='allreduce'):
             if r['method'] == method and r['case'] == case}
 
 
-
 def _split_fit(times, small=64 << 10, large=4 << 20):
     """(a, b) of T(n) = a + b n: a from the sizes <= small (latency), b the median over the
     sizes >= large of (T(n) - a) / n (else the largest size). tbf lets a burst of 2 ms at the
@@ -102,7 +101,6 @@ class Calibration:
                 'shm': {r: line.as_dict() for r, line in self.shm.items()},
                 'software_ms': {f'{m}/{c}': t * 1e3 for (m, c), t in self.software.items()},
                 'cores': self.cores}
-
 
 
 def raw_points(job):
@@ -164,8 +162,6 @@ def calibrate(files):
 
 def _base(design):
     return design.split('+', 1)[0]
-
-
 
 
 def testbed_exchange(cal, model, config, sizes, key):
@@ -252,16 +248,13 @@ def topology_check(cal, sizes=(4 << 20, 16 << 20)):
     return out
 
 
-
 def _bed_order(item):
     (rate, ranks, _), _ = item
     return ranks, _rate_bits(rate)
 
 
-
 def _rate_bits(rate):
     return testbed.parse_rate(rate) if rate else 0
-
 
 
 def _solve(f, low, high, target):
@@ -291,7 +284,6 @@ def what_reads_50s(args, sizes, target=50.0):
         out.append(f'- {HEADLINE} at {args.gpu_images_per_s:g} images/s per GPU reads {target:g} s '
                    f'with a {net:.1f} Gbit/s network')
     return out
-
 
 
 # ---------------------------------------------------------------- overlap learned on GPU-like runs
@@ -325,7 +317,6 @@ def overlap_points(paths):
                            'step': step,
                            'h': (compute + exchange - step) / min(compute, exchange)})
     return points
-
 
 
 def fit_overlap(points, fit_on):

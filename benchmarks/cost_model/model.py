@@ -204,10 +204,8 @@ def predict(args, sizes, gpus, overlap, threshold, hierarchical, gpu_rate=None, 
             'efficiency': compute / step}
 
 
-
 def overlap_step(compute, exchange, h):
     return compute + exchange - h * min(compute, exchange)
-
 
 
 def predict_with_overlap(args, sizes, gpus, h):

@@ -73,7 +73,6 @@ def _gbps(beta):
     return 'inf' if beta <= 0 else f'{1 / beta / 1e9:.3f}'
 
 
-
 def validation_table(points):
     def flag(e):
         return f'**{_pct(e)}**' if abs(e) > TARGET_ERROR else _pct(e)
