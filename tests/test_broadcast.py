@@ -6,13 +6,18 @@ buffers, bitwise equal to flat MPI_Bcast and to numpy.
                   zero, odd chunks, windows of 1 and 3; hierarchical on the real host and
                   on hosts split from COMM_WORLD (blocks, interleaved, uneven), so that
                   ranks per host differ and both of its shapes run; bad input raises
-About 2 minutes for the three jobs on 2 idle cores.
+  test bed        the same across 2 hosts of 2 ranks (real hosts: Hierarchical.build
+                  active) and 2 + 1 ranks (a host lacks local rank 1: the leaders shape)
+About 2 minutes for the three jobs on 2 idle cores, 2 more on the test bed (root).
 """
 import pytest
+
+import testbed
 
 from mpi_harness import parametrize_sizes, run_mpi
 
 TIMEOUT = 240
+TESTBED, WHY_NO_TESTBED = testbed.available(rate=True, mpi=True)
 
 
 @pytest.mark.parametrize('nbytes, chunk', [(0, 4), (1, 4), (10, 4), (12, 4), (1 << 20, 997)])
@@ -28,4 +33,19 @@ def test_chunks_tile_the_buffer(nbytes, chunk):
 @parametrize_sizes((2, 3, 4))
 def test_broadcasts_equal_flat_and_numpy(nprocs, mpi_available):
     out = run_mpi(nprocs, 'kv_broadcast.py', timeout=TIMEOUT)
+    assert 'kv_broadcast: OK at %d ranks' % nprocs in out, out[-3000:]
+
+
+@pytest.fixture(scope='module')
+def hosts():
+    if not TESTBED:
+        pytest.skip(WHY_NO_TESTBED or 'test bed unavailable')
+    with testbed.Hosts(2, rate='10gbit') as test_hosts:   # correctness: the fastest link
+        yield test_hosts
+
+
+@pytest.mark.parametrize('nprocs', [4, 3])
+def test_broadcasts_across_test_hosts(hosts, nprocs):
+    out = run_mpi(nprocs, 'kv_broadcast.py', 'active', launcher=hosts.launcher_for(ppn=2),
+                  timeout=TIMEOUT)
     assert 'kv_broadcast: OK at %d ranks' % nprocs in out, out[-3000:]

@@ -8,8 +8,11 @@ ml-dtypes, bool, complex), odd sizes and zero, chunks that do not divide the buf
 request in flight and several. The data are random bytes (NaN payloads included), so a
 conversion anywhere would show. Then what bad input raises.
 
-usage: kv_broadcast.py
+usage: kv_broadcast.py [active]   (active: the job's real hosts must make the hierarchy
+apply, as across test hosts with 2 ranks on one of them)
 """
+import sys
+
 import ml_dtypes
 import numpy as np
 
@@ -115,6 +118,8 @@ def main():
             fn(comm, buf, root)
             same(buf, expected(root, 1_300_007, 'float32', 99), '%s of 5.2 MB' % name)
     real, hierarchy = Hierarchical.build(comm)
+    if sys.argv[1:] == ['active']:
+        assert real.active and hierarchy.nodes == 2, (real.active, hierarchy.nodes)
     layouts = {'real hosts': real}
     for layout, host_of in (('blocks of 2', lambda r: r // 2),
                             ('interleaved', lambda r: r % 2),
