@@ -1,30 +1,18 @@
 """Where one pushpull's time goes: its parts, each measured alone in one run.
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.profile_pushpull [--size 4K]
-        [--designs funneled,chained,chained+inline_max_bytes=1M] [--calls 2000] [--top 12]
+        [--designs funneled,chained,chained+inline_max_bytes=1M]
 
-Per design D (rank 0 prints; every part is a median over interleaved rounds):
-  raw_mpi         comm.Allreduce(IN_PLACE) of the same bytes on a numpy buffer: the MPI part;
-  raw_mpi:ndarray the same on an NDArray's own memory (a view of it): what MPI costs on the
-                  memory the store reduces in place (the store asks for huge pages on it
-                  from 4 MB on, as numpy does for its own buffers);
-  agreement       the MIN-allreduce of 6 int32 that precedes every chained call;
-  engine_floor    one engine op that writes one element of an array, then wait_to_read:
-                  an op handed to an engine worker and back to the waiting thread;
-  inline_op       a no-op native engine op that runs inline (kAsync) + wait_to_read: the
-                  cost of MXNet's push and wait without a thread hand-off;
-  queued_op       the same op pushed to the priority worker (kCPUPrioritized), as chained
-                  by default pushes it: it pays the hand-offs there and back;
-  submit:D        kv.pushpull() returning, data ready: the Python path (checks, keys,
-                  request, record, push) and, where the op runs inline (chained with
-                  inline_max_bytes), the agreement and the collective too;
-  total:D         kv.pushpull() then wait_to_read() of the output;
-  rest:D          total - submit - raw_mpi: hand-offs between threads and waiting (negative
-                  where submit already holds the collective).
-Then a cProfile of the submit path of the first design, by own time, to name the Python
-functions that cost most.
+Parts, each a median over interleaved rounds: raw_mpi (Allreduce(IN_PLACE) of the same bytes
+on numpy), raw_mpi:ndarray (the same on an NDArray's own memory), agreement (the MIN-allreduce
+of 6 int32 before every chained call), engine_floor (an engine op that writes one element,
+then wait_to_read: a hand-off to a worker and back), inline_op (a no-op native op run inline,
+kAsync: MXNet's push and wait without a hand-off), queued_op (the same pushed to the priority
+worker, as chained pushes it); per design D: submit:D (kv.pushpull() returning: the Python
+path, and where the op runs inline the agreement and the collective too), total:D (pushpull
+then wait_to_read) and rest:D (total - submit - raw_mpi: hand-offs and waiting). Then a
+cProfile of the first design's submit path, by own time.
 """
-import argparse
 import cProfile
 import io
 import pstats
@@ -41,7 +29,7 @@ COMM = MPI.COMM_WORLD
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     parser.add_argument('--size', type=harness.parse_size, default=4 << 10)
     parser.add_argument('--designs', type=harness.designs, default='funneled,chained')
     parser.add_argument('--calls', type=int, default=2000, help='timed calls per part')

@@ -4,22 +4,14 @@ non-blocking collective polled with sleeps, alone and beside a compute thread.
     python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python -m benchmarks.progress
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.progress [--size 16M] [--polls 0,100,1000]
 
-Per mode, in one run: --trials rounds, each running compute alone and every mode (its
-exchange alone, then both) once, in an order that rotates from round to round; medians, with
-min and max, of the slowest rank:
-  compute alone       a fixed amount of numpy work (matmuls, which release the GIL) on a
-                      thread of its own: the time the exchange could hide behind;
-  exchange alone      Allreduce(IN_PLACE) of --size bytes; its wall time and the CPU time the
-                      process spent meanwhile (cpu/wall: how much of a core the exchange takes);
-                      and the busy time of the whole machine meanwhile, from /proc/stat, over
-                      every alone trial (machine cores: what every rank's process *and* the
-                      kernel's TCP work cost together; softirq time is charged to no process);
-  both                the exchange on this thread while the compute thread runs;
-  hidden              1 - (both - compute alone) / exchange alone.
-Modes: 'blocking' is MPI_Allreduce (MPICH busy-polls inside it); 'poll:U' is MPI_Iallreduce
-then Test with sleeps doubling up to U microseconds (0: Test in a tight loop).
+Per mode, over --trials interleaved rounds, the slowest rank's median, min and max of:
+compute alone (numpy matmuls on a thread of their own, which release the GIL), exchange
+alone (Allreduce(IN_PLACE) of --size bytes: its wall time, the process's CPU meanwhile, and
+the whole machine's busy cores from /proc/stat, which holds the kernel's TCP work too), both
+(the exchange while the compute thread runs) and hidden = 1 - (both - compute) / exchange.
+Modes: blocking (MPI_Allreduce, which MPICH busy-polls) and poll:U (MPI_Iallreduce, then Test
+with sleeps doubling up to U us; 0: a tight loop).
 """
-import argparse
 import functools
 import threading
 import time
@@ -33,7 +25,7 @@ COMM = MPI.COMM_WORLD
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     parser.add_argument('--size', type=harness.parse_size, default=16 << 20)
     parser.add_argument('--polls', default='0,100,1000,5000',
                         help='comma-separated longest sleeps in us for the poll modes')
