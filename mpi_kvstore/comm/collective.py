@@ -16,10 +16,10 @@ SIG_LIMIT = 1 << 30
 # owner's values. The sharded optimizer (keys.Plan.sharded) runs one, then the other.
 KINDS = ('allreduce', 'bcast', 'barrier', 'custom', 'reducescatter', 'allgather')
 SHARDED = ('reducescatter', 'allgather')
-# The first element of the key of the sharded LAMB update's norms allreduce (store.py), which
-# a joined rank cannot take part in (designs/join.py)
+# The first element of the key of the sharded LAMB update's norms allreduce
+# (store/optimizer.py), which a joined rank cannot take part in (designs/join.py)
 LAMB_NORMS = '__lamb_norms__'
-# The key of global-norm clipping's allreduce of the shares' squares (store.clip_global_norm),
+# The key of global-norm clipping's allreduce of the shares' squares (store/optimizer.py),
 # which a joined rank cannot take part in either
 CLIP_NORM = '__clip_norm__'
 
@@ -44,6 +44,16 @@ def place_of(array):
 class Collective:
     """A collective with its place in the push sequence.
 
+    What it is (kind, key, dtype, shape, array, root, average, unit, place, codec, shard,
+    in_place, mirror) is decided before it is built, by whoever builds it (store.keys,
+    store.optimizer, designs.join), and never changed afterwards.
+
+    What happens to it is recorded as it runs, by the design that runs it and by nobody
+    else: ``seq``, ``priority`` and the signature's marks (Design.submit, fail_all), the
+    ``view`` or ``scratch`` memory it reads and writes (Design.attach, the reducer,
+    shards.JoinedShares for a joined rank's mirror), its engine op's ``completion`` and
+    ``waiter``, its ``result``, ``error`` and ``done``.
+
     ``seq`` is assigned on the user's thread in call order, so it is the same on
     every rank; designs derive the collective order from it, never from the
     order in which the engine finds data ready.
@@ -55,9 +65,13 @@ class Collective:
                  'unit', 'shard')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
-                 average=False, priority=0, nbytes=None, sig=None, place=None, unit=1):
+                 average=False, priority=0, nbytes=None, sig=None, place=None, unit=1,
+                 codec=None, shard=False, in_place=False, mirror=False, seq=-1, view=None):
+        """``sig``: a signature decided by the caller (a codec's mark or the active rank's
+        own, for a mirror), which then already holds ``unit``; by default it is computed
+        here from what the collective is."""
         assert kind in KINDS
-        self.seq = -1
+        self.seq = seq
         self.kind, self.key, self.fn = kind, key, fn
         self.dtype, self.shape, self.array = dtype, tuple(shape), array
         if nbytes is None:
@@ -68,23 +82,26 @@ class Collective:
         self.nbytes = nbytes
         self.root = root
         self.place = place_of(array) if place is None else place
-        self.sig = signature(kind, key, dtype, self.shape, root, self.place) if sig is None else sig
         # reducescatter and allgather: elements that stay in one share (fusion.pieces); part
         # of the signature, since it decides how many elements each rank's share holds
         self.unit = unit
-        if unit != 1:
-            self.sig = (self.sig * 31 + unit) % SIG_LIMIT
-        self.view = self.scratch = self.completion = self.result = self.error = None
+        if sig is None:
+            sig = signature(kind, key, dtype, self.shape, root, self.place)
+            if unit != 1:
+                sig = (sig * 31 + unit) % SIG_LIMIT
+        self.sig = sig
+        self.scratch = self.completion = self.result = self.error = None
+        self.view = view       # a mirror's zeros; else set where it runs (Design.attach)
         self.average = average
         self.priority = priority
-        self.in_place = False  # the array is the user's output: a failure may raise on its read
-        self.mirror = False    # a joined rank's stand-in for another rank's collective
+        self.in_place = in_place  # the array is the user's output: a failure may raise on its read
+        self.mirror = mirror      # a joined rank's stand-in for another rank's collective
         self.done = False
         self.waiter = None     # waiter(req, timeout): how to wait when nobody calls finish()
-        self.codec = None      # compression.WireCast or TwoBit that runs it, if compressed
+        self.codec = codec     # compression.WireCast or TwoBit that runs it, if compressed
         # the sharded optimizer's reduce-scatter or allgather of a store key: a joined rank
         # still owns a share of it (shards.JoinedShares), so it is not refused under join
-        self.shard = False
+        self.shard = shard
 
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'

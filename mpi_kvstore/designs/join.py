@@ -31,19 +31,18 @@ def mirror(meta, shares=None):
     (seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place, unit,
      shard) = meta
     dtype = np.dtype(dtype) if dtype else None
+    # planned as the others plan it: their signature (which holds the unit), seq and codec
     req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
-                     nbytes=nbytes, sig=sig, place=place)   # planned as the others plan it
-    req.unit = unit   # after the signature: sig is the active rank's, unit already in it
-    req.seq, req.mirror, req.codec = seq, True, compression.from_spec(codec)
-    if dtype is not None:
-        req.view = np.zeros(nbytes // dtype.itemsize, dtype=dtype)
-    req.shard = shard
+                     nbytes=nbytes, sig=sig, place=place, unit=unit,
+                     codec=compression.from_spec(codec), shard=shard, mirror=True, seq=seq,
+                     view=None if dtype is None else np.zeros(nbytes // dtype.itemsize,
+                                                              dtype=dtype))
     if shard and shares is not None:
         shares.take(req)
     return req
 
 
-# Small allreduces over every rank's shares, by the first element of their keys (store.py):
+# Small allreduces over every rank's shares, by the first element of their keys (store/optimizer.py):
 # what needs them, and what to do instead under join.
 _NEEDS_EVERY_SHARE = {
     (LAMB_NORMS,): ("the sharded LAMB update needs the whole weight's norms",

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..engine.arrays import array_meta
 
-__all__ = ['normalize', 'normalize_out', 'check_dense', 'check_priority', 'Entry',
+__all__ = ['normalize', 'check_root', 'normalize_out', 'check_dense', 'check_priority', 'Entry',
            'SUPPORTED_DTYPES']
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in
@@ -132,3 +132,10 @@ def normalize_out(key, out):
     keys, single = _keys(key)
     outs = _per_key(out, keys, single, 'out')
     return [Entry(k, o, o, *check_dense(k, o, 'out')) for k, o in zip(keys, outs)]
+
+
+def check_root(root, size):
+    """root: a rank of a ``size``-process store."""
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < size:
+        raise ValueError('root must be a rank of this %d-process store (0..%d), not %r'
+                         % (size, size - 1, root))

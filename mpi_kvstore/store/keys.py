@@ -7,7 +7,7 @@ call, so a rejected call leaves the store as it was.
 import mxnet as mx
 import numpy as np
 
-from .. import debug
+from .. import compression, debug
 from ..comm.collective import Collective, place_of, signature
 from ..comm.fusion import share
 from ..errors import UnknownKeyError
@@ -337,11 +337,15 @@ class CallCache:
         self._entries.clear()
 
 
-def request(kind, state, array, average=False, root=0, in_place=False, place=None):
-    """The collective of one key (``place``: the array's, when the caller knows it)."""
+def request(kind, state, array, average=False, root=0, in_place=False, place=None, codec=None,
+            shard=False):
+    """The collective of one key, built whole (``place``: the array's, when the caller knows
+    it; ``codec``: the compression that runs it, whose spec marks its signature; ``shard``:
+    the sharded optimizer's reduce-scatter or allgather)."""
     place = place_of(array) if place is None else place
-    req = Collective(kind, state.key, state.dtype, state.shape, array=array, root=root,
-                     average=average, nbytes=state.nbytes, sig=state.signature(kind, root, place),
-                     place=place)
-    req.in_place = in_place
-    return req
+    sig = state.signature(kind, root, place)
+    if codec is not None:
+        sig = compression.sign(sig, codec.spec)
+    return Collective(kind, state.key, state.dtype, state.shape, array=array, root=root,
+                      average=average, nbytes=state.nbytes, sig=sig, place=place, codec=codec,
+                      shard=shard, in_place=in_place)

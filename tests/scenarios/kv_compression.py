@@ -61,7 +61,7 @@ def check_two_bit(kv, t):
             np.testing.assert_allclose(got, expected, rtol=1e-6, atol=0,
                                        err_msg='rank %d: 2bit t=%g key %s step %d'
                                                % (RANK, t, k, step))
-            np.testing.assert_array_equal(kv._codec.residual(k), residual[(RANK, k)].ravel())
+            np.testing.assert_array_equal(kv._exchange.codec.residual(k), residual[(RANK, k)].ravel())
         exact = sum(grad(r, step, 'a', np.float64) for r in range(SIZE))
         np.testing.assert_allclose(f64.asnumpy(), exact, rtol=1e-12,
                                    err_msg='float64 keys are not 2-bit compressed')
@@ -80,7 +80,7 @@ def check_bad_params(kv):
                           ({'type': '2bit', 'thresold': 0.5}, 'unknown parameter'),
                           ('2bit', 'takes a dict')):
         expect_raises(ValueError, kv.set_gradient_compression, params, contains=words)
-    assert kv._codec is None, 'a rejected set_gradient_compression changed the store'
+    assert kv._exchange.codec is None, 'a rejected set_gradient_compression changed the store'
 
 
 def check_mismatch(kv):
@@ -99,7 +99,7 @@ def check_mismatch(kv):
                   contains='ranks disagree')
     kv.wait() if DESIGN != 'chained' else None
     if RANK == 0:
-        assert kv._codec.residual('mm') is None, 'a rejected call left a residual'
+        assert kv._exchange.codec.residual('mm') is None, 'a rejected call left a residual'
         kv.set_gradient_compression({'type': 'none'})
     again = mx.nd.array(grad(RANK, 1, 'b'))
     kv.pushpull('mm', again)
@@ -195,10 +195,10 @@ def check_trainer(kv):
             loss = (net(x) ** 2).sum()
         loss.backward()
         trainer.step(2 * SIZE)
-    assert kv._codec is not None and kv._codec.spec == ('2bit', float(np.float32(0.05)), 32)
+    assert kv._exchange.codec is not None and kv._exchange.codec.spec == ('2bit', float(np.float32(0.05)), 32)
     for name, p in net.collect_params().items():
         same_on_all_ranks(p.data().asnumpy(), name + ' after 2bit training')
-    assert any(kv._codec.residual(k) is not None for k in range(2)), 'no residual kept'
+    assert any(kv._exchange.codec.residual(k) is not None for k in range(2)), 'no residual kept'
     kv.set_gradient_compression({'type': 'none'})
 
 

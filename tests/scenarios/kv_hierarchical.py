@@ -59,8 +59,8 @@ def comms_of(design):
 
 def check_state(kv):
     assert kv.config.hierarchical == MODE, kv.config
-    comms = comms_of(kv._design)
-    assert comms, 'no Comm found in %r' % kv._design
+    comms = comms_of(kv._job.design)
+    assert comms, 'no Comm found in %r' % kv._job.design
     for comm in comms:
         active = EXPECT in ('scatter', 'leaders')
         assert comm.hierarchical == active, (
@@ -72,7 +72,7 @@ def check_state(kv):
         elif MODE == 'on':
             assert comm.hierarchy.node is None and comm.hierarchy.cross is None
     if DESIGN == 'chained':   # its native op would call MPI_Allreduce flat on the handle
-        assert kv._design._native == (kv.config.native_ops and not comms[0].hierarchical)
+        assert kv._job.design._native == (kv.config.native_ops and not comms[0].hierarchical)
     return len(comms)
 
 

@@ -89,7 +89,7 @@ def main():
     if CLIP is not None:
         steps = 2 * BATCHES
         assert len(CLIPPED) == steps and sum(CLIPPED) > steps // 2, CLIPPED
-        assert kv._clip is None, 'every clipped step finished'
+        assert kv._optimizer.clip is None, 'every clipped step finished'
     for name in sorted(ref):
         same_on_all_ranks(got[name], name)
         close(got[name], ref[name], '%s vs single process' % name, rtol=1e-4, atol=1e-5)

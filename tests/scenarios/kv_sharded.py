@@ -585,7 +585,7 @@ def part_clip():
                 what = '%s, shard_optimizer=%s: parameter %d' % (name, shard, i)
                 same_on_all_ranks(value, what)
                 close(value, ref[i], what + ', clipped in the store vs one process', **tol)
-            assert kv._clip is None, 'a finished run leaves no clipped step under way'
+            assert kv._optimizer.clip is None, 'a finished run leaves no clipped step under way'
             kv.close()
     # Bad input: refused before anything is sent, and the store goes on.
     expect_raises(TypeError, mpi_kvstore.clip_global_norm, object(), 1.0, contains='Module')
@@ -630,7 +630,7 @@ def part_clip():
     kv.pushpull('b', mx.nd.ones((5,)), out=out_b)
     close(out_w.asnumpy(), w0 - 0.5 * SIZE * factor - 0.5 * SIZE, 'an unclipped step (w)')
     close(out_b.asnumpy(), w0[0] - 0.5 * SIZE * factor - 0.5 * SIZE, 'an unclipped step (b)')
-    assert kv._clip is None
+    assert kv._optimizer.clip is None
     kv.close()
     done('kv_sharded[%s] clip' % DESIGN)
 

@@ -69,12 +69,12 @@ for step in range(STEPS):
         same_on_all_ranks(got, 'two-phase %s step %d' % (k, step))
         np.testing.assert_array_equal(got, expected, err_msg='rank %d: two-phase 2-bit, key %s, '
                                       'step %d' % (RANK, k, step))
-        np.testing.assert_array_equal(kv._codec.residual(k), residual[(RANK, k)])
+        np.testing.assert_array_equal(kv._exchange.codec.residual(k), residual[(RANK, k)])
         start, width = owned_slice(k)
         mine = np.zeros(width, np.float32)
         part = owner[k][start:start + width]
         mine[:part.size] = part
-        np.testing.assert_array_equal(kv._codec.owner_residual(k), mine,
+        np.testing.assert_array_equal(kv._exchange.codec.owner_residual(k), mine,
                                       err_msg='rank %d: owner residual of %s' % (RANK, k))
         returned[k] += got
         sent_total[k] += sum(sent)

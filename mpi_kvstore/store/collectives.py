@@ -1,0 +1,66 @@
+"""Collectives by name, outside the key/value contract: on a user's array (the entry point
+of the Horovod-style helpers, functional.py), on a Python function of the communicator,
+and the barrier. Each goes out in collective order through the store's :class:`job.Job`.
+"""
+import mxnet as mx
+import numpy as np
+
+from ..comm.collective import Collective
+from .contract import check_root
+from .namecache import NameCache
+
+__all__ = ['Collectives', 'ARRAY_KINDS']
+
+ARRAY_KINDS = ('allreduce', 'bcast', 'reducescatter', 'allgather')
+
+
+class Collectives:
+    """The named collectives of one store (MPIKVStore.array_collective, run_collective,
+    _barrier). ``buffers``: the staging buffers of array collectives, by name."""
+
+    def __init__(self, job, config, size):
+        self._job, self._size = job, size
+        # array collectives' staging buffers, least recently used first out (names may be
+        # new every step)
+        self.buffers = NameCache(config.name_cache_capacity)
+
+    def array(self, kind, name, tensor, root=0, average=False, unit=1):
+        """MPIKVStore.array_collective: ``kind`` on ``tensor`` in place, through a staging
+        buffer kept per (name, shape, dtype, context)."""
+        if kind not in ARRAY_KINDS:
+            raise ValueError('array_collective: kind must be one of %s, not %r'
+                             % (', '.join(ARRAY_KINDS), kind))
+        if kind == 'bcast':
+            check_root(root, self._size)
+        self._job.begin()
+        key = (name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
+        buf = self.buffers.get(key)
+        if buf is None:
+            buf = mx.nd.zeros(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
+        tensor.copyto(buf)
+        req = Collective(kind, name, np.dtype(tensor.dtype), tensor.shape, array=buf, root=root,
+                         average=average, unit=unit)
+        self._job.submit([req], 0)
+        # Dropped from the cache only once req is done: the collective reads and writes buf
+        # through a raw view. MXNet's own copies hold buf themselves.
+        self.buffers.keep(key, buf, req)
+        buf.copyto(tensor)
+        return tensor
+
+    def run(self, fn, name='custom'):
+        """``fn(mpi_comm)`` in collective order on the store's communicator; its result."""
+        self._job.begin()
+        req = Collective('custom', '__%s__' % name, fn=fn)
+        self._job.submit([req], 0)
+        req.wait()
+        self._job.errors.raise_pending()
+        return req.result
+
+    def barrier(self):
+        """Every rank waits here once its collectives pushed so far finished."""
+        self._job.begin()
+        self._job.wait()
+        req = Collective('barrier', '__barrier__')
+        self._job.submit([req], 0)
+        req.wait()
+        self._job.errors.raise_pending()

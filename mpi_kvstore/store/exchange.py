@@ -1,0 +1,98 @@
+"""The store's data path below its contract: a broadcast of keys, the exchange of a push
+or pushpull (each key's collective built whole, with its codec and share decided here),
+and the weights' sync after a join.
+
+:class:`Exchange` is handed the key table, the job it submits to, the optimizer unit
+(optimizer.StoreOptimizer, which delivers the sums) and ``run`` (a Python-object
+collective). A pushpull goes store -> keys (plans) -> exchange -> job -> design, and
+back to the store only by returning.
+"""
+import mxnet as mx
+import numpy as np
+
+from .. import compression
+from ..comm.collective import Collective
+from .keys import request, same_array
+
+__all__ = ['Exchange']
+
+
+class Exchange:
+    """Collectives of keys. ``codec``: set_gradient_compression's (compression.TwoBit), or
+    None; the store option ``compression`` gives the wire cast, fixed."""
+
+    def __init__(self, keys, config, job, optimizer, run):
+        self._keys, self._config = keys, config
+        self._job, self._optimizer, self._run = job, optimizer, run
+        self._wire = compression.wire_cast(config.compression)
+        self.codec = None
+
+    def set_compression(self, params):
+        """MPIKVStore.set_gradient_compression (for the calls made after it)."""
+        self.codec = compression.from_params(params, self._config.two_phase_min_ranks)
+
+    def _codec_for(self, dtype):
+        for codec in (self.codec, self._wire):
+            if codec is not None and codec.applies_to(dtype):
+                return codec
+        return None
+
+    def broadcast(self, entries, priority, root=0):
+        """Rank ``root``'s values into the store and every out (validated entries)."""
+        states = [self._keys.register(entry) for entry in entries]
+        for state, entry in zip(states, entries):
+            entry.values[0].copyto(state.stored())
+        self._job.submit([request('bcast', st, st.value, root=root) for st in states],
+                         priority)
+        for state, entry in zip(states, entries):
+            for out in entry.outs or ():
+                state.value.copyto(out)
+            if entry.outs:
+                # Module broadcasts its cached _arg_params into the executors' arrays:
+                # a join must update both, the arrays in use first.
+                state.weights = tuple(entry.outs) + tuple(
+                    v for v in entry.values if not any(same_array(v, o) for o in entry.outs))
+
+    def run(self, plans, priority):
+        """Allreduce each key, or with shard_optimizer reduce-scatter it, then let the
+        optimizer unit deliver (update this rank's share and allgather the weights)."""
+        self._optimizer.before(plans)
+        average = self._config.average
+        reqs = []
+        for plan in plans:
+            plan.stage()
+            sharded = plan.share is not None
+            reqs.append(request('reducescatter' if sharded else 'allreduce', plan.state,
+                                plan.work, average=average, in_place=plan.in_place,
+                                place=plan.place, codec=self._codec_for(plan.state.dtype),
+                                shard=sharded))
+        self._job.submit(reqs, priority)
+        self._optimizer.after(plans, priority)
+
+    def sync_from(self, root):
+        """Every rank takes ``root``'s weights and optimizer states (after a join)."""
+        updater = self._optimizer.updater
+        mine = [(st.key, st.shape, st.dtype.str) for st in self._keys
+                if st.weights or st.value is not None]
+        keys, has_updater = self._run(
+            lambda comm: comm.bcast((mine, updater is not None), root=root), 'join_keys')
+        reqs, deliveries = [], []
+        for key, shape, dtype in keys:
+            state = self._keys.get(key)
+            if state is not None and (state.shape, state.dtype.str) == (shape, dtype):
+                buf, outs = state.stored(), state.weights
+                if outs:
+                    outs[0].copyto(buf)
+            else:  # a key this rank never held: take part, keep nothing
+                buf, outs = mx.nd.zeros(shape, dtype=dtype), ()
+            reqs.append(Collective('bcast', ('join', key), np.dtype(dtype), shape, array=buf,
+                                   root=root))
+            deliveries.append((buf, outs))
+        if reqs:
+            self._job.submit(reqs, 0)
+        for buf, outs in deliveries:
+            for out in outs:
+                buf.copyto(out)
+        if has_updater:
+            self._optimizer.sync_from(root)
+        self._job.wait()
