@@ -360,24 +360,10 @@ def cpu_table(rows, compute_cpu):
 
 
 def plot(path, rows, compute, title):
-    """Grouped bars per column: compute alone, exchange alone, the training step (medians)."""
-    plt = report.pyplot()
-    if plt is None:
-        return report.NO_MATPLOTLIB
-    rows = [r for r in rows if 'step' in r]
-    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 5))
-    width = 0.27
-    for k, (label, values) in enumerate((
-            ('compute alone', [compute * 1e3] * len(rows)),
-            ('exchange alone', [r['exchange']['median'] * 1e3 for r in rows]),
-            ('training step', [r['step']['median'] * 1e3 for r in rows]))):
-        ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=label)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r['column'] for r in rows])
-    ax.set(ylabel='ms (median)', title=title)
-    ax.grid(True, axis='y', alpha=0.3)
-    ax.legend()
-    return report.save_figure(plt, fig, path)
+    """A panel per column: compute alone, its exchange alone and its training step (medians)."""
+    return report.plot_bars(path, {r['column']: {
+        'compute alone': compute * 1e3, 'exchange alone': r['exchange']['median'] * 1e3,
+        'training step': r['step']['median'] * 1e3} for r in rows if 'step' in r}, 'ms', title)
 
 
 def main(argv=None):
