@@ -2,18 +2,13 @@
 
     mpiexec -n N python -m benchmarks.gpu_bandwidth [--mb 64] [--repeats 20]
 
-Needs CuPy and a GPU, not MXNet. In one run, for one float32 buffer of --mb MB:
-- CuPy's device-to-device copy of it (the device's own speed);
-- a copy down to host memory, pageable and pinned (what staging costs);
-- NCCL's own allreduce of it through cupy.cuda.nccl, and raw MPI_Allreduce of a pinned
-  host copy (the baselines);
-- pushpull through each transport that runs here: the store's path (reduce.Reducer on a
-  comm.Comm, on a fresh thread as the store runs it); at one rank the store reduces
-  nothing, so there the transport's own allreduce is timed;
-- pushpull compressed on the GPU (fp16, bf16, 2-bit: device_codecs.py) against plain;
-- the device fusion threshold: the same bytes as 256 arrays, fused at several thresholds.
-Rank 0 prints a table: ms, GB/s (algorithm bandwidth: bytes / time) and the ratio to the
-D2D copy and to the baseline of the same kind. Figures go into the README's GPU section.
+Needs CuPy and a GPU, not MXNet. For one float32 buffer of --mb MB: the device-to-device
+copy, copies down to pageable and pinned host memory, NCCL's allreduce (cupy.cuda.nccl) and
+raw MPI_Allreduce of a pinned host copy (the baselines), pushpull through each transport that
+runs here (reduce.Reducer on a comm.Comm, on a fresh thread as the store runs it; at one rank
+the transport's own allreduce), pushpull compressed on the GPU (fp16, bf16, 2-bit) and the
+device fusion threshold (the same bytes as 256 arrays). Rank 0 prints ms, GB/s (bytes /
+time) and the ratios to the D2D copy and to the baseline of the same kind.
 """
 import argparse
 import threading

@@ -3,21 +3,14 @@ against MPI's allreduce of the same bytes, with the busy time of the whole machi
 
     python -m testbed run --hosts 2 --rate 3gbit -n 2 -- python -m benchmarks.tcp_cost [--size 42M]
 
-For the multi-host test bed (testbed/), where both "hosts" are network namespaces of one
-machine: /proc/stat then counts what both ranks and the kernel's network work cost
-together. Per mode, over --trials interleaved rounds (each round runs every mode once, in an
-order that rotates from round to round), the wall time and the machine's busy core-ms,
-median, min and max:
-  sockets       each rank sends --size bytes and receives --size bytes over one TCP
-                connection (a thread sends while the main thread receives): the least
-                a 2-rank allreduce of --size bytes must move, with no polling at all;
-  sockets+sum   the same, plus the float32 sum of what arrived (what an allreduce adds);
-  mpi           MPI Allreduce(IN_PLACE) of --size bytes (MPICH busy-polls inside it);
-  mpi polled    MPI_Iallreduce waited for as the store waits with progress_sleep_us=200
-                (progress.wait_polling: MPI_Test 8 times per wake-up, sleeps of up to 200 us).
-The first two are the floor under any exchange's CPU on this machine (README, Across hosts).
+On the test bed both hosts are network namespaces of one machine, so /proc/stat counts what
+both ranks and the kernel's network work cost together. Per mode, over --trials interleaved
+rounds: wall time and the machine's busy core-ms, median, min and max. Modes: sockets (each
+rank sends and receives --size bytes over one TCP connection: the least a 2-rank allreduce
+must move, with no polling), sockets+sum (plus the float32 sum of what arrived), mpi
+(Allreduce(IN_PLACE), which MPICH busy-polls) and mpi polled (MPI_Iallreduce waited for as
+the store waits with progress_sleep_us=200).
 """
-import argparse
 import socket
 import subprocess
 import threading
@@ -33,7 +26,7 @@ COMM = MPI.COMM_WORLD
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = harness.parser(__doc__)
     parser.add_argument('--size', type=harness.parse_size, default=42 << 20)
     parser.add_argument('--trials', type=int, default=5)
     return parser.parse_args(argv)
