@@ -45,14 +45,15 @@ class Collective:
     """A collective with its place in the push sequence.
 
     What it is (kind, key, dtype, shape, array, root, average, unit, place, codec, shard,
-    in_place, mirror) is decided before it is built, by whoever builds it (store.keys,
-    store.optimizer, designs.join), and never changed afterwards.
+    in_place, mirror) is decided before it is built, by whoever builds it (store.keys.request,
+    the store's units, designs.join.mirror), and never changed afterwards.
 
     What happens to it is recorded as it runs, by the design that runs it and by nobody
-    else: ``seq``, ``priority`` and the signature's marks (Design.submit, fail_all), the
-    ``view`` or ``scratch`` memory it reads and writes (Design.attach, the reducer,
-    shards.JoinedShares for a joined rank's mirror), its engine op's ``completion`` and
-    ``waiter``, its ``result``, ``error`` and ``done``.
+    else: ``seq`` (a mirror's is the active rank's, given when it is built), ``priority``
+    and the signature's marks (Design.submit, fail_all), the ``view`` or ``scratch``
+    memory it reads and writes (Design.attach, the reducer, shards.JoinedShares for a
+    joined rank's mirror), its engine op's ``completion`` and ``waiter``, its ``result``,
+    ``error`` and ``done``.
 
     ``seq`` is assigned on the user's thread in call order, so it is the same on
     every rank; designs derive the collective order from it, never from the
