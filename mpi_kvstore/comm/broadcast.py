@@ -64,16 +64,19 @@ def _as_bytes(buf, what):
     return buf.reshape(-1).view(np.uint8)
 
 
+def _whole(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def _check(comm, root, what, chunk_bytes=None, window=None):
     size = comm.Get_size()
-    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
+    if not _whole(root) or not 0 <= root < size:
         raise ValueError('%s: root=%r is not a rank of this communicator of %d ranks'
                          % (what, root, size))
-    if chunk_bytes is not None and (isinstance(chunk_bytes, bool) or int(chunk_bytes) != chunk_bytes
-                                    or chunk_bytes < 1):
+    if chunk_bytes is not None and (not _whole(chunk_bytes) or chunk_bytes < 1):
         raise ValueError('%s: chunk_bytes=%r must be a positive whole number of bytes'
                          % (what, chunk_bytes))
-    if window is not None and (isinstance(window, bool) or int(window) != window or window < 1):
+    if window is not None and (not _whole(window) or window < 1):
         raise ValueError('%s: window=%r must be a positive whole number of requests'
                          % (what, window))
     return int(root)

@@ -97,6 +97,9 @@ def bad_input(comm):
     expect_raises(ValueError, broadcast.pipelined, comm, buf, 0, chunk_bytes=0,
                   contains='chunk_bytes=0')
     expect_raises(ValueError, broadcast.chain, comm, buf, 0, window=0, contains='window=0')
+    expect_raises(ValueError, broadcast.chain, comm, buf, 0, chunk_bytes='4K',
+                  contains="chunk_bytes='4K'")
+    expect_raises(ValueError, broadcast.flat, comm, buf, root=True, contains='root=True')
     expect_raises(ValueError, broadcast.chain, comm, np.zeros((4, 4))[:, 1], 0,
                   contains='C-contiguous')
     frozen = np.zeros(3)
