@@ -315,7 +315,7 @@ def pushpull_op(kv, keys, nbytes, expected=None):
     op()
     if expected is None:
         # 2-bit compression (a '+2bit=T' design) sends T for a value of 1 >= T, 0 below it.
-        codec = getattr(kv, '_codec', None)
+        codec = getattr(getattr(kv, '_exchange', None), 'codec', None)   # MPIKVStore's
         sent = 1.0 if codec is None else (float(codec.threshold) if codec.threshold <= 1 else 0.0)
         expected = kv.num_workers * sent
     check_sum(arrays[-1].asnumpy(), expected, f'{kv.type} pushpull')
