@@ -90,7 +90,7 @@ class Plan(collections.namedtuple('Plan', 'model images_per_s batch compute_s la
 
 # ---------------------------------------------------------------- shapes and FLOPs
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zoo_params(model):
     """The ParamSpecs of model zoo net `model` (1000 classes), in its collect_params order.
 
@@ -283,7 +283,7 @@ _set_grad_state.restype, _set_grad_state.argtypes = ctypes.c_int, [ctypes.c_void
 _COMPUTE_CONTEXT = _Context(1, COMPUTE_DEVICE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled():
     """The layer op as a C function (numba, about half a second once per process; not cached
     on disk, as the libc addresses it calls change from process to process)."""
@@ -363,7 +363,7 @@ def _update_op(run_ctx, param):
     _end(head, deadline)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled_update():
     fn = numba.cfunc(types.void(types.voidptr, types.voidptr))(_update_op)
     return fn, _SYNC_FN(fn.address)

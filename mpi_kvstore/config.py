@@ -8,8 +8,9 @@ supervisor.py and elastic.py), Horovod's ``HOROVOD_*`` (horovod/basics.py), and 
 reports.
 """
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any
 
 from .errors import ConfigError
 
@@ -150,7 +151,7 @@ class Option:
     default: Any
     unit: str
     doc: str
-    check: Optional[Callable[[Any], Any]] = None
+    check: Callable[[Any], Any] | None = None
     # Whether every rank of a store must be given the same value: options that decide which
     # collectives run, in what order and of what size must agree, or ranks pair different
     # collectives and hang or sum wrong (agreement at store creation: topology.agree).
@@ -181,7 +182,7 @@ class Option:
             raise ConfigError('invalid %s%r: %s' % (shown, raw, err)) from None
 
 
-OPTIONS: Tuple[Option, ...] = (
+OPTIONS: tuple[Option, ...] = (
     Option('design', _design, 'funneled', 'name',
            'Scheduling design: funneled, concurrent, chained, or blocking (baseline).'),
     # Not Horovod's 64 MB: on a CPU, copies into a larger buffer cost as much as the
@@ -314,10 +315,10 @@ OPTIONS: Tuple[Option, ...] = (
 """Every option of the store, an :class:`Option` each (name, parser, default, unit, help);
 ``options_table()`` lists them with their environment variables."""
 
-_BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 # The options every rank of a store must be given alike, in the order they are compared.
-AGREED: Tuple[str, ...] = tuple(o.name for o in OPTIONS if o.agree)
+AGREED: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.agree)
 """The options every rank of a store must be given alike (a mismatch raises at creation)."""
 
 

@@ -37,7 +37,8 @@ import random
 import re
 import shutil
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mxnet as mx
 import numpy as np

@@ -51,7 +51,7 @@ def find_mpiexec():
     return shutil.which('mpiexec')
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_hydra(mpiexec):
     try:
         out = subprocess.run([mpiexec, '--version'], stdin=subprocess.DEVNULL,
@@ -73,7 +73,7 @@ def _probe(argv):
     return ''
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available(rate=False, mpi=False):
     """(True, '') where a test bed can be built here, else (False, why not).
 

@@ -96,7 +96,7 @@ def require_mpiexec():
     return mpiexec
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def launcher_flags(mpiexec):
     """Extra mpiexec flags this MPI needs to run N ranks on a small machine.
 

@@ -4,6 +4,7 @@ priority up to a credit, and a request's completion from its pieces.
 Requests are real collective.Collective objects whose seq and view the tests set by hand,
 as a design does once the ranks agreed on them; their completion is a recorder.
 """
+import itertools
 import threading
 
 import numpy as np
@@ -70,7 +71,7 @@ def test_pieces_cover_the_request_in_order_as_views_of_its_memory(count, dtype, 
     assert len(units) == -(-count // step)    # one element larger than partition_bytes: one
     assert [u.index for u in units] == list(range(len(units)))
     assert units[0].start == 0 and units[-1].stop == count
-    for a, b in zip(units, units[1:]):
+    for a, b in itertools.pairwise(units):
         assert a.stop == b.start, (a.start, a.stop, b.start)
     for piece in units:
         size = piece.stop - piece.start
@@ -204,7 +205,7 @@ def schedules(draw):
     seqs = draw(st.permutations(range(len(reqs))))   # agreed out of push order too
     bounds = sorted(draw(st.lists(st.integers(0, len(reqs)), max_size=5)))
     edges = [0] + bounds + [len(reqs)]
-    batches = [list(range(a, b)) for a, b in zip(edges, edges[1:])]   # some may be empty
+    batches = [list(range(a, b)) for a, b in itertools.pairwise(edges)]   # some may be empty
     orders = [[draw(st.permutations(batch)) for batch in batches] for _ in range(ranks)]
     # from 200 bytes: up to 120 pieces a request keeps an example fast
     partition = draw(st.one_of(st.just(0), st.integers(200, 9000), st.integers(200, 2000)))

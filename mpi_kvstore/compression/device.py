@@ -12,7 +12,7 @@ import functools
 __all__ = ['encode16', 'decode16', 'sum_rows16', 'quantize_pack', 'count_sum']
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels():
     import cupy  # optional dependency, loaded where used
     to_bf16 = cupy.ElementwiseKernel(

@@ -6,7 +6,8 @@ import logging
 import os
 import tempfile
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import mxnet as mx
 import numpy as np

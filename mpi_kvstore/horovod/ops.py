@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mxnet as mx
 import numpy as np

@@ -3,7 +3,8 @@ Horovod does."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import mxnet as mx
 import numpy as np

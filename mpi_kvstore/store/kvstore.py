@@ -8,7 +8,8 @@ pending, the errors to raise). None of them calls the store back.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from mxnet.kvstore import KVStoreBase
 
@@ -34,9 +35,9 @@ __all__ = ['MPIKVStore']
 # str; a call takes one key or a list of them, and one value (or list of values per device)
 # per key.
 NDArray = Any
-Key = Union[int, str]
-Keys = Union[Key, Sequence[Key]]
-Values = Union[NDArray, Sequence[Any]]
+Key = int | str
+Keys = Key | Sequence[Key]
+Values = NDArray | Sequence[Any]
 
 log = logging.getLogger(__name__)
 

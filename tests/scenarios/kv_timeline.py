@@ -2,6 +2,7 @@
 
 usage: kv_timeline.py DESIGN PATH
 """
+import itertools
 import json
 import sys
 
@@ -35,7 +36,7 @@ assert len(by_name['QUEUED']) == len(by_name['NEGOTIATE']) == collectives
 for seq in range(collectives):                         # phases of one collective in order
     phases = sorted((e for e in events if e['args']['seq'] == seq), key=lambda e: e['ts'])
     assert [p['name'] for p in phases][:2] == ['QUEUED', 'NEGOTIATE'], phases
-    for a, b in zip(phases, phases[1:]):
+    for a, b in itertools.pairwise(phases):
         assert a['ts'] + a['dur'] <= b['ts'] + 1.0, (a, b)
 names = {m['args']['name'] for m in trace['traceEvents'] if m['ph'] == 'M'}
 assert 'rank %d' % RANK in names and "key 'w0'" in names, names
