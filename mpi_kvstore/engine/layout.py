@@ -11,7 +11,9 @@ Every record carries the address of a table of the C functions and MPI constants
 compiled code calls (TABLE_DTYPE), so that the machine code holds no address of this
 process and numba can cache it on disk. Compiled code reads the offsets below as
 constants (numba freezes module-level ints when it compiles); native.py keys its cache by
-this file's source, so a change here compiles it again.
+this file's source, so a change here compiles it again. The offsets are named by where
+they point: a header word bare (COUNT), within an array's slot A_ (A_DATA), within a
+bucket's B_ (B_KIND), within the table F_ (a function) and C_ (an MPI constant).
 """
 import enum
 
