@@ -17,6 +17,7 @@ file needs no edit to get one (``pytest -m unit`` is the contributors' fast loop
   classification cannot rot into a slow fast loop.
 """
 import fnmatch
+import itertools
 import os
 import subprocess
 import sys
@@ -69,11 +70,19 @@ def mpi_available():
 def pytest_configure(config):
     for kind, meaning in KINDS.items():
         config.addinivalue_line('markers', '%s: %s' % (kind, meaning))
+    # pytest-xdist's marker, registered here too so that a run without xdist knows it.
+    config.addinivalue_line('markers', 'xdist_group(name): tests that one xdist worker runs')
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        item.add_marker(getattr(pytest.mark, kind_of(item)))
+        kind = kind_of(item)
+        item.add_marker(getattr(pytest.mark, kind))
+        if kind == 'testbed':
+            # Under pytest-xdist (-n 2 --dist loadgroup) one worker runs every test-bed test,
+            # one after another: two test beds at once would share the machine's two cores
+            # between their shaped links and the timing their tests assert.
+            item.add_marker(pytest.mark.xdist_group('testbed'))
 
 
 def kind_of(item):
@@ -155,7 +164,7 @@ def _launches_mpi(args):
     if len(words) == 1:     # a shell string
         words = words[0].split()
     return (any(os.path.basename(word) in LAUNCHERS for word in words)
-            or any(pair == ('-m', 'mpi4py') for pair in zip(words, words[1:])))
+            or any(pair == ('-m', 'mpi4py') for pair in itertools.pairwise(words)))
 
 
 @pytest.fixture(autouse=True)

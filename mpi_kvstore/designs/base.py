@@ -86,7 +86,7 @@ class Design:
             self.fail_all([req], err)
 
     def attach_native(self, op):
-        """Point each request of a native op (native_records.NativeOp) at the memory its op read."""
+        """Point each request of a native op (engine.records.NativeOp) at the memory its op read."""
         index = 0
         for req in op.reqs:
             if req.array is not None:

@@ -6,7 +6,7 @@ which says that ranks differ, not how. Every rank sees the same MIN, so every ra
 gather short descriptions of the requests in question (:func:`gather`) and build
 one message (:func:`explain`), the same text on every rank and in every design.
 Design.reject calls it: blocking and chained through run_agreed, where chained's compiled
-op hands a mismatch over (native.AGREED, then Chained._in_python); funneled and concurrent
+op hands a mismatch over (engine.layout.AGREED, then Chained._in_python); funneled and concurrent
 from the negotiation thread, on the control communicator.
 
 The gather is two buffer-based calls (the lengths, then the bytes), never one of
