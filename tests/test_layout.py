@@ -92,3 +92,21 @@ def test_config_vocabularies_equal_the_registries():
     for mode in cfg.CUDA_AWARE_MODES:
         assert cfg.Config(environ={}, cuda_aware=mode).cuda_aware == mode
         assert mpiabi.cuda_aware(mode) in (True, False)
+
+
+def test_docs_speak_to_users():
+    """The docs state results for users: no page speaks of issues, sessions or engineers, and
+    docs/benchmarks.md stays a results page (the measurement diaries live beside the result
+    files, benchmarks/results/*/NOTES.md)."""
+    import re
+    pattern = re.compile(r'issue [0-9]|another engineer|was lent', re.IGNORECASE)
+    pages = [os.path.join(REPO_ROOT, 'README.md')] + [
+        os.path.join(REPO_ROOT, 'docs', name)
+        for name in sorted(os.listdir(os.path.join(REPO_ROOT, 'docs'))) if name.endswith('.md')]
+    found = []
+    for page in pages:
+        with open(page) as fh:
+            found += ['%s:%d: %s' % (os.path.relpath(page, REPO_ROOT), number, line.strip())
+                      for number, line in enumerate(fh, 1) if pattern.search(line)]
+    assert found == [], found
+    assert os.path.getsize(os.path.join(REPO_ROOT, 'docs', 'benchmarks.md')) <= 26_000
