@@ -11,7 +11,8 @@ real transports where a GPU exists.
 import numpy as np
 
 from mpi_kvstore import debug
-from mpi_kvstore.comm.host import Comm, transports
+from mpi_kvstore.comm import transports
+from mpi_kvstore.comm.host import Comm
 from mpi_kvstore.comm.transports.base import Transport, register
 from mpi_kvstore.comm.tuning import Table
 from mpi_kvstore.errors import ConfigError
