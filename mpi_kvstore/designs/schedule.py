@@ -133,12 +133,13 @@ class SharePiece(Piece):
         return '%s, piece %d of every share' % (self.parent.describe(), self.index)
 
 
-def _cut_shares(req, partition_bytes, size):
-    """Pieces of about ``partition_bytes`` of a reduce-scatter or allgather over ``size``
-    ranks: piece p takes part p (fusion.share) of every rank's share, the same cut on every
-    rank, since it depends on the agreed size alone."""
+def _cut_shares(req, partition_bytes, size, wire):
+    """Pieces of about ``partition_bytes`` on the wire (``wire``: wire_bytes(req)) of a
+    reduce-scatter or allgather over ``size`` ranks: piece p takes part p (fusion.share) of
+    every rank's share, the same cut on every rank, since it depends on the agreed size
+    alone."""
     counts, displs = pieces(req.nbytes // req.dtype.itemsize, size)
-    count = min(-(-wire_bytes(req) // partition_bytes), max(counts))   # none empty everywhere
+    count = min(-(-wire // partition_bytes), max(counts))   # none empty everywhere
     shared = _Cut(count)
     units = []
     for p in range(count):
@@ -153,17 +154,20 @@ def cut(req, partition_bytes, size=1):
     wire (an
     allreduce larger than that; a reduce-scatter or allgather of host memory over ``size``
     ranks, whole elements: SharePiece), else itself."""
-    if partition_bytes <= 0 or req.dtype is None or wire_bytes(req) <= partition_bytes:
+    if partition_bytes <= 0 or req.dtype is None:
+        return [req]
+    wire = wire_bytes(req)
+    if wire <= partition_bytes:
         return [req]
     if req.kind in ('reducescatter', 'allgather'):
         if size > 1 and req.place == 'cpu' and req.unit == 1:
-            return _cut_shares(req, partition_bytes, size)
+            return _cut_shares(req, partition_bytes, size, wire)
         return [req]
     if req.kind != 'allreduce':
         return [req]
     count = req.nbytes // req.dtype.itemsize
     # Values a piece: partition_bytes on the wire (wire_bytes is linear in the values).
-    step = max(1, partition_bytes * count // wire_bytes(req))
+    step = max(1, partition_bytes * count // wire)
     bounds = list(range(0, count, step)) + [count]
     shared = _Cut(len(bounds) - 1)
     return [Piece(req, i, bounds[i], bounds[i + 1], shared) for i in range(len(bounds) - 1)]
