@@ -32,11 +32,11 @@ COMPRESSIONS = ('none', 'fp16', 'bf16', 'fp16-ring', 'bf16-ring')
 """The values of the ``compression`` option (the wire casts)."""
 
 
-def _one_of(names):
+def _one_of(names, what):
     def parse(value):
         low = str(value).strip().lower()
         if low not in names:
-            raise ValueError('expected one of %s' % ', '.join(names))
+            raise ValueError('unknown %s %r; choose one of %s' % (what, low, ', '.join(names)))
         return low
     return parse
 
@@ -70,10 +70,6 @@ def _auto_or(parse):
     return parse_auto
 
 
-def _auto_nonneg(v):
-    return v if v == 'auto' else _nonneg(v)
-
-
 def format_bytes(n, unit=''):
     """parse_bytes's inverse where it is exact: 4194304 -> '4M', 65536 -> '64K', else the
     number followed by ``unit`` (1000 -> '1000' + unit)."""
@@ -95,8 +91,12 @@ def _positive(v):
     return v
 
 
-def _auto_positive(v):
-    return v if v == 'auto' else _positive(v)
+def _auto_check(check):
+    """'auto' passes (topology.py decides it); any other value goes through ``check``."""
+    return lambda v: v if v == 'auto' else check(v)
+
+
+_auto_nonneg, _auto_positive = _auto_check(_nonneg), _auto_check(_positive)
 
 
 # window='auto': a step of ResNet-50 (161 keys) fits in 256 collectives, and in 512 with
@@ -124,24 +124,10 @@ def _hierarchical(v):
         raise ValueError('expected auto, on or off') from None
 
 
-def _cuda_aware(v):
-    if isinstance(v, bool):
-        return 'on' if v else 'off'
-    low = str(v).strip().lower()
-    if low not in CUDA_AWARE_MODES:
-        raise ValueError('expected auto, on or off')
-    return low
-
-
-_gpu_transport = _one_of(GPU_TRANSPORTS)
-_compression = _one_of(COMPRESSIONS)
-
-
-def _design(v):
-    v = str(v).strip().lower()
-    if v not in DESIGNS:
-        raise ValueError('unknown design %r; choose one of %s' % (v, ', '.join(DESIGNS)))
-    return v
+_cuda_aware = _hierarchical   # the same modes: auto, on, off, or a boolean word
+_gpu_transport = _one_of(GPU_TRANSPORTS, 'GPU transport')
+_compression = _one_of(COMPRESSIONS, 'compression')
+_design = _one_of(DESIGNS, 'design')
 
 
 @dataclass(frozen=True)
@@ -160,10 +146,6 @@ class Option:
     @property
     def env(self):
         return 'MPI_KVSTORE_' + self.name.upper()
-
-    def resolve(self, explicit, environ):
-        """Explicit argument, else environment, else default; validated."""
-        return self.resolve_with_origin(explicit, environ)[0]
 
     def resolve_with_origin(self, explicit, environ):
         """(value, where it came from: 'argument', 'environment variable NAME' or 'default')."""
@@ -305,6 +287,15 @@ OPTIONS: tuple[Option, ...] = (
            _nonneg, agree=False),
     # auto is flat: MPICH's own Allreduce already goes through the hosts, and nothing beat it
     # reliably (hierarchy.AUTO_MIN_BYTES, docs/hierarchical.md).
+    Option('autotune', _parse_bool, False, 'bool',
+           'Funneled and concurrent: while the job trains, search partition_bytes, '
+           'credit_bytes, fusion_threshold and progress_sleep_us on its own steps; every rank '
+           'switches at the same round to what rank 0 chose from every rank\'s timings, and '
+           'the choice goes into tune_table\'s schedule, where the next run starts. A value '
+           'set by argument or environment is kept (docs/tuning.md).'),
+    Option('autotune_steps', int, 10, 'steps',
+           'Steps in one sample of autotune: it compares the slowest rank\'s median step.',
+           _positive),
     Option('hierarchical', _hierarchical, 'auto', 'auto/on/off',
            'Allreduce through the hosts where ranks span several and some host runs more '
            'than one: reduce-scatter inside each host, allreduce of each piece across hosts, '
@@ -324,7 +315,7 @@ AGREED: tuple[str, ...] = tuple(o.name for o in OPTIONS if o.agree)
 
 def from_environment(name, environ=None):
     """One option's value from the environment, else its default (no explicit argument)."""
-    return _BY_NAME[name].resolve(None, os.environ if environ is None else environ)
+    return _BY_NAME[name].resolve_with_origin(None, os.environ if environ is None else environ)[0]
 
 
 def engine_is_naive(environ=None):
@@ -371,10 +362,6 @@ class Config:
         """Where option ``name``'s value came from: 'argument', 'environment variable
         MPI_KVSTORE_...', 'default', or what decided an 'auto' (topology.resolve)."""
         return self._origins[name]
-
-    def as_dict(self):
-        """Every option's value by name, with ``naive_engine``."""
-        return dict(self._values, naive_engine=self.naive_engine)
 
     def __repr__(self):
         return 'Config(%s)' % ', '.join('%s=%r' % kv for kv in self._values.items())

@@ -227,6 +227,11 @@ class Comm:
         else:
             self.mpi.Sendrecv(send, dest, _SENDRECV_TAG, recv, source, _SENDRECV_TAG)
 
+    def set_progress(self, sleep_us):
+        """progress_sleep_us from the next call on (autotune). Every rank must change it at
+        the same call of this communicator: a blocking call never matches a non-blocking one."""
+        self._progress_us = sleep_us
+
     def start_min(self, msg):
         """Non-blocking elementwise MIN of an int32 message, in place."""
         return self.mpi.Iallreduce(MPI.IN_PLACE, msg, op=MPI.MIN)

@@ -67,8 +67,8 @@ class Table:
         self.sizes, self.backends = self._host.sizes, self._host.values
         self.comm_size = int(comm_size)
         self.device = None   # BySize of transport names, or None: gpu_transport decides
-        # partition_bytes, credit_bytes (and progress_sleep_us) that tune measured fastest
-        # for this job's topology, or None: topology.py's defaults
+        # partition_bytes, credit_bytes (and progress_sleep_us, fusion_threshold) that tune
+        # or autotune measured fastest for this job's topology, or None: the defaults
         self.schedule = _schedule(schedule)
         if device:
             bad = [name for _, name in device if name not in REGISTRY]
@@ -111,7 +111,7 @@ class Table:
                    payload['comm_size'], device, payload.get('schedule'))
 
 
-SCHEDULE_KEYS = ('partition_bytes', 'credit_bytes', 'progress_sleep_us')
+SCHEDULE_KEYS = ('partition_bytes', 'credit_bytes', 'progress_sleep_us', 'fusion_threshold')
 
 
 def _schedule(values):

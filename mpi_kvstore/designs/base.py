@@ -13,7 +13,7 @@ from ..comm.mpiabi import MPI
 from ..comm.reduce import Reducer
 from ..engine.arrays import flat_view, view_at
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
-from . import join, mismatch
+from . import autotune, join, mismatch
 
 __all__ = ['Design', 'native_view', 'progress', 'new_comm', 'comm_factory']
 
@@ -32,7 +32,7 @@ class Design:
         """``make_comm(concurrent=False)``: a new communicator (comm.Comm) for this design's
         collectives; by default :func:`new_comm` of the options, so the design does not
         choose how data moves."""
-        self.config = config
+        self.config = autotune.start_config(config, table)   # a tuned fusion_threshold
         self.make_comm = comm_factory(comm, config, table, make_comm)
         self.table = table  # tuning.Table, or None: how each allreduce size runs (new_comm)
         self.size = comm.Get_size()

@@ -1,4 +1,5 @@
 """The concurrent design."""
+import functools
 import queue
 import threading
 
@@ -48,10 +49,10 @@ class Concurrent(Negotiated):
         # lanes have room. No deadlock: the lanes run buckets every rank has dispatched.
         nbytes = sum(r.nbytes for r in agreed)
         credit = self.config.credit_bytes
-        if credit > 0:
-            with self._room:
+        with self._room:   # counted with or without a credit: autotune may set one later
+            if credit > 0:
                 self._room.wait_for(lambda: not self._held or self._held + nbytes <= credit)
-                self._held += nbytes
+            self._held += nbytes
         for bucket in self.buckets(agreed):
             _, jobs, _ = self._lanes[self._bucket % len(self._lanes)]
             self._bucket += 1
@@ -62,13 +63,21 @@ class Concurrent(Negotiated):
             bucket = jobs.get()
             if bucket is _STOP:
                 return
+            if callable(bucket):   # set_progress: at the same bucket of this lane everywhere
+                bucket()
+                continue
             try:
                 self.execute(bucket, comm)
             finally:
-                if self.config.credit_bytes > 0:
-                    with self._room:
-                        self._held -= sum(r.nbytes for r in bucket)
-                        self._room.notify_all()
+                with self._room:
+                    self._held -= sum(r.nbytes for r in bucket)
+                    self._room.notify_all()
+
+    def set_progress(self, sleep_us):
+        # In each lane's order, not now: a lane may still run buckets of earlier rounds,
+        # and a blocking MPI call on one rank never matches a non-blocking one on another.
+        for comm, jobs, _ in self._lanes:
+            jobs.put(functools.partial(comm.set_progress, sleep_us))
 
     def close(self):
         super().close()

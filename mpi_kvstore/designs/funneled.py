@@ -27,3 +27,6 @@ class Funneled(Negotiated):
 
     def dispatch(self, agreed):
         self.execute_all(agreed, self._data)
+
+    def set_progress(self, sleep_us):
+        self._data.set_progress(sleep_us)   # between rounds: the thread's only communicator

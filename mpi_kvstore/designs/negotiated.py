@@ -33,7 +33,7 @@ from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
 from ..engine import records
-from . import schedule
+from . import autotune, schedule
 from .base import Design
 
 __all__ = ['Negotiated']
@@ -60,6 +60,9 @@ class Negotiated(Design):
         # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit
         self._queue = schedule.Queue(config.partition_bytes, config.credit_bytes,
                                      self.size)
+        # autotune: searches the schedule on this job's steps, switching between rounds
+        self.tuner = autotune.Tuner(self.config, self.rank, self.size, table,
+                                    config.poll_us) if config.autotune else None
         self._join_done = threading.Event()
         self._last_joined = None
         self._thread = threading.Thread(target=self._loop, name='mpi_kvstore-' + self.name,
@@ -67,6 +70,8 @@ class Negotiated(Design):
         self._thread.start()
 
     def _submit(self, reqs, priority):
+        if self.tuner is not None and self.tuner.active:
+            self.tuner.pushed(reqs)
         arrays = [r.array for r in reqs if r.array is not None]
         if not arrays:
             self._mark_ready(reqs)
@@ -163,6 +168,8 @@ class Negotiated(Design):
                 self._last_joined = self.finish_join(self._control)
                 self._join_done.set()
                 continue
+            if self.tuner is not None and self.tuner.active:
+                self._retune(self.tuner.round(self._control))
             if not agreed and not bad and not queued:
                 backoff = min(max(2 * backoff, 1e-5), max(poll, 1e-5))
                 continue
@@ -204,6 +211,21 @@ class Negotiated(Design):
                 self._base += 1
 
     def dispatch(self, agreed):
+        raise NotImplementedError
+
+    def _retune(self, values):
+        """Run with autotune's ``values`` from this round on: every rank calls it at the same
+        round, so every rank cuts, credits, buckets and waits alike."""
+        if not values:
+            return
+        self.config = self.config.replace(origin='autotune', **values)
+        self._queue.partition_bytes = self.config.partition_bytes
+        self._queue.credit_bytes = self.config.credit_bytes
+        if 'progress_sleep_us' in values:
+            self.set_progress(self.config.progress_sleep_us)
+
+    def set_progress(self, sleep_us):
+        """progress_sleep_us of the data communicators, from their next collective on."""
         raise NotImplementedError
 
     def close(self):

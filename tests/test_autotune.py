@@ -1,0 +1,221 @@
+"""designs/autotune.py without MPI: the search on known cost surfaces, the knobs a user set,
+the ranks' agreement from their own timings, the bound it settles within, the tune table it
+writes, and one store (1 rank) that tunes itself while its sums stay exact.
+
+Several ranks are simulated by one Tuner each, agreed as the MAX-allreduce agrees them
+(numpy's max of their summaries), with rank 0's decision handed to every rank.
+"""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mpi_kvstore import config as cfg
+from mpi_kvstore.comm import tuning
+from mpi_kvstore.designs import autotune
+from mpi_kvstore.designs.autotune import GRID, KNOBS, CoordinateSearch, Tuner
+
+START = {'partition_bytes': 4 << 20, 'credit_bytes': 8 << 20, 'fusion_threshold': 1 << 20,
+         'progress_sleep_us': 200.0}
+
+
+def surface(draw_costs):
+    """A separable cost: base + one term per knob, keyed by the knob's value."""
+    return lambda values: 0.1 + sum(draw_costs[k][values[k]] for k in KNOBS)
+
+
+def run_search(search, cost):
+    measured = 0
+    while (values := search.proposal()) is not None:
+        search.record(cost(values))
+        measured += 1
+    return measured
+
+
+@st.composite
+def separable_costs(draw):
+    """Per knob, a distinct cost for each grid value and the start (ties would let either
+    value win)."""
+    costs = {}
+    for knob in KNOBS:
+        values = sorted(set(GRID[knob]) | {START[knob]})
+        terms = draw(st.lists(st.integers(0, 1000), min_size=len(values), max_size=len(values),
+                              unique=True))
+        costs[knob] = {v: t * 1e-4 for v, t in zip(values, terms)}
+    return costs
+
+
+@settings(max_examples=200, deadline=None)
+@given(costs=separable_costs(), free=st.sets(st.sampled_from(KNOBS)))
+def test_search_finds_the_minimum_of_a_separable_surface_in_one_pass(costs, free):
+    search = CoordinateSearch(START, free, margin=0.0)
+    measured = run_search(search, surface(costs))
+    expected = {k: (min(costs[k], key=costs[k].get) if k in free else START[k]) for k in KNOBS}
+    assert search.best == expected
+    assert search.best_cost == pytest.approx(surface(costs)(expected))
+    assert measured == autotune.samples(START, free)
+
+
+def test_search_keeps_the_start_unless_another_value_is_clearly_faster():
+    # 2% faster is noise under a 3% margin; 10% faster wins.
+    def cost(values):
+        return {0: 0.98, 1 << 20: 1.0, 4 << 20: 1.0}[values['partition_bytes']] * (
+            0.9 if values['credit_bytes'] == 0 else 1.0)
+    search = CoordinateSearch(START, ('partition_bytes', 'credit_bytes'))
+    run_search(search, cost)
+    assert search.best['partition_bytes'] == START['partition_bytes']
+    assert search.best['credit_bytes'] == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(given_by=st.dictionaries(st.sampled_from(KNOBS), st.sampled_from(['argument', 'env'])),
+       seed=st.integers(0, 2**32 - 1))
+def test_a_value_the_user_set_is_never_proposed_otherwise(given_by, seed):
+    explicit = {k: START[k] for k, how in given_by.items() if how == 'argument'}
+    environ = {'MPI_KVSTORE_' + k.upper(): str(START[k]) for k, how in given_by.items()
+               if how == 'env'}
+    config = cfg.Config(environ=environ, autotune=True, **explicit).replace(
+        origin='auto: 2 hosts', **{k: START[k] for k in KNOBS if k not in given_by})
+    assert set(autotune.free_knobs(config)) == set(KNOBS) - set(given_by)
+    tuner = Tuner(config, 0, 1)
+    rng = np.random.default_rng(seed)
+    while (values := tuner.search.proposal()) is not None:
+        for knob in given_by:
+            assert values[knob] == START[knob]
+        tuner.search.record(rng.uniform(0.05, 0.2))
+    assert all(tuner.search.best[k] == START[k] for k in given_by)
+
+
+def config_of(steps=3, environ=None, **explicit):
+    """A resolved config (as topology.resolve leaves it) with autotune on."""
+    config = cfg.Config(environ=environ or {}, autotune=True, autotune_steps=steps, **explicit)
+    auto = {k: START[k] for k in KNOBS if getattr(config, k) == 'auto'}
+    return config.replace(origin='auto: 2 hosts', **auto) if auto else config
+
+
+def agreed_round(tuners):
+    """One check of the timings, as Tuner.round runs it on every rank: the MAX of every
+    rank's summary, rank 0's decision, every rank's switch. -> what each rank applies."""
+    agreed = np.max([t.summary() for t in tuners], axis=0)
+    if -agreed[1] < tuners[0].steps:
+        return None
+    choice = tuners[0].decide(agreed[0])
+    return [t.switch(choice) for t in tuners]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.integers(2, 4), seed=st.integers(0, 2**32 - 1))
+def test_ranks_of_different_timings_switch_alike_to_what_the_slowest_rank_gives(ranks, seed):
+    """Each rank measures its own steps (a rank-dependent cost plus noise); every rank applies
+    the same values at the same check, and the settled choice is what a search fed the
+    slowest rank's median (numpy, independently) chooses."""
+    rng = np.random.default_rng(seed)
+    weights = rng.uniform(0.5, 2.0, size=(ranks, len(KNOBS)))
+    tuners = [Tuner(config_of(), r, ranks) for r in range(ranks)]
+    reference = CoordinateSearch(START, KNOBS)
+
+    def step(rank, values):
+        terms = [weights[rank, i] * np.log2(2.0 + values[k]) for i, k in enumerate(KNOBS)]
+        return 1e-3 * (1.0 + sum(terms)) * rng.uniform(1.0, 1.01)
+
+    clocks = np.zeros(ranks)
+    for _ in range(autotune.settle_bound(tuners[0].steps, 12)):
+        for r, tuner in enumerate(tuners):
+            clocks[r] += step(r, tuner.current)
+            tuner.tick(clocks[r])
+        slowest = max(t.summary()[0] for t in tuners)
+        applied = agreed_round(tuners)
+        if applied is not None:
+            assert all(a == applied[0] for a in applied)
+            reference.record(slowest)
+        assert all(t.current == tuners[0].current for t in tuners)
+        if not tuners[0].active:
+            break
+    assert not any(t.active for t in tuners)
+    assert tuners[0].current == reference.best
+    assert [t.switches for t in tuners] == [tuners[0].switches] * ranks
+
+
+def test_it_settles_within_its_stated_bound_on_one_rank_and_picks_the_cheapest():
+    steps = 4
+    tuner = Tuner(config_of(steps), 0, 1)
+    best = {'partition_bytes': 0, 'credit_bytes': 2 << 20, 'fusion_threshold': 256 << 10,
+            'progress_sleep_us': 50.0}
+
+    def cost(values):   # 10% a knob off its best value
+        return 1e-3 * (1 + 0.1 * sum(values[k] != best[k] for k in KNOBS))
+
+    clock, ran = 0.0, 0
+    while tuner.active:
+        clock += cost(tuner.current)
+        tuner.tick(clock)
+        ran += 1
+        for _ in range(autotune.CHECK_EVERY):   # a step runs at least one round
+            tuner.round(comm=None)
+        assert ran <= tuner.bound
+    assert tuner.current == best
+    assert tuner.bound == autotune.settle_bound(steps, autotune.samples(START, KNOBS))
+
+
+def test_the_choice_goes_into_the_tune_tables_schedule_and_the_next_run_starts_there(tmp_path):
+    path = tmp_path / 'table.json'
+    table = tuning.Table([1024, 1 << 20], ['mpi', 'rsag'], 2,
+                         schedule={'credit_bytes': 4 << 20})
+    payload = table.to_json(measured={'mpi': [1.0]})
+    path.write_text(json.dumps(payload))
+    tuned = {'partition_bytes': 1 << 20, 'fusion_threshold': 4 << 20, 'progress_sleep_us': 50.0}
+    assert autotune.save(str(path), tuned)
+    written = json.loads(path.read_text())
+    assert written['schedule'] == dict(tuned, credit_bytes=4 << 20)
+    assert written['allreduce'] == payload['allreduce']
+    assert written['measured_ms'] == {'mpi': [1.0]}
+    again = tuning.Table.from_json(written)
+    assert again.schedule['fusion_threshold'] == 4 << 20
+    started = autotune.start_config(cfg.Config(environ={}), again)
+    assert (started.fusion_threshold, started.origin('fusion_threshold')) == (
+        4 << 20, 'tune table')
+    kept = autotune.start_config(cfg.Config(environ={}, fusion_threshold='64K'), again)
+    assert (kept.fusion_threshold, kept.origin('fusion_threshold')) == (64 << 10, 'argument')
+    assert not autotune.save(str(tmp_path / 'absent.json'), tuned)
+
+
+def test_the_options_default_off_and_are_checked():
+    assert cfg.Config(environ={}).autotune is False
+    assert cfg.Config(environ={'MPI_KVSTORE_AUTOTUNE': 'on'}).autotune is True
+    with pytest.raises(cfg.ConfigError, match='MPI_KVSTORE_AUTOTUNE_STEPS'):
+        cfg.Config(environ={'MPI_KVSTORE_AUTOTUNE_STEPS': '0'})
+    assert 'autotune' in cfg.AGREED and 'autotune_steps' in cfg.AGREED
+
+
+@pytest.mark.parametrize('design', ['funneled', 'concurrent'])
+def test_a_store_tunes_itself_while_its_sums_stay_exact(design):
+    """One rank, the whole path: steps pushed through the store, switches between rounds
+    (pieces, credit, fusion, polling all change), every pushpull's result exact."""
+    import mxnet as mx
+
+    import mpi_kvstore
+    kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1,
+                            partition_bytes='1M', credit_bytes=0, fusion_threshold='1M',
+                            progress_sleep_us=0)
+    tuner = kv._job.design.tuner     # the design's, which no public name reaches
+    assert tuner.free == ()          # every knob set here: nothing to search
+    kv.close()
+    kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1)
+    design_ = kv._job.design
+    tuner = design_.tuner
+    shapes = {'w0': (300000,), 'w1': (1000,), 'w2': (70000,)}
+    step = 0
+    while tuner.active and step < tuner.bound:
+        for i, (key, shape) in enumerate(shapes.items()):
+            value = np.arange(np.prod(shape), dtype=np.float32) % 97 + step + i
+            out = mx.nd.zeros(shape)
+            kv.pushpull(key, mx.nd.array(value), out=out, priority=-i)
+            assert np.array_equal(out.asnumpy(), value), (key, step, tuner.current)
+        step += 1
+    assert not tuner.active, 'not settled within %d steps' % tuner.bound
+    assert tuner.switches, 'it never switched'
+    assert {k: getattr(design_.config, k) for k in KNOBS} == tuner.current
+    assert design_._queue.partition_bytes == tuner.current['partition_bytes']
+    kv.close()
