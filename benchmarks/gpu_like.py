@@ -52,7 +52,8 @@ from numba.extending import intrinsic
 from benchmarks import harness
 from mpi_kvstore.engine.arrays import array_pointer, host_view
 
-MODELS = ('resnet18_v1', 'resnet50_v1', 'vgg11', 'vgg16')
+# mobilenet0.25 (1.9 MB of gradients) is there for smoke tests: a run in seconds.
+MODELS = ('mobilenet0.25', 'resnet18_v1', 'resnet50_v1', 'vgg11', 'vgg16')
 IMAGE = (1, 3, 224, 224)                # one ImageNet image: the zoo nets' input
 RESNET50_IMAGES_PER_S = (125.0, 400.0)  # per GPU at batch 32: the slow and the fast GPU
 BATCH = 32

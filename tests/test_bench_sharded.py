@@ -2,8 +2,9 @@
 rot: every configuration trains, passes the weight checks, and the sharded stores hold half
 the unsharded store's optimizer state. 2-bit is checked against its own 2-bit reference
 (float32 tolerance) and is far from unsharded's weights, so that check tells it apart.
-ResNet-18 (the smallest gpu_like model) at 3200 images/s: about 15 s a job on 2 cores, most
-of it imports.
+mobilenet0.25 (gpu_like's smallest model, 1.9 MB of gradients): a job takes seconds on 2
+cores, most of it imports. Three jobs in all: two --rss-only jobs, then the side by side
+that reads their files.
 """
 import json
 import re
@@ -14,8 +15,8 @@ from mpi_harness import run_mpi
 NPROCS = 2
 TIMEOUT = 240
 SCRIPT = 'benchmarks/sharded.py'
-SMALL = ['--model', 'resnet18_v1', '--images-per-s', '3200', '--warmups', '1', '--rounds', '2',
-         '--chain', '2']
+SMALL = ['--model', 'mobilenet0.25', '--warmups', '1', '--rounds', '2', '--chain', '2']
+RECORD = f'sharded_n{NPROCS}_mobilenet0.25_adam_h1.json'
 
 
 def check_rerun_command(command, nprocs, module, args):
@@ -28,13 +29,29 @@ def check_rerun_command(command, nprocs, module, args):
     assert words[words.index('-m') + 2:] == [str(arg) for arg in args], command
 
 
-def test_side_by_side(mpi_available, tmp_path):
+def rss_only(name, tmp_path):
+    """One --rss-only job: its file, checked."""
+    path = tmp_path / f'rss_{name}.json'
+    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--rss-only', name, '--rss-json', path,
+                  '--out', tmp_path, timeout=TIMEOUT)
+    assert f'{name} alone: RSS' in out and 'weights ok' in out, out[-3000:]
+    rss = json.loads(path.read_text())['rss']
+    assert rss['config'] == name and rss['check'] == 'ok'
+    assert len(rss['per_rank']) == NPROCS
+    assert 0 < rss['model_rss_MB'] < rss['rss_MB'] <= rss['hwm_MB'], rss
+    return str(path)
+
+
+def test_side_by_side_reads_rss_only_jobs(mpi_available, tmp_path):
+    """--rss-only writes one configuration's RSS; the side by side of every configuration
+    (--rss-files) puts them in its table."""
+    files = [rss_only(name, tmp_path) for name in ('unsharded', 'sharded')]
     args = [*SMALL, '--configs',
             'unsharded,sharded,sharded+bf16,unsharded+whole,sharded+whole,sharded+2bit',
-            '--out', tmp_path]
+            '--rss-files', ','.join(files), '--out', tmp_path]
     out = run_mpi(NPROCS, SCRIPT, *args, timeout=TIMEOUT)
     assert 'weights check: ok' in out, out[-3000:]
-    record = json.loads((tmp_path / f'sharded_n{NPROCS}_resnet18_v1_adam_h1.json').read_text())
+    record = json.loads((tmp_path / RECORD).read_text())
     assert record['benchmark'] == 'sharded' and record['nranks'] == NPROCS
     assert record['config']['interleaved'] is True
     assert record['config']['argv'][1:] == [str(arg) for arg in args], record['config']['argv']
@@ -48,7 +65,7 @@ def test_side_by_side(mpi_available, tmp_path):
     assert rows['unsharded+whole']['state_bytes'] == rows['unsharded']['state_bytes']
     whole = rows['unsharded']['state_bytes']
     grads = record['grad_bytes']
-    # Adam: two float32 arrays a weight; ResNet-18's 11.7M trainable elements.
+    # Adam: two float32 arrays a weight.
     assert whole == 2 * grads
     for name in ('sharded', 'sharded+bf16', 'sharded+whole', 'sharded+2bit'):
         row = rows[name]
@@ -72,31 +89,13 @@ def test_side_by_side(mpi_available, tmp_path):
     for row in rows.values():
         assert len(row['step_s']) == 2 and all(t > 0 for t in row['step_s']), row
         assert row['step']['min'] <= row['step']['median'] <= row['step']['max']
-        assert row['rss'] is None
+        if row['config'] in ('unsharded', 'sharded'):
+            assert row['rss']['rss_MB'] > 0 and row['rss']['file'] in files, row
+        else:
+            assert row['rss'] is None, row
     assert re.search(r'^\| sharded\+bf16 \| [\d.]+ \([\d.]+-[\d.]+\) \|', out, re.MULTILINE), out
     assert 'state per rank sharded / unsharded: 0.5' in out
-
-
-def test_rss_only_then_the_timed_job_reads_it(mpi_available, tmp_path):
-    """--rss-only writes one configuration's RSS; --rss-files puts it in the table."""
-    files = []
-    for name in ('unsharded', 'sharded'):
-        path = tmp_path / f'rss_{name}.json'
-        out = run_mpi(NPROCS, SCRIPT, *SMALL, '--rss-only', name, '--rss-json', path,
-                      '--out', tmp_path, timeout=TIMEOUT)
-        assert f'{name} alone: RSS' in out and 'weights ok' in out, out[-3000:]
-        rss = json.loads(path.read_text())['rss']
-        assert rss['config'] == name and rss['check'] == 'ok'
-        assert len(rss['per_rank']) == NPROCS
-        assert 0 < rss['model_rss_MB'] < rss['rss_MB'] <= rss['hwm_MB'], rss
-        files.append(str(path))
-    out = run_mpi(NPROCS, SCRIPT, *SMALL, '--configs', 'unsharded,sharded', '--rss-files',
-                  ','.join(files), '--out', tmp_path, timeout=TIMEOUT)
-    assert 'weights check: ok' in out, out[-3000:]
     assert re.search(r'RSS per rank fell by -?[\d.]+ MB against [\d.]+ MB of state freed', out), out
-    record = json.loads((tmp_path / f'sharded_n{NPROCS}_resnet18_v1_adam_h1.json').read_text())
-    for row in record['rows']:
-        assert row['rss']['rss_MB'] > 0 and row['rss']['file'] in files, row
 
 
 def test_two_bit_reference_is_the_store_kernel():

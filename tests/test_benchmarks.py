@@ -29,6 +29,8 @@ BENCHMARKS = os.path.join(REPO_ROOT, 'benchmarks')
 NPROCS = 2
 TIMEOUT = 180           # seconds for one job; each takes 2-40 s here (most of it imports)
 KILL_GRACE = 10         # seconds between SIGTERM (testbed.Hosts tears down) and SIGKILL
+# gpu_like's smallest model (1.9 MB of gradients): the scripts that train it run in seconds.
+SMALL_MODEL = 'mobilenet0.25'
 TESTBED, WHY_NO_TESTBED = testbed.available(rate=True, mpi=True)
 needs_testbed = pytest.mark.skipif(not TESTBED, reason=WHY_NO_TESTBED or 'test bed available')
 
@@ -274,9 +276,9 @@ def test_compressed_ring(mpi_available):
 
 def test_overlap(mpi_available, tmp_path):
     """Every trainer of issue 21's side by side trains, passes the weight check and is timed."""
-    out = mpirun(mpi_available, 'overlap', '--model', 'resnet18_v1', '--images-per-s', 3200,
-                 '--warmups', 1, '--rounds', 2, '--chain', 2, '--topology', 'smoke', '--out', tmp_path)
-    record = load(tmp_path / f'overlap_n{NPROCS}_resnet18_v1_h1.json')
+    out = mpirun(mpi_available, 'overlap', '--model', SMALL_MODEL, '--warmups', 1, '--rounds', 2,
+                 '--chain', 2, '--topology', 'smoke', '--out', tmp_path)
+    record = load(tmp_path / f'overlap_n{NPROCS}_{SMALL_MODEL}_h1.json')
     check_run_record(record, 'overlap')
     topology = record['topology']
     assert (topology['hosts'], list(topology['ranks_per_host'].values())) == (1, [NPROCS])
@@ -295,21 +297,21 @@ def test_overlap(mpi_available, tmp_path):
         assert positive(row['vs_fifo']), row
     assert rows['fifo']['vs_fifo'] == 1.0
     assert re.search(r'^\| dist_sync \| [\d.]+ \(', out, re.MULTILINE), out[-3000:]
-    assert (tmp_path / f'overlap_n{NPROCS}_resnet18_v1_h1.png').exists()
-    assert '| fifo |' in (tmp_path / f'overlap_n{NPROCS}_resnet18_v1_h1.md').read_text()
+    assert (tmp_path / f'overlap_n{NPROCS}_{SMALL_MODEL}_h1.png').exists()
+    assert '| fifo |' in (tmp_path / f'overlap_n{NPROCS}_{SMALL_MODEL}_h1.md').read_text()
 
 
 def test_schedule_tune(mpi_available, tmp_path):
     """The autotune pass times FIFO and a candidate, checks the weights, and writes the winner
     into a tune table a store then reads."""
     table = tmp_path / 'tune.json'
-    out = mpirun(mpi_available, 'schedule_tune', '--model', 'resnet18_v1', '--images-per-s', 3200,
-                 '--partitions', '1M', '--credits', '2M', '--warmups', 0, '--trials', 2,
-                 '--chain', 2, '--table', table, '--out', tmp_path)
-    record = load(tmp_path / f'schedule_tune_n{NPROCS}_resnet18_v1.json')
+    out = mpirun(mpi_available, 'schedule_tune', '--model', SMALL_MODEL, '--partitions', '256K',
+                 '--credits', '512K', '--warmups', 0, '--trials', 2, '--chain', 2, '--table', table,
+                 '--out', tmp_path)
+    record = load(tmp_path / f'schedule_tune_n{NPROCS}_{SMALL_MODEL}.json')
     check_run_record(record, 'schedule_tune')
     found = {(c['partition_bytes'], c['credit_bytes']): c['wall_s'] for c in record['candidates']}
-    assert set(found) == {(0, 0), (1 << 20, 2 << 20)}
+    assert set(found) == {(0, 0), (256 << 10, 512 << 10)}
     assert all(len(w) == 2 and all(positive(t) for t in w) for w in found.values())
     best = (record['best']['partition_bytes'], record['best']['credit_bytes'])
     assert best == min(found, key=lambda pair: statistics.median(found[pair]))
