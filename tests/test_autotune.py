@@ -219,3 +219,13 @@ def test_a_store_tunes_itself_while_its_sums_stay_exact(design):
     assert {k: getattr(design_.config, k) for k in KNOBS} == tuner.current
     assert design_._queue.partition_bytes == tuner.current['partition_bytes']
     kv.close()
+
+
+def test_ranks_switch_at_one_round_to_one_choice_with_exact_sums(tmp_path, mpi_available):
+    """scenarios/kv_autotune.py at 2 ranks, both negotiated designs in one job."""
+    from mpi_harness import run_mpi
+    out = run_mpi(2, 'kv_autotune.py', str(tmp_path / 'table.json'), 'funneled', 'concurrent',
+                  timeout=120)
+    for design in ('funneled', 'concurrent'):
+        assert 'kv_autotune[%s]: OK at 2 ranks' % design in out, out[-3000:]
+    assert out.count('autotune settled') == 2, out[-3000:]     # once a store, rank 0 alone

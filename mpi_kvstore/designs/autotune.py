@@ -59,7 +59,7 @@ GRID = {'partition_bytes': (0, 1 << 20, 4 << 20),
         'progress_sleep_us': (0.0, 50.0, 200.0)}
 MARGIN = 0.03        # a value replaces the best so far only when this much faster: noise
 WARMUP_STEPS = 3     # steps of the job's start left out (graph building, compiled ops)
-CHECK_EVERY = 8      # negotiation rounds between two agreements on the timings
+CHECK_EVERY = 4      # negotiation rounds between two agreements on the timings
 _USER = ('argument', 'environment variable')
 
 

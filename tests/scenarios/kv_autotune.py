@@ -1,0 +1,117 @@
+"""autotune under mpiexec: ranks of different local timings switch at the same round to the
+same values, with every sum exact before, during and after the switches.
+
+For each design given (funneled, concurrent), one store with autotune on, and
+fusion_threshold and credit_bytes set by argument (so they must stay). Each rank's step sleeps a time of its
+own (rank-dependent), plus a penalty on the last rank while partition_bytes is 0, so the
+search has a known answer: pieces.
+Every step pushpulls keys of which one is cut into pieces by partition_bytes=1M,
+and every result equals numpy's sum of what each rank contributed (small integers in
+float32: exact in any order). Then: every rank holds the same switches (round and values),
+none of them touched what was set, the last one before settling, some steps ran before
+the first and after the last; the tune table's schedule holds the choice, and a store made
+next from that table, without autotune, starts from it.
+
+usage: kv_autotune.py TABLE_PATH DESIGN [DESIGN ...]
+"""
+import json
+import logging
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+import mpi_kvstore
+from mpi_kvstore.comm import tuning
+
+from common import RANK, SIZE, WORLD, done
+
+TABLE = sys.argv[1]
+DESIGNS = sys.argv[2:] or ['funneled']
+KEYS = {'a': 300007, 'b': 1000, 'c': 7001}   # elements: 'a' (1.2 MB) is cut by 1M pieces
+PENALTY = 0.1    # seconds: above a busy 2-core VM's noise in the median step
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')
+
+
+def data(rank, step, key):
+    """Small integers in float32, cheap to make: their sums are exact in any order."""
+    return ((np.arange(KEYS[key]) * (rank + 1) + step) % 101 - 50).astype(np.float32)
+
+
+def expected(step, key):
+    return sum(data(r, step, key).astype(np.float64) for r in range(SIZE)).astype(np.float32)
+
+
+def step_cost(values):
+    """This rank's compute, by the values in use: rank-dependent, and slow on the last
+    rank while partition_bytes is 0, so the search has a known answer on every rank."""
+    return 0.002 * (RANK + 1) + (PENALTY if RANK == SIZE - 1 and
+                                 values['partition_bytes'] == 0 else 0.0)
+
+
+def run(kv, step):
+    for i, key in enumerate(KEYS):
+        out = mx.nd.zeros(KEYS[key])
+        kv.pushpull(key, mx.nd.array(data(RANK, step, key)), out=out, priority=-i)
+        got = out.asnumpy()
+        if not np.array_equal(got, expected(step, key)):
+            raise AssertionError('rank %d: step %d key %s: got %s, expected %s'
+                                 % (RANK, step, key, got[:4], expected(step, key)[:4]))
+
+
+def tune(design):
+    kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1,
+                            fusion_threshold='1M', credit_bytes='2M', tune_table=TABLE)
+    tuner = kv._job.design.tuner      # the design's: no public name reaches it
+    assert tuner.free == ('partition_bytes', 'progress_sleep_us'), tuner.free
+    step, settled_at, first_switch = 0, None, None
+    while step < tuner.bound + 5 and (settled_at is None or step < settled_at + 3):
+        time.sleep(step_cost(tuner.current))
+        run(kv, step)
+        if first_switch is None and tuner.switches:
+            first_switch = step
+        if settled_at is None and not tuner.active:
+            settled_at = step
+        step += 1
+    kv.close()
+    if RANK == 0:
+        print('kv_autotune[%s]: settled at step %d of %d (bound %d), first switch at step %d'
+              % (design, settled_at, step, tuner.bound, first_switch), flush=True)
+    assert settled_at is not None, 'rank %d: not settled in %d steps' % (RANK, step)
+    assert first_switch is not None and first_switch > 0, first_switch   # sums before it too
+    switches = WORLD.allgather(tuner.switches)
+    assert all(s == switches[0] for s in switches), switches
+    assert all(set(values) <= set(tuner.free) for _, values in tuner.switches), tuner.switches
+    chosen = WORLD.allgather(tuner.current)
+    assert all(c == chosen[0] for c in chosen), chosen
+    assert tuner.current['partition_bytes'] > 0, tuner.current
+    assert (tuner.current['fusion_threshold'], tuner.current['credit_bytes']) == (1 << 20, 2 << 20)
+    return tuner.current, tuner.free
+
+
+def next_run(design, current, free):
+    with open(TABLE) as fh:
+        schedule = json.load(fh)['schedule']
+    assert schedule == {k: current[k] for k in free}, (schedule, current)
+    kv = mpi_kvstore.create('dist_mpi', design=design, tune_table=TABLE)
+    config = kv._job.design.config
+    assert {k: getattr(config, k) for k in free} == schedule, config
+    run(kv, 0)
+    kv.close()
+
+
+def main():
+    if RANK == 0:
+        with open(TABLE, 'w') as fh:
+            json.dump(tuning.Table([1024], ['mpi'], SIZE).to_json(), fh)
+    WORLD.Barrier()
+    for design in DESIGNS:
+        current, free = tune(design)
+        WORLD.Barrier()
+        next_run(design, current, free)
+        done('kv_autotune[%s]' % design)
+
+
+main()
