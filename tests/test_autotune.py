@@ -229,3 +229,21 @@ def test_ranks_switch_at_one_round_to_one_choice_with_exact_sums(tmp_path, mpi_a
     for design in ('funneled', 'concurrent'):
         assert 'kv_autotune[%s]: OK at 2 ranks' % design in out, out[-3000:]
     assert out.count('autotune settled') == 2, out[-3000:]     # once a store, rank 0 alone
+
+
+def test_doctor_shows_whether_it_tunes_what_and_the_tables_tuned_schedule(tmp_path, monkeypatch):
+    from mpi_kvstore.cli import doctor
+    path = tmp_path / 'table.json'
+    path.write_text(json.dumps(tuning.Table([1024], ['mpi'], 1, schedule={
+        'partition_bytes': 1 << 20, 'fusion_threshold': 4 << 20}).to_json()))
+    for name in ('AUTOTUNE', 'CREDIT_BYTES', 'TUNE_TABLE'):
+        monkeypatch.delenv('MPI_KVSTORE_' + name, raising=False)
+    assert 'autotune:         off' in '\n'.join(doctor.report())
+    monkeypatch.setenv('MPI_KVSTORE_AUTOTUNE', '1')
+    monkeypatch.setenv('MPI_KVSTORE_CREDIT_BYTES', '2M')
+    monkeypatch.setenv('MPI_KVSTORE_TUNE_TABLE', str(path))
+    report = '\n'.join(doctor.report())
+    assert ('autotune:         on, 10 steps a sample, searching partition_bytes, '
+            'fusion_threshold, progress_sleep_us (the rest set by the user); the choice goes '
+            'into %s' % path) in report, report
+    assert '  schedule:       partition_bytes=1M, fusion_threshold=4M\n' in report, report

@@ -15,7 +15,7 @@ from ..comm import mpiabi, topology, transports, tuning
 from ..comm.mpiabi import MPI
 from ..comm.tuning import Table
 from ..config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
-from ..designs import REGISTRY, get_design
+from ..designs import REGISTRY, autotune, get_design
 from ..errors import ConfigError
 from ..launch.console import HelpFormatter, console
 
@@ -112,6 +112,8 @@ def _tune_table(config):
     lines = ['tune table:       %s, measured on %d ranks%s' % (
         path, table.comm_size, '' if table.comm_size == size
         else ' (this job has %d: ignored)' % size)]
+    if table.schedule:   # tune's or autotune's choice, where a store starts
+        lines.append('  schedule:       ' + autotune.describe(table.schedule))
     lines.append('  allreduce:      ' + ', '.join(
         '%s %s' % (_bytes(n), name) for n, name in zip(table.sizes, table.backends)))
     if table.device is not None:
@@ -192,8 +194,23 @@ def report(environ=None):
             _bytes(config.partition_bytes) if config.partition_bytes else '0 (never cut)',
             _bytes(config.credit_bytes) if config.credit_bytes else '0 (all agreed at once)',
             chosen.split(': ', 1)[1] if chosen else 'as given'),
+        'autotune:         %s' % _autotune(config),
     ]
     return lines + _tune_table(config)
+
+
+def _autotune(config):
+    """Whether the store would search its schedule online, over which knobs, and where its
+    choice would go (designs/autotune.py)."""
+    if not config.autotune:
+        return 'off (autotune=1 searches the schedule while the job trains)'
+    if config.design not in ('funneled', 'concurrent'):
+        return 'on, but design=%s has no negotiation rounds: nothing is searched' % config.design
+    free = autotune.free_knobs(config)
+    return 'on, %d steps a sample, searching %s%s; the choice goes %s' % (
+        config.autotune_steps, ', '.join(free) or 'nothing (every knob set by the user)',
+        '' if len(free) == len(autotune.KNOBS) else ' (the rest set by the user)',
+        'into %s' % config.tune_table if config.tune_table else 'to the log alone (no tune_table)')
 
 
 def main(argv=None):
