@@ -27,10 +27,12 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
 Why no optimisation library: scikit-optimize (Horovod's choice is its own Gaussian process)
 does not install beside numpy<1.24: ``pip install --dry-run scikit-optimize`` resolves to
 scikit-learn 1.9 and numpy 1.26, which MXNet 1.9.1 cannot use, and the project was archived
-in 2024. The space is also small (four knobs, three or four values each: 12 samples for a
-whole pass), and every sample costs ten training steps, so a model of the surface would
-save few samples; a deterministic coordinate search costs one pass and decides the same on
-every machine given the same timings.
+in 2024. The space is also small (four knobs, three or four values each: 10 samples for a
+whole pass from values on the grid), and every sample costs ten training steps, so a model
+of the surface would save few samples; a deterministic coordinate search costs one pass and
+decides the same on every machine given the same timings. One pass can miss where knobs
+interact (a gain hidden behind a cost another knob removes later); a next run starts a new
+pass from the table.
 """
 import json
 import logging
