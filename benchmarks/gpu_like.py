@@ -186,17 +186,8 @@ def initial_value(index):
 # ---------------------------------------------------------------- the compiled layer op
 
 @intrinsic
-def _float32_at(typingctx, address):
-    """An int64 address as a float32 pointer (for numba.carray)."""
-    sig = types.CPointer(types.float32)(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
-
-
-@intrinsic
 def _void_at(typingctx, address):
+    """An int64 address as a void pointer (numba.carray reads it with a dtype)."""
     sig = types.voidptr(types.int64)
 
     def codegen(context, builder, signature, args):
@@ -227,6 +218,12 @@ HEADER, FILL = 10, 3
 
 
 @numba.njit
+def _float32_at(address):
+    """The float32 at an int64 address, as a one-element array."""
+    return numba.carray(_void_at(address), 1, np.float32)
+
+
+@numba.njit
 def _start(head):
     """Now + the op's duration, in ns: when the op must end. Leaves now in the timespec."""
     # The kernel may wake a sleeper up to its timer slack late (50 us by default): over
@@ -249,13 +246,13 @@ def _layer_op(run_ctx, param):
     gradient = unit * SCALE, then sleep until the layer's duration since the start is up."""
     head = numba.carray(param, HEADER, dtype=np.int64)
     deadline = _start(head)
-    value = numba.carray(_float32_at(head[SRC]), 1)[0]
+    value = _float32_at(head[SRC])[0]
     if head[ADD] != 0:
-        value += numba.carray(_float32_at(head[ADD]), 1)[0]
-    numba.carray(_float32_at(head[DST]), 1)[0] = value
+        value += _float32_at(head[ADD])[0]
+    _float32_at(head[DST])[0] = value
     count = head[NFILL]
     if count > 0:
-        scale = numba.carray(_float32_at(head[SCALE]), 1)[0]
+        scale = _float32_at(head[SCALE])[0]
         words = numba.carray(param, HEADER + FILL * count, dtype=np.int64)
         units = numba.carray(param, HEADER + FILL * count, dtype=np.float64)
         for k in range(count):
@@ -356,8 +353,8 @@ def _update_op(run_ctx, param):
     head = numba.carray(param, U_HEADER, dtype=np.int64)
     deadline = _start(head)
     coef = numba.carray(param, U_HEADER, dtype=np.float64)[U_COEF]
-    weight = numba.carray(_float32_at(head[U_WEIGHT]), 1)
-    grad = numba.carray(_float32_at(head[U_GRAD]), 1)
+    weight = _float32_at(head[U_WEIGHT])
+    grad = _float32_at(head[U_GRAD])
     value = np.float32(weight[0] - np.float32(coef) * grad[0])
     bits = np.array([value], np.float32).view(np.int32)[0]
     _wmemset(_void_at(head[U_WEIGHT]), bits, head[U_COUNT])

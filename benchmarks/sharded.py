@@ -1,7 +1,8 @@
 """The sharded optimizer (shard_optimizer) side by side with the unsharded store.
 
     mpiexec -n 4 python -m benchmarks.sharded [--configs unsharded,sharded,sharded+bf16]
-    python -m benchmarks.sharded --launch 'mpiexec -n 4' [options]   # with an RSS job each
+    for c in unsharded sharded; do mpiexec -n 4 python -m benchmarks.sharded --rss-only $c \
+        --rss-json rss_$c.json; done         # then --rss-files rss_unsharded.json,rss_sharded.json
 
 gpu_like's model, trained by gluon.Trainer with the optimizer in the store (Adam by
 default). Every configuration (CONFIGS) is a store and a model of its own, all created
@@ -17,8 +18,7 @@ optimizer state this rank holds (largest over ranks), wire bytes a rank sends a 
 ring model (allreduce 2(N-1)/N G; reduce-scatter + allgather the same; a 16-bit wire halves
 the reduce-scatter, 2-bit sends a sixteenth), and RSS. RSS comes from a job of its own per
 configuration (configurations in one process share its memory): --rss-only CONFIG trains
-one alone and writes its RSS; --rss-files hands the timed job those files; --launch PREFIX
-runs both kinds of job, each under a timeout.
+one alone and writes its RSS; --rss-files hands the timed job those files.
 
 Checks (a failure is printed in the table and exits 1): weights equal on every rank; every
 trained weight equals MXNet's own optimizer fed the same summed gradients (float32
@@ -33,12 +33,15 @@ import functools
 import hashlib
 import json
 import os
-import shlex
-import sys
-import time
 
-from benchmarks import harness, report
-from mpi_kvstore.launch import processes  # starts no MPI: fine in the driver
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+import mpi_kvstore
+from benchmarks import gpu_like, harness, report
+from mpi_kvstore.comm.fusion import share
+from mpi_kvstore.optim import shards
 
 CONFIGS = {
     'unsharded': {'shard_optimizer': False},
@@ -59,7 +62,6 @@ STEPS = {'warmups': 1, 'trials': 5}         # untimed and timed rounds
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'sharded')
 TOLERANCE = {'exact': {'rtol': 1e-5, 'atol': 1e-6}, '16bit': {'rtol': 1e-2, 'atol': 1e-2}}
 MB = 1 << 20
-DRIVER_GRACE = 120                          # s a launched job gets beyond --timeout
 
 
 def configs(text):
@@ -71,23 +73,10 @@ def configs(text):
     return chosen
 
 
-def _driver_args(argv):
-    """The options the driver (--launch) reads itself, without MPI or gpu_like (which would
-    start MPI in the process that runs mpiexec)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument('--launch', default=None)
-    parser.add_argument('--configs', type=configs, default=configs(DEFAULT_CONFIGS))
-    parser.add_argument('--out', default=DEFAULT_OUT)
-    parser.add_argument('--timeout', type=float, default=900.0)
-    return parser.parse_known_args(argv)[0]
-
-
 def parse_args(argv=None):
-    from benchmarks import gpu_like  # imports MPI: not in the driver
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      conflict_handler='resolve')
     gpu_like.add_workload_args(parser)
-    # gpu_like's --optimizer offers SGD without state; here the state is the point.
     # gpu_like's --optimizer offers SGD without state; here the state is the point.
     parser.add_argument('--optimizer', default='adam', choices=sorted(OPTIMIZERS))
     parser.add_argument('--lr', type=float, default=0.01)
@@ -102,8 +91,6 @@ def parse_args(argv=None):
                         help='train this configuration alone and write its RSS per rank')
     parser.add_argument('--rss-json', help='with --rss-only: the JSON to write')
     parser.add_argument('--rss-files', help="comma-separated JSONs of --rss-only jobs")
-    parser.add_argument('--launch', help="PREFIX (e.g. 'mpiexec -n 4'): one --rss-only job "
-                                         'per configuration, then the timed job')
     args = harness.resolve_quick(parser.parse_args(argv), STEPS)
     if args.chain < 1:
         raise SystemExit('--chain must be >= 1')
@@ -128,10 +115,6 @@ def optimizer_params(args):
 def make_config(args, plan_, name, index):
     """Collective: a store with `name`'s options, a model of its own (parameters apart from
     every other configuration's) and a gluon.Trainer updating on the store."""
-    from mxnet import gluon
-
-    import mpi_kvstore
-    from benchmarks import gpu_like
     model = gpu_like.GPULikeModel(plan_, prefix=f'{plan_.model}_{index}_')
     model.initialize()
     kv, why = harness.create_store(args.design, args.timeout, **CONFIGS[name])
@@ -145,7 +128,6 @@ def make_config(args, plan_, name, index):
 
 def train_run(args, config, comm):
     """One run of --chain steps: seconds a step, the slowest rank's (gpu_like._train)."""
-    from benchmarks import gpu_like
     one = argparse.Namespace(warmups=0, trials=1, chain=args.chain, batch=args.batch)
     seconds = gpu_like._train(one, config.model, config.trainer, comm)['wall_s'][0]
     config.runs += 1
@@ -154,9 +136,6 @@ def train_run(args, config, comm):
 
 def state_bytes(kv):
     """Bytes of optimizer state this rank's store holds: every NDArray of every key's state."""
-    import numpy as np
-
-    from mpi_kvstore.optim import shards
     updater = kv._updater
     if updater is None:
         return 0
@@ -168,10 +147,6 @@ def expected_share_bytes(kv_whole, nranks, rank):
     """The bytes a sharded rank should hold, from an unsharded store's whole states: every
     key's arrays cut to this rank's share (fusion.share), keys of fewer elements than ranks
     whole."""
-    import numpy as np
-
-    from mpi_kvstore.comm.fusion import share
-    from mpi_kvstore.optim import shards
     total = 0
     for state in kv_whole._updater.states.values():
         for leaf in shards.leaves(state):
@@ -206,7 +181,6 @@ def rss():
 def two_bit_send(residual, grad, threshold):
     """(the value MXNet's quantize_2bit sends for one element, the new residual), in
     float32: +t where residual + grad >= t, -t where <= -t, else 0; the rest is kept."""
-    import numpy as np
     t = np.float32(threshold)
     r = np.float32(residual + np.float32(grad))
     sent = t if r >= t else (-t if r <= -t else np.float32(0))
@@ -220,10 +194,6 @@ def reference_weights(args, plan_, nranks, runs, two_bit=None):
     --chain steps (gpu_like._train numbers each run's steps from 0). With `two_bit` (a
     threshold), each rank's gradient is what its 2-bit quantisation sends (two_bit_send,
     one residual a rank and parameter: every element of a parameter has the same gradient)."""
-    import mxnet as mx
-    import numpy as np
-
-    from benchmarks import gpu_like
     optimizer = mx.optimizer.create(args.optimizer, **optimizer_params(args))
     optimizer.rescale_grad = 1.0 / (args.batch * nranks)     # Trainer.step(batch * ranks)
     updater = mx.optimizer.get_updater(optimizer)
@@ -263,7 +233,6 @@ def weights_of(config):
 def check_config(config, reference, plan_, comm):
     """Collective: 'ok', or why `config`'s weights are wrong, the same on every rank.
     `reference`: reference_weights' for this configuration (2-bit's models the 2-bit)."""
-    import numpy as np
     config.kv.wait()
     weights = weights_of(config)
     digest = hashlib.blake2b(digest_size=16)
@@ -292,7 +261,6 @@ def compare(name, weights, base, comm):
     """Collective: (max |weights - base| over every element and rank, why they differ or
     None): a configuration against unsharded's weights. A 2-bit configuration's distance is
     measured, not checked: its weights follow other gradients (check_config's reference)."""
-    import numpy as np
     tol = _tolerance(name)
     worst, error = 0.0, None
     for index, (w, b) in enumerate(zip(weights, base)):
@@ -306,9 +274,6 @@ def compare(name, weights, base, comm):
 
 def rss_only(args, plan_, comm, run):
     """--rss-only: one configuration alone, trained as the timed job trains it; RSS after."""
-    import mxnet as mx
-
-    from benchmarks import gpu_like
     name = args.rss_only
     with harness.deadline(args.timeout, f'sharded --rss-only {name}'):
         config = make_config(args, plan_, name, 0)
@@ -428,8 +393,6 @@ def findings(names, rows, nranks):
 
 def timed(args, plan_, comm, run):
     """The side by side: every configuration created, rounds timed, then the checks."""
-    import mxnet as mx
-
     names = args.configs
     rss_rows = load_rss(args, comm.size)
     with harness.deadline(args.timeout, 'sharded'):
@@ -486,11 +449,7 @@ def timed(args, plan_, comm, run):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if _driver_args(argv).launch:
-        return drive(argv)
     args = parse_args(argv)
-    from benchmarks import gpu_like
     comm = harness.world()
     plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
     where = harness.topology(comm, args.topology)
@@ -514,8 +473,7 @@ def main(argv=None):
     harness.rank0_print(f'RSS of the timed job (every configuration alive): '
                         f'{max(all_rss):.0f} MB, largest over ranks')
     if not args.rss_files:
-        harness.rank0_print('RSS per configuration: none given (--rss-files, or run with '
-                            "--launch 'mpiexec -n N')")
+        harness.rank0_print('RSS per configuration: none given (--rss-files of --rss-only jobs)')
     failed = {n: r['check'] for n, r in rows.items() if r['check'] != 'ok'}
     payload = {'model': args.model, 'optimizer': args.optimizer, 'batch': args.batch,
                'chain': args.chain, 'grad_bytes': plan_.grad_bytes,
@@ -534,55 +492,5 @@ def main(argv=None):
     return None
 
 
-# ---------------------------------------------------------------- the driver (--launch)
-
-def _without(argv, option):
-    """argv less `option` and its value (both '--opt V' and '--opt=V')."""
-    out, skip = [], False
-    for word in argv:
-        if skip:
-            skip = False
-        elif word == option:
-            skip = True
-        elif not word.startswith(option + '='):
-            out.append(word)
-    return out
-
-
-def _launch(command, timeout):
-    """Run one job (a process group of its own) under a timeout; its exit status."""
-    print('$ ' + shlex.join(command), flush=True)
-    status, timed_out = processes.wait_or_stop(processes.start_group(command), timeout, 10)
-    if timed_out:
-        print(f'timed out after {timeout:.0f} s: the job was ended', flush=True)
-    return 124 if timed_out else status
-
-
-def drive(argv):
-    """--launch PREFIX: one --rss-only job per configuration, then the timed job with their
-    files; no MPI in this process."""
-    driver = _driver_args(argv)
-    prefix = shlex.split(driver.launch)
-    rest = _without(_without(argv, '--launch'), '--rss-files')
-    tag = time.strftime('%Y%m%dT%H%M%S')
-    os.makedirs(driver.out, exist_ok=True)
-    module = [sys.executable, '-m', 'benchmarks.sharded']
-    timeout = driver.timeout + DRIVER_GRACE
-    files = []
-    for name in driver.configs:
-        path = os.path.join(driver.out, f'sharded_rss_{tag}_{name}.json')
-        status = _launch(prefix + module + rest + ['--rss-only', name, '--rss-json', path],
-                         timeout)
-        if status != 0:
-            raise SystemExit(f'the --rss-only {name} job exited with {status}')
-        files.append(path)
-    status = _launch(prefix + module + rest + ['--rss-files', ','.join(files)], timeout)
-    if status != 0:
-        raise SystemExit(f'the timed job exited with {status}')
-
-
 if __name__ == '__main__':
-    if _driver_args(sys.argv[1:]).launch:
-        main()
-    else:
-        harness.run_main(main)
+    harness.run_main(main)
