@@ -138,6 +138,32 @@ def test_ranks_of_different_timings_switch_alike_to_what_the_slowest_rank_gives(
     assert [t.switches for t in tuners] == [tuners[0].switches] * ranks
 
 
+def test_ranks_whose_users_set_different_knobs_follow_rank_0s_search(tmp_path):
+    """Equal values may come from an argument on one rank and a default on another (the
+    ranks agree on values, not origins): every rank still checks at the same rounds, and
+    rank 0, whose user set every knob, settles them all at the first sample, changing
+    nothing and writing nothing."""
+    path = tmp_path / 'table.json'
+    path.write_text(json.dumps(tuning.Table([1024], ['mpi'], 2).to_json()))
+    table = tuning.Table.from_json(json.loads(path.read_text()))
+    everything = {k: (str(v) if k == 'progress_sleep_us' else cfg.format_bytes(v))
+                  for k, v in START.items()}
+    tuners = [Tuner(config_of(tune_table=str(path), **everything), 0, 2, table),
+              Tuner(config_of(tune_table=str(path)), 1, 2, table)]
+    assert (tuners[0].free, tuners[1].free) == ((), KNOBS)
+    assert all(t.active for t in tuners)
+    checks, clock = 0, 0.0
+    while tuners[0].active:
+        clock += 1e-3
+        for t in tuners:
+            t.tick(clock)
+        checks += agreed_round(tuners) is not None
+        assert tuners[0].active == tuners[1].active
+    assert checks == 1
+    assert all(t.current == START and t.switches == [] for t in tuners)
+    assert 'schedule' not in json.loads(path.read_text())
+
+
 def test_it_settles_within_its_stated_bound_on_one_rank_and_picks_the_cheapest():
     steps = 4
     tuner = Tuner(config_of(steps), 0, 1)

@@ -182,7 +182,9 @@ class Tuner:
         self.search = CoordinateSearch(self.current, self.free)
         self.bound = settle_bound(self.steps, samples(self.current, self.free))
         self.path = config.tune_table if table is not None else ''
-        self.active = bool(self.free)
+        # On every rank alike, even where this rank's user set every knob: rank 0's search
+        # decides (its free knobs), and a rank that skipped the checks would hang the rest.
+        self.active = True
         self.rounds = 0
         self.switches = []          # (round, values) of every switch, the same on every rank
         self._poll_us = poll_us
@@ -249,13 +251,14 @@ class Tuner:
         self.search.record(cost)
         following = self.search.proposal()
         if following is None:
-            return True, dict(self.search.best), self.search.best_cost, self._start_cost
-        return False, following, None, None
+            return True, dict(self.search.best), (self.free, self.search.best_cost,
+                                                  self._start_cost)
+        return False, following, None
 
     def switch(self, choice):
         """Every rank: apply rank 0's ``choice`` (decide's tuple) from now on; -> the knobs
         that change."""
-        settled, values, cost, start_cost = choice
+        settled, values, outcome = choice
         changed = {k: v for k, v in values.items() if self.current[k] != v}
         self.current = dict(values)
         with self._lock:
@@ -265,11 +268,12 @@ class Tuner:
             self.switches.append((self.rounds, dict(changed)))
         if settled:
             self.active = False
-            self._settled(cost, start_cost)
+            self._settled(*outcome)
         return changed
 
-    def _settled(self, cost, start_cost):
-        saved = bool(self.path) and save(self.path, {k: self.current[k] for k in self.free})
+    def _settled(self, free, cost, start_cost):
+        # rank 0's free knobs: every rank writes the same content (ranks' origins may differ)
+        saved = bool(self.path and free) and save(self.path, {k: self.current[k] for k in free})
         if self.rank != 0:
             return
         log.info('mpi_kvstore: autotune settled at round %d after %d steps (bound %d): %s '
