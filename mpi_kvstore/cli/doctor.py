@@ -13,7 +13,7 @@ import os
 
 from ..comm import mpiabi, topology, transports, tuning
 from ..comm.mpiabi import MPI
-from ..comm.tuning import Table
+from ..comm.tuning import OPS, Table
 from ..config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
 from ..designs import REGISTRY, autotune, get_design
 from ..errors import ConfigError
@@ -100,7 +100,7 @@ def _tune_table(config):
     store's rank 0 reads it and broadcasts it: tuning.load)."""
     path = config.tune_table
     if not path:
-        return ['tune table:       none (every allreduce is MPI_Allreduce; GPU buffers take '
+        return ['tune table:       none (every collective takes the store\'s default; GPU buffers take '
                 'gpu_transport\'s choice)']
     try:
         with open(path) as fh:
@@ -116,6 +116,12 @@ def _tune_table(config):
         lines.append('  schedule:       ' + autotune.describe(table.schedule))
     lines.append('  allreduce:      ' + ', '.join(
         '%s %s' % (_bytes(n), name) for n, name in zip(table.sizes, table.backends)))
+    for op in OPS:   # the other collectives' rows; none: the store's own choice
+        rows = table.ops.get(op)
+        lines.append('  %-15s ' % (op + ':') + ("none (the store's default)" if rows is None else ', '.join(
+            '%s %s%s' % (_bytes(n), c.algorithm, '' if c.chunk_bytes is None
+                         else ' (chunks of %s)' % _bytes(c.chunk_bytes))
+            for n, c in zip(rows.sizes, rows.values))))
     if table.device is not None:
         lines.append('  GPU buffers:    ' + ', '.join(
             '%s %s' % (_bytes(n), name) for n, name in zip(table.device.sizes,

@@ -1,5 +1,5 @@
-"""``python -m mpi_kvstore tune``: choose an allreduce algorithm per message size, measured
-on the job itself (MCR-DL: backends mixed by message size).
+"""``python -m mpi_kvstore tune``: choose each collective's algorithm per message size,
+measured on the job itself (MCR-DL: backends mixed by message size).
 
     mpiexec -n N python -m mpi_kvstore tune [--sizes 4K,64K,1M,16M,64M] [--trials 7]
         [--out mpi_kvstore_tune.json]
@@ -14,6 +14,13 @@ compression/ (compressed once and as a ring). Where every rank has a GPU, each G
 transport every rank can use (transports/) is timed on CuPy buffers too (``device_ms``),
 and the table's ``device`` rows keep, per size, the one gpu_transport=auto would take
 unless another is faster by the margin.
+Then, on host buffers of the same sizes, each other collective (tuning.OPS) across its
+algorithms: broadcast flat (one MPI_Bcast), pipelined and chain in chunks of 256 KB, 1 MB
+and 4 MB (those smaller than the buffer), and through the hosts (whole, and in those
+chunks) where the hierarchy applies; allgather and reduce-scatter by MPI, and through the
+hosts where every host runs as many ranks; alltoall by MPI. Each size keeps MPI's own
+(flat) unless another is faster by the margin; these become the table's ``ops`` rows. Their
+device buffers keep their transport's own collective (not timed).
 The table keeps the fastest lossless algorithm per size; a second pass times the table's
 dispatch against every single algorithm (and every single GPU transport), in the same
 run, and prints how far from the best each size is.
@@ -29,10 +36,11 @@ import time
 import numpy as np
 
 from .. import compression
-from ..comm import transports
+from ..comm import broadcast, transports
+from ..comm.fusion import pieces
 from ..comm.host import Comm
 from ..comm.mpiabi import MPI
-from ..comm.tuning import LOSSLESS, LOSSY, Table
+from ..comm.tuning import LOSSLESS, LOSSY, OPS, Table
 from ..config import format_bytes, parse_bytes
 from ..errors import ConfigError
 from ..launch.console import HelpFormatter, console, to_stdout
@@ -194,6 +202,79 @@ def _device_check(comm, tuned, made, sizes, trials, say):
     return worst
 
 
+# Chunk sizes that broadcast's chunked algorithms are timed with (below the buffer's size).
+CHUNKS = (256 << 10, 1 << 20, 4 << 20)
+
+
+def _broadcasts(comm, hier, buf):
+    """{candidate: run} of broadcast of ``buf`` from rank 0: 'flat', and 'algorithm/chunk'
+    for the chunked ones (their table rows carry the chunk)."""
+    mpi = comm.mpi
+    runs = {'flat': lambda: broadcast.flat(mpi, buf, 0)}
+    chunks = [c for c in CHUNKS if c < buf.nbytes]
+    for chunk in chunks:
+        runs['pipelined/%d' % chunk] = lambda c=chunk: broadcast.pipelined(mpi, buf, 0, c)
+        runs['chain/%d' % chunk] = lambda c=chunk: broadcast.chain(mpi, buf, 0, c)
+    if hier.hierarchy.active:
+        through = broadcast.Hierarchical(hier.mpi, hier.hierarchy.node, hier.hierarchy.cross)
+        for chunk in [None, *chunks]:
+            runs['hierarchical' if chunk is None else 'hierarchical/%d' % chunk] = (
+                lambda c=chunk: through(buf, 0, c))
+    return runs
+
+
+def _op_runners(op, comm, hier, nbytes):
+    """{candidate: run} of ``op`` (tuning.OPS) on host float32 buffers of ``nbytes``."""
+    count = max(nbytes // 4, comm.size)
+    buf = np.zeros(count, np.float32)
+    if op == 'broadcast':
+        return _broadcasts(comm, hier, buf)
+    counts, displs = pieces(count, comm.size)
+    grid = hier.hierarchy.grid
+    if op == 'allgather':
+        runs = {'mpi': lambda: comm.allgather_flat(buf, counts, displs)}
+        if grid is not None:
+            runs['hierarchical'] = lambda: grid.allgather(buf, counts, displs)
+        return runs
+    if op == 'reducescatter':
+        piece = np.zeros(counts[comm.rank], np.float32)
+        runs = {'mpi': lambda: comm.reduce_scatter_flat(buf, piece, counts)}
+        if grid is not None:
+            runs['hierarchical'] = lambda: grid.reduce_scatter(buf, piece, counts)
+        return runs
+    buf = np.zeros(count - count % comm.size, np.float32)   # alltoall: whole chunks
+    recv = np.empty_like(buf)
+    return {'mpi': lambda: comm.alltoall(buf, recv)}
+
+
+def _pick_op(op, times):
+    """The candidate for one size of ``op``: MPI's own unless another beats it by the margin."""
+    default = OPS[op][0]
+    fastest = min(times, key=times.get)
+    return fastest if times[fastest] < MARGIN * times[default] else default
+
+
+def _ops_rows(comm, hier, sizes, trials, say):
+    """Each other collective timed per size. -> ({op: rows for Table}, {op: {size: ms}})"""
+    rows, measured = {}, {}
+    for op in OPS:
+        rows[op], measured[op] = [], {}
+        for nbytes in sizes:
+            scale = SMALL_TRIALS if nbytes <= SMALL_BYTES else 1
+            spread = {}
+            times = _interleaved(comm, _op_runners(op, comm, hier, nbytes), trials * scale,
+                                 spread)
+            best = _pick_op(op, times)
+            algorithm, _, chunk = best.partition('/')
+            rows[op].append((nbytes, algorithm, int(chunk) if chunk else None))
+            measured[op][str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
+            say('%-13s %10d B  ' % (op, nbytes) + '  '.join(
+                '%s %.3f ms (%.3f-%.3f)%s' % (n, t * 1e3, spread[n][0] * 1e3,
+                                              spread[n][1] * 1e3, ' *' if n == best else '')
+                for n, t in times.items()))
+    return rows, measured
+
+
 class _Plain:
     """The least of a request that a codec exchanges."""
 
@@ -228,8 +309,8 @@ def main(argv=None):
     comm = Comm(world, 'off')
     hier = Comm(world, 'on')
     say = console.info if world.Get_rank() == 0 else (lambda *a, **k: None)
-    say('tuning allreduce on %d ranks (%d host(s)), %d trials a size'
-        % (world.Get_size(), hier.hierarchy.nodes, args.trials))
+    say('tuning allreduce, then %s, on %d ranks (%d host(s)), %d trials a size'
+        % (', '.join(OPS), world.Get_size(), hier.hierarchy.nodes, args.trials))
     measured, chosen = {}, []
     for nbytes in sizes:
         buf = np.zeros(max(nbytes // 4, 1), np.float32)
@@ -251,7 +332,8 @@ def main(argv=None):
         device_rows = [(n, _pick_device(device_ms[str(n)], default)) for n in sizes]
         say('GPU transports chosen by size (gpu_transport=auto would take %s): %s'
             % (default, ', '.join('%d B %s' % row for row in device_rows)))
-    table = Table(sizes, chosen, world.Get_size(), device_rows)
+    ops, ops_ms = _ops_rows(comm, hier, sizes, args.trials, say)
+    table = Table(sizes, chosen, world.Get_size(), device_rows, ops=ops)
     # The table's dispatch against each single algorithm, timed again in this run.
     tuned = Comm(world, 'on' if table.needs_hierarchy else 'off', table=table)
     say('check: the table against the best single lossless algorithm, each timed again in '
@@ -280,7 +362,8 @@ def main(argv=None):
         worst = max(worst, worst_device)
     if world.Get_rank() == 0:
         with open(args.out, 'w') as fh:
-            json.dump(dict(table.to_json(measured), device_ms=device_ms), fh, indent=1)
+            json.dump(dict(table.to_json(measured), device_ms=device_ms, ops_ms=ops_ms), fh,
+                      indent=1)
         say('table written to %s: use it with tune_table=%s (MPI_KVSTORE_TUNE_TABLE)'
             % (args.out, args.out))
     for transport in made.values():

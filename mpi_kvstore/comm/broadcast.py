@@ -17,6 +17,9 @@ travels as its bytes, so any dtype goes, ml-dtypes' bfloat16 included):
                0: the leaders). With ``chunk_bytes``, each step is a chain (or Ibcasts),
                so chunk k crosses the network while chunk k-1 spreads inside the host.
 
+:class:`ByTable` is the entry point the store's broadcasts take (host.Comm.bcast_host):
+it picks one of these by the buffer's size from the tune table's broadcast rows.
+
 Every rank must pass a buffer of the same number of bytes and the same root, chunk size
 and window (as MPI_Bcast requires): the chunks, and so the calls, follow from those alone.
 It cannot deadlock: each communicator sees its calls in chunk order on every member; a
@@ -31,10 +34,12 @@ import logging
 
 import numpy as np
 
+from .. import debug
 from .hierarchy import Hierarchy
 from .mpiabi import MPI
+from .tuning import Choice
 
-__all__ = ['flat', 'pipelined', 'chain', 'Hierarchical', 'DEFAULT_CHUNK_BYTES',
+__all__ = ['flat', 'pipelined', 'chain', 'Hierarchical', 'ByTable', 'DEFAULT_CHUNK_BYTES',
            'DEFAULT_WINDOW', 'CHAIN_TAG']
 
 log = logging.getLogger(__name__)
@@ -238,3 +243,51 @@ class Hierarchical:
         else:
             _run_steps(data, self.steps(root), int(chunk_bytes), int(window))
         return buf
+
+
+FLAT = Choice('flat', None)
+
+
+class ByTable:
+    """Broadcasts on ``comm`` that take the tune table's choice for their size
+    (tuning.Table.choose_op('broadcast', nbytes)); without a table, or without broadcast
+    rows, one MPI_Bcast, as before the rows existed. The choice is a pure function of the
+    agreed table and the size, and every rank's buffer has the same size, so every rank
+    makes the same calls. ``hierarchy``: an object with ``active``, ``node`` and ``cross``
+    (hierarchy.Hierarchy of ``comm``), or None; a 'hierarchical' row where it is not
+    active (one host, one rank a host) takes pipelined Ibcasts of its chunk, or one
+    MPI_Bcast without a chunk."""
+
+    def __init__(self, comm, table=None, hierarchy=None):
+        self.comm, self._table, self._hierarchy = comm, table, hierarchy
+        # Built at the first hierarchical broadcast: its constructor is collective on comm,
+        # and that first broadcast is the same call on every rank.
+        self._through_hosts = None
+
+    def choose(self, nbytes):
+        """The Choice (algorithm, chunk_bytes) that a buffer of ``nbytes`` takes here."""
+        choice = None if self._table is None else self._table.choose_op('broadcast', nbytes)
+        if choice is None:
+            return FLAT
+        if choice.algorithm == 'hierarchical' and not getattr(self._hierarchy, 'active', False):
+            return Choice('pipelined', choice.chunk_bytes) if choice.chunk_bytes else FLAT
+        return choice
+
+    def __call__(self, buf, root=0):
+        """``buf`` of ``root`` into every rank's ``buf``, by the table. Returns ``buf``. A
+        buffer that is not numpy (device memory for a CUDA-aware MPI) takes one MPI_Bcast."""
+        if not isinstance(buf, np.ndarray):
+            self.comm.Bcast(buf, root=root)
+            return buf
+        algorithm, chunk = self.choose(buf.nbytes)
+        debug.count('algorithm', 'broadcast ' + algorithm)
+        if algorithm == 'flat':
+            return flat(self.comm, buf, root)
+        if algorithm == 'pipelined':
+            return pipelined(self.comm, buf, root, chunk)
+        if algorithm == 'chain':
+            return chain(self.comm, buf, root, chunk)
+        if self._through_hosts is None:
+            self._through_hosts = Hierarchical(self.comm, self._hierarchy.node,
+                                               self._hierarchy.cross)
+        return self._through_hosts(buf, root, chunk)

@@ -11,6 +11,7 @@ import logging
 import numpy as np
 
 from .. import debug
+from .broadcast import ByTable
 from .fusion import BufferPool, pieces
 from .hierarchy import Hierarchy, PairedCalls
 from .mpiabi import MPI, handle
@@ -60,6 +61,7 @@ class Comm:
         except BaseException:
             self.mpi.Free()
             raise
+        self._broadcast = ByTable(self.mpi, table, self.hierarchy)   # the table's broadcast rows
 
     # The hierarchy's state, as the compression and the tests read it.
     @property
@@ -134,7 +136,15 @@ class Comm:
                     lambda data: self.bcast_host(data, root))
 
     def bcast_host(self, data, root):
-        self.mpi.Bcast(data, root=root)
+        self._broadcast(data, root)
+
+    def _shares_through_hosts(self, op, nbytes):
+        """A reduce-scatter or allgather (``op``) of ``nbytes`` through the hosts: the tune
+        table's row where it has one for ``op``, else the hierarchy's default."""
+        choice = None if self._table is None else self._table.choose_op(op, nbytes)
+        if choice is None:
+            return self.hierarchy.takes_shares(nbytes)
+        return choice.algorithm == 'hierarchical' and self.hierarchy.grid is not None
 
     def barrier(self):
         self.mpi.Barrier()
@@ -167,7 +177,7 @@ class Comm:
                 self.router.run(send, lambda transport, data, into:
                                 transport.reduce_scatter(data, into, counts), recv)
             return
-        if self.hierarchy.takes_shares(send.nbytes):
+        if self._shares_through_hosts('reducescatter', send.nbytes):
             debug.count('algorithm', 'hierarchical reducescatter')
             self.hierarchy.grid.reduce_scatter(send, recv, counts)
             return
@@ -189,7 +199,7 @@ class Comm:
                 self.router.run(buf, lambda transport, data:
                                 transport.allgather(data, counts, displs))
             return
-        if self.hierarchy.takes_shares(buf.itemsize * sum(counts)):
+        if self._shares_through_hosts('allgather', buf.itemsize * sum(counts)):
             debug.count('algorithm', 'hierarchical allgather')
             self.hierarchy.grid.allgather(buf, counts, displs)
             return

@@ -1,4 +1,5 @@
-"""Tune tables: which allreduce algorithm, and which GPU transport, each message size takes.
+"""Tune tables: which algorithm each collective takes by message size, and which GPU
+transport a device buffer takes.
 
 ``python -m mpi_kvstore tune`` (tune.py) measures a table on the job itself; the store
 loads it with the option ``tune_table``. Rank 0 reads the file and broadcasts it, and a
@@ -6,6 +7,8 @@ rank that can read its own copy must find the same content there (:func:`load`),
 rank holds the same table, and a size's choice is a pure function of (size, communicator
 size): the ranks always make the same calls. A table measured on another number of ranks
 is ignored, with a warning. Between measured sizes the nearer one (in log scale) decides.
+Besides allreduce, a table may hold rows for the other collectives (:data:`OPS`); an op
+without rows keeps the store's own choice, so tables written before those rows still load.
 docs/tuning.md shows the format and how the mixed GPU transports hand over.
 """
 import bisect
@@ -21,13 +24,29 @@ from ..errors import ConfigError
 from .consensus import Setting, check
 from .transports.base import REGISTRY
 
-__all__ = ['Table', 'BySize', 'Reading', 'read', 'load', 'LOSSLESS', 'LOSSY']
+__all__ = ['Table', 'BySize', 'Choice', 'Reading', 'read', 'load', 'LOSSLESS', 'LOSSY', 'OPS']
 
 log = logging.getLogger('mpi_kvstore')
 
 LOSSLESS = ('mpi', 'rsag', 'hierarchical')
 LOSSY = ('fp16', 'bf16', 'fp16-ring', 'bf16-ring')   # timed, never chosen
 VERSION = 1
+# The other collectives' algorithms, by op (the table's "ops" rows). broadcast: one
+# MPI_Bcast, Ibcast chunks, a chain of chunks, or through the hosts (comm/broadcast.py);
+# allgather and reduce-scatter: MPI's on the whole communicator, or through the hosts
+# (hierarchy.Grid); alltoall: MPI_Alltoall, its one algorithm so far (timed, so a table
+# records it).
+OPS = {'broadcast': ('flat', 'pipelined', 'chain', 'hierarchical'),
+       'allgather': ('mpi', 'hierarchical'),
+       'reducescatter': ('mpi', 'hierarchical'),
+       'alltoall': ('mpi',)}
+# Algorithms that cut the buffer in chunks: their rows carry chunk_bytes ('hierarchical'
+# broadcast may: without it, each step is one Bcast).
+CHUNKED = ('pipelined', 'chain')
+
+
+class Choice(collections.namedtuple('Choice', 'algorithm chunk_bytes')):
+    """One row's choice: an algorithm of OPS[op], and its chunk size in bytes or None."""
 
 
 class BySize:
@@ -55,9 +74,11 @@ class BySize:
 class Table:
     """Which allreduce algorithm each message size takes (see the module), and optionally
     which GPU transport a device buffer of each size takes (``device``: a list of
-    (bytes, transport name), as tune measured where every rank had a GPU)."""
+    (bytes, transport name), as tune measured where every rank had a GPU) and which
+    algorithm each other collective takes (``ops``: {op of OPS: [(bytes, algorithm,
+    chunk_bytes or None)]})."""
 
-    def __init__(self, sizes, backends, comm_size, device=None, schedule=None):
+    def __init__(self, sizes, backends, comm_size, device=None, schedule=None, ops=None):
         if len(sizes) != len(backends) or not sizes:
             raise ValueError('a tune table needs one algorithm per size')
         bad = [b for b in backends if b not in LOSSLESS]
@@ -76,6 +97,9 @@ class Table:
                 raise ValueError('unknown GPU transport(s) %s (known: %s)'
                                  % (bad, tuple(REGISTRY)))
             self.device = BySize([int(n) for n, _ in device], [name for _, name in device])
+        # op -> BySize of Choice: the rows of the other collectives (OPS); an op left out
+        # keeps the store's own choice
+        self.ops = {op: _op_rows(op, rows) for op, rows in (ops or {}).items()}
 
     def choose(self, nbytes):
         """The algorithm for an allreduce of nbytes (identical on every rank)."""
@@ -85,9 +109,19 @@ class Table:
         """The GPU transport the table measured fastest for nbytes, or None (no device rows)."""
         return None if self.device is None else self.device(nbytes)
 
+    def choose_op(self, op, nbytes):
+        """The Choice for ``op`` (a key of OPS) on nbytes, identical on every rank; None
+        where the table has no rows for ``op``."""
+        if op not in OPS:
+            raise ValueError('unknown collective %r (known: %s)' % (op, ', '.join(OPS)))
+        rows = self.ops.get(op)
+        return None if rows is None else rows(nbytes)
+
     @property
     def needs_hierarchy(self):
-        return 'hierarchical' in self.backends
+        return 'hierarchical' in self.backends or any(
+            choice.algorithm == 'hierarchical' for rows in self.ops.values()
+            for choice in rows.values)
 
     def to_json(self, measured=None):
         payload = {'version': VERSION, 'comm_size': self.comm_size,
@@ -99,6 +133,12 @@ class Table:
         if self.device is not None:
             payload['device'] = [{'bytes': s, 'transport': t}
                                  for s, t in zip(self.device.sizes, self.device.values)]
+        if self.ops:
+            payload['ops'] = {op: [dict({'bytes': s, 'algorithm': c.algorithm},
+                                        **({'chunk_bytes': c.chunk_bytes}
+                                           if c.chunk_bytes is not None else {}))
+                                   for s, c in zip(rows.sizes, rows.values)]
+                              for op, rows in self.ops.items()}
         return payload
 
     @classmethod
@@ -107,8 +147,40 @@ class Table:
             raise ValueError('not a version-%d mpi_kvstore tune table' % VERSION)
         rows = payload['allreduce']
         device = [(r['bytes'], r['transport']) for r in payload.get('device') or ()]
+        ops = payload.get('ops') or {}
+        if not isinstance(ops, dict):
+            raise ValueError('ops must be an object of %s, not %r' % (', '.join(OPS), ops))
+        ops = {op: [(r['bytes'], r['algorithm'], r.get('chunk_bytes')) for r in op_rows]
+               for op, op_rows in ops.items()}
         return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
-                   payload['comm_size'], device, payload.get('schedule'))
+                   payload['comm_size'], device, payload.get('schedule'), ops)
+
+
+def _op_rows(op, rows):
+    """BySize of Choice from [(bytes, algorithm, chunk_bytes or None)] of ``op``, checked."""
+    if op not in OPS:
+        raise ValueError('ops: unknown collective %r (known: %s)' % (op, ', '.join(OPS)))
+    if not rows:
+        raise ValueError('ops %s: a row per size is needed, not none' % op)
+    sizes, choices = [], []
+    for nbytes, algorithm, chunk in rows:
+        if algorithm not in OPS[op]:
+            raise ValueError('ops %s: unknown algorithm %r at %r bytes (known: %s)'
+                             % (op, algorithm, nbytes, ', '.join(OPS[op])))
+        if not _count(nbytes):
+            raise ValueError('ops %s: bytes must be a whole number >= 0, not %r' % (op, nbytes))
+        if chunk is not None and (not _count(chunk) or chunk < 1):
+            raise ValueError('ops %s: chunk_bytes at %d bytes must be a whole number >= 1, '
+                             'not %r' % (op, nbytes, chunk))
+        if chunk is None and algorithm in CHUNKED and op == 'broadcast':
+            raise ValueError('ops %s: %s at %d bytes needs chunk_bytes' % (op, algorithm, nbytes))
+        sizes.append(int(nbytes))
+        choices.append(Choice(algorithm, None if chunk is None else int(chunk)))
+    return BySize(sizes, choices)
+
+
+def _count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 SCHEDULE_KEYS = ('partition_bytes', 'credit_bytes', 'progress_sleep_us', 'fusion_threshold')
@@ -194,6 +266,6 @@ def load(path, comm, origin='argument'):
     table = Table.from_json(payload)
     if table.comm_size != comm.Get_size() and comm.Get_rank() == 0:
         log.warning('mpi_kvstore: tune_table %r was measured on %d ranks, this store has %d: '
-                    'ignored (every allreduce takes MPI_Allreduce)', path, table.comm_size,
+                    'ignored (every collective takes its default)', path, table.comm_size,
                     comm.Get_size())
     return table if table.comm_size == comm.Get_size() else None

@@ -140,6 +140,10 @@ class Chained(Design):
                 b[0].kind == 'allreduce' and self.table.choose(sum(r.nbytes for r in b)) != 'mpi'
                 for b in buckets):
             return None
+        if self.table is not None and any(      # ... and MPI_Bcast: other rows take Python
+                b[0].kind == 'bcast' and getattr(self.table.choose_op('broadcast', sum(
+                    r.nbytes for r in b)), 'algorithm', 'flat') != 'flat' for b in buckets):
+            return None
         message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
                    if self.size > 1 else None)
         found = records.ChainedPlan(buckets, self._comm, message, self._waker.fd,

@@ -5,19 +5,25 @@ job's real hosts (Hierarchical.build) and on
 rank), so that both of its shapes run (across then inside; and inside the root's host,
 across the leaders, inside the rest). Every root, dtypes of 1-16 bytes (bfloat16 from
 ml-dtypes, bool, complex), odd sizes and zero, chunks that do not divide the buffer, one
-request in flight and several. The data are random bytes (NaN payloads included), so a
+request in flight and several. Then ByTable, the store's entry point, from a tune table
+whose broadcast rows send these sizes through each of the four (flat, pipelined, chain,
+hierarchical on split "hosts"; on the real hosts, pipelined where the hierarchy does not
+apply), counted by debug so each is seen to run. The data are random bytes (NaN payloads included), so a
 conversion anywhere would show. Then what bad input raises.
 
 usage: kv_broadcast.py [active]   (active: the job's real hosts must make the hierarchy
 apply, as across test hosts with 2 ranks on one of them)
 """
 import sys
+from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
 
+from mpi_kvstore import debug
 from mpi_kvstore.comm import broadcast
-from mpi_kvstore.comm.broadcast import Hierarchical
+from mpi_kvstore.comm.broadcast import ByTable, Hierarchical
+from mpi_kvstore.comm.tuning import Table
 
 from common import RANK, SIZE, WORLD, done, expect_raises
 
@@ -61,14 +67,14 @@ def same(got, want, what):
                              % (RANK, what, diff.size, diff[:3]))
 
 
-def check(name, run, salt):
-    for dtype in DTYPES:
+def check(name, run, salt, chunkings=CHUNKINGS, dtypes=DTYPES):
+    for dtype in dtypes:
         for count in COUNTS:
             for root in range(SIZE):
                 want = expected(root, count, dtype, salt)
                 flat = mpi_reference(root, count, dtype, salt)
                 same(flat, want, 'flat MPI_Bcast of %s[%d] from %d' % (np.dtype(dtype), count, root))
-                for chunk, window in CHUNKINGS:
+                for chunk, window in chunkings:
                     if chunk < 4096 and count * np.dtype(dtype).itemsize > 20000:
                         continue   # thousands of tiny chunks: slow, and no new case
                     buf = start(root, count, dtype, salt)
@@ -88,6 +94,28 @@ def fake_hosts(host_of):
     node = WORLD.Split(host_of(RANK), key=RANK)
     cross = WORLD.Split(node.Get_rank(), key=RANK)
     return node, cross
+
+
+# Broadcast rows that split check()'s sizes (0 B to 400 KB) four ways: < 8 B flat, < 512 B
+# pipelined chunks of 997 B, < 16 KB a chain of 4 KB chunks, the rest through the hosts in
+# 8 KB chunks (the edges: integer geometric means of neighbouring rows).
+TABLE = Table([4], ['mpi'], SIZE, ops={'broadcast': [
+    (1, 'flat', None), (64, 'pipelined', 997), (4096, 'chain', 4096),
+    (65536, 'hierarchical', 8192)]})
+
+
+def by_table(comm, hierarchy, salt):
+    """ByTable over ``hierarchy`` against flat and numpy (check), and which ran. -> salt"""
+    entry = ByTable(comm, TABLE, hierarchy)
+    before = debug.snapshot()
+    salt = check('ByTable (hosts active: %s)' % hierarchy.active,
+                 lambda b, r, c, w: entry(b, r), salt,
+                 chunkings=[(1 << 30, 0)],   # one pass: the table gives the chunks
+                 dtypes=[ml_dtypes.bfloat16, 'float32', 'complex64'])   # 2, 4, 8 bytes
+    ran = {name.split()[-1] for name in debug.since(before, 'algorithm')}
+    want = {'flat', 'pipelined', 'chain'} | ({'hierarchical'} if hierarchy.active else set())
+    assert ran == want, (ran, want)
+    return salt
 
 
 def bad_input(comm):
@@ -131,11 +159,14 @@ def main():
     for layout, hier in layouts.items():
         salt = check('hierarchical (%s)' % layout,
                      lambda b, r, c, w, h=hier: h(b, r, c if c < (1 << 30) else None, w), salt)
+    uneven = layouts['uneven']
+    salt = by_table(comm, hierarchy, salt)
+    salt = by_table(comm, SimpleNamespace(active=True, node=uneven.node, cross=uneven.cross),
+                    salt)
     for layout in ('interleaved', 'uneven'):   # the steps as Ibcasts instead of chains
         salt = check('hierarchical Ibcasts (%s)' % layout,
                      lambda b, r, c, w, h=layouts[layout]: h(b, r, c, w, how='ibcast'), salt)
     # Both shapes ran: 'uneven' at 3+ ranks sends a root of local rank 1 through the leaders.
-    uneven = layouts['uneven']
     if SIZE >= 3:
         if RANK < SIZE - 1:   # the root's host: inside it, then rank 0 across the leaders
             want = [uneven.node] + ([uneven.cross] if RANK == 0 else [])

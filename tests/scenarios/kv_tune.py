@@ -1,5 +1,8 @@
-"""The tune table end to end: `tune` writes one, the store loads it (rank 0 reads, all get
-it), each size takes its algorithm, and the sums stay numpy's, in every design."""
+"""The tune table end to end: `tune` writes one (allreduce and the other collectives'
+rows), the store loads it (rank 0 reads, all get it), each size takes its algorithm, and
+the sums stay numpy's, in every design. Then the other collectives' rows: init, a
+broadcast from the last rank, and the array collectives (bcast, allgather, reducescatter)
+of odd sizes and several dtypes take the table's choice by size, against numpy."""
 import json
 import os
 import tempfile
@@ -29,13 +32,21 @@ def write(name, payload):
     return path
 
 
-# 1. the command writes a table this job can load
-out = os.path.join(folder, 'measured.json')
-assert tune.main(['--sizes', '4K,256K', '--trials', '2', '--out', out]) == 0
-WORLD.Barrier()
-measured = json.load(open(out))
-assert measured['comm_size'] == SIZE and [r['bytes'] for r in measured['allreduce']] == [4096, 262144]
-assert set(measured['measured_ms']['4096']) >= {'mpi', 'rsag'}, measured['measured_ms']
+# 1. the command writes a table this job can load (once: the command is the same in
+# every design)
+if DESIGN == 'funneled':
+    out = os.path.join(folder, 'measured.json')
+    assert tune.main(['--sizes', '4K,600K', '--trials', '2', '--out', out]) == 0
+    WORLD.Barrier()
+    measured = json.load(open(out))
+    assert measured['comm_size'] == SIZE and [r['bytes'] for r in measured['allreduce']] == [4096, 614400]
+    assert set(measured['measured_ms']['4096']) >= {'mpi', 'rsag'}, measured['measured_ms']
+    assert sorted(measured['ops']) == sorted(tuning.OPS), measured['ops']
+    for op, rows in measured['ops'].items():
+        assert [r['bytes'] for r in rows] == [4096, 614400], (op, rows)
+    # chunks of 256 KB fit in 600 KB: both chunked broadcasts were timed there
+    assert {'flat', 'pipelined/262144', 'chain/262144'} <= set(measured['ops_ms']['broadcast']['614400'])
+    assert tuning.Table.from_json(measured).choose_op('alltoall', 1).algorithm == 'mpi'
 
 # 2. a table that sends middle sizes through reduce-scatter + allgather
 table = {'version': 1, 'comm_size': SIZE, 'measured_ms': {},
@@ -79,4 +90,62 @@ bad = write('bad.json', {'version': 1, 'comm_size': SIZE,
                          'allreduce': [{'bytes': 4, 'algorithm': 'carrier-pigeon'}]})
 expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
               tune_table=bad, contains='carrier-pigeon')
+
+# 4. the other collectives' rows: broadcasts below 64 B flat, then Ibcast chunks of 1000 B,
+# then chains of 4 KB chunks, then through the hosts (one host here: Ibcasts of 64 KB)
+ops = {'broadcast': [{'bytes': 1, 'algorithm': 'flat'},
+                     {'bytes': 4096, 'algorithm': 'pipelined', 'chunk_bytes': 1000},
+                     {'bytes': 65536, 'algorithm': 'chain', 'chunk_bytes': 4096},
+                     {'bytes': 1 << 20, 'algorithm': 'hierarchical', 'chunk_bytes': 65536}],
+       'allgather': [{'bytes': 4, 'algorithm': 'hierarchical'}],
+       'reducescatter': [{'bytes': 4, 'algorithm': 'hierarchical'}]}
+kv = mpi_kvstore.create('dist_mpi', design=DESIGN, tune_table=write('ops.json', dict(table, ops=ops)))
+chooser = tuning.Table.from_json(dict(table, ops=ops))
+before = debug.snapshot()
+CASES = [(3, 'float32'), (1001, 'float16'), (1001, 'float32'), (10007, 'int32'),
+         (100003, 'float32'), (20011, 'float64')]
+
+
+def data(n, dtype, rank):
+    return (np.arange(n) % 251 * (rank + 1) + rank).astype(dtype)
+
+
+for n, dtype in CASES:
+    key = 'b%d%s' % (n, dtype)
+    value = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
+    kv.init(key, value)                       # rank 0's value into the store
+    out = mx.nd.zeros((n,), dtype=dtype)
+    kv.pull(key, out=out)
+    np.testing.assert_array_equal(out.asnumpy(), data(n, dtype, 0), err_msg=key)
+    mine = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
+    kv.broadcast_from(key, mine, root=SIZE - 1)
+    np.testing.assert_array_equal(mine.asnumpy(), data(n, dtype, SIZE - 1), err_msg=key)
+    arr = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
+    kv.array_collective('bcast', 'a' + key, arr, root=SIZE - 1)
+    np.testing.assert_array_equal(arr.asnumpy(), data(n, dtype, SIZE - 1), err_msg='a' + key)
+    if dtype == 'float32':
+        whole = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
+        kv.array_collective('reducescatter', 'rs' + key, whole)
+        share = np.array_split(np.arange(n), SIZE)[RANK]
+        np.testing.assert_allclose(whole.asnumpy()[share],
+                                   sum(data(n, 'float64', r) for r in range(SIZE))[share],
+                                   rtol=1e-6, err_msg='rs' + key)
+        gathered = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
+        kv.array_collective('allgather', 'ag' + key, gathered)
+        owner = np.concatenate([np.full(len(s), r) for r, s in
+                                enumerate(np.array_split(np.arange(n), SIZE))])
+        np.testing.assert_array_equal(gathered.asnumpy(),
+                                      (np.arange(n) % 251 * (owner + 1) + owner).astype(dtype),
+                                      err_msg='ag' + key)
+kv.wait()
+ran = debug.since(before, 'algorithm')
+chosen = {chooser.choose_op('broadcast', n * np.dtype(d).itemsize).algorithm for n, d in CASES}
+assert chosen == {'flat', 'pipelined', 'chain', 'hierarchical'}, chosen
+# one host: 'hierarchical' rows take Ibcasts of their chunk (chained's compiled op sends
+# the flat ones itself, as one MPI_Bcast, uncounted)
+want = {'broadcast pipelined', 'broadcast chain'} | (
+    set() if DESIGN == 'chained' else {'broadcast flat'})
+assert want <= set(ran), ran
+assert 'broadcast hierarchical' not in ran and 'hierarchical allgather' not in ran, ran
+kv.close()
 done('kv_tune[%s]' % DESIGN)
