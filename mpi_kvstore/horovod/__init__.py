@@ -17,7 +17,7 @@ run one MPI call on numpy copies in collective order, and return a finished arra
 Max and Product, alltoall, the object functions. docs/coming-from-horovod.md maps every name.
 """
 
-from .basics import (  # noqa: F401 (the public names)
+from .basics import (
     Adasum,
     Average,
     Max,
@@ -31,7 +31,6 @@ from .basics import (  # noqa: F401 (the public names)
     cross_size,
     cuda_built,
     ddl_built,
-    environment_options,
     global_process_set,
     gloo_built,
     gloo_enabled,
@@ -54,6 +53,9 @@ from .basics import (  # noqa: F401 (the public names)
 )
 from .compression import (
     Compression,
+)
+from .environment import (
+    environment_options as environment_options,  # ours, not Horovod's: kept out of __all__
 )
 from .ops import (
     allgather,

@@ -1,12 +1,12 @@
 """Horovod's basics on the store: init and the process sets, ranks, what this build has,
-the timeline, and the HOROVOD_* variables (mpi_kvstore.horovod's docstring says more)."""
+and the timeline (mpi_kvstore.horovod's docstring says more; environment.py reads the
+HOROVOD_* variables)."""
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import mxnet as mx
@@ -16,6 +16,7 @@ from ..comm.mpiabi import MPI
 from ..comm.timeline import trace_path
 from ..config import launcher_local_rank
 from ..store.kvstore import MPIKVStore
+from .environment import HONOURED, apply_log_level, environment_options
 
 log = logging.getLogger(__name__)
 
@@ -42,62 +43,6 @@ _NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
 _named_once: list[bool] = []   # the ignored HOROVOD_* variables are named once a process, not once an init
-
-
-# -- the environment --------------------------------------------------------------------------
-def _seconds(text):
-    return float(text)
-
-
-def _on_off(text):
-    return 'on' if text.strip().lower() in ('1', 'true', 'yes', 'on') else 'off'
-
-
-# HOROVOD_* variable -> (store option, parse); MPI_KVSTORE_<OPTION> wins over it
-_HONOURED: dict[str, tuple[str, Callable[[str], Any]]] = {
-    'HOROVOD_FUSION_THRESHOLD': ('fusion_threshold', int),
-    'HOROVOD_TIMELINE': ('timeline', str),
-    'HOROVOD_HIERARCHICAL_ALLREDUCE': ('hierarchical', _on_off),
-    'HOROVOD_STALL_CHECK_TIME_SECONDS': ('stall_warning', _seconds),
-    'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': ('stall_abort', _seconds),
-    # Horovod's bound on its response cache; here on the named collectives' staging buffers
-    'HOROVOD_CACHE_CAPACITY': ('name_cache_capacity', int),
-}
-# Read here for what they mean, not passed to the store.
-_HANDLED = ('HOROVOD_STALL_CHECK_DISABLE', 'HOROVOD_LOG_LEVEL')
-_LOG_LEVELS = {'trace': logging.DEBUG, 'debug': logging.DEBUG, 'info': logging.INFO,
-               'warning': logging.WARNING, 'error': logging.ERROR, 'fatal': logging.CRITICAL}
-
-
-def environment_options(environ: Mapping[str, str] | None = None
-                        ) -> tuple[dict[str, Any], list[str]]:
-    """The store options that Horovod's environment variables ask for, and the HOROVOD_*
-    variables that have no meaning here (sorted) -> (options, ignored). An
-    ``MPI_KVSTORE_*`` variable of the same option wins over the Horovod one."""
-    environ = os.environ if environ is None else environ
-    options = {}
-    for var, (option, parse) in _HONOURED.items():
-        if var in environ and 'MPI_KVSTORE_%s' % option.upper() not in environ:
-            try:
-                options[option] = parse(environ[var])
-            except ValueError as err:
-                raise ValueError('%s=%r: %s' % (var, environ[var], err)) from err
-    disable = environ.get('HOROVOD_STALL_CHECK_DISABLE', '').strip().lower()
-    if disable in ('1', 'true', 'yes', 'on') and 'MPI_KVSTORE_STALL_WARNING' not in environ:
-        options['stall_warning'] = 0.0
-    if options.get('timeline', '').upper() == 'DYNAMIC':
-        options['timeline'] = os.path.join(tempfile.gettempdir(),
-                                           'mpi_kvstore-hvd-timeline-%d.json' % os.getpid())
-    ignored = sorted(var for var in environ
-                     if var.startswith('HOROVOD_') and var not in _HONOURED
-                     and var not in _HANDLED)
-    return options, ignored
-
-
-def _apply_log_level(environ):
-    level = environ.get('HOROVOD_LOG_LEVEL', '').strip().lower()
-    if level in _LOG_LEVELS:
-        logging.getLogger('mpi_kvstore').setLevel(_LOG_LEVELS[level])
 
 
 # -- init and the process sets ---------------------------------------------------------------
@@ -182,7 +127,7 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
                                  % (ranks, world.Get_rank()))
             comm = sub
         environ = os.environ
-        _apply_log_level(environ)
+        apply_log_level(environ)
         env_options, ignored = environment_options(environ)
         store_options = dict(env_options, **options)
         store_options['average'] = False   # the store sums; averaging happens here
@@ -204,7 +149,7 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
         global_process_set._store = kv
         global_process_set._stores = {}
         if me == 0:
-            honoured = sorted(var for var in _HONOURED if var in environ)
+            honoured = sorted(var for var in HONOURED if var in environ)
             if honoured:
                 log.info('mpi_kvstore.horovod: honouring %s as store options %s',
                          ', '.join(honoured), env_options)
