@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from mxnet.kvstore import KVStoreBase
@@ -42,7 +43,7 @@ Values = NDArray | Sequence[Any]
 log = logging.getLogger(__name__)
 
 
-class MPIKVStore(KVStoreBase):
+class MPIKVStore(KVStoreBase, AbstractContextManager):
     """A KVStore whose push, pull, pushpull and broadcast are MPI collectives
     pushed into MXNet's dependency engine. Reductions are sums over devices and
     ranks (``average=True`` divides by the number of workers).
@@ -81,6 +82,8 @@ class MPIKVStore(KVStoreBase):
         config = self._config
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
+        # The store's MXNet updater, or None: Trainer.load_states reads kv._updater.optimizer
+        self._updater = None
         timeline = Timeline(config.timeline, self._rank, self._size) if config.timeline else None
         self._job = Job(comm, config, design, timeline, table)
         self._collectives = Collectives(self._job, config, self._size)
@@ -123,11 +126,6 @@ class MPIKVStore(KVStoreBase):
         """Whether the store supports ``capability``: only MXNet's ``'optimizer'``."""
         return str(capability).lower() == KVStoreBase.OPTIMIZER
 
-    @property
-    def _updater(self):
-        # Trainer.load_states reads kv._updater.optimizer
-        return self._keys.updater
-
     # -- the contract ---------------------------------------------------------------
     def init(self, key: Keys, value: Values) -> None:
         """Give keys rank 0's values."""
@@ -136,22 +134,21 @@ class MPIKVStore(KVStoreBase):
         self._keys.validate(entries, fresh=True)
         self._exchange.broadcast(entries, 0)
 
-    def broadcast(self, key: Keys, value: Values, out: Values, priority: int = 0) -> None:
-        """Rank 0's value lands in every out on every rank (and in the store)."""
-        self._job.begin(priority)
-        entries = normalize(key, value, out)
-        self._keys.validate(entries)
-        self._exchange.broadcast(entries, priority)
+    def broadcast(self, key: Keys, value: Values, out: Values | None = None,
+                  priority: int = 0, root: int = 0) -> None:
+        """Rank ``root``'s value lands in every out on every rank, and in the store.
 
-    def broadcast_from(self, key: Keys, value: Values, out: Values | None = None,
-                       root: int = 0, priority: int = 0) -> None:
-        """Like broadcast, from any root rank (out=None: in place)."""
+        MXNet's signature, plus ``root`` (any rank; MXNet's stores broadcast from rank 0)
+        and ``out=None``, which broadcasts in place: ``value`` itself receives root's value
+        on every other rank, as Horovod's broadcast does.
+        """
         self._job.begin(priority)
         check_root(root, self._size)
         entries = normalize(key, value, out)
-        self._keys.validate(entries, writes_values=True)
-        for entry in entries:
-            entry.outs = entry.values if entry.outs is None else entry.outs
+        self._keys.validate(entries, writes_values=out is None)
+        if out is None:
+            for entry in entries:
+                entry.outs = entry.values
         self._exchange.broadcast(entries, priority, root)
 
     def pushpull(self, key: Keys, value: Values, out: Values | None = None,
@@ -233,6 +230,7 @@ class MPIKVStore(KVStoreBase):
         shard_optimizer, each rank to its share of every key)."""
         self._job.begin()
         self._optimizer.set(optimizer)
+        self._updater = self._keys.updater
         self._calls.clear()   # with an optimizer nothing runs in place: plans change
 
     def clip_global_norm(self, max_norm: float, keys: Sequence[Key]) -> None:
@@ -310,9 +308,6 @@ class MPIKVStore(KVStoreBase):
         self._job.shut()
         shutdown.LIVE.discard(self)
         self._job.errors.raise_pending()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:

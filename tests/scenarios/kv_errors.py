@@ -50,7 +50,7 @@ def local_errors(kv):
                   contains='one entry per key')
     expect_raises(TypeError, kv.pushpull, 'k', 'not an array', contains='NDArray')
     expect_raises(ValueError, kv.init, 'k', mx.nd.zeros((4,)), contains='already initialised')
-    expect_raises(ValueError, kv.broadcast_from, 'k', mx.nd.zeros((4,)), root=SIZE,
+    expect_raises(ValueError, kv.broadcast, 'k', mx.nd.zeros((4,)), root=SIZE,
                   contains='root')
 
 

@@ -35,7 +35,7 @@ def direct(kv):
         kv.pushpull('g', one)
         kv.pushpull(['a', 'b'], pair, priority=-step)
         got = mx.nd.zeros((2,))
-        kv.broadcast_from('bc', mx.nd.ones((2,)) * (RANK + step), out=got, root=SIZE - 1)
+        kv.broadcast('bc', mx.nd.ones((2,)) * (RANK + step), out=got, root=SIZE - 1)
         active = [r for r in range(SIZE) if has_data(r, step)]
         close(one.asnumpy(), sum(r + 1 + step for r in active), 'step %d sum' % step)
         close(pair[0].asnumpy(), sum(r + 1 for r in active), 'step %d fused a' % step)
@@ -43,7 +43,7 @@ def direct(kv):
         close(got.asnumpy(), SIZE - 1 + step, 'step %d broadcast from the last rank' % step)
         if RANK == SIZE - 1 and SIZE > 1 and step == STEPS - 1:
             # rank 0 has joined: it cannot send, and cannot mirror a Python collective
-            expect_raises(mpi_kvstore.JoinError, lambda: kv.broadcast_from(
+            expect_raises(mpi_kvstore.JoinError, lambda: kv.broadcast(
                 'bc', mx.nd.ones((2,)), out=mx.nd.zeros((2,)), root=0) or kv.wait(),
                 contains='called join()')
             expect_raises(mpi_kvstore.JoinError, mpi_kvstore.broadcast_object, 1, store=kv)

@@ -11,7 +11,7 @@ poisoned (where the error came from wait()) and the store still sums a fresh key
 
 shape   pushpull of key 'w' with shape (3 + rank,) float32
 dtype   pushpull of key 'd' with shape (4,) and dtype float32, float64, int32 by rank
-root    broadcast_from of key 'b', root rank % 2
+root    broadcast of key 'b', root rank % 2
 kind    key 'k': rank 0 pushpulls, the others broadcast
 joined  (3 ranks or more) the last rank has called join(); the others pushpull key 'j'
         with shape (3 + rank,): the joined rank takes part in telling what they issued
@@ -45,12 +45,12 @@ def dtype(kv):
 
 def root(kv):
     out = mx.nd.ones((4,)) * (RANK + 1)
-    return lambda: kv.broadcast_from('b', out, root=RANK % 2), out
+    return lambda: kv.broadcast('b', out, root=RANK % 2), out
 
 
 def kind(kv):
     out = mx.nd.ones((4,)) * (RANK + 1)
-    call = kv.pushpull if RANK == 0 else kv.broadcast_from
+    call = kv.pushpull if RANK == 0 else kv.broadcast
     return lambda: call('k', out), out
 
 

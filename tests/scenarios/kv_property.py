@@ -3,9 +3,9 @@
 usage: kv_property.py DESIGN [MAX_EXAMPLES]
 
 Hypothesis draws programs: six keys (even slots int keys, odd slots str keys) with
-a shape and dtype each, then calls (pushpull, push, pull, init, broadcast,
-broadcast_from) in the forms the contract allows: one key or a list, a value or a
-per-device list (cpu(0), cpu(1)), out None / the value itself / separate arrays,
+a shape and dtype each, then calls (pushpull, push, pull, init, broadcast from
+rank 0, broadcast from any root) in the forms the contract allows: one key or a list,
+a value or a per-device list (cpu(0), cpu(1)), out None / the value itself / separate arrays,
 int priorities. Some calls carry exactly one fault: a bad priority or root, a
 shape or dtype other than the key's first use, an out unlike its value, mixed key
 kinds, a value list of the wrong length, a bool or non-NDArray value, devices
@@ -71,17 +71,17 @@ FAULTS = {
     'init': ('shape', 'mixed', 'count', 'bool', 'not_array', 'devices', 'init_again'),
     'broadcast': ('priority', 'shape', 'out', 'mixed', 'count', 'bool', 'not_array',
                   'devices'),
-    'broadcast_from': ('priority', 'shape', 'out', 'mixed', 'count', 'bool', 'not_array',
+    'broadcast_root': ('priority', 'shape', 'out', 'mixed', 'count', 'bool', 'not_array',
                        'devices', 'root'),
 }
 # How often each is drawn, relatively: pushpull is the call that training makes; a
 # shape fault is the one that could leave a half-registered key list behind.
 CALL_WEIGHTS = {'pushpull': 3, 'push': 1, 'pull': 1, 'init': 1, 'broadcast': 1,
-                'broadcast_from': 1}
+                'broadcast_root': 1}
 FAULT_WEIGHTS = {'priority': 1, 'shape': 2, 'out': 1, 'mixed': 1, 'count': 1, 'bool': 1,
                  'not_array': 1, 'devices': 1, 'no_value': 1, 'init_again': 1, 'root': 1}
 OUT_MODES = {'pushpull': (None, 'same', 'new'), 'broadcast': (None, 'same', 'new'),
-             'broadcast_from': (None, 'same', 'new')}
+             'broadcast_root': (None, 'same', 'new')}
 
 STATS = collections.Counter()
 EXAMPLES = itertools.count()
@@ -167,7 +167,7 @@ def operation(draw, meta, slots, rnd):
         if op['out'] == 'new':
             op['out'] = draw(st.lists(st.tuples(st.integers(1, 2), st.booleans()),
                                       min_size=n, max_size=n))
-    if call == 'broadcast_from':
+    if call == 'broadcast_root':
         op['root'] = draw(st.integers(0, SIZE - 1))
     op['detail'] = draw(fault_detail(fault, slots[first], n))
     return op
@@ -358,7 +358,7 @@ class Call:
             kv.broadcast(key, value, out, priority=prio)
         else:
             root = op['detail'] if op['fault'] == 'root' else op['root']
-            kv.broadcast_from(key, value, out=out, root=root, priority=prio)
+            kv.broadcast(key, value, out=out, root=root, priority=prio)
 
     # -- expectations
     def expected_error(self):
@@ -434,7 +434,7 @@ class Call:
             if call in ('pushpull', 'push'):
                 result = total(self.index, pos, len(values), self.specs[pos])
             else:
-                root = self.op['root'] if call == 'broadcast_from' else 0
+                root = self.op['root'] if call == 'broadcast_root' else 0
                 result = contribution(root, self.index, pos, 0, self.specs[pos])
             if call != 'pushpull':
                 model.value[slot] = result
@@ -442,7 +442,8 @@ class Call:
 
     def _targets(self, pos, values, outs, result, checks, what):
         call, mode = self.op['call'], self.op['out']
-        in_place = (mode == 'same' or (mode is None and call in ('pushpull', 'broadcast_from')))
+        in_place = mode == 'same' or (
+            mode is None and call in ('pushpull', 'broadcast', 'broadcast_root'))
         for dev, arr in enumerate(values):
             mine = contribution(RANK, self.index, pos, dev, self.specs[pos])
             checks.add(arr, result if in_place else mine, what)
@@ -517,7 +518,7 @@ ATOMIC = {'slots': [((3,), 'float32'), ((2, 2), 'int32'), ((4,), 'float32'), LAR
                   explicit('push', [4], 'no_value', 0, single=True),
                   explicit('broadcast', [2, 4, 0], 'shape', 2, ((3, 1), 'float32'),
                            out=[(1, True)] * 3),
-                  explicit('broadcast_from', [4, 0], 'shape', 1, ((3,), 'int32'), root=1),
+                  explicit('broadcast_root', [4, 0], 'shape', 1, ((3,), 'int32'), root=1),
                   explicit('init', [2, 0], 'shape', 1, ((3,), 'float16'), sync=True),
                   explicit('init', [3, 1], ndev=[1, 2]),
                   explicit('init', [5, 3], 'init_again', 1),
@@ -530,13 +531,13 @@ EVERY_FAULT = {'slots': ATOMIC['slots'],
                        explicit('push', [0, 2], ndev=[2, 1]),
                        explicit('init', [1, 3]),
                        explicit('pushpull', [0], 'priority', 0, 1.5, single=True),
-                       explicit('broadcast_from', [2], 'root', 0, SIZE),
+                       explicit('broadcast_root', [2], 'root', 0, SIZE),
                        explicit('pull', [0, 2], 'count', 0, 1),
                        explicit('init', [4], 'mixed', 0, 0),
                        explicit('push', [4], 'not_array', 0, 'none', single=True),
                        explicit('pull', [1, 3], 'devices', 0, ((2,), 'float32'), ndev=[2, 1]),
                        explicit('broadcast', [0], 'bool', out=[(2, False)]),
-                       explicit('broadcast_from', [2, 0], 'out', 1, ((5,), 'int8'), root=1,
+                       explicit('broadcast_root', [2, 0], 'out', 1, ((5,), 'int8'), root=1,
                                 out=[(1, False), (2, True)]),
                        explicit('pushpull', [2, 0], out='same', priority=-3, sync=True),
                        explicit('pull', [2, 0], ndev=[2, 1])]}
