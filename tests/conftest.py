@@ -16,6 +16,7 @@ file needs no edit to get one (``pytest -m unit`` is the contributors' fast loop
   test hosts anyway fails, saying so (``_unit_tests_launch_nothing``), so the
   classification cannot rot into a slow fast loop.
 """
+import collections
 import fnmatch
 import itertools
 import os
@@ -57,7 +58,7 @@ FILE_KINDS = (
     ('test_bench_*.py', 'bench'),
 )
 
-MPI_NAMES = frozenset({'run_mpi', 'mpi_command', 'require_mpiexec'})
+MPI_NAMES = frozenset({'run_mpi', 'run_designs', 'mpi_command', 'require_mpiexec'})
 TESTBED_NAMES = frozenset({'testbed', 'Hosts'})
 
 
@@ -65,6 +66,35 @@ TESTBED_NAMES = frozenset({'testbed', 'Hosts'})
 def mpi_available():
     """Path of mpiexec. Fails, never skips, where it is missing: CI installs it."""
     return mpi_harness.require_mpiexec()
+
+
+_BATCH_KEY = pytest.StashKey()
+
+
+def _batch_of(item):
+    """(module, function, the parameters other than design) of a design-parametrized test."""
+    params = dict(getattr(getattr(item, 'callspec', None), 'params', {}))
+    params.pop('design', None)
+    return (str(item.path), item.originalname, tuple(sorted(
+        (name, repr(value)) for name, value in params.items())))
+
+
+def pytest_collection_finish(session):
+    # After -k and -m have deselected: a batch holds only the designs that will run.
+    batches = collections.defaultdict(list)
+    for item in session.items:
+        params = getattr(getattr(item, 'callspec', None), 'params', {})
+        if 'design' in params:
+            batches[_batch_of(item)].append(params['design'])
+    session.config.stash[_BATCH_KEY] = batches
+
+
+@pytest.fixture
+def designs(request):
+    """The designs of the tests selected beside this one that differ from it only in
+    ``design``: mpi_harness.run_designs runs them in one job."""
+    batches = request.config.stash.get(_BATCH_KEY, {})
+    return tuple(batches.get(_batch_of(request.node), ())) or (request.node.callspec.params['design'],)
 
 
 def pytest_configure(config):

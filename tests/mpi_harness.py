@@ -181,6 +181,7 @@ def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None, module_lau
     if killed:
         output += '\n[mpi_harness] killed %d leftover process(es)\n' % killed
     elapsed = time.monotonic() - start
+    _log_job(elapsed, nprocs, script, args)
     if timed_out:
         _raise_failure(MPITimeout, cmd, 'timed out after %g s' % timeout,
                        returncode, output)
@@ -188,6 +189,47 @@ def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None, module_lau
         _raise_failure(MPIRunError, cmd, 'exited with code %d after %.1f s'
                        % (returncode, elapsed), returncode, output)
     return output
+
+
+_BATCHES = {}   # (nprocs, script, designs, args, env) -> the output of its one job
+
+
+def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT, env=None):
+    """run_mpi(NPROCS, SCRIPT, DESIGN, *ARGS), from one job that runs it for every design
+    in DESIGNS in turn (scenarios/each_design.py); return DESIGN's part of its output.
+
+    The first test of a batch starts the job and the others read its output, so each
+    design keeps a test of its own and a job's start-up is paid once, not once per design.
+    A design whose part did not end (an error, or a timeout, ended the job) is run again
+    alone, so that its own failure, with its whole output, is what its test reports.
+    """
+    designs = tuple(designs)
+    if design not in designs:
+        raise ValueError('design %r is not in its batch %s' % (design, designs))
+    key = (nprocs, script, designs, args, tuple(sorted((env or {}).items())))
+    if key not in _BATCHES:
+        try:
+            _BATCHES[key] = run_mpi(nprocs, 'each_design.py', script, ','.join(designs), *args,
+                                    timeout=timeout * len(designs), env=env)
+        except MPIRunError as err:
+            _BATCHES[key] = err.output
+    output = _BATCHES[key]
+    begin, end = '[each_design] begin %s\n' % design, '[each_design] end %s\n' % design
+    start = output.find(begin)
+    stop = output.find(end, start)
+    if start < 0 or stop < 0:
+        return run_mpi(nprocs, script, design, *args, timeout=timeout, env=env)
+    return output[start + len(begin):stop]
+
+
+def _log_job(elapsed, nprocs, script, args):
+    """Append one line per job to $MPI_HARNESS_LOG, if set: where the suite's time goes."""
+    path = os.environ.get('MPI_HARNESS_LOG')
+    if path:
+        with open(path, 'a') as f:
+            f.write('%.2f\t%d\t%s\t%s\t%s\n' % (
+                elapsed, nprocs, os.path.basename(str(script)), ' '.join(map(str, args)),
+                os.environ.get('PYTEST_CURRENT_TEST', '')))
 
 
 def _wait_for_job(cmd, env, log, timeout):

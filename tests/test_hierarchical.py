@@ -20,7 +20,7 @@ from mpi_kvstore import ConfigError
 from mpi_kvstore import config as cfg
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import run_mpi
+from mpi_harness import run_designs, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 RATE = '10gbit'       # correctness only: the fastest shaped link
@@ -58,8 +58,8 @@ def test_bad_hierarchical_value_raises_config_error():
 # -- one host: nothing to be hierarchical about -------------------------------------------
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_one_host_stays_flat(design):
-    _ok(run_mpi(2, SCENARIO, design, 'inactive', timeout=TIMEOUT), design, 'inactive', 2)
+def test_one_host_stays_flat(design, designs):
+    _ok(run_designs(2, SCENARIO, design, designs, 'inactive', timeout=TIMEOUT), design, 'inactive', 2)
 
 
 # -- two hosts ----------------------------------------------------------------------------

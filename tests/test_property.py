@@ -9,10 +9,10 @@ import pytest
 
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import run_mpi
+from mpi_harness import run_designs
 
 
 @pytest.mark.parametrize('design', DESIGNS)
-def test_random_calls_match_numpy_and_rejections_leave_no_trace(design):
-    out = run_mpi(2, 'kv_property.py', design, timeout=240)
+def test_random_calls_match_numpy_and_rejections_leave_no_trace(design, designs):
+    out = run_designs(2, 'kv_property.py', design, designs, timeout=240)
     assert 'kv_property[%s]: OK' % design in out, out[-2000:]

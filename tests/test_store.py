@@ -8,7 +8,7 @@ import pytest
 from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import MPI_SIZES, run_mpi
+from mpi_harness import MPI_SIZES, run_designs, run_mpi
 
 
 def _ok(output, name):
@@ -17,26 +17,26 @@ def _ok(output, name):
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
-def test_key_value_forms(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_forms.py', design, timeout=240), 'kv_forms[%s]' % design)
+def test_key_value_forms(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_forms.py', design, designs, timeout=240), 'kv_forms[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
-def test_sub_communicator_and_optimizer_states(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_contract.py', design, timeout=240), 'kv_contract[%s]' % design)
+def test_sub_communicator_and_optimizer_states(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_contract.py', design, designs, timeout=240), 'kv_contract[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
-def test_gluon_training_matches_single_process(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_gluon.py', design, timeout=240), 'kv_gluon[%s]' % design)
+def test_gluon_training_matches_single_process(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_gluon.py', design, designs, timeout=240), 'kv_gluon[%s]' % design)
 
 
 @pytest.mark.parametrize('update_on_kvstore', ['0', '1'])
 @pytest.mark.parametrize('design', DESIGNS)
-def test_module_fit_matches_single_process(design, update_on_kvstore):
-    out = run_mpi(2, 'kv_module.py', design, update_on_kvstore, timeout=240,
+def test_module_fit_matches_single_process(design, update_on_kvstore, designs):
+    out = run_designs(2, 'kv_module.py', design, designs, update_on_kvstore, timeout=240,
                   env={'MXNET_UPDATE_ON_KVSTORE': update_on_kvstore})
     _ok(out, 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s]' % (design, update_on_kvstore))
 
@@ -47,28 +47,28 @@ def test_module_fit_three_ranks():
 
 
 @pytest.mark.parametrize('design', DESIGNS)
-def test_repeated_calls_skip_checks_and_sum_the_same(design):
+def test_repeated_calls_skip_checks_and_sum_the_same(design, designs):
     """keys.CallCache: repeated calls hit it; a new array, a reshape, another dtype or out,
     an optimizer set later are caught; push needs init (scenarios/kv_cache.py)."""
-    _ok(run_mpi(2, 'kv_cache.py', design, timeout=180), 'kv_cache[%s]' % design)
+    _ok(run_designs(2, 'kv_cache.py', design, designs, timeout=180), 'kv_cache[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', DESIGNS)
-def test_readiness_skew_between_ranks(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_skew.py', design, timeout=240), 'kv_skew[%s]' % design)
+def test_readiness_skew_between_ranks(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_skew.py', design, designs, timeout=240), 'kv_skew[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
-def test_bad_input_raises_clearly(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_errors.py', design, timeout=240), 'kv_errors[%s]' % design)
+def test_bad_input_raises_clearly(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_errors.py', design, designs, timeout=240), 'kv_errors[%s]' % design)
 
 
 @pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
-def test_naive_engine(design, scenario):
-    out = run_mpi(2, scenario + '.py', design, timeout=240,
+def test_naive_engine(design, scenario, designs):
+    out = run_designs(2, scenario + '.py', design, designs, timeout=240,
                   env={'MXNET_ENGINE_TYPE': 'NaiveEngine'})
     _ok(out, '%s[%s]' % (scenario, design))
 
@@ -100,71 +100,71 @@ def test_timeline_trace_is_valid(design, tmp_path):
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_helpers(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_helpers.py', design, timeout=240), 'kv_helpers[%s]' % design)
+def test_helpers(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_helpers.py', design, designs, timeout=240), 'kv_helpers[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
-def test_pushpull_is_an_allreduce_without_init(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_allreduce.py', design, timeout=240), 'kv_allreduce[%s]' % design)
+def test_pushpull_is_an_allreduce_without_init(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_allreduce.py', design, designs, timeout=240), 'kv_allreduce[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', DESIGNS)
-def test_join_uneven_data_direct(design, nprocs):
-    _ok(run_mpi(nprocs, 'kv_join.py', design, 'direct', timeout=240),
+def test_join_uneven_data_direct(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_join.py', design, designs, 'direct', timeout=240),
         'kv_join[%s, direct]' % design)
 
 
 @pytest.mark.parametrize('mode', ['trainer', 'trainer_on_kv', 'distributed', 'module'])
 @pytest.mark.parametrize('design', DESIGNS)
-def test_join_uneven_data_training(design, mode):
-    _ok(run_mpi(2, 'kv_join.py', design, mode, timeout=240), 'kv_join[%s, %s]' % (design, mode))
+def test_join_uneven_data_training(design, mode, designs):
+    _ok(run_designs(2, 'kv_join.py', design, designs, mode, timeout=240), 'kv_join[%s, %s]' % (design, mode))
 
 
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
-def test_join_naive_engine(design):
-    _ok(run_mpi(2, 'kv_join.py', design, 'direct', timeout=240,
+def test_join_naive_engine(design, designs):
+    _ok(run_designs(2, 'kv_join.py', design, designs, 'direct', timeout=240,
                 env={'MXNET_ENGINE_TYPE': 'NaiveEngine'}), 'kv_join[%s, direct]' % design)
 
 
 @pytest.mark.parametrize('native', ['1', '0'])
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
-def test_native_ops_run_no_python_on_engine_threads(design, native):
-    _ok(run_mpi(2, 'kv_native.py', design, native, timeout=180),
+def test_native_ops_run_no_python_on_engine_threads(design, native, designs):
+    _ok(run_designs(2, 'kv_native.py', design, designs, native, timeout=180),
         'kv_native[%s, native=%s]' % (design, native))
 
 
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', DESIGNS)
-def test_gradient_compression_matches_numpy_simulation(design, nprocs):
+def test_gradient_compression_matches_numpy_simulation(design, nprocs, designs):
     """2-bit (set_gradient_compression, MXNet's semantics) and fp16/bf16 wire casting,
     against numpy simulations of every rank; mismatches and overflow raise everywhere."""
-    _ok(run_mpi(nprocs, 'kv_compression.py', design, timeout=240),
+    _ok(run_designs(nprocs, 'kv_compression.py', design, designs, timeout=240),
         'kv_compression[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', [2, 4])
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_two_phase_2bit_matches_numpy_simulation(design, nprocs):
+def test_two_phase_2bit_matches_numpy_simulation(design, nprocs, designs):
     """The two-phase 2-bit exchange (from two_phase_min_ranks on; 2 here): every rank's codes
     and every owner's requantisation simulated with numpy, bit for bit."""
-    _ok(run_mpi(nprocs, 'kv_two_phase.py', design, timeout=240), 'kv_two_phase[%s]' % design)
+    _ok(run_designs(nprocs, 'kv_two_phase.py', design, designs, timeout=240), 'kv_two_phase[%s]' % design)
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_training_with_compression_ends_near_uncompressed(design):
+def test_training_with_compression_ends_near_uncompressed(design, designs):
     """fp16 and bf16 within 1% of the uncompressed final loss, 2-bit within 15%."""
-    _ok(run_mpi(3, 'kv_compression_accuracy.py', design, timeout=240),
+    _ok(run_designs(3, 'kv_compression_accuracy.py', design, designs, timeout=240),
         'kv_compression_accuracy[%s]' % design)
 
 
 @pytest.mark.parametrize('design', DESIGNS)
-def test_tune_table_picks_each_sizes_algorithm_and_sums_stay_right(design):
+def test_tune_table_picks_each_sizes_algorithm_and_sums_stay_right(design, designs):
     """python -m mpi_kvstore tune writes a table; a table read by rank 0 sends middle sizes
     through reduce-scatter + allgather, the rest through MPI_Allreduce; sums are numpy's."""
-    _ok(run_mpi(3, 'kv_tune.py', design, timeout=240), 'kv_tune[%s]' % design)
+    _ok(run_designs(3, 'kv_tune.py', design, designs, timeout=240), 'kv_tune[%s]' % design)
 
 
 @pytest.mark.parametrize('nprocs', [2, 3])
@@ -184,10 +184,10 @@ def test_chained_native_op_polls_with_sleeps():
 
 
 @pytest.mark.parametrize('design', ['funneled', 'concurrent', 'blocking', 'chained'])
-def test_sleep_polled_allreduce_gives_the_same_sums(design):
+def test_sleep_polled_allreduce_gives_the_same_sums(design, designs):
     """progress_sleep_us: every allreduce (min bytes 0) as Iallreduce polled with sleeps
     (chained: in its compiled op, the agreement too); kv_forms checks its sums against
     numpy."""
-    _ok(run_mpi(2, 'kv_forms.py', design, env={'MPI_KVSTORE_PROGRESS_SLEEP_US': '200',
+    _ok(run_designs(2, 'kv_forms.py', design, designs, env={'MPI_KVSTORE_PROGRESS_SLEEP_US': '200',
                                                 'MPI_KVSTORE_PROGRESS_MIN_BYTES': '0'}),
         'kv_forms[%s]' % design)
