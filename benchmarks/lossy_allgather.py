@@ -8,7 +8,6 @@ No MPI: the rounding is the whole effect (a rank's own share would stay exact in
 optimizer's float32 state; here every weight is rounded, an upper bound). Prints, per seed,
 the mean loss over the last 20 steps and the accuracy on 2000 held-out samples.
 """
-import argparse
 import time
 
 import ml_dtypes
@@ -16,28 +15,31 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from benchmarks import harness
+from benchmarks.sharded_loss import CLASSES, FEATURES, HIDDEN, samples, templates
+
 ROUNDINGS = {'exact': None, 'fp16': np.float16, 'bf16': ml_dtypes.bfloat16}
 
 
-def batch(templates, seed, count, noise=1.5):
-    rng = np.random.RandomState(seed)
-    labels = rng.randint(0, len(templates), count)
-    data = templates[labels] + rng.normal(0, noise, (count, templates.shape[1]))
-    return mx.nd.array(data.astype(np.float32)), labels
+def batch(temps, seed, count):
+    """sharded_loss's synthetic data, drawn from a generator seeded by `seed` alone."""
+    data, labels = samples(temps, np.random.RandomState(seed), count)
+    return mx.nd.array(data), labels
 
 
 def train(rounding, seed, steps, lr):
     """-> (mean loss of the last 20 steps, held-out accuracy)."""
     mx.random.seed(seed)
-    templates = np.random.RandomState(seed).uniform(-1, 1, (10, 64)).astype(np.float32)
+    temps = templates(seed)
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(128, activation='relu', in_units=64), gluon.nn.Dense(10, in_units=128))
+    net.add(gluon.nn.Dense(HIDDEN, activation='relu', in_units=FEATURES),
+            gluon.nn.Dense(CLASSES, in_units=HIDDEN))
     net.initialize(mx.init.Xavier())
     trainer = gluon.Trainer(net.collect_params(), 'adam', {'learning_rate': lr})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     losses = []
     for step in range(steps):
-        data, labels = batch(templates, 1000 + step, 64)
+        data, labels = batch(temps, 1000 + step, 64)
         with autograd.record():
             loss = loss_fn(net(data), mx.nd.array(labels))
         loss.backward()
@@ -47,13 +49,13 @@ def train(rounding, seed, steps, lr):
             for param in net.collect_params().values():
                 rounded = param.data().asnumpy().astype(rounding).astype(np.float32)
                 param.set_data(mx.nd.array(rounded))
-    data, labels = batch(templates, 7, 2000)
+    data, labels = batch(temps, 7, 2000)
     accuracy = float((net(data).argmax(axis=1).asnumpy() == labels).mean())
     return float(np.mean(losses[-20:])), accuracy
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = harness.parser(__doc__)
     parser.add_argument('--steps', type=int, default=200)
     parser.add_argument('--seeds', type=int, default=3)
     parser.add_argument('--lr', type=float, default=1e-3)

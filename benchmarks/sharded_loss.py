@@ -20,6 +20,10 @@ import argparse
 import hashlib
 import os
 
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
 from benchmarks import harness, report
 
 CONFIGS = {
@@ -70,13 +74,11 @@ def parse_args(argv=None):
 
 def templates(seed):
     """The classes' templates of a seed, (CLASSES, FEATURES) float32."""
-    import numpy as np
     return np.random.RandomState(seed).uniform(-1, 1, (CLASSES, FEATURES)).astype(np.float32)
 
 
 def samples(temps, rng, count):
     """(data (count, FEATURES) float32, labels (count,) int64): a template plus noise each."""
-    import numpy as np
     labels = rng.randint(0, CLASSES, count)
     data = temps[labels] + rng.normal(0, NOISE, (count, FEATURES))
     return data.astype(np.float32), labels.astype(np.int64)
@@ -84,12 +86,10 @@ def samples(temps, rng, count):
 
 def shard(seed, step, rank, batch):
     """Rank `rank`'s batch of step `step` (the same for every configuration and rank count)."""
-    import numpy as np
     return samples(templates(seed), np.random.RandomState([seed, step, rank, 1]), batch)
 
 
 def held_out(seed):
-    import numpy as np
     return samples(templates(seed), np.random.RandomState([seed, 2]), HELD_OUT)
 
 
@@ -97,7 +97,6 @@ def initial_weights(seed):
     """[w1 (HIDDEN, FEATURES), b1, w2 (CLASSES, HIDDEN), b2] float32, in gluon Dense's layout:
     weights uniform in +-sqrt(3 / ((fan_in + fan_out) / 2)) (mx.init.Xavier()'s default),
     biases zero."""
-    import numpy as np
     rng = np.random.RandomState([seed, 3])
 
     def xavier(rows, cols):
@@ -109,8 +108,6 @@ def initial_weights(seed):
 
 def make_net(seed, prefix):
     """The MLP with initial_weights(seed)."""
-    import mxnet as mx
-    from mxnet import gluon
     net = gluon.nn.HybridSequential(prefix=prefix)
     with net.name_scope():
         net.add(gluon.nn.Dense(HIDDEN, activation='relu', in_units=FEATURES),
@@ -122,7 +119,6 @@ def make_net(seed, prefix):
 
 
 def accuracy(net, seed):
-    import mxnet as mx
     data, labels = held_out(seed)
     return float((net(mx.nd.array(data)).argmax(axis=1).asnumpy() == labels).mean())
 
@@ -139,9 +135,6 @@ def store_options(args, name):
 def train(args, name, seed, comm):
     """Collective: {'losses': [every step's loss over every rank's batch], 'accuracy',
     'check'} of configuration `name` and `seed`, the same on every rank."""
-    import mxnet as mx
-    import numpy as np
-    from mxnet import autograd, gluon
     net = make_net(seed, f'{name.replace("+", "_")}_s{seed}_')
     kv, why = harness.create_store(args.design, args.timeout, **store_options(args, name))
     if kv is None:
@@ -180,9 +173,6 @@ def train(args, name, seed, comm):
 def one_process(args, seed, nranks):
     """Every step's loss of one process training the same model with gluon.Trainer and no
     store on every rank's batch together (what the exact sharded store should give)."""
-    import mxnet as mx
-    import numpy as np
-    from mxnet import autograd, gluon
     net = make_net(seed, f'ref_s{seed}_')
     trainer = gluon.Trainer(net.collect_params(), 'adam', {'learning_rate': args.lr},
                             kvstore=None)
@@ -201,14 +191,12 @@ def one_process(args, seed, nranks):
 
 
 def last_mean(losses):
-    import numpy as np
     return float(np.mean(losses[-LAST:]))
 
 
 # ---------------------------------------------------------------- main
 
 def main(argv=None):
-    import numpy as np
     args = parse_args(argv)
     comm = harness.world()
     run = harness.Run('sharded_loss', args, comm=comm)
