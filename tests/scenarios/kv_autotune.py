@@ -10,7 +10,8 @@ and every result equals numpy's sum of what each rank contributed (small integer
 float32: exact in any order). Then: every rank holds the same switches (round and values),
 none of them touched what was set, the last one before settling, some steps ran before
 the first and after the last; the tune table's schedule holds the choice, and a store made
-next from that table, without autotune, starts from it.
+next from that table, without autotune, starts from it. Last, ranks that join after
+different numbers of steps: sums over the active ranks, no hang, the same switches.
 
 usage: kv_autotune.py TABLE_PATH DESIGN [DESIGN ...]
 """
@@ -102,6 +103,29 @@ def next_run(design, current, free):
     kv.close()
 
 
+def join(design):
+    """Rank r steps 6 + 3r times, then joins: the checks go on with joined ranks in them
+    (a joined rank measures no steps, so no sample completes meanwhile), the sums cover the
+    active ranks, and after the join every rank steps and tunes on, still alike."""
+    kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1)
+    tuner = kv._job.design.tuner
+    for step in range(6 + 3 * RANK):
+        active = [r for r in range(SIZE) if step < 6 + 3 * r]
+        out = mx.nd.zeros(KEYS['c'])
+        kv.pushpull('c', mx.nd.array(data(RANK, step, 'c')), out=out)
+        want = sum(data(r, step, 'c').astype(np.float64) for r in active).astype(np.float32)
+        assert np.array_equal(out.asnumpy(), want), (RANK, step, tuner.current)
+    assert kv.join() == SIZE - 1
+    for step in range(3):
+        run(kv, 100 + step)
+    kv.close()
+    switches = WORLD.allgather(tuner.switches)
+    assert all(s == switches[0] for s in switches), switches
+    if RANK == 0:
+        print('kv_autotune[%s]: join: %d switches, at rounds %s'
+              % (design, len(tuner.switches), [r for r, _ in tuner.switches]), flush=True)
+
+
 def main():
     if RANK == 0:
         with open(TABLE, 'w') as fh:
@@ -111,6 +135,7 @@ def main():
         current, free = tune(design)
         WORLD.Barrier()
         next_run(design, current, free)
+        join(design)
         done('kv_autotune[%s]' % design)
 
 
