@@ -17,6 +17,13 @@ rotates from trial to trial), uint8 buffers from --root, in place, on a Dup of C
                     not apply and hier is flat through this code, unless --ranks-per-host L
                     splits COMM_WORLD into "hosts" of L ranks (a stand-in: every link is
                     still this machine's shared memory).
+
+With --params MODEL (vgg16: 32 float32 tensors, 528 MiB; resnet50: 267, 97.7 MiB, as
+Gluon counts them, BatchNorm's 4 each; tiny: 4 small ones, for the smoke test), it times
+instead mpi_kvstore.broadcast_parameters of Gluon parameters of that model's shapes,
+interleaved, on two stores: 'before' without a tune table (every broadcast one MPI_Bcast)
+and 'after' with --table (the tune table's broadcast rows choose, per tensor size); each
+tensor is one collective.
 Each method's result is checked once against the root's bytes before timing. Per size and
 method: the median, min and max over trials of the slowest rank's time, and the ratio to
 flat from this run (below 1: faster than flat). Rank 0 prints the table and writes
@@ -34,6 +41,31 @@ from mpi_kvstore.comm import broadcast
 from mpi_kvstore.comm.broadcast import Hierarchical
 
 COMM = MPI.COMM_WORLD
+
+
+def _resnet50():
+    """ResNet-50 v1's parameter shapes, in Gluon's order (25.6 M floats)."""
+    shapes = [(64, 3, 7, 7)] + [(64,)] * 4
+    cin = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            bn = lambda c: [(c,)] * 4   # noqa: E731  (gamma, beta, running mean and var)
+            shapes += [(width, cin, 1, 1)] + bn(width) + [(width, width, 3, 3)] + bn(width)
+            shapes += [(width * 4, width, 1, 1)] + bn(width * 4)
+            if b == 0:
+                shapes += [(width * 4, cin, 1, 1)] + bn(width * 4)
+            cin = width * 4
+    return shapes + [(1000, 2048), (1000,)]
+
+
+_VGG_CONV = [(64, 3), (64, 64), (128, 64), (128, 128), (256, 128), (256, 256), (256, 256),
+             (512, 256), (512, 512), (512, 512), (512, 512), (512, 512), (512, 512)]
+MODELS = {
+    'vgg16': [s for o, i in _VGG_CONV for s in ((o, i, 3, 3), (o,))]
+    + [(4096, 25088), (4096,), (4096, 4096), (4096,), (1000, 4096), (1000,)],
+    'resnet50': _resnet50(),
+    'tiny': [(3, 5), (7,), (1000, 33), (64, 64, 3, 3)],
+}
 FULL = {'warmups': 2, 'trials': 10}
 DEFAULT_CHUNKS = '256K,1M,4M'
 
@@ -50,11 +82,17 @@ def parse_args(argv=None):
                         help='split COMM_WORLD into "hosts" of this many ranks, in blocks')
     parser.add_argument('--methods', default=None, help='comma-separated subset (default: all)')
     parser.add_argument('--label', default='', help='added to the JSON name')
+    parser.add_argument('--params', choices=sorted(MODELS), default=None,
+                        help="time broadcast_parameters of this model's shapes instead")
+    parser.add_argument('--table', default=None,
+                        help="with --params: the tune table of the 'after' store")
     args = harness.resolve_quick(parser.parse_args(argv), FULL)
     if isinstance(args.chunks, str):
         args.chunks = harness.parse_sizes(args.chunks)
     if not 0 <= args.root < COMM.size:
         parser.error('--root %d: not a rank of %d' % (args.root, COMM.size))
+    if args.params and not args.table:
+        parser.error('--params %s needs --table (the tune table of the after store)' % args.params)
     return args
 
 
@@ -141,8 +179,58 @@ def print_table(rows):
                                                        report.cell(best['vs_flat'], '.3f')))
 
 
+def params_main(args):
+    """broadcast_parameters of args.params' shapes, before (no table) against after (the
+    table), interleaved; rows as main's, 'size' the model's bytes."""
+    import mxnet as mx
+    from mxnet import gluon
+
+    import mpi_kvstore
+    stores = {'before': mpi_kvstore.create('dist_mpi'),
+              'after': mpi_kvstore.create('dist_mpi', tune_table=args.table)}
+    params = {}
+    for i, shape in enumerate(MODELS[args.params]):
+        param = params['p%03d' % i] = gluon.Parameter('p%03d' % i, shape=shape)
+        param.initialize(mx.init.Constant(0), ctx=mx.cpu())
+    nbytes = sum(4 * int(np.prod(p.shape)) for p in params.values())
+    harness.rank0_print('%d ranks, root %d, %s: %d tensors, %s; after: %s' % (
+        COMM.size, args.root, args.params, len(params), harness.format_size(nbytes), args.table))
+
+    def fill(value):
+        for p in params.values():
+            p.set_data(mx.nd.full(p.shape, value))
+        mx.nd.waitall()
+
+    ops = {}
+    for name, kv in stores.items():
+        fill(COMM.rank + 1)      # the root's value must arrive everywhere
+        mpi_kvstore.broadcast_parameters(params, root=args.root, store=kv)
+        mx.nd.waitall()
+        wrong = [k for k, p in params.items() if not (p.data().asnumpy() == args.root + 1).all()]
+        bad = harness.agree('rank %d: %s: %s not the root\'s' % (COMM.rank, name, wrong[:3])
+                            if wrong else None, COMM)
+        if bad:
+            raise RuntimeError(bad)
+        ops[name] = functools.partial(
+            lambda kv: (mpi_kvstore.broadcast_parameters(params, root=args.root, store=kv),
+                        mx.nd.waitall()), kv)
+    run = harness.Run('broadcast', args, label=args.label)
+    with harness.deadline(args.timeout, args.params):
+        times = harness.interleaved(ops, args.trials, args.warmups, comm=COMM)
+    rows = rows_of(nbytes, {'flat': times['before'], 'after': times['after']})
+    rows[0]['method'] = 'before'
+    run.write({'results': rows}, model=args.params, tensors=len(params),
+              topology=harness.topology(COMM, args.label))
+    print_table(rows)
+    for kv in stores.values():
+        kv.close()
+    harness.rank0_print('wrote', run.json_path)
+
+
 def main():
     args = parse_args()
+    if args.params:
+        return params_main(args)
     comm = COMM.Dup()
     hier, layout, hierarchy = hierarchy_of(comm, args.ranks_per_host)
     harness.rank0_print('%d ranks, root %d, %s; %s' % (

@@ -41,13 +41,37 @@ def test_every_method_runs_and_is_reported(mpi_available, tmp_path):
     assert 'fastest per size' in out
 
 
-def test_unknown_method_is_refused(mpi_available, tmp_path):
-    from mpi_harness import MPIRunError
-    try:
-        out = run_mpi(NPROCS, SCRIPT, '--quick', '--methods', 'flat,teleport', '--out', tmp_path,
-                      timeout=TIMEOUT)
-    except MPIRunError as err:
-        out = err.output
-    else:
-        raise AssertionError('an unknown method ran:\n' + out[-2000:])
-    assert "unknown method(s) ['teleport']" in out, out[-2000:]
+def test_unknown_method_and_params_without_table_are_refused(capsys):
+    """In this process (one rank): no job to launch for an argument error."""
+    import pytest
+
+    from benchmarks import broadcast as bench
+    from mpi_kvstore.comm.broadcast import Hierarchical
+    args = bench.parse_args(['--quick', '--methods', 'flat,teleport'])
+    with pytest.raises(SystemExit, match=r"unknown method\(s\) \['teleport'\]"):
+        bench.methods(bench.COMM, Hierarchical(bench.COMM), args)
+    with pytest.raises(SystemExit):
+        bench.parse_args(['--params', 'vgg16'])
+    assert '--params vgg16 needs --table' in capsys.readouterr().err
+
+
+def test_broadcast_parameters_before_and_after_a_table(mpi_available, tmp_path):
+    """--params: broadcast_parameters on a store without a table and one whose rows send the
+    larger tensors as chains (the script checks every parameter against the root's value
+    before timing, and fails the job otherwise); both rows report their trials."""
+    table = tmp_path / 'table.json'
+    table.write_text(json.dumps({
+        'version': 1, 'comm_size': NPROCS, 'allreduce': [{'bytes': 4, 'algorithm': 'mpi'}],
+        'ops': {'broadcast': [{'bytes': 4, 'algorithm': 'flat'},
+                              {'bytes': 147456, 'algorithm': 'chain', 'chunk_bytes': 8192}]}}))
+    out = run_mpi(NPROCS, SCRIPT, '--params', 'tiny', '--table', table, '--root', '1',
+                  '--warmups', '1', '--trials', '3', '--label', 'params', '--out', tmp_path,
+                  timeout=TIMEOUT)
+    record = json.loads((tmp_path / ('broadcast_n%d_params.json' % NPROCS)).read_text())
+    assert record['config']['model'] == 'tiny' and record['config']['tensors'] == 4
+    rows = {r['method']: r for r in record['results']}
+    assert sorted(rows) == ['after', 'before'], out[-2000:]
+    assert rows['before']['size'] == 4 * (15 + 7 + 33000 + 36864)
+    for row in rows.values():
+        assert len(row['times_s']) == 3 and row['min_s'] <= row['median_s'] <= row['max_s']
+    assert abs(rows['after']['vs_flat'] - rows['after']['median_s'] / rows['before']['median_s']) < 1e-12
