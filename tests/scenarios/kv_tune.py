@@ -118,7 +118,7 @@ for n, dtype in CASES:
     kv.pull(key, out=out)
     np.testing.assert_array_equal(out.asnumpy(), data(n, dtype, 0), err_msg=key)
     mine = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
-    kv.broadcast_from(key, mine, root=SIZE - 1)
+    kv.broadcast(key, mine, root=SIZE - 1)      # in place (out=None)
     np.testing.assert_array_equal(mine.asnumpy(), data(n, dtype, SIZE - 1), err_msg=key)
     arr = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
     kv.array_collective('bcast', 'a' + key, arr, root=SIZE - 1)
