@@ -276,8 +276,8 @@ class ByTable:
     def __call__(self, buf, root=0):
         """``buf`` of ``root`` into every rank's ``buf``, by the table. Returns ``buf``. A
         buffer that is not numpy (device memory for a CUDA-aware MPI) takes one MPI_Bcast."""
-        if not isinstance(buf, np.ndarray):
-            self.comm.Bcast(buf, root=root)
+        if self._table is None or not isinstance(buf, np.ndarray):
+            self.comm.Bcast(buf, root=root)   # exactly the store's call before tables had rows
             return buf
         algorithm, chunk = self.choose(buf.nbytes)
         debug.count('algorithm', 'broadcast ' + algorithm)
