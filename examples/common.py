@@ -175,7 +175,7 @@ class Meter:
 def global_sum(kv, values):
     """Sum a few numbers over ranks, in collective order on the store's own communicator."""
     local = np.asarray(values, np.float64)
-    return np.asarray(kv.run_collective(lambda comm: comm.allreduce(local), name='metrics'))
+    return np.asarray(kv.collectives.run(lambda comm: comm.allreduce(local), name='metrics'))
 
 
 class Throughput:

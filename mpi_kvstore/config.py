@@ -238,7 +238,7 @@ OPTIONS: tuple[Option, ...] = (
     # Horovod bounds its name cache the same way (HOROVOD_CACHE_CAPACITY, 1024).
     Option('name_cache_capacity', int, 1024, 'entries',
            'How many staging buffers of named collectives (mpi_kvstore.allreduce and the '
-           'other functional helpers, mpi_kvstore.horovod, array_collective) the store keeps '
+           'other functional helpers, mpi_kvstore.horovod, kv.collectives.array) the store keeps '
            'for reuse; past it the least recently used one not in flight is freed, so a '
            'script that names a collective per step runs in bounded memory. 0: keep none.',
            _nonneg, agree=False),

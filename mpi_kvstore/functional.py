@@ -41,7 +41,7 @@ def _store(store: MPIKVStore | None) -> MPIKVStore:
 def allreduce_(tensor: NDArray, average: bool = False, name: str = 'allreduce',
                store: MPIKVStore | None = None) -> NDArray:
     """Sum (or average) ``tensor`` over ranks, in place; returns it."""
-    return _store(store).array_collective('allreduce', name, tensor, average=average)
+    return _store(store).collectives.array('allreduce', name, tensor, average=average)
 
 
 def allreduce(tensor: NDArray, average: bool = False, name: str = 'allreduce',
@@ -53,7 +53,7 @@ def allreduce(tensor: NDArray, average: bool = False, name: str = 'allreduce',
 def broadcast_(tensor: NDArray, root: int = 0, name: str = 'broadcast',
                store: MPIKVStore | None = None) -> NDArray:
     """Overwrite ``tensor`` with root's, in place; returns it."""
-    return _store(store).array_collective('bcast', name, tensor, root=root)
+    return _store(store).collectives.array('bcast', name, tensor, root=root)
 
 
 def broadcast(tensor: NDArray, root: int = 0, name: str = 'broadcast',
@@ -64,12 +64,12 @@ def broadcast(tensor: NDArray, root: int = 0, name: str = 'broadcast',
 
 def broadcast_object(obj: Any, root: int = 0, store: MPIKVStore | None = None) -> Any:
     """Root's picklable object on every rank."""
-    return _store(store).run_collective(lambda comm: comm.bcast(obj, root=root), 'bcast_object')
+    return _store(store).collectives.run(lambda comm: comm.bcast(obj, root=root), 'bcast_object')
 
 
 def allgather_object(obj: Any, store: MPIKVStore | None = None) -> list:
     """A list of every rank's object, in rank order."""
-    return _store(store).run_collective(lambda comm: comm.allgather(obj), 'allgather_object')
+    return _store(store).collectives.run(lambda comm: comm.allgather(obj), 'allgather_object')
 
 
 def allgather(tensor: NDArray, name: str = 'allgather',
@@ -85,7 +85,7 @@ def allgather(tensor: NDArray, name: str = 'allgather',
         out = mx.nd.zeros((rows * len(shapes),) + tensor.shape[1:], ctx=tensor.context,
                           dtype=tensor.dtype)
         out[rows * store.rank:rows * (store.rank + 1)] = tensor
-        return store.array_collective('allgather', name, out, unit=unit)
+        return store.collectives.array('allgather', name, out, unit=unit)
     trailing = {shape[1:] for shape, _ in shapes}
     if len(trailing) != 1 or len({dtype for _, dtype in shapes}) != 1:
         raise ValueError('allgather: ranks hold tensors of different trailing shapes or dtypes '
@@ -106,7 +106,7 @@ def reducescatter(tensor: NDArray, average: bool = False, name: str = 'reducesca
                          'axis into %d parts: give it at least one row a rank'
                          % (tensor.shape, store.num_workers))
     unit = int(np.prod(tensor.shape[1:], dtype=np.int64))
-    summed = store.array_collective('reducescatter', name, tensor.copy(), average=average,
+    summed = store.collectives.array('reducescatter', name, tensor.copy(), average=average,
                                     unit=unit)
     start, stop = share(tensor.shape[0], store.num_workers, store.rank)
     return summed[start:stop].copy()

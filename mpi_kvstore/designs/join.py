@@ -60,7 +60,7 @@ def refusal(req, joined):
     ranks = [r for r, j in enumerate(joined) if j]
     if req.kind == 'custom':
         return ('rank(s) %s called join(), and %s runs a Python function that a joined rank '
-                'cannot mirror (broadcast_object, allgather_object, run_collective): call it '
+                'cannot mirror (broadcast_object, allgather_object, collectives.run): call it '
                 'before join()' % (ranks, req.describe()))
     if req.kind == 'allgather' and not req.shard:
         # a joined rank has no tensor of its own to give

@@ -106,7 +106,7 @@ def _trainer_store(process_set, compression):
     kv = process_set._stores.get(key)
     if kv is None:
         # a communicator of the same members, duplicated in the store's collective order
-        comm = base.run_collective(lambda comm: comm.Dup(), 'hvd.dup')
+        comm = base.collectives.run(lambda comm: comm.Dup(), 'hvd.dup')
         kv = MPIKVStore('dist_mpi', comm=comm,
                         **dict(_store_options(), compression=compression.store_compression))
         comm.Free()   # the store keeps its own duplicate

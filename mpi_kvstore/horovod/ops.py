@@ -95,7 +95,7 @@ def _mpi_reduce(kv, tensor, op):
         comm.Allreduce(data, out, op=mpi_op)
         return out
 
-    result = kv.run_collective(reduce, 'hvd.allreduce.%s' % _OP_NAMES[op].lower())
+    result = kv.collectives.run(reduce, 'hvd.allreduce.%s' % _OP_NAMES[op].lower())
     tensor[:] = mx.nd.array(result.astype(dtype), ctx=tensor.context, dtype=dtype)
     return tensor
 
@@ -106,7 +106,7 @@ def _allreduce_inplace(tensor, op, name, prescale_factor, postscale_factor, proc
     if op in _MPI_OPS:
         _mpi_reduce(kv, tensor, op)
         return _scale(tensor, postscale_factor)
-    kv.array_collective('allreduce', name or 'hvd.allreduce', tensor)
+    kv.collectives.array('allreduce', name or 'hvd.allreduce', tensor)
     # the set's store spans exactly its ranks
     factor = postscale_factor / kv.num_workers if op == Average else postscale_factor
     return _scale(tensor, factor)
@@ -213,7 +213,7 @@ def broadcast_(tensor: NDArray, root_rank: int, name: str | None = None, priorit
     """Overwrite ``tensor`` with ``root_rank``'s (a rank of init's communicator); returns it."""
     kv = _set_store(process_set, 'broadcast_')
     root = _set_root(process_set, root_rank, 'broadcast_')
-    return kv.array_collective('bcast', name or 'hvd.broadcast', tensor, root=root)
+    return kv.collectives.array('bcast', name or 'hvd.broadcast', tensor, root=root)
 
 
 def broadcast(tensor: NDArray, root_rank: int, name: str | None = None, priority: int = 0,
@@ -221,7 +221,7 @@ def broadcast(tensor: NDArray, root_rank: int, name: str | None = None, priority
     """``root_rank``'s tensor as a new NDArray on every member; ``tensor`` is left as it was."""
     kv = _set_store(process_set, 'broadcast')
     root = _set_root(process_set, root_rank, 'broadcast')
-    return kv.array_collective('bcast', name or 'hvd.broadcast', tensor.copy(), root=root)
+    return kv.collectives.array('bcast', name or 'hvd.broadcast', tensor.copy(), root=root)
 
 
 def alltoall(tensor: NDArray, splits: NDArray | Sequence[int] | None = None,
@@ -263,7 +263,7 @@ def alltoall(tensor: NDArray, splits: NDArray | Sequence[int] | None = None,
                        [out.view(np.uint8).ravel(), (recv_counts, None), MPI.BYTE])
         return out, received
 
-    out, received = kv.run_collective(exchange, name or 'hvd.alltoall')
+    out, received = kv.collectives.run(exchange, name or 'hvd.alltoall')
     result = mx.nd.array(out, ctx=tensor.context, dtype=tensor.dtype)
     if splits is None:
         return result

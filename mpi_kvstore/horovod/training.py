@@ -153,7 +153,7 @@ class DistributedTrainer(gluon.Trainer):
         for key, grads in entries:
             for j, grad in enumerate(grads):
                 compressed, ctx = self._custom.compress(grad)
-                self._hvd_store.array_collective(
+                self._hvd_store.collectives.array(
                     'allreduce', 'hvd.trainer:%s%d.%d' % (self._prefix, key, j), compressed)
                 grad[:] = self._custom.decompress(compressed, ctx)
 
@@ -200,7 +200,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         if self._hvd_store.num_workers == 1:
             return
         for i, g in zip(indices, grads):
-            self._hvd_store.array_collective('allreduce', 'hvd.opt:%s' % (i,), g)
+            self._hvd_store.collectives.array('allreduce', 'hvd.opt:%s' % (i,), g)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         """Sum ``grad`` over the processes in place (rescale_grad makes it their mean), then

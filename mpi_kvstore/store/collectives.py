@@ -15,8 +15,8 @@ ARRAY_KINDS = ('allreduce', 'bcast', 'reducescatter', 'allgather')
 
 
 class Collectives:
-    """The named collectives of one store (MPIKVStore.array_collective, run_collective,
-    _barrier). ``buffers``: the staging buffers of array collectives, by name."""
+    """The named collectives of one store (``MPIKVStore.collectives``; MXNet's
+    ``_barrier`` too). ``buffers``: the staging buffers of array collectives, by name."""
 
     def __init__(self, job, config, size):
         self._job, self._size = job, size
@@ -25,10 +25,21 @@ class Collectives:
         self.buffers = NameCache(config.name_cache_capacity)
 
     def array(self, kind, name, tensor, root=0, average=False, unit=1):
-        """MPIKVStore.array_collective: ``kind`` on ``tensor`` in place, through a staging
-        buffer kept per (name, shape, dtype, context)."""
+        """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
+        sum, or the mean with ``average``), 'bcast' (root's value), 'reducescatter' (this
+        rank's share of the flat tensor gets the sum, or the mean; shares are cut in whole
+        ``unit``s of elements, fusion.pieces) or 'allgather' (every share gets its owner's
+        values); return ``tensor``. The entry point of the Horovod-style helpers
+        (functional.py); ``name`` identifies the collective across ranks, as a key does.
+
+        The data travels through a staging buffer the store keeps per (name, shape, dtype,
+        context), written and read by MXNet's own copy operator: user arrays (weights after
+        an inference forward) may sit in an MKLDNN layout whose bytes are not row-major.
+        It keeps ``name_cache_capacity`` of them, dropping the least recently used whose
+        collective is done (namecache.NameCache).
+        """
         if kind not in ARRAY_KINDS:
-            raise ValueError('array_collective: kind must be one of %s, not %r'
+            raise ValueError('collectives.array: kind must be one of %s, not %r'
                              % (', '.join(ARRAY_KINDS), kind))
         if kind == 'bcast':
             check_root(root, self._size)

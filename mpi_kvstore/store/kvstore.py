@@ -8,7 +8,7 @@ pending, the errors to raise). None of them calls the store back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -86,13 +86,17 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         self._updater = None
         timeline = Timeline(config.timeline, self._rank, self._size) if config.timeline else None
         self._job = Job(comm, config, design, timeline, table)
-        self._collectives = Collectives(self._job, config, self._size)
+        self.collectives = Collectives(self._job, config, self._size)
+        """Collectives by name outside the key/value contract, in collective order with the
+        store's own (:class:`~mpi_kvstore.store.collectives.Collectives`): ``array`` on an
+        NDArray, ``run`` of a function of the communicator. The functional helpers and
+        mpi_kvstore.horovod go through it."""
         self._optimizer = StoreOptimizer(self._keys, config, self._rank, self._size,
-                                         self._job, self._collectives.run)
+                                         self._job, self.collectives.run)
         if config.shard_optimizer:   # a joined rank goes on updating its shares
             self._job.design.shares = shards.JoinedShares(self._optimizer.joined_share)
         self._exchange = Exchange(self._keys, config, self._job, self._optimizer,
-                                  self._collectives.run)
+                                  self.collectives.run)
         shutdown.LIVE.add(self)
 
     # -- identity -------------------------------------------------------------
@@ -269,34 +273,13 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         self._job.begin()
         self._exchange.set_compression(compression_params)
 
-    # -- synchronisation and named collectives (collectives.Collectives) ------------------
+    # -- synchronisation (named collectives: the ``collectives`` attribute) ---------------
     def wait(self) -> None:
         """Block until every collective pushed so far finished; raise what failed."""
         self._job.wait()
 
     def _barrier(self):
-        self._collectives.barrier()
-
-    def array_collective(self, kind: str, name: str, tensor: NDArray, root: int = 0,
-                         average: bool = False, unit: int = 1) -> NDArray:
-        """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
-        sum, or the mean with ``average``), 'bcast' (root's value), 'reducescatter' (this
-        rank's share of the flat tensor gets the sum, or the mean; shares are cut in whole
-        ``unit``s of elements, fusion.pieces) or 'allgather' (every share gets its owner's
-        values). The entry point of the Horovod-style helpers (functional.py); ``name``
-        identifies the collective across ranks, as a key does.
-
-        The data travels through a staging buffer the store keeps per (name, shape, dtype,
-        context), written and read by MXNet's own copy operator: user arrays (weights after
-        an inference forward) may sit in an MKLDNN layout whose bytes are not row-major.
-        It keeps ``name_cache_capacity`` of them, dropping the least recently used whose
-        collective is done (namecache.NameCache).
-        """
-        return self._collectives.array(kind, name, tensor, root, average, unit)
-
-    def run_collective(self, fn: Callable[[Any], Any], name: str = 'custom') -> Any:
-        """Run ``fn(mpi_comm)`` in collective order on the store's communicator; return its result."""
-        return self._collectives.run(fn, name)
+        self.collectives.barrier()
 
     def close(self) -> None:
         """Finish in-flight work and stop the communication threads (idempotent).

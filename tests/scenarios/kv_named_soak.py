@@ -116,7 +116,7 @@ def main():
     mx.nd.waitall()
     after = rss_mb()
     seconds = time.perf_counter() - start
-    kept = len(kv._collectives.buffers)
+    kept = len(kv.collectives.buffers)
     capacity = kv.config.name_cache_capacity
     kv.close()
 

@@ -121,17 +121,17 @@ for n, dtype in CASES:
     kv.broadcast(key, mine, root=SIZE - 1)      # in place (out=None)
     np.testing.assert_array_equal(mine.asnumpy(), data(n, dtype, SIZE - 1), err_msg=key)
     arr = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
-    kv.array_collective('bcast', 'a' + key, arr, root=SIZE - 1)
+    kv.collectives.array('bcast', 'a' + key, arr, root=SIZE - 1)
     np.testing.assert_array_equal(arr.asnumpy(), data(n, dtype, SIZE - 1), err_msg='a' + key)
     if dtype == 'float32':
         whole = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
-        kv.array_collective('reducescatter', 'rs' + key, whole)
+        kv.collectives.array('reducescatter', 'rs' + key, whole)
         share = np.array_split(np.arange(n), SIZE)[RANK]
         np.testing.assert_allclose(whole.asnumpy()[share],
                                    sum(data(n, 'float64', r) for r in range(SIZE))[share],
                                    rtol=1e-6, err_msg='rs' + key)
         gathered = mx.nd.array(data(n, dtype, RANK), dtype=dtype)
-        kv.array_collective('allgather', 'ag' + key, gathered)
+        kv.collectives.array('allgather', 'ag' + key, gathered)
         owner = np.concatenate([np.full(len(s), r) for r, s in
                                 enumerate(np.array_split(np.arange(n), SIZE))])
         np.testing.assert_array_equal(gathered.asnumpy(),
