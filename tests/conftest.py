@@ -97,6 +97,14 @@ def designs(request):
     return tuple(batches.get(_batch_of(request.node), ())) or (request.node.callspec.params['design'],)
 
 
+@pytest.fixture(scope='module')
+def batch_dir(tmp_path_factory):
+    """A folder for the scenarios of one test module that take one (run_designs batches only
+    tests whose arguments are equal, so a test's own tmp_path would keep it alone). The
+    designs of a batch run one after another, each writing and reading its own files."""
+    return str(tmp_path_factory.mktemp('batch'))
+
+
 def pytest_configure(config):
     for kind, meaning in KINDS.items():
         config.addinivalue_line('markers', '%s: %s' % (kind, meaning))

@@ -9,7 +9,7 @@ scenarios/kv_sharded.py, kv_module.py, kv_gluon.py.
 """
 import pytest
 
-from mpi_harness import run_mpi
+from mpi_harness import run_designs, run_mpi
 
 SHARDED = {'MPI_KVSTORE_SHARD_OPTIMIZER': '1'}
 
@@ -21,8 +21,8 @@ def _ok(out, name, nprocs):
 @pytest.mark.parametrize('design,nprocs', [('funneled', 2), ('funneled', 3), ('funneled', 4),
                                            ('chained', 3), ('concurrent', 3),
                                            ('blocking', 3)])
-def test_sharded_training_equals_unsharded_and_one_process(design, nprocs, mpi_available):
-    _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'train', timeout=240),
+def test_sharded_training_equals_unsharded_and_one_process(design, nprocs, designs):
+    _ok(run_designs(nprocs, 'kv_sharded.py', design, designs, 'train', timeout=240),
         'kv_sharded[%s] train' % design, nprocs)
 
 
@@ -36,8 +36,8 @@ def test_states_saved_sharded_resume_at_other_sizes_sharded_and_not(tmp_path, mp
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_module_fit_sharded_equals_one_process(design, mpi_available):
-    _ok(run_mpi(3, 'kv_module.py', design, '1', timeout=180, env=SHARDED),
+def test_module_fit_sharded_equals_one_process(design, designs):
+    _ok(run_designs(3, 'kv_module.py', design, designs, '1', timeout=180, env=SHARDED),
         'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=1]' % design, 3)
 
 
@@ -58,14 +58,14 @@ def test_module_fit_clipped_in_the_store_equals_one_process(mpi_available):
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_bad_input_is_refused_and_the_store_goes_on(design, tmp_path, mpi_available):
-    _ok(run_mpi(2, 'kv_sharded.py', design, 'errors', str(tmp_path), timeout=120),
+def test_bad_input_is_refused_and_the_store_goes_on(design, designs, batch_dir):
+    _ok(run_designs(2, 'kv_sharded.py', design, designs, 'errors', batch_dir, timeout=120),
         'kv_sharded[%s] errors' % design, 2)
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent', 'blocking'])
-def test_a_joined_rank_goes_on_updating_its_shares(design, tmp_path, mpi_available):
-    _ok(run_mpi(3, 'kv_sharded.py', design, 'join', str(tmp_path), timeout=180),
+def test_a_joined_rank_goes_on_updating_its_shares(design, designs, batch_dir):
+    _ok(run_designs(3, 'kv_sharded.py', design, designs, 'join', batch_dir, timeout=180),
         'kv_sharded[%s] join' % design, 3)
 
 

@@ -93,8 +93,9 @@ def test_thread_level_too_low_is_refused():
 
 
 @pytest.mark.parametrize('design', DESIGNS)
-def test_timeline_trace_is_valid(design, tmp_path):
-    out = run_mpi(2, 'kv_timeline.py', design, str(tmp_path / 'trace.json'), timeout=120)
+def test_timeline_trace_is_valid(design, designs, batch_dir):
+    out = run_designs(2, 'kv_timeline.py', design, designs, batch_dir + '/trace.json',
+                      timeout=120)
     _ok(out, 'kv_timeline[%s]' % design)
 
 
