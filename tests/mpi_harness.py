@@ -194,7 +194,8 @@ def run_mpi(nprocs, script, *args, timeout=DEFAULT_TIMEOUT, env=None, module_lau
 _BATCHES = {}   # (nprocs, script, designs, args, env) -> the output of its one job
 
 
-def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT, env=None):
+def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT, env=None,
+                launcher=None):
     """run_mpi(NPROCS, SCRIPT, DESIGN, *ARGS), from one job that runs it for every design
     in DESIGNS in turn (scenarios/each_design.py); return DESIGN's part of its output.
 
@@ -206,11 +207,12 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
     designs = tuple(designs)
     if design not in designs:
         raise ValueError('design %r is not in its batch %s' % (design, designs))
-    key = (nprocs, script, designs, args, tuple(sorted((env or {}).items())))
+    where = tuple(map(str, launcher(nprocs))) if launcher else ()   # the hosts, for one
+    key = (nprocs, script, designs, args, tuple(sorted((env or {}).items())), where)
     if key not in _BATCHES:
         try:
             _BATCHES[key] = run_mpi(nprocs, 'each_design.py', script, ','.join(designs), *args,
-                                    timeout=timeout * len(designs), env=env)
+                                    timeout=timeout * len(designs), env=env, launcher=launcher)
         except MPIRunError as err:
             _BATCHES[key] = err.output
     output = _BATCHES[key]
@@ -218,7 +220,8 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
     start = output.find(begin)
     stop = output.find(end, start)
     if start < 0 or stop < 0:
-        return run_mpi(nprocs, script, design, *args, timeout=timeout, env=env)
+        return run_mpi(nprocs, script, design, *args, timeout=timeout, env=env,
+                       launcher=launcher)
     return output[start + len(begin):stop]
 
 

@@ -341,7 +341,7 @@ def test_link_cut_between_steps_is_named_not_a_crash(tmp_path):
                       'never' if ended is None else '%.1f' % ended,
                       'SEGMENTATION FAULT' if faulted else 'no segmentation fault'))
             seen.append((named, ended, faulted, out, far))
-    for named, ended, faulted, out, far in seen:
+    for named, ended, _faulted, out, far in seen:
         # Rank 0 names the stall and aborts the job. Rank 1, cut off, died inside MPI with
         # SIGSEGV once in 6 runs after that (docs/faults.md): allowed only after its last words.
         assert 'Segmentation fault' not in out, out[-3000:]

@@ -31,7 +31,7 @@ import testbed
 from mpi_kvstore.designs import NAMES as DESIGNS
 from mpi_kvstore.faults import abort as faults
 
-from mpi_harness import MPIRunError, run_mpi
+from mpi_harness import MPIRunError, run_designs, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 pytestmark = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
@@ -56,14 +56,22 @@ def run_across(hosts, nprocs, script, *args, **kwargs):
                    timeout=kwargs.pop('timeout', TIMEOUT), **kwargs)
 
 
+def designs_across(hosts, nprocs, script, design, designs, *args, **kwargs):
+    """run_designs with NPROCS ranks in blocks over the hosts: one job for DESIGNS."""
+    ppn = -(-nprocs // HOSTS)
+    return run_designs(nprocs, script, design, designs, *args,
+                       launcher=hosts.launcher_for(ppn=ppn), timeout=TIMEOUT, **kwargs)
+
+
 def _ok(output, name, nprocs):
     assert '%s: OK at %d ranks' % (name, nprocs) in output, output[-2000:]
 
 
 @pytest.mark.parametrize('design', DESIGNS)
 @pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
-def test_scenario_two_hosts_one_rank_each(hosts, scenario, design):
-    _ok(run_across(hosts, 2, scenario + '.py', design), '%s[%s]' % (scenario, design), 2)
+def test_scenario_two_hosts_one_rank_each(hosts, scenario, design, designs):
+    _ok(designs_across(hosts, 2, scenario + '.py', design, designs),
+        '%s[%s]' % (scenario, design), 2)
 
 
 @pytest.mark.parametrize('design', ['funneled', 'concurrent'])
@@ -85,9 +93,9 @@ def test_scenario_two_hosts_two_ranks_each(hosts, scenario, design):
 
 @pytest.mark.parametrize('design, update_on_kvstore', [(d, '1') for d in DESIGNS]
                          + [('funneled', '0')])
-def test_module_fit(hosts, design, update_on_kvstore):
-    out = run_across(hosts, 2, 'kv_module.py', design, update_on_kvstore,
-                     env={'MXNET_UPDATE_ON_KVSTORE': update_on_kvstore})
+def test_module_fit(hosts, design, update_on_kvstore, designs):
+    out = designs_across(hosts, 2, 'kv_module.py', design, designs, update_on_kvstore,
+                         env={'MXNET_UPDATE_ON_KVSTORE': update_on_kvstore})
     _ok(out, 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s]' % (design, update_on_kvstore), 2)
 
 
