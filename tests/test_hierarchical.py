@@ -78,8 +78,9 @@ def run_across(hosts, nprocs, *args):
 
 
 @pytest.mark.parametrize('design', DESIGNS)
-def test_two_hosts_two_ranks_each(hosts, design):
-    _ok(run_across(hosts, 4, design, 'scatter'), design, 'scatter', 4)
+def test_two_hosts_two_ranks_each(hosts, design, designs):
+    _ok(run_designs(4, SCENARIO, design, designs, 'scatter', launcher=hosts.launcher_for(ppn=2),
+                    timeout=TIMEOUT), design, 'scatter', 4)
 
 
 def test_partitioned_pieces_go_through_the_hierarchy(hosts):

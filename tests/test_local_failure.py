@@ -6,7 +6,7 @@ import pytest
 
 from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
 
-from mpi_harness import run_mpi
+from mpi_harness import run_designs
 
 
 def _ok(output, design):
@@ -19,5 +19,6 @@ def _ok(output, design):
                                    ('single-inplace', 'single-out')], ids=['fused', 'single'])
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
-def test_local_failure_keeps_ranks_paired(design, nprocs, cases):
-    _ok(run_mpi(nprocs, 'fault_local_failure.py', design, *cases, timeout=150), design)
+def test_local_failure_keeps_ranks_paired(design, nprocs, cases, designs):
+    _ok(run_designs(nprocs, 'fault_local_failure.py', design, designs, *cases, timeout=150),
+        design)
