@@ -8,9 +8,11 @@ compression bitwise equal to an unpartitioned store's, a small high-priority req
 overtaking a large low-priority one in the timeline (funneled and concurrent), and
 join() with uneven steps.
 """
+import os
+
 import pytest
 
-from mpi_harness import run_mpi
+from mpi_harness import run_designs, run_mpi
 
 PARTS = ('sums', 'compression', 'overtake', 'join')
 SCHEDULED = ('funneled', 'concurrent')
@@ -18,15 +20,17 @@ SCHEDULED = ('funneled', 'concurrent')
 
 @pytest.mark.parametrize('nprocs', [2, 3], ids=lambda n: 'np%d' % n)
 @pytest.mark.parametrize('design', ['funneled', 'concurrent', 'chained', 'blocking'])
-def test_partitioned_scheduling_sums_compression_overtaking_and_join(design, nprocs, tmp_path,
-                                                                     mpi_available):
-    out = run_mpi(nprocs, 'kv_schedule.py', design, str(tmp_path / 'trace.json'), timeout=180)
+def test_partitioned_scheduling_sums_compression_overtaking_and_join(design, nprocs, designs,
+                                                                     batch_dir):
+    out = run_designs(nprocs, 'kv_schedule.py', design, designs,
+                      os.path.join(batch_dir, 'trace-{design}-{size}.json'), timeout=180)
     for part in PARTS if design in SCHEDULED else [p for p in PARTS if p != 'overtake']:
         assert 'kv_schedule[%s] %s: OK at %d ranks' % (design, part, nprocs) in out, out[-2000:]
     if design in SCHEDULED:
         # every rank wrote its trace (the overtake part read its own)
         for rank in range(nprocs):
-            assert (tmp_path / ('trace.rank%d.json' % rank)).is_file()
+            assert os.path.isfile(os.path.join(
+                batch_dir, 'trace-%s-%d.rank%d.json' % (design, nprocs, rank)))
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])

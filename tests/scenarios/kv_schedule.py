@@ -30,7 +30,8 @@ from mpi_kvstore.config import parse_bytes
 from common import RANK, SIZE, WORLD, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()
-TRACE = sys.argv[2]
+# may name the design and the size, as {design} and {size}: one job runs every design
+TRACE = sys.argv[2].format(design=DESIGN, size=SIZE)
 PARTS = sys.argv[3:] or ['sums', 'compression', 'overtake', 'join']
 SCHEDULED = DESIGN in ('funneled', 'concurrent')    # the designs that read the options
 ITERS = 3
