@@ -93,8 +93,13 @@ def pytest_collection_finish(session):
 def designs(request):
     """The designs of the tests selected beside this one that differ from it only in
     ``design``: mpi_harness.run_designs runs them in one job."""
+    alone = (request.node.callspec.params['design'],)
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        # Under pytest-xdist another worker may run the batch's other tests: each worker
+        # would run the whole batch. One job per test there, as before batches.
+        return alone
     batches = request.config.stash.get(_BATCH_KEY, {})
-    return tuple(batches.get(_batch_of(request.node), ())) or (request.node.callspec.params['design'],)
+    return tuple(batches.get(_batch_of(request.node), ())) or alone
 
 
 @pytest.fixture(scope='module')
