@@ -71,9 +71,14 @@ def mpi_available():
 _BATCH_KEY = pytest.StashKey()
 
 
+def _params(item):
+    """A collected test's parameters ({} when it is not parametrized)."""
+    return getattr(getattr(item, 'callspec', None), 'params', {})
+
+
 def _batch_of(item):
     """(module, function, the parameters other than design) of a design-parametrized test."""
-    params = dict(getattr(getattr(item, 'callspec', None), 'params', {}))
+    params = dict(_params(item))
     params.pop('design', None)
     return (str(item.path), item.originalname, tuple(sorted(
         (name, repr(value)) for name, value in params.items())))
@@ -83,7 +88,7 @@ def pytest_collection_finish(session):
     # After -k and -m have deselected: a batch holds only the designs that will run.
     batches = collections.defaultdict(list)
     for item in session.items:
-        params = getattr(getattr(item, 'callspec', None), 'params', {})
+        params = _params(item)
         if 'design' in params:
             batches[_batch_of(item)].append(params['design'])
     session.config.stash[_BATCH_KEY] = batches
@@ -93,7 +98,7 @@ def pytest_collection_finish(session):
 def designs(request):
     """The designs of the tests selected beside this one that differ from it only in
     ``design``: mpi_harness.run_designs runs them in one job."""
-    alone = (request.node.callspec.params['design'],)
+    alone = (_params(request.node)['design'],)
     if os.environ.get('PYTEST_XDIST_WORKER'):
         # Under pytest-xdist another worker may run the batch's other tests: each worker
         # would run the whole batch. One job per test there, as before batches.

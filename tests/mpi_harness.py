@@ -216,6 +216,8 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
         except MPIRunError as err:
             _BATCHES[key] = err.output
     output = _BATCHES[key]
+    # scenarios/each_design.py's BEGIN and END, which rank 0 prints; not imported from it,
+    # since importing it starts MPI and MXNet in this process
     begin, end = '[each_design] begin %s\n' % design, '[each_design] end %s\n' % design
     start = output.find(begin)
     stop = output.find(end, start)

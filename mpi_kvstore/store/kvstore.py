@@ -82,8 +82,6 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         config = self._config
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
-        # The store's MXNet updater, or None: Trainer.load_states reads kv._updater.optimizer
-        self._updater = None
         timeline = Timeline(config.timeline, self._rank, self._size) if config.timeline else None
         self._job = Job(comm, config, design, timeline, table)
         self.collectives = Collectives(self._job, config, self._size)
@@ -129,6 +127,11 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
     def is_capable(capability: str) -> bool:
         """Whether the store supports ``capability``: only MXNet's ``'optimizer'``."""
         return str(capability).lower() == KVStoreBase.OPTIMIZER
+
+    @property
+    def _updater(self):
+        # Trainer.load_states reads kv._updater.optimizer; the key table holds the updater
+        return self._keys.updater
 
     # -- the contract ---------------------------------------------------------------
     def init(self, key: Keys, value: Values) -> None:
@@ -234,7 +237,6 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         shard_optimizer, each rank to its share of every key)."""
         self._job.begin()
         self._optimizer.set(optimizer)
-        self._updater = self._keys.updater
         self._calls.clear()   # with an optimizer nothing runs in place: plans change
 
     def clip_global_norm(self, max_norm: float, keys: Sequence[Key]) -> None:
