@@ -82,8 +82,12 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         config = self._config
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
-        timeline = Timeline(config.timeline, self._rank, self._size) if config.timeline else None
-        self._job = Job(comm, config, design, timeline, table)
+        self.timeline: Timeline | None = (Timeline(config.timeline, self._rank, self._size)
+                         if config.timeline else None)
+        """The store's :class:`~mpi_kvstore.comm.timeline.Timeline` (the ``timeline``
+        option), or None. An attribute, not a property: it is made here, once, and the
+        designs record into the same object."""
+        self._job = Job(comm, config, design, self.timeline, table)
         self.collectives = Collectives(self._job, config, self._size)
         """Collectives by name outside the key/value contract, in collective order with the
         store's own (:class:`~mpi_kvstore.store.collectives.Collectives`): ``array`` on an
@@ -117,11 +121,6 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
     def config(self) -> Config:
         """The store's resolved options (a :class:`~mpi_kvstore.config.Config`)."""
         return self._config
-
-    @property
-    def timeline(self) -> Timeline | None:
-        """The store's timeline.Timeline (the ``timeline`` option), or None."""
-        return self._job.timeline
 
     @staticmethod
     def is_capable(capability: str) -> bool:
