@@ -15,18 +15,12 @@ Scripts:
                       testbed_scaling's results; ResNet-50 on ImageNet at scale (no mpiexec)
     hierarchical      hierarchical against flat allreduce, ranks on several test hosts
     broadcast         flat MPI_Bcast against pipelined, chained and hierarchical broadcast
-    compressed_ring   fp16/bf16 compression-assisted ring against compress-once: time and error
     memory            RSS over many pushpulls: does a long run's memory stay flat?
-    progress          blocking MPI against a polled non-blocking allreduce, beside compute
-    tcp_cost          the machine CPU that TCP itself costs, against MPI (two test hosts)
-    profile_pushpull  where one small pushpull's time goes, and a cProfile of its Python path
     gpu_bandwidth     GPU transports on CuPy arrays (needs CuPy and a GPU)
     plot_timeline     MPI_KVSTORE_TIMELINE traces drawn to a PNG (no mpiexec)
     gpu_like          a GPU-like workload: a model zoo net whose layers sleep on the engine
     overlap           gpu_like's model trained by every peer (FIFO, priority, gluon, dist_sync
                       or P3, Horovod) in one job: step, exchange alone, and how much hides
-    schedule_tune     partition_bytes and credit_bytes tried on gpu_like's model; the fastest
-                      written into a tune table for this topology
     sharded           the sharded optimizer against unsharded, with and without compression,
                       on gpu_like's model: step, state bytes and RSS per rank
     lossy_allgather   what 16-bit weights after every step would cost a small classifier

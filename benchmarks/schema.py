@@ -13,7 +13,7 @@ below at least; a script's own results come beside them (results, models, column
     cost_model cost_model's report (cost_model.json): time, assumptions, prediction
     overlap    cost_model --overlap (overlap_model.json): points, fitted, predictions,
                fit_on, assumptions
-    tune       a tune table (schedule_tune.py writes the schedule entry): version,
+    tune       a tune table (the store's autotune writes the schedule entry): version,
                comm_size; mpi_kvstore.comm.tuning.Table.from_json validates what is inside
 
 The other files are prose or logs and are not checked: NAME.md (a script's tables),
