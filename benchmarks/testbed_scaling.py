@@ -5,12 +5,12 @@
 
 Runs as root, not under mpiexec: it builds the test bed itself (testbed/README.md). One
 scaling.py job per grid point (1 rank on one host alone; N ranks over 2 hosts, N/2 a host,
-at every rate), in the --checkout tree, each under a timeout, its test bed torn down
+at every rate), each under a timeout, its test bed torn down
 whatever happens. Ranks on different hosts talk TCP over a tbf-shaped veth link. Jobs run
 with --no-dist-sync (benchmarks/overlap.py compares ps-lite across hosts). Each job also
 times raw MPI Allreduce(IN_PLACE) of --raw-sizes in the exchange-alone rounds: the
 network's alpha and beta under the same load, which cost_model calibrates on; --allreduce
-adds an allreduce.py sweep per test bed, --allreduce-only runs only that.
+adds an allreduce.py sweep per test bed.
 
 Writes into --out: runs/<job>/ (each job's JSONs and log.txt), testbed_scaling.json (every
 job and how it ended), testbed_scaling.md (per model: config x rate, with step ms, exchange
@@ -59,11 +59,9 @@ def parse_args(argv=None):
     add('--steps-per-round', type=int, default=1, help="scaling.py's")
     add('--step-timeout', type=float, default=300.0, help="seconds a step may take (scaling.py's --timeout)")
     add('--run-timeout', type=float, help='seconds a job may take (default: from the rounds, >= 600)')
-    add('--checkout', default=harness.REPO_ROOT, help='the tree whose benchmarks and mpi_kvstore run')
     add('--raw-sizes', default=DEFAULT_RAW_SIZES,
         help="raw MPI Allreduce sizes timed in each job (scaling.py --raw-allreduce; 'none': none)")
     add('--allreduce', action='store_true', help='also run allreduce.py on each test bed')
-    add('--allreduce-only', action='store_true', help='only the allreduce.py sweep, no training')
     add('--allreduce-sizes', default=DEFAULT_ALLREDUCE_SIZES, help='of the sweep')
     add('--allreduce-designs', default=DEFAULT_ALLREDUCE_DESIGNS, help='beside raw MPI')
     add('--allreduce-trials', type=int, default=ALLREDUCE_TRIALS, help='of the sweep')
@@ -85,8 +83,6 @@ def parse_args(argv=None):
         raise SystemExit(f'--ranks: 1, or a multiple of {HOSTS} (ranks spread over {HOSTS} hosts), not {bad}')
     if args.warmups < 0 or args.steps < 1:
         raise SystemExit('--warmup-steps must be >= 0 and --steps >= 1')
-    args.allreduce = args.allreduce or args.allreduce_only
-    args.checkout = os.path.abspath(args.checkout)
     args.out = os.path.abspath(args.out)
     return args
 
@@ -124,8 +120,8 @@ def grid(args):
 
 
 def scaling_argv(args, job, out_dir):
-    # Run as a module, in the --checkout tree (_launch's working directory): its benchmarks
-    # and mpi_kvstore come first on sys.path.
+    # Run as a module from the repository root (_launch's working directory), so that its
+    # benchmarks and mpi_kvstore come first on sys.path.
     argv = [sys.executable, '-m', 'benchmarks.scaling',
             '--models', args.models, '--warmup-steps', str(args.warmups), '--steps', str(args.steps),
             '--no-dist-sync', '--timeout', f'{args.step_timeout:g}', '--out', out_dir]
@@ -181,7 +177,7 @@ def _launch(args, hosts, job, argv, limit, log):
     print(f'    {shlex.join(argv[1:])} (timeout {limit:.0f} s)', flush=True)
     mpiexec = hosts.mpiexec_argv(job.ranks, ppn=job.ppn, extra=['-genv', 'OMP_NUM_THREADS', '1'])
     result = hosts.run(mpiexec + argv, timeout=limit, env={'OMP_NUM_THREADS': '1'},
-                       cwd=args.checkout)
+                       cwd=harness.REPO_ROOT)
     log.write(f'$ {shlex.join(mpiexec + argv)}\n{result.output}\n')
     status = ('timed out' if result.timed_out else f'status {result.returncode}')
     print(f'      {status}, {result.elapsed:.0f} s', flush=True)
@@ -204,8 +200,7 @@ def run_job(args, job):
     programs = []
     if args.allreduce:
         programs.append(('allreduce', allreduce_argv(args, job, out_dir), allreduce_timeout(args, job)))
-    if not args.allreduce_only:
-        programs.append(('scaling', scaling_argv(args, job, out_dir), run_timeout(args, job)))
+    programs.append(('scaling', scaling_argv(args, job, out_dir), run_timeout(args, job)))
     with open(os.path.join(out_dir, 'log.txt'), 'w') as log:
         try:
             with testbed.Hosts(job.hosts, rate=job.rate) as hosts:
@@ -384,15 +379,14 @@ def main(argv=None):
         raise SystemExit(f'the test bed is not available here: {why}')
     jobs = grid(args)
     print(f'testbed_scaling: {len(jobs)} jobs ({", ".join(j.name for j in jobs)}), models '
-          f'{args.models}, {args.warmups} + {args.steps} rounds; checkout {args.checkout}', flush=True)
+          f'{args.models}, {args.warmups} + {args.steps} rounds', flush=True)
     started_at, started = time.strftime('%Y-%m-%dT%H:%M:%S%z'), time.monotonic()
     records = []
     for job in jobs:
         records.append(run_job(args, job))
         combine(args, records, started_at, time.monotonic() - started)   # a killed run keeps these
     combined = combine(args, records, started_at, time.monotonic() - started)
-    if not args.allreduce_only:
-        write_report(args, combined)
+    write_report(args, combined)
     failed = [r['job'] for r in records if not r['ok']]
     print(f'\n{len(jobs)} jobs in {combined["elapsed_s"]:.0f} s'
           + (f'; failed: {", ".join(failed)}' if failed else ''))

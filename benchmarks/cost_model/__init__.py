@@ -6,9 +6,6 @@ and the plot); ``python -m benchmarks.cost_model`` (__main__) runs them.
     python -m benchmarks.cost_model                  # seconds: fit, check and predict from the
                                                      # json of benchmarks/testbed_scaling.py
     python -m benchmarks.cost_model --measured FILE [--calibration FILE,...] [--out DIR]
-    python -m benchmarks.cost_model --calibrate [--rates 1gbit,3gbit,10gbit] [--ranks 1,2,4]
-                                                     # measures first (minutes): allreduce
-                                                     # sweeps and a 1-rank job on the test bed
     python -m benchmarks.cost_model --predict-only [--gpus 256 --gpu-images-per-s 125 ...]
     python -m benchmarks.cost_model --overlap A.json,B.json,... [--fit-on A]
                                                      # h per schedule learned on GPU-like runs

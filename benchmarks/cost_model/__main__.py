@@ -13,7 +13,6 @@ from benchmarks.cost_model.fit import (
     calibrate,
     fit_overlap,
     overlap_points,
-    raw_points,
     topology_check,
     training_points,
     what_reads_50s,
@@ -41,7 +40,6 @@ from benchmarks.cost_model.report import (
 REPO_ROOT = harness.REPO_ROOT
 DEFAULT_DIR = os.path.join(harness.DEFAULT_OUT, 'testbed')
 DEFAULT_MEASURED = os.path.join(DEFAULT_DIR, 'testbed_scaling.json')
-CALIBRATION_DIR = os.path.join(DEFAULT_DIR, 'calibration')
 
 
 # ---------------------------------------------------------------- main
@@ -54,17 +52,7 @@ def parse_args(argv=None):
     parser.add_argument('--calibration', default=None,
                         help='comma-separated testbed_scaling.py jsons holding raw allreduce '
                              'timings for every test bed checked (interleaved in training jobs, or '
-                             'allreduce.py sweeps) and a 1-rank training job (default: --measured '
-                             'when it has raw timings, else the files --calibrate writes under '
-                             f'{CALIBRATION_DIR})')
-    parser.add_argument('--calibrate', action='store_true',
-                        help='first measure on the test bed: allreduce.py sweeps on 2 hosts at '
-                             'every rate (testbed_scaling.py --allreduce-only) and a 1-rank '
-                             f'training job, into {CALIBRATION_DIR}')
-    parser.add_argument('--rates', default='1gbit,3gbit,10gbit', help='--calibrate: link rates')
-    parser.add_argument('--ranks', default='1,2,4', help='--calibrate: rank counts (as testbed_scaling.py)')
-    parser.add_argument('--designs', default=None, help='--calibrate: designs (default all)')
-    parser.add_argument('--checkout', default=REPO_ROOT, help='--calibrate: tree whose allreduce.py runs')
+                             'allreduce.py sweeps) and a 1-rank training job (default: --measured)')
     parser.add_argument('--predict-only', action='store_true', help='no calibration or validation')
     parser.add_argument('--out', default=DEFAULT_DIR, help='folder for cost_model.{md,json,png}')
     scale = parser.add_argument_group('the prediction at scale (assumptions)')
@@ -94,26 +82,6 @@ def parse_args(argv=None):
                          help='comma-separated parts of file names to fit on (default: the first '
                               'file); the others check the fit')
     return parser.parse_args(argv)
-
-
-def calibration_files():
-    return [os.path.join(CALIBRATION_DIR, part, 'testbed_scaling.json') for part in ('network', 'software')]
-
-
-def run_calibration(args):
-    """The network: allreduce sweeps on 2 hosts at every rate (testbed_scaling.py
-    --allreduce-only); the software: one 1-rank training job (and its sweep)."""
-    from benchmarks import testbed_scaling  # only here: it builds test beds
-    network, software = calibration_files()
-    common = ['--checkout', args.checkout] + (['--designs', args.designs] if args.designs else [])
-    multi = ','.join(r for r in harness.names(args.ranks) if int(r) > 1)
-    status = testbed_scaling.main(['--allreduce-only', '--rates', args.rates, '--ranks', multi,
-                                   '--out', os.path.dirname(network)] + common)
-    status |= testbed_scaling.main(['--allreduce', '--ranks', '1', '--out',
-                                    os.path.dirname(software)] + common)
-    if status:
-        print('warning: some calibration jobs failed; fitting what ran')
-    return ','.join(calibration_files())
 
 
 def learned_overlap(args):
@@ -155,12 +123,8 @@ def main(argv=None):
     md = ['# Cost model (benchmarks/cost_model.py)', '']
     points = []
     if not args.predict_only:
-        if args.calibrate:
-            args.calibration = run_calibration(args)
         measured = _load(args.measured) if os.path.exists(args.measured) else {'jobs': []}
-        if args.calibration is None:
-            has_raw = any(raw_points(job)[0] for job in measured.get('jobs', []))
-            args.calibration = args.measured if has_raw else ','.join(calibration_files())
+        args.calibration = args.calibration or args.measured
         cal = calibrate([_load(path) for path in args.calibration.split(',')])
         points = training_points(measured, cal)
         report.update(calibration_file=args.calibration, measured_file=args.measured,

@@ -142,8 +142,7 @@ def calibrate(files):
                                  max(0.0, b_rest) / (2 * (ppn - 1) / ppn))
     if not cal.lines:
         raise SystemExit('no raw allreduce timings in the calibration files: run '
-                         'testbed_scaling.py (it times them beside the exchange), or '
-                         'cost_model.py --calibrate')
+                         'testbed_scaling.py (it times them beside the exchange)')
     # The store's software: its exchange alone on one rank (no network, same arrays, same calls).
     for job in jobs:
         payload = job.get('scaling')
