@@ -144,3 +144,54 @@ def test_doctor_shows_each_ops_choice(tmp_path):
             '64M hierarchical (chunks of 4M)') in text, text
     for op in ('allgather', 'reducescatter', 'alltoall'):   # no rows: the default, said so
         assert "  %-15s none (the store's default)" % (op + ':') in text, text
+
+
+@pytest.mark.parametrize('row, python', [
+    ({'algorithm': 'flat'}, False),
+    ({'algorithm': 'hierarchical'}, False),    # one host, no chunk: one MPI_Bcast after all
+    ({'algorithm': 'hierarchical', 'chunk_bytes': 1 << 16}, True),   # pipelined Ibcasts
+    ({'algorithm': 'chain', 'chunk_bytes': 1 << 16}, True),
+])
+def test_chained_runs_a_broadcast_compiled_exactly_where_the_comm_broadcasts_flat(row, python):
+    """The chained design's compiled op calls MPI_Bcast; it asks the Comm's own choice
+    (ByTable.choose), which falls back from 'hierarchical' on one host, so the two never
+    disagree. One rank on COMM_SELF: one host."""
+    from mpi4py import MPI
+
+    from mpi_kvstore.comm.host import Comm
+    from mpi_kvstore.designs import chained
+    table = Table.from_json(dict(OLD, comm_size=1, ops={'broadcast': [dict(row, bytes=4096)]}))
+    comm = Comm(MPI.COMM_SELF, 'off', table=table)
+    try:
+        bucket = [types.SimpleNamespace(nbytes=3000), types.SimpleNamespace(nbytes=5000)]
+        assert comm.broadcast_choice(8000) == comm._broadcast.choose(8000)
+        assert chained._python_broadcast(comm, bucket) is python
+        plain = Comm(MPI.COMM_SELF, 'off')
+        assert not chained._python_broadcast(plain, bucket)   # no table: MPI_Bcast
+        plain.free()
+    finally:
+        comm.free()
+
+
+@pytest.mark.parametrize('grid', [True, False])
+def test_shares_take_the_tables_row_else_the_hierarchys_default(grid):
+    """Comm._shares_through_hosts: a reduce-scatter or allgather row decides where the
+    table has one, the hierarchy's own size threshold where not; never through the hosts
+    without a grid (uneven hosts)."""
+    from mpi4py import MPI
+
+    from mpi_kvstore.comm.host import Comm
+    comm = Comm(MPI.COMM_SELF, 'off')
+    real = comm.hierarchy
+    try:
+        comm.hierarchy = types.SimpleNamespace(
+            grid=object() if grid else None, takes_shares=lambda n: grid and n >= 1000)
+        for nbytes in (10, 5000):
+            assert comm._shares_through_hosts('allgather', nbytes) is (grid and nbytes >= 1000)
+        comm._table = Table.from_json(NEW)    # reducescatter: hierarchical from 1 byte on
+        assert comm._shares_through_hosts('reducescatter', 10) is grid
+        assert comm._shares_through_hosts('allgather', 10) is False    # its 'mpi' row
+        assert comm._shares_through_hosts('allgather', 1 << 30) is grid
+    finally:
+        comm.hierarchy = real
+        comm.free()

@@ -248,6 +248,13 @@ class Hierarchical:
 FLAT = Choice('flat', None)
 
 
+def table_choice(table, op, nbytes, default):
+    """The tune table's Choice for ``op`` (tuning.OPS) on ``nbytes``; ``default`` where
+    there is no table or it has no rows for ``op`` (a table written before the rows)."""
+    choice = None if table is None else table.choose_op(op, nbytes)
+    return default if choice is None else choice
+
+
 class ByTable:
     """Broadcasts on ``comm`` that take the tune table's choice for their size
     (tuning.Table.choose_op('broadcast', nbytes)); without a table, or without broadcast
@@ -265,10 +272,10 @@ class ByTable:
         self._through_hosts = None
 
     def choose(self, nbytes):
-        """The Choice (algorithm, chunk_bytes) that a buffer of ``nbytes`` takes here."""
-        choice = None if self._table is None else self._table.choose_op('broadcast', nbytes)
-        if choice is None:
-            return FLAT
+        """The Choice (algorithm, chunk_bytes) that a buffer of ``nbytes`` takes here: the
+        one place that decides (the chained design asks it whether its compiled op, which
+        calls MPI_Bcast, may run a broadcast)."""
+        choice = table_choice(self._table, 'broadcast', nbytes, FLAT)
         if choice.algorithm == 'hierarchical' and not getattr(self._hierarchy, 'active', False):
             return Choice('pipelined', choice.chunk_bytes) if choice.chunk_bytes else FLAT
         return choice

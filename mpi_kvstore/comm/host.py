@@ -11,18 +11,20 @@ import logging
 import numpy as np
 
 from .. import debug
-from .broadcast import ByTable
+from .broadcast import ByTable, table_choice
 from .fusion import BufferPool, pieces
 from .hierarchy import Hierarchy, PairedCalls
 from .mpiabi import MPI, handle
 from .progress import AGREEMENT_POLL_US, PROGRESS_TESTS, wait_polling
 from .routing import DeviceRouter
+from .tuning import Choice
 
 __all__ = ['Comm', 'MPI']
 
 log = logging.getLogger(__name__)
 
 _SENDRECV_TAG = 17   # point-to-point on this Comm's own duplicate: no other tag is used
+_HIERARCHICAL, _FLAT = Choice('hierarchical', None), Choice('mpi', None)   # shares' defaults
 
 
 def _is_device(buf):
@@ -138,12 +140,15 @@ class Comm:
     def bcast_host(self, data, root):
         self._broadcast(data, root)
 
+    def broadcast_choice(self, nbytes):
+        """The Choice a host broadcast of ``nbytes`` takes (broadcast.ByTable.choose)."""
+        return self._broadcast.choose(nbytes)
+
     def _shares_through_hosts(self, op, nbytes):
         """A reduce-scatter or allgather (``op``) of ``nbytes`` through the hosts: the tune
         table's row where it has one for ``op``, else the hierarchy's default."""
-        choice = None if self._table is None else self._table.choose_op(op, nbytes)
-        if choice is None:
-            return self.hierarchy.takes_shares(nbytes)
+        default = _HIERARCHICAL if self.hierarchy.takes_shares(nbytes) else _FLAT
+        choice = table_choice(self._table, op, nbytes, default)
         return choice.algorithm == 'hierarchical' and self.hierarchy.grid is not None
 
     def barrier(self):

@@ -140,9 +140,7 @@ class Chained(Design):
                 b[0].kind == 'allreduce' and self.table.choose(sum(r.nbytes for r in b)) != 'mpi'
                 for b in buckets):
             return None
-        if self.table is not None and any(      # ... and MPI_Bcast: other rows take Python
-                b[0].kind == 'bcast' and getattr(self.table.choose_op('broadcast', sum(
-                    r.nbytes for r in b)), 'algorithm', 'flat') != 'flat' for b in buckets):
+        if any(b[0].kind == 'bcast' and _python_broadcast(self._comm, b) for b in buckets):
             return None
         message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
                    if self.size > 1 else None)
@@ -218,6 +216,13 @@ class Chained(Design):
             self.reap()
             self._waker.close()
         self._comm.free()
+
+
+def _python_broadcast(comm, bucket):
+    """Whether a broadcast bucket needs the Python op: the compiled op calls MPI_Bcast,
+    which is what the Comm's own choice (broadcast.ByTable.choose: the table's row, and
+    its fallback where the hosts do not apply) calls 'flat'."""
+    return comm.broadcast_choice(sum(r.nbytes for r in bucket)).algorithm != 'flat'
 
 
 def _native_can_run(reqs):
