@@ -37,7 +37,6 @@ def parse_args(argv=None):
     parser = harness.parser(__doc__)
     harness.add_common_args(parser, quick=False, full=FULL, timeout=240)
     parser.add_argument('--design', default='funneled', help='design of the two kv stores')
-    parser.add_argument('--no-kv', action='store_true', help='raw MPI methods only')
     parser.add_argument('--methods', help='comma-separated subset of mpi:flat,mpi:hier,'
                                           'mpi:leaders,kv:flat,kv:hier (default: all)')
     parser.add_argument('--label', default='', help='added to the JSON name (e.g. the rate)')
@@ -69,10 +68,7 @@ def main():
     if not active:
         harness.rank0_print('the hierarchy does not apply here (one host, or one rank a '
                             'host): both columns measure flat MPI')
-    stores = {}
-    if not args.no_kv:
-        for mode in ('off', 'on'):
-            stores[mode] = create_store(args.design, mode)
+    stores = {mode: create_store(args.design, mode) for mode in ('off', 'on')}
     rows = []
     for index, nbytes in enumerate(args.sizes):
         with harness.deadline(args.timeout, f'size {harness.format_size(nbytes)}'):

@@ -1,6 +1,5 @@
 """RSS growth over many pushpulls: does a long run's memory stay flat?
 
-    mpiexec -n 1 python -m benchmarks.memory --quick
     mpiexec -n N python -m benchmarks.memory [--calls 1000000] [--keys 10] [--kbytes 16]
 
 Each method runs a warm-up of 5% of --calls, then --calls measured calls, in steps of --keys
@@ -34,8 +33,8 @@ WARMUP = 0.05                 # warm-up calls, a share of --calls
 
 def parse_args(argv=None):
     parser = harness.parser(__doc__)
-    parser.add_argument('--quick', action='store_true', help='100,000 calls instead of 1,000,000')
-    parser.add_argument('--calls', type=int, help='measured calls per method, after the warm-up')
+    parser.add_argument('--calls', type=int, default=1000000,
+                        help='measured calls per method, after the warm-up')
     parser.add_argument('--keys', type=int, default=10, help='keys (arrays) per step')
     parser.add_argument('--kbytes', type=int, default=16, help='KB of float32 per key')
     parser.add_argument('--designs', '--design', default=','.join(ENGINE_DESIGNS),
@@ -43,8 +42,6 @@ def parse_args(argv=None):
     parser.add_argument('--timeout', type=float, default=3600.0, help='seconds a method may take')
     parser.add_argument('--out', default=harness.DEFAULT_OUT, help='folder for the JSON results')
     args = parser.parse_args(argv)
-    if args.calls is None:
-        args.calls = 100000 if args.quick else 1000000
     if args.calls < args.keys or args.keys < 1 or args.kbytes < 1:
         raise SystemExit('need --calls >= --keys >= 1 and --kbytes >= 1')
     return args
