@@ -14,6 +14,7 @@ module outside mpiexec, where importing it would start MPI for nothing.
 """
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -281,6 +282,17 @@ def check_sum(values, expected, what):
     """The first result must be the sum over ranks: timing a wrong answer is worthless."""
     if not np.allclose(values, expected):
         raise RuntimeError(f'{what}: got {np.unique(values)[:5]}, expected {expected}')
+
+
+def ranks_differ(arrays, comm=None):
+    """Collective: None where every rank of comm holds the same bytes in ``arrays`` (a digest
+    of each rank's, compared), else why not, the same on every rank."""
+    comm = world() if comm is None else comm
+    digest = hashlib.blake2b(digest_size=16)
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digests = comm.allgather(digest.hexdigest())
+    return None if len(set(digests)) == 1 else f'weights differ across ranks (digests {digests})'
 
 
 def summed_op(reduce, nbytes, expected, what, count=1):

@@ -17,10 +17,11 @@ import sys
 import tempfile
 import uuid
 
+import numpy as np
 import pytest
 
 import testbed
-from benchmarks import schema
+from benchmarks import harness, schema
 
 from mpi_harness import REPO_ROOT, child_env, kill_leftovers, launcher_flags
 
@@ -137,6 +138,43 @@ def test_schema_names_what_a_result_lacks(tmp_path):
     (tmp_path / 'x.json').write_text(json.dumps({'figures': [1, 2]}))
     with pytest.raises(schema.SchemaError, match=r'x\.json: not a result of any kind'):
         schema.check_tree(tmp_path)
+
+
+class _OneRank:
+    """A communicator of one rank that keeps the value it gathers (a digest)."""
+
+    def allgather(self, value):
+        self.value = value
+        return [value]
+
+
+class _Ranks:
+    """This rank and others holding `others` (lists of arrays): allgather returns this
+    rank's value and each other rank's digest."""
+
+    def __init__(self, others):
+        self.digests = []
+        for arrays in others:
+            alone = _OneRank()
+            assert harness.ranks_differ(arrays, alone) is None
+            self.digests.append(alone.value)
+
+    def allgather(self, value):
+        return [value, *self.digests]
+
+
+def test_ranks_differ_compares_every_array_of_every_rank():
+    """harness.ranks_differ (the weight check of sharded and sharded_loss): None where every
+    rank holds the same bytes, a view or a copy alike; one element changed in the last array,
+    or two arrays swapped, on one rank of three is found and named."""
+    mine = [np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2], np.ones(5, np.float32)]
+    same = [np.ascontiguousarray(mine[0]), mine[1].copy()]
+    assert harness.ranks_differ(mine, _Ranks([same, same])) is None
+    changed = [same[0], same[1].copy()]
+    changed[1][4] = np.nextafter(np.float32(1), np.float32(2))
+    for other in (changed, same[::-1]):
+        why = harness.ranks_differ(mine, _Ranks([same, other]))
+        assert why is not None and why.startswith('weights differ across ranks (digests ['), why
 
 
 # ---------------------------------------------------------------- MPI benchmarks on this machine
