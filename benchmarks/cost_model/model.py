@@ -94,8 +94,8 @@ def buckets(sizes, threshold):
     """[[index, ...], ...] of [(index, bytes), ...] as the store plans them, in the order
     given: an array above the threshold alone, neighbouring smaller ones together up to the
     threshold; threshold 0: each alone."""
-    # Imported here: mpi_kvstore's package imports MXNet and starts MPI, which --calibrate
-    # would otherwise do before it launches its MPI jobs.
+    # Imported here: mpi_kvstore's package imports MXNet and starts MPI (seconds), which
+    # --help and the report's tables do not need.
     from mpi_kvstore.comm.fusion import plan
     requests = [_Gradient(i, size, seq) for seq, (i, size) in enumerate(sizes)]
     return [[req.index for req in bucket] for bucket in plan(requests, threshold)]
