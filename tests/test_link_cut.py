@@ -315,11 +315,17 @@ def test_link_cut_mid_training_ends_in_words(tmp_path):
                     assert 'Segmentation fault' not in what, what[-3000:]
 
 
-# A cut between steps: both ranks idle 40 s after it, the next step's collective goes over a
+# A cut between steps: both ranks idle 20 s after it, the next step's collective goes over a
 # connection the cut killed. With UCX's TCP keepalive on (UCX_TCP_KEEPIDLE=10s, UCX's
 # default, set here by hand) MPICH died with SIGSEGV in that collective (docs/faults.md);
 # with the store's default (mpiabi: UCX_TCP_KEEPIDLE=inf) the stall inspector names it.
-BETWEEN_STEPS = ('--step-seconds', '40', '--cut-after', '1')
+# UCX's probes are made quick (KEEPINTVL 1 s, 2 of them; inert while KEEPIDLE is inf) so
+# that keepalive, were it on, fails the connection 12 s into the idle time, not after 25-40 s
+# as UCX's own values do: the test can fail in 20 s of idle instead of 40. Checked by hand
+# on 2026-11-27: with UCX_TCP_KEEPIDLE=10s and these, rank 0 died of SIGSEGV (both of 2
+# runs, 10s and 2s); with the store's default, named 25.3 s after the cut, no fault.
+BETWEEN_STEPS = ('--step-seconds', '20', '--cut-after', '1')
+QUICK_PROBES = {'UCX_TCP_KEEPINTVL': '1s', 'UCX_TCP_KEEPCNT': '2'}
 BETWEEN_RUNS = int(os.environ.get('LINK_CUT_BETWEEN_RUNS', '1'))
 
 
@@ -327,8 +333,9 @@ BETWEEN_RUNS = int(os.environ.get('LINK_CUT_BETWEEN_RUNS', '1'))
 def test_link_cut_between_steps_is_named_not_a_crash(tmp_path):
     # Unless the user set it, the ranks set it themselves: this process's default stays here.
     value, who = mpiabi.ucx_keepidle()
-    env = {'UCX_TCP_KEEPIDLE': None} if who == "the store's default" else {}
-    keepidle = "the store's default" if env else value
+    default = who == "the store's default"
+    env = dict(QUICK_PROBES, **({'UCX_TCP_KEEPIDLE': None} if default else {}))
+    keepidle = who if default else value
     seen = []
     with testbed.Hosts(2, rate='1gbit') as hosts:
         for index in range(BETWEEN_RUNS):
