@@ -9,8 +9,7 @@ at every rate), each under a timeout, its test bed torn down
 whatever happens. Ranks on different hosts talk TCP over a tbf-shaped veth link. Jobs run
 with --no-dist-sync (benchmarks/overlap.py compares ps-lite across hosts). Each job also
 times raw MPI Allreduce(IN_PLACE) of --raw-sizes in the exchange-alone rounds: the
-network's alpha and beta under the same load, which cost_model calibrates on; --allreduce
-adds an allreduce.py sweep per test bed.
+network's alpha and beta under the same load, which cost_model calibrates on.
 
 Writes into --out: runs/<job>/ (each job's JSONs and log.txt), testbed_scaling.json (every
 job and how it ended), testbed_scaling.md (per model: config x rate, with step ms, exchange
@@ -32,9 +31,6 @@ DEFAULT_RANKS = '1,2,4'
 DEFAULT_MODELS = 'resnet18_v1'
 DEFAULT_WARMUPS, DEFAULT_STEPS = 2, 8
 DEFAULT_RAW_SIZES = '4K,64K,1M,4M,16M,43M'
-DEFAULT_ALLREDUCE_SIZES = '4K,64K,1M,4M,16M'
-DEFAULT_ALLREDUCE_DESIGNS = 'funneled'
-ALLREDUCE_WARMUPS, ALLREDUCE_TRIALS = 2, 5
 QUICK = {'rates': '3gbit', 'ranks': '1,2', 'designs': 'funneled,blocking', 'warmups': 1,
          'steps': 2, 'batch_size': 16}
 HOSTS = 2                   # every multi-rank job spans two hosts
@@ -61,10 +57,6 @@ def parse_args(argv=None):
     add('--run-timeout', type=float, help='seconds a job may take (default: from the rounds, >= 600)')
     add('--raw-sizes', default=DEFAULT_RAW_SIZES,
         help="raw MPI Allreduce sizes timed in each job (scaling.py --raw-allreduce; 'none': none)")
-    add('--allreduce', action='store_true', help='also run allreduce.py on each test bed')
-    add('--allreduce-sizes', default=DEFAULT_ALLREDUCE_SIZES, help='of the sweep')
-    add('--allreduce-designs', default=DEFAULT_ALLREDUCE_DESIGNS, help='beside raw MPI')
-    add('--allreduce-trials', type=int, default=ALLREDUCE_TRIALS, help='of the sweep')
     add('--out', default=DEFAULT_OUT, help='results folder')
     add('--report-only', action='store_true', help='rebuild the table and plot from --out')
     args = parser.parse_args(argv)
@@ -138,27 +130,6 @@ def scaling_argv(args, job, out_dir):
     return argv
 
 
-def allreduce_argv(args, job, out_dir):
-    argv = [sys.executable, '-m', 'benchmarks.allreduce',
-            '--sizes', args.allreduce_sizes, '--warmups', str(ALLREDUCE_WARMUPS),
-            '--trials', str(args.allreduce_trials), '--no-dist-sync',
-            '--timeout', f'{args.step_timeout:g}', '--out', out_dir,
-            '--designs', args.allreduce_designs]
-    return argv
-
-
-def allreduce_timeout(args, job):
-    """A sweep's limit: every size runs (warmups + trials) times for raw MPI (two buffers and
-    in place), engine_floor and every design; at 1 Gbit/s an allreduce of n bytes moves about
-    n bytes a way per host on 2 ranks, twice that on 4 (2 a host): allow 3x that time."""
-    if args.run_timeout:
-        return args.run_timeout
-    methods = 3 + len(harness.names(args.allreduce_designs))
-    sweep_bytes = sum(harness.parse_sizes(args.allreduce_sizes))
-    per_round = sweep_bytes * 8 / 1e9 * max(1, job.ranks // 2) * 3
-    return max(300.0, STARTUP_S + methods * (ALLREDUCE_WARMUPS + args.allreduce_trials) * per_round)
-
-
 def run_timeout(args, job):
     """A whole job's limit: startup plus every round of every config, at a pessimistic
     2 s per step and rank (4 ranks on 2 cores at 1 Gbit/s take about 1.5 s a step)."""
@@ -189,23 +160,19 @@ def _launch(args, hosts, job, argv, limit, log):
 
 
 def run_job(args, job):
-    """Bring a test bed up, run allreduce.py and/or scaling.py across it, each under a
-    timeout, take it down (whatever happens: testbed.Hosts)."""
+    """Bring a test bed up, run scaling.py across it under a timeout, take it down
+    (whatever happens: testbed.Hosts)."""
     out_dir = os.path.join(args.out, 'runs', job.name)
     os.makedirs(out_dir, exist_ok=True)
     started = time.monotonic()
     record = {'job': job.name, 'ranks': job.ranks, 'hosts': job.hosts, 'ppn': job.ppn,
               'rate': job.rate, 'layout': job.layout, 'steps': {}}
     print(f'\n=== {job.describe()}', flush=True)
-    programs = []
-    if args.allreduce:
-        programs.append(('allreduce', allreduce_argv(args, job, out_dir), allreduce_timeout(args, job)))
-    programs.append(('scaling', scaling_argv(args, job, out_dir), run_timeout(args, job)))
     with open(os.path.join(out_dir, 'log.txt'), 'w') as log:
         try:
             with testbed.Hosts(job.hosts, rate=job.rate) as hosts:
-                for name, argv, limit in programs:
-                    record['steps'][name] = _launch(args, hosts, job, argv, limit, log)
+                record['steps']['scaling'] = _launch(args, hosts, job, scaling_argv(args, job, out_dir),
+                                                     run_timeout(args, job), log)
         except testbed.TestbedError as err:
             record['error'] = str(err)
             log.write(f'testbed error: {err}\n')
@@ -213,8 +180,7 @@ def run_job(args, job):
     record['elapsed_s'] = time.monotonic() - started
     record['ok'] = 'error' not in record and all(
         s['returncode'] == 0 and not s['timed_out'] for s in record['steps'].values())
-    record['result_files'] = {name: os.path.join(out_dir, f'{name}_n{job.ranks}.json')
-                              for name, _, _ in programs}
+    record['result_files'] = {'scaling': os.path.join(out_dir, f'scaling_n{job.ranks}.json')}
     print(f'    {job.name}: {"ok" if record["ok"] else "FAILED"}, {record["elapsed_s"]:.0f} s; '
           f'log {out_dir}/log.txt', flush=True)
     return record
@@ -223,8 +189,8 @@ def run_job(args, job):
 # ---------------------------------------------------------------- collecting and reporting
 
 def load(record, name):
-    """A job's json from scaling.py or allreduce.py, or None (not run, or killed before
-    it saved anything)."""
+    """A job's json from scaling.py, or None (not run, or killed before it saved
+    anything)."""
     try:
         with open(record['result_files'][name]) as handle:
             return json.load(handle)
@@ -235,8 +201,7 @@ def load(record, name):
 def combine(args, records, started_at, elapsed):
     jobs = []
     for record in records:
-        jobs.append(dict(record, scaling=load(record, 'scaling'),
-                         allreduce=load(record, 'allreduce')))
+        jobs.append(dict(record, scaling=load(record, 'scaling')))
     combined = {'benchmark': 'testbed_scaling', 'time': started_at, 'elapsed_s': elapsed,
                 'config': {k: v for k, v in vars(args).items()}, 'hosts': HOSTS,
                 'testbed': {'transport': testbed.TCP_ENV, 'shaping': 'tbf, both directions, '

@@ -56,8 +56,7 @@ compute, so no core is free to move data beside them; measured 'hidden' is near 
   per-byte time of the sizes >= 4 MB (tbf lets a 2 ms burst through at full speed, so 1 MB
   runs faster than the link; an exchange's back-to-back collectives see the sustained rate).
   scaling.py times them inside the training job's exchange-alone rounds (testbed_scaling.py
-  passes --raw-allreduce), so under the load the exchanges saw; else a separate
-  allreduce.py sweep on the same test bed.
+  passes --raw-allreduce), so under the load the exchanges saw.
   a_net, b_net per rate follow from the 2-rank line (a = 2 a_net); the 4-rank lines check
   the flat and hierarchical formulas (the "topology" table);
 - sigma: each config's exchange alone on 1 rank, where no byte crosses a network (the same

@@ -51,8 +51,8 @@ def parse_args(argv=None):
                         help='testbed_scaling.py json with the training measurements to validate against')
     parser.add_argument('--calibration', default=None,
                         help='comma-separated testbed_scaling.py jsons holding raw allreduce '
-                             'timings for every test bed checked (interleaved in training jobs, or '
-                             'allreduce.py sweeps) and a 1-rank training job (default: --measured)')
+                             'timings for every test bed checked (interleaved in training jobs) '
+                             'and a 1-rank training job (default: --measured)')
     parser.add_argument('--predict-only', action='store_true', help='no calibration or validation')
     parser.add_argument('--out', default=DEFAULT_DIR, help='folder for cost_model.{md,json,png}')
     scale = parser.add_argument_group('the prediction at scale (assumptions)')

@@ -38,11 +38,6 @@ def _load(path):
 
 # ---------------------------------------------------------------- calibration
 
-def _rows(payload, method, case='allreduce'):
-    return {r['bytes']: r['latency_us'] * 1e-6 for r in payload['results']
-            if r['method'] == method and r['case'] == case}
-
-
 def _split_fit(times, small=64 << 10, large=4 << 20):
     """(a, b) of T(n) = a + b n: a from the sizes <= small (latency), b the median over the
     sizes >= large of (T(n) - a) / n (else the largest size). tbf lets a burst of 2 ms at the
@@ -105,14 +100,11 @@ class Calibration:
 
 def raw_points(job):
     """{bytes: seconds} of raw MPI Allreduce(IN_PLACE) on a job's test bed, and where from:
-    timed inside the training job's exchange-alone rounds (same load as what is checked),
-    else the separate allreduce.py sweep on the same test bed."""
+    timed inside the training job's exchange-alone rounds (same load as what is checked)."""
     payload = job.get('scaling') or {}
     for entry in payload.get('models', {}).values():
         if entry.get('raw_allreduce'):
             return {r['bytes']: r['median_ms'] * 1e-3 for r in entry['raw_allreduce']}, 'interleaved'
-    if job.get('allreduce'):
-        return _rows(job['allreduce'], 'raw_mpi:in_place'), 'sweep'
     return None, None
 
 
