@@ -83,3 +83,24 @@ def test_a_tune_table_mixes_transports_by_size():
     out = _run(2, 'auto', 'nccl+staged' if _gpus() >= 2 else 'staged', 'mixed')
     assert 'transport staged ran' in out
 
+
+
+@pytest.mark.parametrize('nprocs', [1, 2, 3])
+def test_compressed_reduce_scatter_on_device_equals_numpy_and_the_host(nprocs):
+    """fp16/bf16 shares of device buckets (tests/scenarios/gpu_compressed_shares.py): cast,
+    summed and decoded on the GPU, only 16-bit values through staged MPI's all-to-all; each
+    share bit for bit numpy's and the host path's. 3 ranks: uneven shares."""
+    _require_gpu()
+    out = run_mpi(nprocs, 'gpu_compressed_shares.py', 'staged', timeout=300)
+    assert 'through staged' in out, out[-3000:]
+    assert 'gpu_compressed_shares[staged]: OK at %d ranks' % nprocs in out, out[-3000:]
+
+
+def test_compressed_reduce_scatter_through_nccl():
+    """The same through NCCL's send and receive: two ranks on two GPUs, else one rank
+    (NCCL refuses two ranks on one GPU), whose all-to-all goes to itself."""
+    _require_gpu()
+    nprocs = 2 if _gpus() >= 2 else 1
+    out = run_mpi(nprocs, 'gpu_compressed_shares.py', 'nccl', timeout=300)
+    assert 'through nccl' in out, out[-3000:]
+    assert 'gpu_compressed_shares[nccl]: OK at %d ranks' % nprocs in out, out[-3000:]

@@ -79,23 +79,19 @@ class Reducer:
 
         A bucket of several requests travels in one MPI_Reduce_scatter: every request's
         share r is packed, in bucket order, into rank r's piece of one flat buffer. A
-        compressed bucket (a wire cast) sends 16-bit floats (WireCast.reduce_scatter).
-        Device buffers go through their transport's reduce-scatter (NCCL's own, staged
-        through pinned host memory, or a CUDA-aware MPI's), on its stream; a compressed
-        device bucket is allreduced whole (the codecs reduce-scatter host memory only:
-        twice the bytes, and every share then holds its sum).
+        compressed bucket goes to its codec (a wire cast sends 16-bit floats, on a GPU
+        too: WireCast.reduce_scatter). Device buffers go through their transport (NCCL,
+        staged through pinned host memory, or a CUDA-aware MPI), on its stream. Which of
+        these runs: :func:`shares_route`.
         """
         if self.size == 1:
             return
-        if bucket[0].place != 'cpu':
-            if bucket[0].codec is not None:
-                self.allreduce(bucket, comm)
-                return
-            with _scope(bucket, comm) as device:
-                _zeros_in_place(bucket, device)
-                self._reduce_scatter(bucket, comm)
+        if shares_route(bucket) == 'allreduce':
+            self.allreduce(bucket, comm)
             return
-        self._reduce_scatter(bucket, comm)
+        with _scope(bucket, comm) as device:   # nothing for a host bucket
+            _zeros_in_place(bucket, device)
+            self._reduce_scatter(bucket, comm)
 
     def _reduce_scatter(self, bucket, comm):
         views = [r.buffer() for r in bucket]
@@ -199,6 +195,21 @@ class Reducer:
             buf *= 1.0 / self.size
         else:
             buf //= self.size
+
+
+def shares_route(bucket):
+    """How a reduce-scatter bucket runs, the same on every rank (its place and codec are
+    agreed): 'coded' by its codec's reduce_scatter (host memory, or device memory where the
+    codec says ``device_shares``: the wire casts), 'plain' by the transport's or MPI's
+    reduce-scatter, or 'allreduce' for a compressed device bucket whose codec
+    reduce-scatters host memory only (2-bit): the whole bucket is allreduced by the codec,
+    twice the bytes, and every share then holds its sum."""
+    codec = bucket[0].codec   # fused requests share a dtype, hence a codec
+    if codec is None:
+        return 'plain'
+    if bucket[0].place != 'cpu' and not getattr(codec, 'device_shares', False):
+        return 'allreduce'
+    return 'coded'
 
 
 def _xp(array):

@@ -4,6 +4,7 @@ import zlib
 
 import numpy as np
 
+from .. import debug
 from ..comm.collective import SIG_LIMIT
 from ..comm.fusion import pieces
 
@@ -63,6 +64,25 @@ def device_module(reqs):
                 return None
             return __import__(type(buf).__module__.split('.')[0])
     return None
+
+
+def alltoall(comm, send, recv, nbytes):
+    """Piece j of flat ``send`` to rank j, piece i of flat ``recv`` from rank i (one piece a
+    rank, all of one size). Host buffers: MPI_Alltoall. Device buffers: the transport that
+    the bucket's ``nbytes`` take, which reduce.py's scope chose by the same size and whose
+    stream it made current, so the casts queued before and after are ordered with it
+    (choosing by the halved buffer's size could pick another transport on another stream).
+    Buffers on another device of this rank than the transport's go through copies there
+    (routing.DeviceRouter.run, which waits for them)."""
+    if isinstance(send, np.ndarray):
+        comm.alltoall(send, recv)
+        return
+    transport = comm.device_transport(send.device.id, nbytes)
+    if transport.device != send.device.id:
+        comm.router.run(send, lambda there, data, into: there.alltoall(data, into), recv)
+        return
+    debug.count('transport', transport.name)
+    transport.alltoall(send, recv)
 
 
 def host_empty(shape, dtype, device):

@@ -4,7 +4,7 @@ import numpy as np
 from ..comm.fusion import Shares, pieces
 from ..comm.mpiabi import MPI
 from . import device as device_codecs
-from .buckets import device_module, float32_values, host_empty, packed, ring_pieces
+from .buckets import alltoall, device_module, float32_values, host_empty, packed, ring_pieces
 from .kernels import host_codec
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
@@ -23,6 +23,8 @@ class WireCast:
 
     # Values a piece of the pipelined compress-once (1M values: 2 MB of 16-bit floats).
     pipeline_values = 1 << 20
+    # reduce_scatter runs on device buffers too (comm.reduce.shares_route asks).
+    device_shares = True
 
     def __init__(self, kind, ring=False):
         if kind not in ('fp16', 'bf16'):
@@ -84,15 +86,25 @@ class WireCast:
         return self._deliver(reqs, sizes, gathered, n, failed)
 
     def reduce_scatter(self, reqs, comm):
-        """Compress-once's first half, for the sharded optimizer (host buffers): this rank's
-        share (fusion.share) of each request ends up holding the sum over ranks. Each rank
+        """Compress-once's first half, for the sharded optimizer: this rank's share
+        (fusion.share) of each request ends up holding the sum over ranks. Each rank
         sends share r of every request, / N as 16-bit floats, to rank r (one all-to-all),
         which sums them in float32 in rank order, rounds to 16 bits and decodes times N:
         the bits of compress-once's allreduce. The ring variant runs it too. Half the
         bytes of an uncompressed reduce-scatter. An fp16 sum that overflows on any rank
         fails every request on every rank (one small MAX-allreduce says so).
+
+        Device buffers (seed 003 on a GPU) take the same steps there: CuPy's kernels cast,
+        sum and decode (device.py, bit for bit the host kernels), the device transport
+        moves the 16-bit pieces (buckets.alltoall), and only the overflow flag comes to the
+        host. Not NCCL's or MPI's own reduce-scatter of the 16-bit buffer: NCCL adds 16-bit
+        floats in 16 bits, each partial sum rounded, in its ring's or tree's order, and MPI
+        has no 16-bit float type (a sum of the bits as integers means nothing); the host
+        path rounds once, after a float32 sum in rank order. The all-to-all moves what a
+        ring reduce-scatter moves: (N-1)/N of the 16-bit buffer a rank.
         -> {req: error} of failures."""
         n, rank = comm.size, comm.rank
+        xp = device_module(reqs) or np
         failed, views = {}, []
         for req in reqs:
             try:
@@ -102,7 +114,7 @@ class WireCast:
                 views.append(None)
         layout = Shares(reqs, n)
         chunk = max(layout.counts)
-        send = np.zeros((n, chunk), np.uint16)
+        send = xp.zeros((n, chunk), np.uint16)
         scale = np.float32(1.0 / n)
         for r in range(n):
             for j, start, stop, at in layout.spans(r):
@@ -112,16 +124,16 @@ class WireCast:
                     except Exception as err:
                         failed.setdefault(reqs[j], err)
                         send[r, at:at + stop - start] = 0
-        recv = np.empty((n, chunk), np.uint16)
-        comm.alltoall(send.reshape(-1), recv.reshape(-1))
-        mine = np.empty(chunk, np.uint16)
+        recv = xp.empty((n, chunk), np.uint16)
+        alltoall(comm, send.reshape(-1), recv.reshape(-1), sum(r.nbytes for r in reqs))
+        mine = xp.empty(chunk, np.uint16)
         self._sum_rows(recv, mine)
         mine = mine[:layout.counts[rank]]
         if self.kind == 'fp16':
             # A buffer, not a Python object: mpi4py's object allreduce holds the GIL while
             # it waits (another thread ran 200x slower beside it), which starved the other
             # lanes of the concurrent design on this rank, one of which the others waited for.
-            overflowed = np.array([((mine & 0x7c00) == 0x7c00).any()], np.int32)
+            overflowed = np.array([bool(((mine & 0x7c00) == 0x7c00).any())], np.int32)
             comm.mpi.Allreduce(MPI.IN_PLACE, overflowed, op=MPI.MAX)
             if overflowed[0]:
                 return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}

@@ -79,6 +79,12 @@ class Transport:
         rank's ``buf``, in place; this rank's piece is already there."""
         raise NotImplementedError
 
+    def alltoall(self, send, recv):
+        """Piece j of ``send`` to rank j, piece i of ``recv`` from rank i: both flat on
+        ``device``, cut into one piece a rank, all of one size (a compressed reduce-scatter's
+        16-bit floats, compression/wire.py). Bytes only, no arithmetic."""
+        raise NotImplementedError
+
     def follow(self, other):
         """Order this transport's next work after everything queued on ``other``'s stream
         (control passes from one transport to another: tune's table mixes them by size).

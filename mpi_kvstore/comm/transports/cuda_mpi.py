@@ -35,3 +35,7 @@ class CudaMPI(Transport):
     def allgather(self, buf, counts, displs):
         self.stream.synchronize()
         self.comm.allgather_flat(buf, counts, displs)
+
+    def alltoall(self, send, recv):
+        self.stream.synchronize()
+        self.comm.alltoall(send, recv)
