@@ -25,7 +25,6 @@ Scripts:
                       on gpu_like's model: step, state bytes and RSS per rank
     lossy_allgather   what 16-bit weights after every step would cost a small classifier
     sharded_loss      what a compressed reduce-scatter costs a small classifier's loss
-    relaunch_time     from a killed rank to the relaunched job's restored state (no mpiexec)
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON

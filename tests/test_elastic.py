@@ -288,13 +288,3 @@ def test_state_refuses_what_cannot_be_restored_or_written(tmp_path):
     with pytest.raises(OSError, match=r'commit 1 to .* failed on rank 0'):
         state.commit()
     assert state.number == 0
-
-
-def test_relaunch_time_benchmark_runs(mpi_available):
-    """benchmarks.relaunch_time (docs/elastic.md's figures), one run."""
-    out = subprocess.run([sys.executable, '-m', 'benchmarks.relaunch_time', '--runs', '1'],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=TIMEOUT,
-                         env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    found = re.search(r'kill to restored state, 2 ranks, 1 runs .*: min ([0-9.]+) s', out.stdout)
-    assert found and 0 < float(found.group(1)) < TIMEOUT, out.stdout[-4000:]
