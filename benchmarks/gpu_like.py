@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_like [--model resnet50_v1] [--images-per-s 125] [--batch 32] [--steps 5]
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.gpu_like --trainer distributed|gluon|none
+        [--layers compiled|custom] [--host-load FRACTION]
 
 On a GPU node the forward and backward passes leave the CPU to the gradient exchange. Here
 every layer's forward and backward is an engine op that sleeps, so a test bed of CPU ranks
@@ -34,17 +35,24 @@ ResNet-50's 125 images/s (tests/test_gpu_like.py). ``--optimizer gpulikesgd``
 (:class:`GPULikeSGD`) runs each weight's SGD update as an op on the emulated GPU instead of
 MXNet's CPU update. gpu_like_symbol builds the same layers as Python CustomOps for Module,
 which checks results, not timings.
+
+What a training process adds on the host: ``--layers custom`` (:class:`CustomLayersModel`)
+runs every layer as that Python CustomOp under autograd, as users' custom layers are, so each
+layer's forward and backward takes the GIL on MXNet's custom-op threads; ``--host-load F``
+(:class:`HostLoad`) runs a Python thread in each rank that holds the GIL a share F of the
+time, as a data pipeline in the training process does.
 """
 import collections
 import ctypes
 import functools
 import json
+import threading
 import time
 
 import mxnet as mx
 import numba
 import numpy as np
-from mxnet import gluon
+from mxnet import autograd, gluon
 from mxnet.base import _LIB
 from numba import types
 from numba.extending import intrinsic
@@ -528,6 +536,69 @@ def measure_compute(model, steps, warmups=1, rank=0):
     return dict(timed_runs(body, warmups, steps), compute_s=model.plan.compute_s)
 
 
+# ---------------------------------------------------------------- a GIL load
+
+HOST_LOAD_PERIOD_S = 0.01     # one busy-then-sleep cycle: a data pipeline's batch-sized bites
+_SPIN = 200                   # pure-Python loop turns between two reads of the thread's clock
+
+
+def _spin(cpu_s):
+    """Pure Python (nothing that releases the GIL) until this thread has used cpu_s more
+    seconds of CPU."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        for _ in range(_SPIN):
+            pass
+
+
+class HostLoad:
+    """A Python thread that holds the GIL `fraction` of the time, as a data pipeline in the
+    training process does: every period_s it runs fraction * period_s of CPU in pure Python,
+    then sleeps until the period is up. The work is CPU seconds, not wall seconds: a pipeline
+    has so much to do per batch, and takes longer where it shares a core, as the ranks on
+    the test bed's cores do. While it spins, other threads get the GIL only at the
+    interpreter's switch interval (sys.getswitchinterval, 5 ms).
+
+    A context manager; 0 starts no thread. After exit: `cycles` run, and `busy_share`, the
+    thread's CPU seconds over the wall seconds it ran (`fraction` on an idle core)."""
+
+    def __init__(self, fraction, period_s=HOST_LOAD_PERIOD_S):
+        if not 0 <= fraction <= 1:
+            raise ValueError(f'--host-load: {fraction!r} is not a share of the time in [0, 1]')
+        if period_s <= 0:
+            raise ValueError(f'HostLoad period_s: {period_s!r} is not a positive number of seconds')
+        self.fraction, self.period_s = float(fraction), period_s
+        self.busy_share, self.cycles = 0.0, 0
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _run(self):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        start = wall
+        while not self._stop.is_set():
+            _spin(self.fraction * self.period_s)
+            self.cycles += 1
+            start += self.period_s
+            # Event.wait releases the GIL. A cycle that ran late is not paid back: the next
+            # starts now.
+            self._stop.wait(max(0.0, start - time.perf_counter()))
+            start = max(start, time.perf_counter())
+        self.busy_share = (time.thread_time() - cpu) / max(1e-9, time.perf_counter() - wall)
+
+    def __enter__(self):
+        if self.fraction > 0:
+            self._thread = threading.Thread(target=self._run, name='gpu_like host load',
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+
 # ---------------------------------------------------------------- Module: a symbol of CustomOps
 
 OP_TYPE = 'gpu_like_layer'
@@ -612,6 +683,50 @@ def gpu_like_symbol(plan_, scale=1.0, prefix=''):
     return mx.sym.MakeLoss(out, name='loss')
 
 
+class CustomLayersModel(GPULikeModel):
+    """`plan_`'s layers as Python CustomOps under autograd, as users' custom layers are: the
+    same parameters, values, gradients and times as GPULikeModel, but every layer's forward
+    and backward is Python on MXNet's custom-op threads, which take the GIL. A step is the
+    same ``out = model(scale)``, ``model.backward()``; autograd marks the gradients fresh."""
+
+    def __init__(self, plan_, prefix=None, params=None):
+        super().__init__(plan_, prefix=prefix, params=params)
+        # Autograd runs an op on its inputs' context: the parameters' cpu(0).
+        self._input = mx.nd.zeros((1,))
+        self._out = None
+
+    def forward(self, scale=1.0):
+        self._input[:] = scale
+        out, index = self._input, 0
+        with autograd.record():
+            for layer, owned in zip(self.plan.layers, self._owned):
+                # The gradients are constants of the op: a new op each call carries this
+                # step's scale (imperative Custom builds its CustomOpProp per call).
+                grads = ','.join(repr(grad_unit(index + k) * scale) for k in range(len(owned)))
+                index += len(owned)
+                out = mx.nd.Custom(out, *[p.data() for p in owned], op_type=OP_TYPE,
+                                   forward_s=repr(layer.forward_s),
+                                   backward_s=repr(layer.backward_s), grads=grads)
+        self._out = out
+        return out
+
+    def backward(self):
+        if self._out is None:
+            raise RuntimeError('CustomLayersModel.backward() before a forward')
+        self._out.backward()
+        self._out = None
+
+
+LAYERS = {'compiled': GPULikeModel, 'custom': CustomLayersModel}
+
+
+def make_model(plan_, layers='compiled', prefix=None):
+    """`plan_` as --layers says: 'compiled' (GPULikeModel) or 'custom' (CustomLayersModel)."""
+    if layers not in LAYERS:
+        raise ValueError(f'--layers: {layers!r} is not one of {", ".join(LAYERS)}')
+    return LAYERS[layers](plan_, prefix=prefix)
+
+
 def fixed_param_names(plan_, prefix=''):
     """The parameters Module must not train: batch norm's running statistics."""
     return [prefix + p.name for p in plan_.params if p.grad_req == 'null']
@@ -642,9 +757,34 @@ def add_workload_args(parser):
                         help="gpulikesgd: the update as an op on the emulated GPU (GPULikeSGD)")
 
 
+def add_host_args(parser):
+    """What the training process adds to the emulated GPU's work, shared by gpu_like and
+    overlap: --layers (compiled ops or Python CustomOps) and --host-load (a GIL load)."""
+    parser.add_argument('--layers', default='compiled', choices=tuple(LAYERS),
+                        help='compiled: every layer an op in machine code (numba); custom: '
+                             'Python CustomOps under autograd, as users\' custom layers are')
+    parser.add_argument('--host-load', type=float, default=0.0, metavar='FRACTION',
+                        help='a Python thread in each rank holds the GIL this share of the '
+                             f'time (busy, then asleep, every {HOST_LOAD_PERIOD_S * 1e3:.0f} ms), '
+                             'as a data pipeline in the training process does')
+
+
+def check_host_args(parser, args):
+    """parser.error for a --host-load outside [0, 1]."""
+    if not 0 <= args.host_load <= 1:
+        parser.error(f'--host-load {args.host_load}: a share of the time, in [0, 1]')
+    return args
+
+
+def host_load_record(args, load):
+    """What the JSON says of the GIL load: asked and given (the thread's CPU share)."""
+    return {'fraction': args.host_load, 'period_s': load.period_s, 'busy_share': load.busy_share}
+
+
 def parse_args(argv=None):
     parser = harness.parser(__doc__)
     add_workload_args(parser)
+    add_host_args(parser)
     harness.add_common_args(parser, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--steps', dest='trials', type=int, help='the same as --trials')
     parser.add_argument('--trainer', default='none', choices=('none', 'gluon', 'distributed'),
@@ -653,7 +793,7 @@ def parse_args(argv=None):
     parser.add_argument('--update-on-kvstore', action='store_true',
                         help='gluon.Trainer updates on the store')
     parser.add_argument('--design', help="the store's design, options after '+'")
-    return harness.resolve_quick(parser.parse_args(argv), STEPS)
+    return check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
 
 
 def _trainer(args, model):
@@ -745,19 +885,24 @@ def main(argv=None):
     args = parse_args(argv)
     comm = harness.world()
     plan_ = plan(args.model, args.images_per_s, args.batch)
-    model = GPULikeModel(plan_)
+    model = make_model(plan_, args.layers)
     model.initialize()
     harness.rank0_print(
-        f'{args.model}: {len(plan_.layers)} layers, {sum(p.size for p in plan_.params) / 1e6:.2f}M '
+        f'{args.model} ({args.layers} layers, host load {args.host_load:g}): {len(plan_.layers)} '
+        f'layers, {sum(p.size for p in plan_.params) / 1e6:.2f}M '
         f'parameters, {plan_.grad_bytes / 1e6:.1f} MB of gradients; {plan_.images_per_s:.1f} '
         f'images/s at batch {args.batch}: {plan_.compute_s * 1e3:.1f} ms of compute a step; '
         f'{comm.size} rank(s)')
     payload = {'model': args.model, 'layers': len(plan_.layers), 'grad_bytes': plan_.grad_bytes,
-               'compute_s': plan_.compute_s, 'images_per_s': plan_.images_per_s}
+               'compute_s': plan_.compute_s, 'images_per_s': plan_.images_per_s,
+               'layers_mode': args.layers}
     run = harness.Run('gpu_like', args, comm=comm, label=args.model + (
         '' if args.trainer == 'none' else f'_{args.trainer}') + (
-        '_uok' if args.update_on_kvstore else ''))
-    with harness.deadline(args.timeout, f'gpu_like {args.model} --trainer {args.trainer}'):
+        '_uok' if args.update_on_kvstore else '') + (
+        '' if args.layers == 'compiled' else f'_{args.layers}') + (
+        f'_load{args.host_load:g}' if args.host_load else ''))
+    with harness.deadline(args.timeout, f'gpu_like {args.model} --trainer {args.trainer}'), \
+            HostLoad(args.host_load) as load:
         payload['alone'] = alone = measure_compute(model, args.trials, args.warmups, comm.rank)
         harness.rank0_print(
             f'  compute alone:  step {_ms(alone["wall_s"], plan_.compute_s)}; CPU '
@@ -780,6 +925,10 @@ def main(argv=None):
                     f'  exchange alone (the trainer\'s allreduce_grads of ready gradients): '
                     f'{_ms(exchange["wall_s"])}; step / max(compute, exchange) = '
                     f'{_ratio(train, alone, exchange):.2f}')
+    payload['host_load'] = host_load_record(args, load)
+    if args.host_load:
+        harness.rank0_print(f'  host load: {args.host_load:g} asked, the thread used '
+                            f'{load.busy_share * 100:.1f}% of a core (rank 0)')
     run.write(payload)
     harness.rank0_print(f'  written to {run.json_path}')
 

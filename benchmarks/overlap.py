@@ -28,6 +28,9 @@ the kernel's TCP), its system + softirq share (where TCP's cost lands), machine 
 step, each rank's user + system CPU ms a step (getrusage), and the ranks' share of the
 machine. /proc/stat counts in 10 ms ticks, coarse for a short run.
 
+--layers custom and --host-load (gpu_like's) apply to every entry alike; the load thread
+runs through the timed rounds, and the JSON records the CPU share it got.
+
 Rank 0 prints Markdown tables and writes them (.md), a JSON and a bar plot to --out.
 """
 import argparse
@@ -58,11 +61,12 @@ KERNEL_FIELDS = ('system', 'softirq')
 def parse_args(argv=None):
     parser = harness.parser(__doc__)
     gpu_like.add_workload_args(parser)      # every column trains with --optimizer
+    gpu_like.add_host_args(parser)          # --layers, --host-load: for every entry alike
     parser.add_argument('--topology', help='a free label, e.g. "2 hosts x 1 rank, 3gbit"')
     harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
     peers.add_args(parser)
-    return harness.resolve_quick(parser.parse_args(argv), STEPS)
+    return gpu_like.check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
 
 
 class Column:
@@ -370,37 +374,41 @@ def main(argv=None):
     args = parse_args(argv)
     comm = harness.world()
     plan_ = gpu_like.plan(args.model, args.images_per_s, args.batch)
-    model = gpu_like.GPULikeModel(plan_)
+    model = gpu_like.make_model(plan_, args.layers)
     model.initialize()
     where = harness.topology(comm, args.topology)
     label = args.topology or f'{where["hosts"]} host(s), {comm.size} ranks in all'
     load_start = os.getloadavg()
     run = harness.Run('overlap', args, comm=comm, label=f'{args.model}_h{where["hosts"]}'
-                      + ('_p3' if args.p3 else ''))
+                      + ('_p3' if args.p3 else '')
+                      + ('' if args.layers == 'compiled' else f'_{args.layers}')
+                      + (f'_load{args.host_load:g}' if args.host_load else ''))
     harness.rank0_print(
         f'overlap: {args.model}, {plan_.grad_bytes / 1e6:.1f} MB of gradients, '
         f'{plan_.images_per_s:.1f} images/s at batch {args.batch} ({plan_.compute_s * 1e3:.1f} ms '
-        f'of compute a step); {label}; {args.warmups} + {args.trials} rounds of {args.chain} steps')
+        f'of compute a step); {label}; {args.warmups} + {args.trials} rounds of {args.chain} steps; '
+        f'{args.layers} layers; host load {args.host_load:g}')
     dist_sync = peers.DistSync(run, lifetime=PSLITE_LIFETIME)
     with harness.deadline(args.timeout, 'overlap', lambda: run.on_expire and run.on_expire()):
         why = dist_sync.start()
         if why:
             run.skip(dist_sync.name, why)
         columns = make_columns(run, model, dist_sync)
-        cpu_shares, meter = [], CpuMeter(comm)
-        steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares, meter),
-                              **{c.name: functools.partial(train_run, args, model, c, comm, meter)
-                                 for c in columns}}, meter)
-        compute_s = steps.pop(COMPUTE)
-        for param in model.collect_params().values():
-            if param.grad_req != 'null':
-                # sums of zeros: repeated in-place sums neither grow to inf nor change the work
-                param.grad()[:] = 0
-        exchanges = rounds(args, {c.name: functools.partial(exchange_run, c, comm, meter)
-                                  for c in columns}, meter, prefix='exchange ')
-        compute = harness.spread(compute_s)
-        rows = summarize(columns, compute['median'], steps, exchanges, meter)
-        compute_cpu = meter.summary(COMPUTE)
+        with gpu_like.HostLoad(args.host_load) as load:    # the timed rounds only
+            cpu_shares, meter = [], CpuMeter(comm)
+            steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares, meter),
+                                  **{c.name: functools.partial(train_run, args, model, c, comm, meter)
+                                     for c in columns}}, meter)
+            compute_s = steps.pop(COMPUTE)
+            for param in model.collect_params().values():
+                if param.grad_req != 'null':
+                    # sums of zeros: repeated in-place sums neither grow to inf nor change the work
+                    param.grad()[:] = 0
+            exchanges = rounds(args, {c.name: functools.partial(exchange_run, c, comm, meter)
+                                      for c in columns}, meter, prefix='exchange ')
+            compute = harness.spread(compute_s)
+            rows = summarize(columns, compute['median'], steps, exchanges, meter)
+            compute_cpu = meter.summary(COMPUTE)
         close(columns)
     dist_sync.stop()
     text = table(rows, compute, run.skipped, compute_cpu)
@@ -412,6 +420,7 @@ def main(argv=None):
                'topology': where, 'compute_alone': {'step_s': compute_s, **compute,
                                                     'cpu_share_rank0': cpu_shares,
                                                     'cpu': compute_cpu},
+               'layers_mode': args.layers, 'host_load': gpu_like.host_load_record(args, load),
                'columns': rows, 'table': text, 'cpu_table': cpu_text,
                'machine': {'cores': os.cpu_count(), 'loadavg_start': load_start,
                            'loadavg_end': os.getloadavg()}}

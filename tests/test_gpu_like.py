@@ -7,6 +7,7 @@ on one image), FLOPs computed by hand from layer shapes, a clock, and numpy (in 
 import json
 import os
 import re
+import threading
 import time
 
 import mxnet as mx
@@ -181,6 +182,78 @@ def test_gpu_like_sgd_trains_to_numpys_weights():
         got = param.data().asnumpy()
         assert got.shape == spec.shape
         np.testing.assert_allclose(got, w, rtol=1e-6, err_msg=spec.name)
+
+
+@pytest.mark.parametrize('fraction', [0.2, 0.6])
+def test_host_load_runs_its_share_of_cpu_each_period(fraction):
+    """Each 10 ms cycle the load thread spends fraction x 10 ms of CPU (the process's CPU,
+    read from outside: the main thread sleeps), and never starts cycles faster than the
+    period. Where other work shares the cores a cycle may run late, so only the CPU per
+    cycle is held to the fraction, and the thread's own share to what the process used."""
+    period = gpu_like.HOST_LOAD_PERIOD_S
+    wall, cpu = time.perf_counter(), time.process_time()
+    with gpu_like.HostLoad(fraction) as load:
+        time.sleep(0.4)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert 4 <= load.cycles <= wall / period + 1, (load.cycles, wall)
+    assert cpu / load.cycles == pytest.approx(fraction * period, rel=0.25), (cpu, load.cycles)
+    assert load.busy_share == pytest.approx(cpu / wall, rel=0.25, abs=0.01)
+
+
+def test_host_load_zero_starts_nothing_and_bad_shares_are_refused(capsys):
+    before = threading.active_count()
+    with gpu_like.HostLoad(0) as load:
+        assert threading.active_count() == before
+    assert load.cycles == 0 and load.busy_share == 0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match='--host-load'):
+            gpu_like.HostLoad(bad)
+        with pytest.raises(SystemExit):
+            gpu_like.parse_args(['--host-load', str(bad)])
+        assert f'--host-load {bad}: a share of the time, in [0, 1]' in capsys.readouterr().err
+    assert gpu_like.parse_args(['--host-load', '0.3', '--layers', 'custom']).host_load == 0.3
+
+
+def test_custom_layers_train_as_the_compiled_ones_and_numpy():
+    """--layers custom: the layers as Python CustomOps under autograd give, step after step,
+    the compiled model's output and gradients, both numpy's, and gluon.Trainer's SGD (MXNet's
+    update on the CPU) takes both to numpy's weights."""
+    from mxnet import gluon
+    plan_ = gpu_like.plan('resnet18_v1', images_per_s=BATCH / 0.02)
+    models = {mode: gpu_like.make_model(plan_, mode) for mode in ('compiled', 'custom')}
+    assert isinstance(models['custom'], gpu_like.CustomLayersModel)
+    trainers = {}
+    for mode, model in models.items():
+        model.initialize()
+        trainers[mode] = gluon.Trainer(model.collect_params(), 'sgd', {'learning_rate': 0.5},
+                                       kvstore=None)
+    specs = plan_.params
+    weights = [i for i, spec in enumerate(specs) if spec.flops]
+    expected = np.array([gpu_like.initial_value(i) for i in range(len(specs))], np.float32)
+    for scale in (1.5, -2.0, 0.25):
+        outs = {}
+        for mode, model in models.items():
+            outs[mode] = model(scale).asnumpy()[0]
+            model.backward()
+            trainers[mode].step(8)
+        # The output: scale plus every layer's first weight element, as the weights were.
+        assert outs['custom'] == outs['compiled'] == pytest.approx(
+            scale + expected[weights].sum(dtype=np.float64), rel=1e-5), (scale, outs)
+        params = {mode: list(m.collect_params().values()) for mode, m in models.items()}
+        for index, spec in enumerate(specs):
+            if spec.grad_req == 'null':
+                continue
+            grad = np.float32(gpu_like.grad_unit(index) * scale)
+            for mode in models:
+                assert np.all(params[mode][index].grad().asnumpy() == grad), (mode, spec.name)
+            expected[index] = np.float32(expected[index] - np.float32(0.5 / 8) * grad)
+    for index, spec in enumerate(specs):
+        for mode in models:
+            got = params[mode][index].data().asnumpy()
+            np.testing.assert_allclose(got, expected[index], rtol=1e-6, err_msg=f'{mode} {spec.name}')
+    with pytest.raises(ValueError, match='--layers'):
+        gpu_like.make_model(plan_, 'cuda')
+    mx.nd.waitall()
 
 
 def test_training_under_mpi_equals_numpy(mpi_available):
