@@ -2,13 +2,14 @@
 buffers, bitwise equal to flat MPI_Bcast and to numpy.
 
   chunks          the chunk bounds tile the buffer exactly, the last one short
-  2-4 ranks       tests/scenarios/kv_broadcast.py: every root, 8 dtypes, odd sizes and
-                  zero, odd chunks, windows of 1 and 3; hierarchical on the real host and
+  2-4 ranks       tests/scenarios/kv_broadcast.py: every root (one a dtype and size, in
+                  turn), 8 dtypes, odd sizes and zero, odd chunks, windows of 1 and 3;
+                  hierarchical on the real host and
                   on hosts split from COMM_WORLD (blocks, interleaved, uneven), so that
                   ranks per host differ and both of its shapes run; bad input raises
   test bed        the same across 2 hosts of 2 ranks (real hosts: Hierarchical.build
                   active) and 2 + 1 ranks (a host lacks local rank 1: the leaders shape)
-About 2 minutes for the three jobs on 2 idle cores, 2 more on the test bed (root).
+About 10 s in all (the test bed's needs root).
 """
 import pytest
 

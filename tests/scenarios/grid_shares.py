@@ -7,11 +7,15 @@ usage: grid_shares.py LOCAL   (LOCAL ranks a host; the job's size a multiple of 
 """
 import sys
 
-import numpy as np
+# No MXNet: nothing here needs it (the MXNet-free contract), and each rank starts about
+# 3 s of CPU sooner.
+sys.modules.setdefault('mxnet', None)
 
-from mpi_kvstore.comm.hierarchy import Grid
+import numpy as np  # noqa: E402
 
-from common import RANK, SIZE, WORLD, close, done
+from mpi_kvstore.comm.hierarchy import Grid  # noqa: E402
+
+from common import RANK, SIZE, WORLD, close, done  # noqa: E402
 
 LOCAL = int(sys.argv[1])
 HOSTS = SIZE // LOCAL
