@@ -9,7 +9,8 @@ created before anything is timed: fifo (DistributedTrainer on funneled with no p
 or credits: every group starts when ready, Horovod's order), priority (DistributedTrainer on
 the default store: priority-partitioned across hosts), gluon (gluon.Trainer, one pushpull a
 key), dist_sync (gluon.Trainer on ps-lite; --p3: its P3 van, a job of its own) and horovod
-(when it imports; else skipped).
+(when it imports; else skipped). --columns picks some of them: Horovod's background thread
+polls, so it loads the CPU for every other column of the job it is in.
 
 Timing: rounds (--warmups untimed, then --rounds) in which every column makes one run of
 --chain steps, in an order that rotates (harness.interleaved). A run resets the weights,
@@ -49,6 +50,7 @@ from mxnet import gluon
 from benchmarks import gpu_like, harness, peers, report
 
 FIFO = 'funneled+partition_bytes=0+credit_bytes=0'
+COLUMNS = ('fifo', 'priority', 'gluon', 'dist_sync', 'horovod')
 STEPS = {'warmups': 1, 'trials': 4}         # untimed and timed rounds
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'overlap')
 PSLITE_LIFETIME = 3600                      # s: the ps-lite servers' own safety alarm
@@ -66,7 +68,16 @@ def parse_args(argv=None):
     harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
     peers.add_args(parser)
-    return gpu_like.check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
+    parser.add_argument('--columns', type=harness.names, default=list(COLUMNS),
+                        help='the trainers to time, comma-separated: a job of Horovod alone '
+                             "is one whose CPU no other column's threads share")
+    args = gpu_like.check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
+    unknown = sorted(set(args.columns) - set(COLUMNS))
+    if unknown or not args.columns:
+        parser.error(f'--columns {",".join(args.columns)}: use some of {",".join(COLUMNS)}')
+    if 'dist_sync' not in args.columns:
+        args.no_dist_sync = True            # no ps-lite processes started for nothing
+    return args
 
 
 class Column:
@@ -105,13 +116,14 @@ def make_columns(run, model, dist_sync):
     pslite = [] if dist_sync.kv is None else [Column(dist_sync.name, gluon.Trainer(
         model.collect_params(), *optimizer, kvstore=dist_sync.kv, update_on_kvstore=False),
         args.batch, options={'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root})]
-    columns = [mpi_column(args, model, 'fifo', FIFO, 'distributed'),
-               mpi_column(args, model, 'priority', None, 'distributed'),
-               mpi_column(args, model, 'gluon', None, 'gluon')] + pslite
-    hvd, why = peers.horovod(comm)
+    ours = [('fifo', FIFO, 'distributed'), ('priority', None, 'distributed'),
+            ('gluon', None, 'gluon')]
+    columns = [mpi_column(args, model, *column) for column in ours
+               if column[0] in args.columns] + pslite
+    hvd, why = peers.horovod(comm) if 'horovod' in args.columns else (None, None)
     if why:
         run.skip('horovod', why)
-    else:
+    elif hvd is not None:
         # Horovod averages over ranks: step(batch), which _train asks for as batch / size.
         columns.append(Column('horovod', hvd.DistributedTrainer(model.collect_params(), *optimizer),
                               args.batch / comm.size))
