@@ -143,10 +143,16 @@ class WireCast:
         return failed
 
     def _exchange_pipelined(self, reqs, sizes, comm):
-        """Compress-once in pieces of ``pipeline_values``, overlapped: while piece p's all-to-all
-        is on the wire, piece p+1 is encoded; while p+1's is, p is summed and its allgather
-        starts; the pieces' collectives start in one order on every rank. Each value is still
-        the sum of the ranks' 16-bit values in rank order, so the bits are compress-once's."""
+        """Compress-once in pieces of ``pipeline_values``, three deep: while piece p is
+        encoded and its all-to-all starts, piece p-1 is summed and its allgather starts, and
+        piece p-2's allgather is waited for and decoded into the requests. The pieces'
+        collectives start in one order on every rank. Each value is still the sum of the
+        ranks' 16-bit values in rank order, so the bits are compress-once's.
+
+        An fp16 sum that overflows fails every request on every rank, as in exchange: every
+        rank holds the same gathered bits of each piece, so all decide alike, and none
+        decodes a piece from the first that overflowed on (the pieces decoded before it hold
+        their sums)."""
         n, rank = comm.size, comm.rank
         count = sum(sizes)
         failed, views, offset = {}, [], 0
@@ -160,16 +166,22 @@ class WireCast:
         scale = np.float32(1.0 / n)
         bounds = list(range(0, count, self.pipeline_values)) + [count]
         pieces = []   # per piece: start, stop, chunk, recv, gathered, request
+        overflowed = []
+
+        def spans(start, stop):
+            """(request, view, lo, hi): the part [lo, hi) of the bucket in [start, stop)
+            that each request holds, with the request's own view."""
+            for (at, view), req, size in zip(views, reqs, sizes):
+                lo, hi = max(start, at), min(stop, at + size)
+                if lo < hi and view is not None:
+                    yield req, view[lo - at:hi - at], lo, hi
 
         def encode(start, stop):
             chunk = -(-(stop - start) // n)
             send = np.zeros(n * chunk, np.uint16)
-            for (at, view), req, size in zip(views, reqs, sizes):
-                lo, hi = max(start, at), min(stop, at + size)
-                if lo >= hi or view is None:
-                    continue
+            for req, part, lo, hi in spans(start, stop):
                 try:
-                    self._encode(view[lo - at:hi - at], scale, send[lo - start:hi - start])
+                    self._encode(part, scale, send[lo - start:hi - start])
                 except Exception as err:
                     failed.setdefault(req, err)
                     send[lo - start:hi - start] = 0
@@ -183,16 +195,29 @@ class WireCast:
             self._sum_rows(recv, gathered[rank * chunk:(rank + 1) * chunk])
             piece[4], piece[5] = gathered, comm.start_allgather(gathered)
 
+        def deliver(piece):
+            start, stop, _, _, gathered, request = piece
+            comm.wait(request)
+            bits = gathered[:stop - start]
+            if overflowed or (self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any())):
+                overflowed.append(True)
+                return
+            for req, part, lo, hi in spans(start, stop):
+                if req not in failed:
+                    self._decode(bits[lo - start:hi - start], np.float32(n), part)
+
         for p in range(len(bounds) - 1):
             encode(bounds[p], bounds[p + 1])
             if p >= 1:
                 reduce(pieces[p - 1])
+            if p >= 2:
+                deliver(pieces[p - 2])
         reduce(pieces[-1])
-        bits = np.empty(count, np.uint16)
-        for start, stop, _, _, gathered, request in pieces:
-            comm.wait(request)
-            bits[start:stop] = gathered[:stop - start]
-        return self._deliver(reqs, sizes, bits, n, failed)
+        for piece in pieces[max(0, len(pieces) - 2):]:
+            deliver(piece)
+        if overflowed:
+            return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
+        return failed
 
     def _exchange_hierarchical(self, reqs, comm):
         """Through the hosts (the Comm's hierarchy, every host with L ranks): a float32

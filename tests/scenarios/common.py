@@ -31,14 +31,18 @@ def same_on_all_ranks(array, what):
 
 
 def expect_raises(exc_type, fn, *args, contains=None, **kwargs):
+    """Call fn; it must raise exc_type (a type or a tuple of types) whose message holds
+    ``contains``. -> the exception."""
+    names = ' or '.join(t.__name__ for t in (exc_type if isinstance(exc_type, tuple)
+                                             else (exc_type,)))
     try:
         fn(*args, **kwargs)
     except exc_type as err:
         if contains and contains not in str(err):
             raise AssertionError('%s raised, but %r is not in its message: %s'
-                                 % (exc_type.__name__, contains, err)) from err
+                                 % (names, contains, err)) from err
         return err
-    raise AssertionError('%s was not raised by %s' % (exc_type.__name__, fn.__name__))
+    raise AssertionError('%s was not raised by %s' % (names, getattr(fn, '__name__', fn)))
 
 
 def done(name):

@@ -182,6 +182,25 @@ def check_wire_cast(kind):
     kv.close()
 
 
+def check_pipelined_overflow():
+    """An fp16 sum that overflows only in the last of a pipelined bucket's pieces (the
+    earlier ones are decoded by then) still fails the call on every rank, and the store
+    goes on working."""
+    if SIZE == 1:
+        return
+    kv = mpi_kvstore.create('dist_mpi', design=DESIGN, compression='fp16')
+    late = mx.nd.ones((3000,))
+    late[2900:] = 1e5
+    expect_raises((mpi_kvstore.MPIKVStoreError, mx.base.MXNetError),
+                  lambda: (kv.pushpull('late', late), kv.wait(), late.asnumpy()),
+                  contains='fp16 compression')
+    mx.nd.waitall() if DESIGN == 'chained' else None
+    after = mx.nd.ones((3000,))
+    kv.pushpull('after', after)
+    np.testing.assert_array_equal(after.asnumpy(), np.full(3000, SIZE, np.float32))
+    kv.close()
+
+
 def check_trainer(kv):
     """gluon.Trainer passes compression_params to the store; the ranks stay identical."""
     net = gluon.nn.Dense(3, in_units=4)
@@ -219,6 +238,7 @@ def main():
     try:
         for kind in ('fp16', 'bf16'):
             check_wire_cast(kind)
+        check_pipelined_overflow()
     finally:
         compression.WireCast.pipeline_values = real
     done('kv_compression[%s]' % DESIGN)
