@@ -745,7 +745,7 @@ STEPS = {'warmups': 1, 'trials': 5}   # untimed, then timed steps of a run
 
 def add_workload_args(parser):
     """The workload's options, shared by the scripts that train this model (gpu_like,
-    overlap, schedule_tune): --model, --images-per-s, --batch, --chain, --lr, --optimizer."""
+    overlap): --model, --images-per-s, --batch, --chain, --lr, --optimizer."""
     parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
     parser.add_argument('--images-per-s', type=float,
                         help='of one emulated GPU (default: 125 for resnet50_v1, others at its FLOP rate)')
