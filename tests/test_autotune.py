@@ -5,6 +5,7 @@ writes, and one store (1 rank) that tunes itself while its sums stay exact.
 Several ranks are simulated by one Tuner each, agreed as the MAX-allreduce agrees them
 (numpy's max of their summaries), with rank 0's decision handed to every rank.
 """
+import itertools
 import json
 
 import numpy as np
@@ -245,6 +246,43 @@ def test_a_store_tunes_itself_while_its_sums_stay_exact(design):
     assert {k: getattr(design_.config, k) for k in KNOBS} == tuner.current
     assert design_._queue.partition_bytes == tuner.current['partition_bytes']
     kv.close()
+
+
+def test_the_step_is_paced_by_the_gradients_not_by_the_pushes():
+    """A loop that does not wait between steps pushes them all at once; the tuner's step is
+    the time between the first key's gradients turning ready, so it is the compute's."""
+    import time
+
+    import mxnet as mx
+
+    import mpi_kvstore
+    kv = mpi_kvstore.create('dist_mpi', design='funneled', autotune=True, autotune_steps=50)
+    tuner = kv._job.design.tuner
+    big = mx.nd.ones((900, 900))
+    kv.pushpull('g', mx.nd.dot(big, big))                # the first key; a warm store
+    mx.nd.waitall()
+    kv.wait()
+    start = time.perf_counter()
+    for _ in range(2):
+        mx.nd.dot(big, big).wait_to_read()
+    compute = (time.perf_counter() - start) / 2          # one step's engine work
+    tuner._skip, tuner._last, tuner._intervals = 0, None, []
+    pushes, grad = [], big
+    for _ in range(6):
+        # computed by the engine, later: from the last step's sum, as a step's gradient
+        # waits for the last update
+        grad = mx.nd.dot(big, grad) / 900
+        pushes.append(time.perf_counter())
+        kv.pushpull('g', grad)
+    mx.nd.waitall()
+    kv.wait()
+    steps = sorted(tuner._intervals)
+    kv.close()
+    assert np.array_equal(grad.asnumpy(), np.ones((900, 900), np.float32))
+    pushed = sorted(b - a for a, b in itertools.pairwise(pushes))
+    assert len(steps) == 5, steps
+    assert pushed[2] < compute / 3, (pushed, compute)     # the loop ran ahead of the engine
+    assert steps[2] > compute / 2, (steps, pushed, compute)
 
 
 def test_ranks_switch_at_one_round_to_one_choice_with_exact_sums(tmp_path, mpi_available):

@@ -70,8 +70,6 @@ class Negotiated(Design):
         self._thread.start()
 
     def _submit(self, reqs, priority):
-        if self.tuner is not None and self.tuner.active:
-            self.tuner.pushed(reqs)
         arrays = [r.array for r in reqs if r.array is not None]
         if not arrays:
             self._mark_ready(reqs)
@@ -122,6 +120,8 @@ class Negotiated(Design):
         self._mark_ready([r for r in reqs if r.seq not in self._ready])
 
     def _mark_ready(self, reqs, notify=True):
+        if self.tuner is not None and self.tuner.active:
+            self.tuner.ready(reqs)      # the step's pace: when its gradients are computed
         if self.timeline:
             for req in reqs:
                 self.timeline.ready(req)
