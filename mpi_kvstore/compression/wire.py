@@ -135,7 +135,7 @@ class WireCast:
             # A buffer, not a Python object: mpi4py's object allreduce holds the GIL while
             # it waits (another thread ran 200x slower beside it), which starved the other
             # lanes of the concurrent design on this rank, one of which the others waited for.
-            overflowed = np.array([bool(((mine & 0x7c00) == 0x7c00).any())], np.int32)
+            overflowed = np.array([_not_finite16(mine)], np.int32)
             comm.mpi.Allreduce(MPI.IN_PLACE, overflowed, op=MPI.MAX)
             if overflowed[0]:
                 return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
@@ -201,7 +201,7 @@ class WireCast:
             start, stop, _, _, gathered, request = piece
             comm.wait(request)
             bits = gathered[:stop - start]
-            if overflowed or (self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any())):
+            if overflowed or (self.kind == 'fp16' and _not_finite16(bits)):
                 overflowed.append(True)
                 return
             for req, part, lo, hi in spans(start, stop):
@@ -292,7 +292,7 @@ class WireCast:
         each request that did not fail here; an fp16 sum that overflowed fails every request
         on every rank (they all hold these bits, so they all decide alike).
         -> {req: error}. Host bits for a GPU request (the ring) are decoded, then copied up."""
-        if self.kind == 'fp16' and bool(((bits & 0x7c00) == 0x7c00).any()):
+        if self.kind == 'fp16' and _not_finite16(bits):
             return {**dict.fromkeys(reqs, _fp16_overflow(n)), **failed}
         offset = 0
         for req, size in zip(reqs, sizes):
@@ -329,6 +329,12 @@ class WireCast:
             self._host.decode(bits, scale, out)
         else:
             device_codecs.decode16(bits, scale, self.kind, out)
+
+
+def _not_finite16(bits):
+    """Whether any float16 in ``bits`` (uint16, numpy or CuPy) is inf or NaN: its exponent
+    all ones."""
+    return bool(((bits & 0x7c00) == 0x7c00).any())
 
 
 def _fp16_overflow(n):

@@ -171,15 +171,20 @@ def check_wire_cast(kind):
                                             % (RANK, kind, error.max(), bound.ravel()[
                                                 np.argmax(error - bound)]))
     if kind.startswith('fp16') and SIZE > 1:
-        huge = mx.nd.ones((10,)) * 1e5
-        expect_raises((mpi_kvstore.MPIKVStoreError, mx.base.MXNetError),
-                      lambda: (kv.pushpull('huge', huge), kv.wait(), huge.asnumpy()),
-                      contains='fp16 compression')
-        mx.nd.waitall() if DESIGN == 'chained' else None
-        small = mx.nd.ones((10,))
-        kv.pushpull('small', small)
-        np.testing.assert_array_equal(small.asnumpy(), np.full(10, SIZE, np.float32))
+        overflow_fails_then_sums(kv, mx.nd.ones((10,)) * 1e5)
     kv.close()
+
+
+def overflow_fails_then_sums(kv, huge):
+    """A pushpull of ``huge``, whose fp16 sum overflows, fails on every rank; a pushpull of
+    ones of its size after it sums right."""
+    expect_raises((mpi_kvstore.MPIKVStoreError, mx.base.MXNetError),
+                  lambda: (kv.pushpull('huge', huge), kv.wait(), huge.asnumpy()),
+                  contains='fp16 compression')
+    mx.nd.waitall() if DESIGN == 'chained' else None
+    after = mx.nd.ones(huge.shape)
+    kv.pushpull('after', after)
+    np.testing.assert_array_equal(after.asnumpy(), np.full(huge.shape, SIZE, np.float32))
 
 
 def check_pipelined_overflow():
@@ -191,13 +196,7 @@ def check_pipelined_overflow():
     kv = mpi_kvstore.create('dist_mpi', design=DESIGN, compression='fp16')
     late = mx.nd.ones((3000,))
     late[2900:] = 1e5
-    expect_raises((mpi_kvstore.MPIKVStoreError, mx.base.MXNetError),
-                  lambda: (kv.pushpull('late', late), kv.wait(), late.asnumpy()),
-                  contains='fp16 compression')
-    mx.nd.waitall() if DESIGN == 'chained' else None
-    after = mx.nd.ones((3000,))
-    kv.pushpull('after', after)
-    np.testing.assert_array_equal(after.asnumpy(), np.full(3000, SIZE, np.float32))
+    overflow_fails_then_sums(kv, late)
     kv.close()
 
 
