@@ -78,21 +78,21 @@ def check(name, run, salt, chunkings=CHUNKINGS, dtypes=DTYPES):
             # One root a (dtype, count), turning: every count meets every root across the
             # dtypes, and every dtype across the counts, at a quarter of the broadcasts
             # that every root of every pair took at 4 ranks.
-            for root in [(i + j) % SIZE]:
-                want = expected(root, count, dtype, salt)
-                flat = mpi_reference(root, count, dtype, salt)
-                same(flat, want, 'flat MPI_Bcast of %s[%d] from %d' % (np.dtype(dtype), count, root))
-                for chunk, window in chunkings:
-                    if chunk < 4096 and count * np.dtype(dtype).itemsize > 20000:
-                        continue   # thousands of tiny chunks: slow, and no new case
-                    buf = start(root, count, dtype, salt)
-                    out = run(buf, root, chunk, window)
-                    what = '%s of %s[%d] from %d, chunks %d, window %d' % (
-                        name, np.dtype(dtype), count, root, chunk, window)
-                    assert out is buf, what
-                    same(buf, flat, what + ' (against flat MPI_Bcast)')
-                    same(buf, want, what + ' (against numpy)')
-                salt += 1
+            root = (i + j) % SIZE
+            want = expected(root, count, dtype, salt)
+            flat = mpi_reference(root, count, dtype, salt)
+            same(flat, want, 'flat MPI_Bcast of %s[%d] from %d' % (np.dtype(dtype), count, root))
+            for chunk, window in chunkings:
+                if chunk < 4096 and count * np.dtype(dtype).itemsize > 20000:
+                    continue   # thousands of tiny chunks: slow, and no new case
+                buf = start(root, count, dtype, salt)
+                out = run(buf, root, chunk, window)
+                what = '%s of %s[%d] from %d, chunks %d, window %d' % (
+                    name, np.dtype(dtype), count, root, chunk, window)
+                assert out is buf, what
+                same(buf, flat, what + ' (against flat MPI_Bcast)')
+                same(buf, want, what + ' (against numpy)')
+            salt += 1
     return salt
 
 
