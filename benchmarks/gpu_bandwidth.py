@@ -1,6 +1,6 @@
 """GPU transports on CuPy arrays, against the device's own copy and NCCL's own allreduce.
 
-    mpiexec -n N python -m benchmarks.gpu_bandwidth [--mb 64] [--repeats 20]
+    mpiexec -n N python -m benchmarks.gpu_bandwidth [--mb 64] [--repeats 20] [--json PATH]
 
 Needs CuPy and a GPU, not MXNet. For one float32 buffer of --mb MB: the device-to-device
 copy, copies down to pageable and pinned host memory, NCCL's allreduce (cupy.cuda.nccl) and
@@ -8,9 +8,11 @@ raw MPI_Allreduce of a pinned host copy (the baselines), pushpull through each t
 runs here (reduce.Reducer on a comm.Comm, on a fresh thread as the store runs it; at one rank
 the transport's own allreduce), pushpull compressed on the GPU (fp16, bf16, 2-bit) and the
 device fusion threshold (the same bytes as 256 arrays). Rank 0 prints ms, GB/s (bytes /
-time) and the ratios to the D2D copy and to the baseline of the same kind.
+time) and the ratios to the D2D copy and to the baseline of the same kind, all of medians,
+with each row's min and max; --json writes the same rows, every timing kept.
 """
 import argparse
+import json
 import threading
 
 import cupy
@@ -35,9 +37,9 @@ cupy.cuda.Device(DEVICE).use()
 
 
 def timed(fn, repeats):
-    """Median seconds of fn() over repeats (each the slowest rank's, ranks started together),
-    after two warm-ups."""
-    return harness.median(harness.measure(WORLD, fn, 2, repeats))
+    """Seconds of each of `repeats` runs of fn() (each the slowest rank's, ranks started
+    together), after two warm-ups."""
+    return harness.measure(WORLD, fn, 2, repeats)
 
 
 def on_thread(fn):
@@ -82,11 +84,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--mb', type=int, default=64)
     parser.add_argument('--repeats', type=int, default=20)
+    parser.add_argument('--json', help='also write the rows, every timing kept, to this file')
     args = parser.parse_args()
     nbytes = args.mb << 20
     count = nbytes // 4
     buf = cupy.random.default_rng(RANK).standard_normal(count, dtype='float32')
-    rows = []   # (what, seconds, baseline name or None)
+    rows = []   # (what, seconds of each run, baseline name or None)
 
     other = cupy.empty_like(buf)
     rows.append(('cupy D2D copy', timed(lambda: (other.__setitem__(Ellipsis, buf),
@@ -158,15 +161,25 @@ def main():
         comm.free()
 
     if RANK == 0:
-        seconds = {what: s for what, s, _ in rows}
+        seconds = {what: harness.median(runs) for what, runs, _ in rows}
         device = cupy.cuda.runtime.getDeviceProperties(DEVICE)['name'].decode()
-        print(f'GPU bandwidth: {args.mb} MB float32, {SIZE} rank(s), {device}, '
-              f'CuPy {cupy.__version__}, NCCL {_nccl_version()}')
+        title = (f'GPU bandwidth: {args.mb} MB float32, {SIZE} rank(s), {device}, '
+                 f'CuPy {cupy.__version__}, NCCL {_nccl_version()}')
+        print(title)
         d2d = seconds['cupy D2D copy']
         print(report.markdown(
-            ['what', 'ms', 'GB/s', 'x D2D copy time', 'x baseline time (baseline)'],
-            [[what, f'{s * 1e3:.3f}', f'{nbytes / s / 1e9:.1f}', f'{s / d2d:.2f}',
-              f'{s / seconds[base]:.2f} ({base})' if base else '-'] for what, s, base in rows]))
+            ['what', 'ms', 'GB/s', 'x D2D copy time', 'x baseline time (baseline)',
+             'min ms', 'max ms'],
+            [[what, f'{seconds[what] * 1e3:.3f}', f'{nbytes / seconds[what] / 1e9:.1f}',
+              f'{seconds[what] / d2d:.2f}',
+              f'{seconds[what] / seconds[base]:.2f} ({base})' if base else '-',
+              f'{min(runs) * 1e3:.3f}', f'{max(runs) * 1e3:.3f}'] for what, runs, base in rows]))
+        if args.json:
+            with open(args.json, 'w') as out:
+                json.dump({'title': title, 'bytes': nbytes, 'ranks': SIZE, 'device': device,
+                           'rows': [{'what': what, 'seconds': list(runs), 'baseline': base,
+                                     **harness.spread(runs)} for what, runs, base in rows]},
+                          out, indent=1)
 
 
 def _nccl_version():
