@@ -15,6 +15,8 @@ below at least; a script's own results come beside them (results, models, column
                fit_on, assumptions
     tune       a tune table (the store's autotune writes the schedule entry): version,
                comm_size; mpi_kvstore.comm.tuning.Table.from_json validates what is inside
+    gpu_bandwidth  gpu_bandwidth.py --json: title, bytes, ranks, device, rows (each with
+               what, seconds, min, median, max, baseline)
 
 The other files are prose or logs and are not checked: NAME.md (a script's tables),
 log.txt and load.txt (its output, the machine's load meanwhile) and NOTES.md (notes
@@ -32,6 +34,7 @@ KINDS = {
     'cost_model': ('time', 'assumptions', 'prediction'),
     'overlap': ('points', 'fitted', 'predictions', 'fit_on', 'assumptions'),
     'tune': ('version', 'comm_size'),
+    'gpu_bandwidth': ('title', 'bytes', 'ranks', 'device', 'rows'),
 }
 NESTED = {('run', 'versions'): VERSIONS, ('run', 'config'): CONFIG}
 
@@ -54,6 +57,8 @@ def kind(record):
         return 'overlap'
     if 'comm_size' in record:
         return 'tune'
+    if 'device' in record and 'rows' in record:
+        return 'gpu_bandwidth'
     return None
 
 

@@ -1,4 +1,4 @@
-"""python -m benchmarks.cost_model: its modes (the package docstring shows them)."""
+"""python -m benchmarks.cost_model: its modes (docs/cost-model.md shows them)."""
 import argparse
 import json
 import os
