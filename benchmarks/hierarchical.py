@@ -3,29 +3,15 @@
     python -m testbed run --hosts 2 --rate 3gbit -n 4 --ppn 2 --timeout 300 -- \\
         python -m benchmarks.hierarchical [--sizes 1M,4M,16M,64M] [--label 3gbit]
 
-Measured in one run, interleaved (every trial runs each method once, in an order that
-rotates from trial to trial, so load from other work slows every method alike), on float32
-buffers, in place:
-  mpi:flat     COMM.Allreduce(IN_PLACE, buf): MPICH's own algorithm;
-  mpi:hier     mpi_kvstore.comm.host.Comm(hierarchical='on').allreduce(buf): what the store
-               runs where every host has as many ranks: Reduce_scatter inside each host,
-               an Allreduce of each piece among the ranks with the same local rank (every
-               rank of a host sends its share over the link), Allgatherv inside each host;
-  mpi:leaders  the store's shape for hosts of different sizes, forced here: Reduce inside
-               each host to its lowest rank, Allreduce among those leaders, Bcast inside
-               each host;
-  kv:flat, kv:hier  kv.pushpull(key, arr) then arr.wait_to_read(), on two stores, one with
-               hierarchical=off, one with hierarchical=on (design --design).
-Per size and method: the median (and min, max) over trials of the slowest rank's time; ratios are
-hierarchical / flat from this run (below 1: the hierarchy is faster). Rank 0 prints a
-table and writes benchmarks/results/hierarchical_n<N>[_<label>].json.
+Methods (mpi:flat, mpi:hier, mpi:leaders, kv:flat, kv:hier), interleaved, on float32 buffers
+in place; per size and method the median (min, max) of the slowest rank, and hierarchical /
+flat ratios (below 1: the hierarchy is faster): docs/hierarchical.md#the-benchmark.
 """
 import functools
 import sys
 
 from mpi4py import MPI
 
-import mpi_kvstore
 from benchmarks import harness, peers, report
 from mpi_kvstore.comm.host import Comm
 
@@ -48,8 +34,12 @@ def comm_op(reduce, nbytes, what):
     return harness.summed_op(reduce, nbytes, COMM.size, what)
 
 
-def create_store(design, hierarchical):
-    return mpi_kvstore.create('dist_mpi', design=design, hierarchical=hierarchical)
+def create_store(args, hierarchical):
+    """Collective: a store of --design with `hierarchical`, or SystemExit on every rank."""
+    kv, why = harness.create_store(args.design, args.timeout, hierarchical=hierarchical)
+    if why:
+        raise SystemExit(f'no store with hierarchical={hierarchical}: {why}')
+    return kv
 
 
 PAIRS = (('mpi:hier', 'mpi:flat'), ('mpi:leaders', 'mpi:flat'), ('kv:hier', 'kv:flat'))
@@ -68,7 +58,7 @@ def main():
     if not active:
         harness.rank0_print('the hierarchy does not apply here (one host, or one rank a '
                             'host): both columns measure flat MPI')
-    stores = {mode: create_store(args.design, mode) for mode in ('off', 'on')}
+    stores = {mode: create_store(args, mode) for mode in ('off', 'on')}
     rows = []
     for index, nbytes in enumerate(args.sizes):
         with harness.deadline(args.timeout, f'size {harness.format_size(nbytes)}'):
