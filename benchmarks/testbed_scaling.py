@@ -26,11 +26,6 @@ import testbed
 from benchmarks import harness, report
 
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'testbed')
-DEFAULT_RATES = '1gbit,3gbit,10gbit'
-DEFAULT_RANKS = '1,2,4'
-DEFAULT_MODELS = 'resnet18_v1'
-DEFAULT_WARMUPS, DEFAULT_STEPS = 2, 8
-DEFAULT_RAW_SIZES = '4K,64K,1M,4M,16M,43M'
 QUICK = {'rates': '3gbit', 'ranks': '1,2', 'designs': 'funneled,blocking', 'warmups': 1,
          'steps': 2, 'batch_size': 16}
 HOSTS = 2                   # every multi-rank job spans two hosts
@@ -44,30 +39,27 @@ def parse_args(argv=None):
     parser = harness.parser(__doc__)
     add = parser.add_argument
     add('--quick', action='store_true', help=f'a smoke run: {QUICK} (explicit options win)')
-    add('--rates', help=f'comma-separated link rates (default {DEFAULT_RATES})')
-    add('--ranks', help=f'1: one host alone; N > 1: N/2 ranks on each of 2 hosts (default {DEFAULT_RANKS})')
-    add('--models', help=f'scaling.py models (default {DEFAULT_MODELS})')
+    add('--rates', default='1gbit,3gbit,10gbit', help='comma-separated link rates')
+    add('--ranks', default='1,2,4', help='1: one host alone; N > 1: N/2 ranks on each of 2 hosts')
+    add('--models', default='resnet18_v1', help='scaling.py models')
     add('--designs', help="scaling.py's (default: every design)")
     add('--trainer-designs', help="scaling.py's, e.g. 'chained,funneled+group_bytes=0'")
-    add('--warmup-steps', dest='warmups', type=int, help=f'untimed rounds (default {DEFAULT_WARMUPS})')
-    add('--steps', type=int, help=f'timed rounds per job (default {DEFAULT_STEPS})')
+    add('--warmup-steps', dest='warmups', type=int, default=2, help='untimed rounds')
+    add('--steps', type=int, default=8, help='timed rounds per job')
     add('--batch-size', type=int, help="images per rank per step (default: scaling.py's)")
     add('--steps-per-round', type=int, default=1, help="scaling.py's")
     add('--step-timeout', type=float, default=300.0, help="seconds a step may take (scaling.py's --timeout)")
     add('--run-timeout', type=float, help='seconds a job may take (default: from the rounds, >= 600)')
-    add('--raw-sizes', default=DEFAULT_RAW_SIZES,
+    add('--raw-sizes', default='4K,64K,1M,4M,16M,43M',
         help="raw MPI Allreduce sizes timed in each job (scaling.py --raw-allreduce; 'none': none)")
     add('--out', default=DEFAULT_OUT, help='results folder')
     add('--report-only', action='store_true', help='rebuild the table and plot from --out')
     args = parser.parse_args(argv)
-    quick = QUICK if args.quick else {}
-    args.rates = harness.names(args.rates or quick.get('rates') or DEFAULT_RATES)
-    args.ranks = [int(r) for r in harness.names(args.ranks or quick.get('ranks') or DEFAULT_RANKS)]
-    args.models = args.models or DEFAULT_MODELS
-    args.designs = args.designs or quick.get('designs')
-    args.warmups = args.warmups if args.warmups is not None else quick.get('warmups', DEFAULT_WARMUPS)
-    args.steps = args.steps if args.steps is not None else quick.get('steps', DEFAULT_STEPS)
-    args.batch_size = args.batch_size or quick.get('batch_size')
+    if args.quick:              # QUICK's values become the defaults; explicit options win
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args(argv)
+    args.rates = harness.names(args.rates)
+    args.ranks = [int(r) for r in harness.names(args.ranks)]
     for rate in args.rates:
         testbed.parse_rate(rate)            # raises on a bad rate before anything starts
     bad = [r for r in args.ranks if r < 1 or (r > 1 and r % HOSTS)]
@@ -104,11 +96,8 @@ class Job:
 
 
 def grid(args):
-    jobs = []
-    for ranks in args.ranks:
-        for rate in ([None] if ranks == 1 else args.rates):
-            jobs.append(Job(ranks, rate))
-    return jobs
+    return [Job(ranks, rate) for ranks in args.ranks
+            for rate in ([None] if ranks == 1 else args.rates)]
 
 
 def scaling_argv(args, job, out_dir):
@@ -199,11 +188,9 @@ def load(record, name):
 
 
 def combine(args, records, started_at, elapsed):
-    jobs = []
-    for record in records:
-        jobs.append(dict(record, scaling=load(record, 'scaling')))
+    jobs = [dict(record, scaling=load(record, 'scaling')) for record in records]
     combined = {'benchmark': 'testbed_scaling', 'time': started_at, 'elapsed_s': elapsed,
-                'config': {k: v for k, v in vars(args).items()}, 'hosts': HOSTS,
+                'config': dict(vars(args)), 'hosts': HOSTS,
                 'testbed': {'transport': testbed.TCP_ENV, 'shaping': 'tbf, both directions, '
                             'bucket 2 ms at the rate, queue 20 ms; no added delay'},
                 'dist_sync': 'not run here (--no-dist-sync): benchmarks/overlap.py compares it '
