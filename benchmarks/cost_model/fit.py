@@ -109,7 +109,7 @@ def raw_points(job):
 
 
 def calibrate(files):
-    """Fit from testbed_scaling.py jsons (see the module docstring)."""
+    """Fit from testbed_scaling.py jsons (docs/cost-model.md#calibration)."""
     cal = Calibration()
     jobs = [job for combined in files for job in combined.get('jobs', [])]
     for job in jobs:

@@ -1,5 +1,5 @@
 """The cost model's formulas: the network, the store, a training step, and the prediction
-at scale (the package docstring says what they model)."""
+at scale (docs/cost-model.md says what they model)."""
 import argparse
 import math
 
@@ -44,7 +44,7 @@ def _log2(x):
 
 
 def allreduce_flat(n, topo):
-    """MPICH's reduce-scatter + allgather, hosts' ranks in blocks (see the module docstring)."""
+    """MPICH's reduce-scatter + allgather, hosts' ranks in blocks (docs/cost-model.md)."""
     p, k, h = topo.p, topo.k, topo.h
     if p == 1 or n == 0:
         return 0.0
@@ -120,8 +120,8 @@ def exchange_time(sizes, allreduce, store):
 
 
 def step_time(compute, sizes, allreduce, store, overlap=0.0, fwd_share=1 / 3):
-    """A training step: compute plus what of the exchange backward does not hide (module
-    docstring). Returns (step seconds, exposed communication seconds, collectives)."""
+    """A training step: compute plus what of the exchange backward does not hide
+    (docs/cost-model.md). Returns (step seconds, exposed communication seconds, collectives)."""
     forward = fwd_share * compute
     backward = compute - forward
     n = len(sizes)
