@@ -73,7 +73,7 @@ class _Recorder:
 def test_the_reducer_takes_the_route(monkeypatch, place, device_shares, codec, calls):
     """Reducer.reduce_scatter on a two-rank bucket; the device scope (CuPy's device and
     stream) is replaced by the host's, which is all a GPU-less machine can run."""
-    monkeypatch.setattr(reduce_mod, '_scope', lambda bucket, comm: contextlib.nullcontext())
+    monkeypatch.setattr(reduce_mod, '_scope', lambda bucket, comm, op='allreduce': contextlib.nullcontext())
     fake = _Recorder(device_shares)
     reqs = _bucket(place, 'none')
     for req in reqs:
@@ -97,12 +97,12 @@ class _DeviceComm:
         self.transport, self.asked, self.routed = transport, [], []
         self.router = types.SimpleNamespace(run=self._run)
 
-    def device_transport(self, device, nbytes):
-        self.asked.append((device, nbytes))
+    def device_transport(self, device, nbytes, op='allreduce'):
+        self.asked.append((device, nbytes, op))
         return self.transport
 
-    def _run(self, buf, fn, *more):
-        self.routed.append(buf)
+    def _run(self, buf, fn, *more, op='allreduce', nbytes=None):
+        self.routed.append((buf, op, nbytes))
         fn(self.transport, buf, *more)
 
 
@@ -117,7 +117,7 @@ def test_device_pieces_take_the_transport_of_the_buckets_size():
     comm = _DeviceComm(_Transport(0))
     before = debug.snapshot()
     buckets.alltoall(comm, send, recv, 4000)
-    assert comm.asked == [(0, 4000)] and comm.transport.calls == [(send, recv)]
+    assert comm.asked == [(0, 4000, 'alltoall')] and comm.transport.calls == [(send, recv)]
     assert comm.routed == [] and debug.since(before, 'transport') == {'fake': 1}
 
 
@@ -125,7 +125,7 @@ def test_device_pieces_on_another_device_go_through_the_router():
     send, recv = _on_device(1), _on_device(1)
     comm = _DeviceComm(_Transport(0))
     buckets.alltoall(comm, send, recv, 4000)
-    assert comm.routed == [send] and comm.transport.calls == [(send, recv)]
+    assert comm.routed == [(send, 'alltoall', 4000)] and comm.transport.calls == [(send, recv)]
 
 
 def test_host_pieces_take_mpi_alltoall():

@@ -240,7 +240,7 @@ def test_tune_table_chooses_by_the_nearer_measured_size_in_log_scale():
 
 def test_tune_picks_a_gpu_transport_per_size_only_by_the_margin():
     """auto's transport stays unless another is 3% faster (closer is noise)."""
-    from mpi_kvstore.cli.tune import _pick_device
+    from mpi_kvstore.cli.tune_device import pick as _pick_device
     from mpi_kvstore.comm.tuning import Table
     assert _pick_device({'nccl': 1.0, 'staged': 0.98}, 'nccl') == 'nccl'
     assert _pick_device({'nccl': 1.0, 'staged': 0.96}, 'nccl') == 'staged'
@@ -379,7 +379,7 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
             fake.events.append(('finish', fake.current[-1]))
 
     class Comm:
-        def device_transport(self, device, nbytes):
+        def device_transport(self, device, nbytes, op='allreduce'):
             return Transport()
 
         def allreduce(self, buf):

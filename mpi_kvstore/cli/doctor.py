@@ -122,12 +122,25 @@ def _tune_table(config):
             '%s %s%s' % (_bytes(n), c.algorithm, '' if c.chunk_bytes is None
                          else ' (chunks of %s)' % _bytes(c.chunk_bytes))
             for n, c in zip(rows.sizes, rows.values))))
-    if table.device is not None:
-        lines.append('  GPU buffers:    ' + ', '.join(
-            '%s %s' % (_bytes(n), name) for n, name in zip(table.device.sizes,
-                                                          table.device.values))
-            + (' (gpu_transport=%s wins)' % config.gpu_transport
-               if config.gpu_transport != 'auto' else ''))
+    if table.device is not None or table.device_ops:
+        lines += _device_rows(config, table)
+    return lines
+
+
+def _device_rows(config, table):
+    """The table's GPU transport by size: allreduce's ``device`` rows, then each other
+    op's ``device_ops`` rows (an op without them takes allreduce's)."""
+    def shown(rows):
+        return ', '.join('%s %s' % (_bytes(n), name) for n, name in zip(rows.sizes, rows.values))
+    wins = (' (gpu_transport=%s wins)' % config.gpu_transport
+            if config.gpu_transport != 'auto' else '')
+    allreduce = ("none (gpu_transport's choice)" if table.device is None
+                 else shown(table.device))
+    lines = ['  GPU allreduce:  ' + allreduce + wins]
+    for op in OPS:
+        rows = table.device_ops.get(op)
+        lines.append('  %-15s ' % ('GPU %s:' % op) + (
+            'as allreduce' if rows is None else shown(rows) + wins))
     return lines
 
 

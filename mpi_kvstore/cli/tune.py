@@ -11,16 +11,18 @@ Per size, on host float32 buffers, every algorithm this job can run:
                 more than one);
 and, reported but never chosen (they change the numbers), the fp16 and bf16 wire casts of
 compression/ (compressed once and as a ring). Where every rank has a GPU, each GPU
-transport every rank can use (transports/) is timed on CuPy buffers too (``device_ms``),
-and the table's ``device`` rows keep, per size, the one gpu_transport=auto would take
-unless another is faster by the margin.
+transport every rank can use (transports/) is timed on CuPy buffers too (tune_device.py:
+``device_ms``), and the table's ``device`` rows keep, per size, the one gpu_transport=auto
+would take unless another is faster by the margin.
 Then, on host buffers of the same sizes, each other collective (tuning.OPS) across its
 algorithms: broadcast flat (one MPI_Bcast), pipelined and chain in chunks of 256 KB, 1 MB
 and 4 MB (those smaller than the buffer), and through the hosts (whole, and in those
 chunks) where the hierarchy applies; allgather and reduce-scatter by MPI, and through the
 hosts where every host runs as many ranks; alltoall by MPI. Each size keeps MPI's own
-(flat) unless another is faster by the margin; these become the table's ``ops`` rows. Their
-device buffers keep their transport's own collective (not timed).
+(flat) unless another is faster by the margin; these become the table's ``ops`` rows. Where
+every rank has a GPU, each other collective runs through each GPU transport on CuPy buffers
+too (``device_ops_ms``), and the table's ``device_ops`` rows keep each size's transport by
+the same rule as allreduce's.
 The table keeps the fastest lossless algorithm per size; a second pass times the table's
 dispatch against every single algorithm (and every single GPU transport), in the same
 run, and prints how far from the best each size is.
@@ -36,14 +38,15 @@ import time
 import numpy as np
 
 from .. import compression
-from ..comm import broadcast, transports
+from ..comm import broadcast
 from ..comm.fusion import pieces
 from ..comm.host import Comm
 from ..comm.mpiabi import MPI
 from ..comm.tuning import LOSSLESS, LOSSY, OPS, Table
 from ..config import format_bytes, parse_bytes
-from ..errors import ConfigError
 from ..launch.console import HelpFormatter, console, to_stdout
+from . import tune_device
+from .tune_device import MARGIN  # one margin for host and device picks
 
 __all__ = ['main']
 
@@ -105,9 +108,8 @@ def _runners(comm, hier, buf):
 
 # Below this size every algorithm is timed SMALL_TRIALS times as often.
 SMALL_BYTES, SMALL_TRIALS = 256 << 10, 8
-# Another algorithm replaces MPI_Allreduce only where it is this much faster: closer than
-# that, a pick is noise (docs/tuning.md).
-MARGIN = 0.97
+# Another algorithm replaces MPI_Allreduce only where it is this much faster (MARGIN):
+# closer than that, a pick is noise (docs/tuning.md).
 
 
 def _pick(times):
@@ -115,91 +117,6 @@ def _pick(times):
     lossless = {name: t for name, t in times.items() if name in LOSSLESS}
     fastest = min(lossless, key=lossless.get)
     return fastest if lossless[fastest] < MARGIN * lossless['mpi'] else 'mpi'
-
-
-def _gpu_present():
-    """Every rank sees a GPU through CuPy (agreed, so every rank times device buffers or
-    none does)."""
-    try:
-        import cupy  # CuPy only where a GPU is used
-        mine = int(cupy.cuda.runtime.getDeviceCount() > 0)
-    except Exception:
-        mine = 0
-    return bool(MPI.COMM_WORLD.allreduce(mine, op=MPI.MIN))
-
-
-def _device_transports(comm, say):
-    """Collective: every GPU transport that every rank can use (transports.decide's rules),
-    built, and the one gpu_transport=auto would take. -> ({name: Transport}, default)"""
-    import cupy  # CuPy only where a GPU is used
-    device = comm.rank % cupy.cuda.runtime.getDeviceCount()
-    usable, shared = transports.agreed(comm, device)
-    runnable = []
-    for name in transports.REGISTRY:
-        try:
-            runnable.append(transports.decide(name, usable, shared, concurrent=False))
-        except ConfigError as err:
-            say('GPU transport %s not timed: %s' % (name, err))
-    default = transports.decide('auto', usable, shared, concurrent=False)
-    return {name: transports.REGISTRY[name](comm, device) for name in runnable}, default
-
-
-def _device_buffer(transport, nbytes):
-    import cupy  # CuPy only where a GPU is used
-    with cupy.cuda.Device(transport.device):
-        return cupy.zeros(max(nbytes // 4, 1), cupy.float32)
-
-
-def _on(transport, buf):
-    """One allreduce of a device buffer through ``transport``, finished."""
-    with transport.scope():
-        transport.allreduce(buf)
-        transport.finish()
-
-
-def _device_times(comm, made, sizes, trials, say):
-    """Each built GPU transport timed on CuPy float32 buffers per size. -> {size: {name: ms}}"""
-    found = {}
-    for nbytes in sizes:
-        buf = _device_buffer(next(iter(made.values())), nbytes)
-        fns = {name: (lambda t=t, buf=buf: _on(t, buf)) for name, t in made.items()}
-        times = _interleaved(comm, fns, trials)
-        found[str(nbytes)] = {name: t * 1e3 for name, t in times.items()}
-        say('%10d B  GPU  ' % nbytes + '  '.join('%s %.3f ms' % (n, t * 1e3)
-                                                 for n, t in times.items()))
-    return found
-
-
-def _pick_device(times_ms, default):
-    """The GPU transport for one size: ``default`` (gpu_transport=auto's) unless another is
-    faster by the margin."""
-    fastest = min(times_ms, key=times_ms.get)
-    return fastest if times_ms[fastest] < MARGIN * times_ms[default] else default
-
-
-def _device_check(comm, tuned, made, sizes, trials, say):
-    """The table's device dispatch (a Comm with the table) against each single transport,
-    in pairs, as the host check. -> the slowest size's ratio to its best single transport"""
-    worst = 0.0
-    for nbytes in sizes:
-        buf = _device_buffer(next(iter(made.values())), nbytes)
-
-        def table_run(buf=buf):
-            tuned.allreduce(buf)
-            buf.device.synchronize()
-        mine, singles = {}, {}
-        for name, transport in made.items():
-            paired = _interleaved(comm, {'table': table_run,
-                                         name: lambda t=transport, buf=buf: _on(t, buf)},
-                                    trials)
-            mine[name], singles[name] = paired['table'], paired[name]
-        best = min(singles, key=singles.get)
-        ratio = mine[best] / singles[best]
-        worst = max(worst, ratio)
-        say('%10d B  GPU  table (%s) %.3f ms, best single (%s) %.3f ms: %.2fx'
-            % (nbytes, tuned.device_transport(buf.device.id, buf.nbytes).name,
-               mine[best] * 1e3, best, singles[best] * 1e3, ratio))
-    return worst
 
 
 # Chunk sizes that broadcast's chunked algorithms are timed with (below the buffer's size).
@@ -325,15 +242,14 @@ def main(argv=None):
             '%s %.3f ms (%.3f-%.3f)%s' % (n, t * 1e3, spread[n][0] * 1e3, spread[n][1] * 1e3,
                                           ' *' if n == best else '')
             for n, t in times.items()))
-    made, default, device_ms, device_rows = {}, None, {}, None
-    if _gpu_present():
-        made, default = _device_transports(comm, say)
-        device_ms = _device_times(comm, made, sizes, args.trials, say)
-        device_rows = [(n, _pick_device(device_ms[str(n)], default)) for n in sizes]
-        say('GPU transports chosen by size (gpu_transport=auto would take %s): %s'
-            % (default, ', '.join('%d B %s' % row for row in device_rows)))
+    made, device_ms, device_rows, device_ops, device_ops_ms = {}, {}, None, None, {}
+    if tune_device.present():
+        made, default = tune_device.built(comm, say)
+        timing = (sizes, args.trials, _interleaved, say)
+        device_rows, device_ms = tune_device.allreduce_rows(comm, made, default, *timing)
+        device_ops, device_ops_ms = tune_device.ops_rows(comm, made, default, *timing)
     ops, ops_ms = _ops_rows(comm, hier, sizes, args.trials, say)
-    table = Table(sizes, chosen, world.Get_size(), device_rows, ops=ops)
+    table = Table(sizes, chosen, world.Get_size(), device_rows, ops=ops, device_ops=device_ops)
     # The table's dispatch against each single algorithm, timed again in this run.
     tuned = Comm(world, 'on' if table.needs_hierarchy else 'off', table=table)
     say('check: the table against the best single lossless algorithm, each timed again in '
@@ -356,14 +272,15 @@ def main(argv=None):
                ratio))
     say('slowest size against its best single algorithm: %.2fx (target <= 1.05x)' % worst)
     if made:
-        worst_device = _device_check(comm, tuned, made, sizes, 3 * args.trials, say)
+        worst_device = tune_device.check(comm, tuned, made, sizes, 3 * args.trials,
+                                         _interleaved, say)
         say('slowest size against its best single GPU transport: %.2fx (target <= 1.05x)'
             % worst_device)
         worst = max(worst, worst_device)
     if world.Get_rank() == 0:
         with open(args.out, 'w') as fh:
-            json.dump(dict(table.to_json(measured), device_ms=device_ms, ops_ms=ops_ms), fh,
-                      indent=1)
+            json.dump(dict(table.to_json(measured), device_ms=device_ms, ops_ms=ops_ms,
+                           device_ops_ms=device_ops_ms), fh, indent=1)
         say('table written to %s: use it with tune_table=%s (MPI_KVSTORE_TUNE_TABLE)'
             % (args.out, args.out))
     for transport in made.values():

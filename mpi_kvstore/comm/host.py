@@ -55,7 +55,8 @@ class Comm:
         self.handle = handle(self.mpi)   # for native ops
         self._scratch = BufferPool()     # the piece buffer of reduce-scatter
         self.router = DeviceRouter(self, gpu_transport,
-                                   table.device if table is not None else None, concurrent)
+                                   table.device if table is not None else None, concurrent,
+                                   table.device_ops if table is not None else None)
         if table is not None and table.needs_hierarchy and hierarchical == 'auto':
             hierarchical = 'on'   # the table sends some sizes through the hosts
         try:
@@ -76,9 +77,10 @@ class Comm:
         return self.hierarchy.active and self.hierarchy.uniform
 
     # -- device buffers --------------------------------------------------------
-    def device_transport(self, device, nbytes=None):
-        """The transport for a device buffer of ``nbytes`` (collective on first use)."""
-        return self.router.transport(device, nbytes)
+    def device_transport(self, device, nbytes=None, op='allreduce'):
+        """The transport for a device buffer of ``nbytes`` in collective ``op`` ('allreduce'
+        or a key of tuning.OPS: the table's rows for it; collective on first use)."""
+        return self.router.transport(device, nbytes, op)
 
     # -- collectives -----------------------------------------------------------
     def _algorithm(self, nbytes):
@@ -97,13 +99,13 @@ class Comm:
         self._route(buf, lambda transport, data: transport.allreduce(data, algorithm),
                     lambda data: self.allreduce_host(data, algorithm))
 
-    def _route(self, buf, on_device, on_host):
-        """``on_device(transport, data)`` for a device buffer, through its transport;
-        ``on_host(buf)`` for a host one; nothing at one rank."""
+    def _route(self, buf, on_device, on_host, op='allreduce'):
+        """``on_device(transport, data)`` for a device buffer, through the transport of its
+        size in ``op``; ``on_host(buf)`` for a host one; nothing at one rank."""
         if self.size == 1:
             return
         if _is_device(buf):
-            self.router.run(buf, on_device)
+            self.router.run(buf, on_device, op=op)
         else:
             on_host(buf)
 
@@ -135,7 +137,7 @@ class Comm:
 
     def bcast(self, buf, root):
         self._route(buf, lambda transport, data: transport.bcast(data, root),
-                    lambda data: self.bcast_host(data, root))
+                    lambda data: self.bcast_host(data, root), 'broadcast')
 
     def bcast_host(self, data, root):
         self._broadcast(data, root)
@@ -159,8 +161,17 @@ class Comm:
         order."""
         self._polled(self.mpi.Iallgather, self.mpi.Allgather, send, recv)
 
-    def alltoall(self, send, recv):
-        """Chunk j of ``send`` to rank j; chunk i of ``recv`` from rank i (host buffers)."""
+    def alltoall(self, send, recv, nbytes=None):
+        """Chunk j of ``send`` to rank j; chunk i of ``recv`` from rank i. Device buffers go
+        through the transport the table's alltoall rows give ``nbytes`` (an agreed size;
+        default ``send.nbytes``)."""
+        if _is_device(send):
+            if self.size == 1:
+                recv[...] = send
+            else:
+                self.router.run(send, lambda transport, data, into: transport.alltoall(data, into),
+                                recv, op='alltoall', nbytes=nbytes)
+            return
         self._polled(self.mpi.Ialltoall, self.mpi.Alltoall, send, recv)
 
     def _polled(self, start, blocking, *args):
@@ -180,7 +191,8 @@ class Comm:
                 recv[...] = send[:recv.size]
             else:
                 self.router.run(send, lambda transport, data, into:
-                                transport.reduce_scatter(data, into, counts), recv)
+                                transport.reduce_scatter(data, into, counts), recv,
+                                op='reducescatter')
             return
         if self._shares_through_hosts('reducescatter', send.nbytes):
             debug.count('algorithm', 'hierarchical reducescatter')
@@ -202,7 +214,7 @@ class Comm:
         if _is_device(buf):
             if self.size > 1:
                 self.router.run(buf, lambda transport, data:
-                                transport.allgather(data, counts, displs))
+                                transport.allgather(data, counts, displs), op='allgather')
             return
         if self._shares_through_hosts('allgather', buf.itemsize * sum(counts)):
             debug.count('algorithm', 'hierarchical allgather')

@@ -69,7 +69,7 @@ class Reducer:
     def bcast(self, req, comm):
         if self.size == 1:
             return
-        with _scope([req], comm) as device:
+        with _scope([req], comm, 'broadcast') as device:
             _zeros_in_place([req], device)
             comm.bcast(req.buffer(), req.root)
 
@@ -86,10 +86,13 @@ class Reducer:
         """
         if self.size == 1:
             return
-        if shares_route(bucket) == 'allreduce':
+        route = shares_route(bucket)
+        if route == 'allreduce':
             self.allreduce(bucket, comm)
             return
-        with _scope(bucket, comm) as device:   # nothing for a host bucket
+        # a codec's device shares travel by all-to-all (compression.buckets.alltoall)
+        op = 'alltoall' if route == 'coded' else 'reducescatter'
+        with _scope(bucket, comm, op) as device:   # nothing for a host bucket
             _zeros_in_place(bucket, device)
             self._reduce_scatter(bucket, comm)
 
@@ -127,7 +130,7 @@ class Reducer:
         if self.size == 1:
             return
         if bucket[0].place != 'cpu':   # through the transport, on its stream
-            with _scope(bucket, comm) as device:
+            with _scope(bucket, comm, 'allgather') as device:
                 _zeros_in_place(bucket, device)
                 self._allgather(bucket, comm)
             return
@@ -249,18 +252,20 @@ def device_of(bucket):
 
 
 @contextlib.contextmanager
-def _scope(bucket, comm):
-    """Host bucket: nothing (yields None). Device bucket: its device current, the
-    transport's stream current where the transport is on that device (else a stream of
-    the device's own, synchronised before the collective), and every queued operation
-    finished on the way out, failed or not. Yields the device id."""
+def _scope(bucket, comm, op='allreduce'):
+    """Host bucket: nothing (yields None). Device bucket: its device current, the stream
+    of the transport that ``op`` takes for the bucket's size current where that transport
+    is on that device (else a stream of the device's own, synchronised before the
+    collective), and every queued operation finished on the way out, failed or not.
+    Yields the device id."""
     if bucket[0].place == 'cpu':
         yield None
         return
     import cupy  # optional dependency, loaded where used
     device = device_of(bucket)
-    # by the bucket's agreed size: the transport its collective will take (tune's table)
-    transport = comm.device_transport(device, sum(r.nbytes for r in bucket))
+    # by the bucket's agreed op and size: the transport its collective will take (tune's
+    # table), so the work queued here is ordered on that transport's stream
+    transport = comm.device_transport(device, sum(r.nbytes for r in bucket), op)
     with cupy.cuda.Device(device):
         own = transport.device == device
         stream = transport.stream if own else _stream(device)

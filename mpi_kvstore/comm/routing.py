@@ -3,10 +3,12 @@
 At the first device collective the ranks agree which transports every rank can use
 (transports.agreed), pick the one ``gpu_transport`` names (under 'auto' the first that
 runs, transports.decide), and build it, with every transport a tune table's device rows
-name for some size. Every rank reaches that collective at the same point of the sequence
+name for some size (the allreduce's ``device`` rows, and each other collective's
+``device_ops`` rows, which its device buffers take: an op without them takes the
+allreduce's). Every rank reaches that collective at the same point of the sequence
 (a collective's place is in its agreed signature; a rank that failed to read its array
 sends zeros on its own device, reduce.py). Afterwards a size's transport is a pure
-function of the agreed size, the same on every rank. Built once per communicator, so no
+function of the agreed op and size, the same on every rank. Built once per communicator, so no
 rank builds one that another does not: a buffer on another device of this rank goes
 through a copy on the transports' device.
 """
@@ -27,28 +29,32 @@ class DeviceRouter:
 
     ``gpu_transport``: an option value, 'auto' or a transport's name; ``rows``: a tune
     table's device rows (tuning.BySize of transport names) or None; ``concurrent``: the
-    communicator runs beside others at once (the concurrent design)."""
+    communicator runs beside others at once (the concurrent design); ``op_rows``: the
+    table's device_ops ({op: BySize of transport names})."""
 
-    def __init__(self, comm, gpu_transport='auto', rows=None, concurrent=False):
+    def __init__(self, comm, gpu_transport='auto', rows=None, concurrent=False, op_rows=None):
         self._comm = comm
         self.gpu_transport = gpu_transport
         self._rows = rows
+        self._op_rows = op_rows or {}
         self._concurrent = concurrent
         self.chosen = None       # the agreed default transport's name, once chosen
         self.built = {}          # name -> transports.Transport, once agreed
-        self._by_size = None     # nbytes -> name, from the table's device rows
+        self._by_size = {}       # op -> (nbytes -> name), from the table's device rows
         self._last = None        # the transport of the last device collective
 
-    def transport(self, device, nbytes=None):
-        """The transport for a device buffer of ``nbytes`` on ``device`` (collective on
-        first use). Where it differs from the last one handed out, its stream waits for
-        that one's (Transport.follow)."""
+    def transport(self, device, nbytes=None, op='allreduce'):
+        """The transport for a device buffer of ``nbytes`` on ``device`` in collective
+        ``op`` ('allreduce' or a key of tuning.OPS; collective on first use). Where it
+        differs from the last one handed out, its stream waits for that one's
+        (Transport.follow)."""
         if not self.built:
             self._agree(device)
-        if nbytes is None or self._by_size is None:
+        by_size = self._by_size.get(op, self._by_size.get('allreduce'))
+        if nbytes is None or by_size is None:
             found = self.built[self.chosen]
         else:
-            found = self.built[self._by_size(nbytes)]
+            found = self.built[by_size(nbytes)]
         if self._last is not found:
             if self._last is not None:
                 found.follow(self._last)
@@ -60,10 +66,12 @@ class DeviceRouter:
         usable, shared = transports.agreed(comm, device)
         self.chosen = transports.decide(self.gpu_transport, usable, shared, self._concurrent)
         wanted = {self.chosen}
-        if self._rows is not None and self.gpu_transport == 'auto':
-            names = [self._runnable(name, usable, shared) for name in self._rows.values]
-            wanted.update(names)
-            self._by_size = BySize(self._rows.sizes, names)
+        tables = dict(self._op_rows, allreduce=self._rows)
+        for op, rows in tables.items():
+            if rows is not None and self.gpu_transport == 'auto':
+                names = [self._runnable(name, usable, shared) for name in rows.values]
+                wanted.update(names)
+                self._by_size[op] = BySize(rows.sizes, names)
         for name in transports.REGISTRY:   # one order on every rank: constructors may be collective
             if name in wanted:
                 self.built[name] = transports.REGISTRY[name](comm, device)
@@ -83,11 +91,13 @@ class DeviceRouter:
             return self.chosen
         return name
 
-    def run(self, buf, fn, *more):
+    def run(self, buf, fn, *more, op='allreduce', nbytes=None):
         """``fn(transport, buf, *more)`` for a device buffer (and ``more`` buffers on its
-        device: a reduce-scatter's result), through copies on the transport's device where
-        ``buf`` is on another device of this rank."""
-        transport = self.transport(buf.device.id, buf.nbytes)
+        device: a reduce-scatter's result) in collective ``op``, through the transport that
+        ``nbytes`` (the agreed size; default ``buf.nbytes``) takes, through copies on the
+        transport's device where ``buf`` is on another device of this rank."""
+        transport = self.transport(buf.device.id, buf.nbytes if nbytes is None else nbytes,
+                                   op)
         debug.count('transport', transport.name)
         if buf.device.id == transport.device:
             fn(transport, buf, *more)

@@ -9,6 +9,8 @@ size): the ranks always make the same calls. A table measured on another number 
 is ignored, with a warning. Between measured sizes the nearer one (in log scale) decides.
 Besides allreduce, a table may hold rows for the other collectives (:data:`OPS`); an op
 without rows keeps the store's own choice, so tables written before those rows still load.
+Their device buffers may have rows too (``device_ops``: op -> sizes -> GPU transport); an op
+without them takes the allreduce's ``device`` rows, or gpu_transport's choice.
 docs/tuning.md shows the format and how the mixed GPU transports hand over.
 """
 import bisect
@@ -76,9 +78,11 @@ class Table:
     which GPU transport a device buffer of each size takes (``device``: a list of
     (bytes, transport name), as tune measured where every rank had a GPU) and which
     algorithm each other collective takes (``ops``: {op of OPS: [(bytes, algorithm,
-    chunk_bytes or None)]})."""
+    chunk_bytes or None)]}) and which GPU transport each other collective's device buffers
+    take (``device_ops``: {op of OPS: [(bytes, transport name)]}, sizes increasing)."""
 
-    def __init__(self, sizes, backends, comm_size, device=None, schedule=None, ops=None):
+    def __init__(self, sizes, backends, comm_size, device=None, schedule=None, ops=None,
+                 device_ops=None):
         if len(sizes) != len(backends) or not sizes:
             raise ValueError('a tune table needs one algorithm per size')
         bad = [b for b in backends if b not in LOSSLESS]
@@ -100,6 +104,10 @@ class Table:
         # op -> BySize of Choice: the rows of the other collectives (OPS); an op left out
         # keeps the store's own choice
         self.ops = {op: _op_rows(op, rows) for op, rows in (ops or {}).items()}
+        # op -> BySize of transport names: the other collectives' device rows; an op left
+        # out takes the allreduce's device rows (routing.DeviceRouter)
+        self.device_ops = {op: _device_op_rows(op, rows)
+                           for op, rows in (device_ops or {}).items()}
 
     def choose(self, nbytes):
         """The algorithm for an allreduce of nbytes (identical on every rank)."""
@@ -108,6 +116,14 @@ class Table:
     def choose_device(self, nbytes):
         """The GPU transport the table measured fastest for nbytes, or None (no device rows)."""
         return None if self.device is None else self.device(nbytes)
+
+    def choose_device_op(self, op, nbytes):
+        """The GPU transport for a device buffer of nbytes in ``op`` (a key of OPS), or None
+        where the table has no device rows for ``op``."""
+        if op not in OPS:
+            raise ValueError('unknown collective %r (known: %s)' % (op, ', '.join(OPS)))
+        rows = self.device_ops.get(op)
+        return None if rows is None else rows(nbytes)
 
     def choose_op(self, op, nbytes):
         """The Choice for ``op`` (a key of OPS) on nbytes, identical on every rank; None
@@ -139,6 +155,10 @@ class Table:
                                            if c.chunk_bytes is not None else {}))
                                    for s, c in zip(rows.sizes, rows.values)]
                               for op, rows in self.ops.items()}
+        if self.device_ops:
+            payload['device_ops'] = {op: [{'bytes': s, 'transport': t}
+                                          for s, t in zip(rows.sizes, rows.values)]
+                                     for op, rows in self.device_ops.items()}
         return payload
 
     @classmethod
@@ -153,7 +173,45 @@ class Table:
         ops = {op: [(r['bytes'], r['algorithm'], r.get('chunk_bytes')) for r in op_rows]
                for op, op_rows in ops.items()}
         return cls([r['bytes'] for r in rows], [r['algorithm'] for r in rows],
-                   payload['comm_size'], device, payload.get('schedule'), ops)
+                   payload['comm_size'], device, payload.get('schedule'), ops,
+                   _device_ops_json(payload.get('device_ops') or {}))
+
+
+def _device_ops_json(device_ops):
+    """The JSON's device_ops ({op: [{bytes, transport}]}) as Table takes them, checked for
+    shape (their content: _device_op_rows)."""
+    if not isinstance(device_ops, dict):
+        raise ValueError('device_ops must be an object of %s, not %r'
+                         % (', '.join(OPS), device_ops))
+    found = {}
+    for op, rows in device_ops.items():
+        if not isinstance(rows, list) or not all(
+                isinstance(r, dict) and {'bytes', 'transport'} <= set(r) for r in rows):
+            raise ValueError('device_ops %s: a list of {"bytes": ..., "transport": ...} rows '
+                             'is needed, not %r' % (op, rows))
+        found[op] = [(r['bytes'], r['transport']) for r in rows]
+    return found
+
+
+def _device_op_rows(op, rows):
+    """BySize of transport names from [(bytes, transport)] of ``op``, checked: a known op
+    and transport, sizes whole, >= 0 and increasing (rows out of order are a hand edit gone
+    wrong, not a measurement)."""
+    if op not in OPS:
+        raise ValueError('device_ops: unknown collective %r (known: %s)' % (op, ', '.join(OPS)))
+    if not rows:
+        raise ValueError('device_ops %s: a row per size is needed, not none' % op)
+    for i, (nbytes, name) in enumerate(rows):
+        if name not in REGISTRY:
+            raise ValueError('device_ops %s: unknown GPU transport %r at %r bytes (known: %s)'
+                             % (op, name, nbytes, ', '.join(REGISTRY)))
+        if not _count(nbytes):
+            raise ValueError('device_ops %s: bytes must be a whole number >= 0, not %r'
+                             % (op, nbytes))
+        if i and nbytes <= rows[i - 1][0]:
+            raise ValueError('device_ops %s: bytes must increase from row to row, but %d '
+                             'follows %d' % (op, nbytes, rows[i - 1][0]))
+    return BySize([int(n) for n, _ in rows], [name for _, name in rows])
 
 
 def _op_rows(op, rows):

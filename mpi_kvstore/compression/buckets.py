@@ -77,9 +77,10 @@ def alltoall(comm, send, recv, nbytes):
     if isinstance(send, np.ndarray):
         comm.alltoall(send, recv)
         return
-    transport = comm.device_transport(send.device.id, nbytes)
+    transport = comm.device_transport(send.device.id, nbytes, 'alltoall')
     if transport.device != send.device.id:
-        comm.router.run(send, lambda there, data, into: there.alltoall(data, into), recv)
+        comm.router.run(send, lambda there, data, into: there.alltoall(data, into), recv,
+                        op='alltoall', nbytes=nbytes)
         return
     debug.count('transport', transport.name)
     transport.alltoall(send, recv)

@@ -37,7 +37,7 @@ os.environ['MPI_KVSTORE_TUNE_TABLE'] = path
 text = '\n'.join(doctor.report())
 assert 'tune table:       %s, measured on %d ranks\n' % (path, SIZE) in text, text
 assert '  allreduce:      4K mpi, 16M rsag' in text, text
-assert '  GPU buffers:    4K nccl, 64M staged' in text, text
+assert '  GPU allreduce:  4K nccl, 64M staged' in text, text
 with open(path, 'w') as fh:
     fh.write('{"version": 1}')
 assert 'cannot be used: KeyError' in '\n'.join(doctor.report())
