@@ -104,3 +104,24 @@ def test_compressed_reduce_scatter_through_nccl():
     out = run_mpi(nprocs, 'gpu_compressed_shares.py', 'nccl', timeout=300)
     assert 'through nccl' in out, out[-3000:]
     assert 'gpu_compressed_shares[nccl]: OK at %d ranks' % nprocs in out, out[-3000:]
+
+
+@pytest.mark.parametrize('nprocs', [1, 2])
+def test_device_rows_for_every_collective(nprocs):
+    """tests/scenarios/gpu_tune_ops.py. At 1 rank: tune writes device rows for broadcast,
+    allgather, reducescatter and alltoall from the transports it timed (nccl and staged),
+    then a table's rows send small buffers of each op through NCCL and large ones through
+    staged, each result numpy's. At 2 ranks the store's path (a broadcast from rank 1):
+    on one GPU NCCL's rows give way to staged on every rank, with a warning."""
+    _require_gpu()
+    both = nprocs == 1 or _gpus() >= 2
+    expect = 'nccl+staged' if both else 'staged'
+    out = run_mpi(nprocs, 'gpu_tune_ops.py', expect, *(['tune'] if nprocs == 1 else []),
+                  timeout=300)
+    assert 'gpu_tune_ops[%s]: OK at %d ranks' % (expect, nprocs) in out, out[-3000:]
+    assert 'transport staged ran' in out, out[-3000:]
+    if nprocs == 1:
+        assert 'tune: device rows for broadcast, allgather, reducescatter, alltoall' in out, \
+            out[-3000:]
+    if not both:
+        assert 'sends some sizes through nccl, which cannot run here' in out, out[-3000:]

@@ -20,8 +20,6 @@ from mpi_kvstore.comm.transports.base import REGISTRY, Transport
 from mpi_kvstore.comm.tuning import OPS, Table
 from mpi_kvstore.errors import ConfigError
 
-pytestmark = pytest.mark.unit
-
 SMALL, LARGE = 4096, 64 << 20
 OLD = {'version': 1, 'comm_size': 2, 'measured_ms': {},
        'allreduce': [{'bytes': 4096, 'algorithm': 'mpi'}],
@@ -229,7 +227,8 @@ def stand_ins(monkeypatch):
     monkeypatch.setattr(transports, 'devices_shared', lambda comm, device: shared[0])
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Device=lambda device: contextlib.nullcontext()),
-        empty=lambda count, dtype: DeviceArray(np.empty(count, dtype)))
+        empty=lambda count, dtype: DeviceArray(np.empty(count, dtype)),
+        zeros=lambda count, dtype: DeviceArray(np.zeros(count, dtype)), float32=np.float32)
     monkeypatch.setitem(sys.modules, 'cupy', fake)
     RAN.clear()
     return shared
@@ -354,3 +353,27 @@ def test_a_device_buckets_stream_is_the_transport_that_runs_its_op(stand_ins, nb
         ('broadcast', want), ('reducescatter', want), ('allgather', want),
         ('allreduce', 'staged' if want == 'nccl' else 'nccl')], RAN
     assert all(name == current for _, name, _, current in RAN), RAN
+
+
+def test_tune_times_each_op_through_each_transport_and_keeps_auto_by_the_margin(stand_ins):
+    """cli/tune_device.ops_rows: every op of OPS runs through every built transport at every
+    size, on buffers of the size; a size keeps auto's transport (nccl here) unless another
+    is 3% faster. The timer is a stand-in that runs each candidate once."""
+    from mpi_kvstore.cli import tune_device
+    comm = types.SimpleNamespace(size=2, rank=0)
+    made = {name: REGISTRY[name](comm, 0) for name in ('nccl', 'staged')}
+    seconds = {SMALL: {'nccl': 1.0, 'staged': 0.98}, LARGE: {'nccl': 1.0, 'staged': 0.5}}
+
+    def interleaved(comm, fns, trials):
+        for run in fns.values():
+            run()
+        return dict(seconds[RAN[-1][2]])   # by the size the last run was handed
+    said = []
+    rows, measured = tune_device.ops_rows(comm, made, 'nccl', [SMALL, LARGE], 1, interleaved,
+                                          said.append)
+    assert rows == {op: [(SMALL, 'nccl'), (LARGE, 'staged')] for op in OPS}, rows
+    assert measured['alltoall'][str(LARGE)] == {'nccl': 1000.0, 'staged': 500.0}
+    ran = [(op, name, nbytes) for op, name, nbytes, _ in RAN]
+    assert ran == [(op, name, nbytes) for op in OPS for nbytes in (SMALL, LARGE)
+                   for name in ('nccl', 'staged')], ran
+    assert len(said) == 2 * len(OPS) and 'staged 500.000 ms *' in said[-1], said

@@ -164,7 +164,8 @@ class Comm:
     def alltoall(self, send, recv, nbytes=None):
         """Chunk j of ``send`` to rank j; chunk i of ``recv`` from rank i. Device buffers go
         through the transport the table's alltoall rows give ``nbytes`` (an agreed size;
-        default ``send.nbytes``)."""
+        default ``send.nbytes``), queued on its stream: the caller finishes that transport,
+        as reduce.py's scope does for a bucket."""
         if _is_device(send):
             if self.size == 1:
                 recv[...] = send

@@ -42,6 +42,7 @@ class DeviceRouter:
         self.built = {}          # name -> transports.Transport, once agreed
         self._by_size = {}       # op -> (nbytes -> name), from the table's device rows
         self._last = None        # the transport of the last device collective
+        self._warned = set()     # names of transports a row named that cannot run here
 
     def transport(self, device, nbytes=None, op='allreduce'):
         """The transport for a device buffer of ``nbytes`` on ``device`` in collective
@@ -85,7 +86,8 @@ class DeviceRouter:
         try:
             transports.decide(name, usable, shared, self._concurrent)
         except ConfigError as err:
-            if self._comm.rank == 0:
+            if self._comm.rank == 0 and name not in self._warned:   # once, not once per op
+                self._warned.add(name)
                 log.warning('mpi_kvstore: the tune table sends some sizes through %s, which '
                             'cannot run here (%s): %s takes them', name, err, self.chosen)
             return self.chosen
