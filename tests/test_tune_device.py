@@ -377,3 +377,11 @@ def test_tune_times_each_op_through_each_transport_and_keeps_auto_by_the_margin(
     assert ran == [(op, name, nbytes) for op in OPS for nbytes in (SMALL, LARGE)
                    for name in ('nccl', 'staged')], ran
     assert len(said) == 2 * len(OPS) and 'staged 500.000 ms *' in said[-1], said
+
+
+def test_tune_sorts_its_sizes_so_the_rows_it_writes_increase():
+    from mpi_kvstore.cli import tune
+    assert tune._sizes('1M,4K,1M,64K') == [4096, 65536, 1 << 20]
+    rows = [(n, 'staged') for n in tune._sizes('1M,4K,1M')]
+    assert Table([4], ['mpi'], 1, device_ops={'alltoall': rows}).choose_device_op(
+        'alltoall', 1) == 'staged'

@@ -52,14 +52,15 @@ __all__ = ['main']
 
 
 def _sizes(text):
-    """--sizes' type: '4K,64K,1M' -> [4096, 65536, 1048576]."""
+    """--sizes' type: '4K,64K,1M' -> [4096, 65536, 1048576], sorted and each once (a
+    table's device_ops rows must increase)."""
     try:
         sizes = [parse_bytes(part) for part in text.split(',') if part.strip()]
     except ValueError:
         sizes = []
     if not sizes or any(s < 4 for s in sizes):
         raise argparse.ArgumentTypeError('%r: sizes of at least 4 bytes, like 4K,1M,64M' % text)
-    return sizes
+    return sorted(set(sizes))
 
 
 def _positive(text):
