@@ -7,10 +7,10 @@ name for some size (the allreduce's ``device`` rows, and each other collective's
 ``device_ops`` rows, which its device buffers take: an op without them takes the
 allreduce's). Every rank reaches that collective at the same point of the sequence
 (a collective's place is in its agreed signature; a rank that failed to read its array
-sends zeros on its own device, reduce.py). Afterwards a size's transport is a pure
-function of the agreed op and size, the same on every rank. Built once per communicator, so no
-rank builds one that another does not: a buffer on another device of this rank goes
-through a copy on the transports' device.
+sends zeros on its own device, reduce.py). Afterwards a buffer's transport is a pure
+function of the agreed op and size, the same on every rank. Built once per communicator,
+so no rank builds one that another does not: a buffer on another device of this rank
+goes through a copy on the transports' device.
 """
 import logging
 
