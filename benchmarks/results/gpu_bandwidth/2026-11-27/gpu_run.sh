@@ -19,11 +19,12 @@ echo "== test_gpu.py + test_benchmarks gpu_bandwidth" | tee -a $L
 [ -n "${SKIP_TESTS:-}" ] || MPI_KVSTORE_EXPECT_GPU=1 timeout 290 python3 -m pytest -q -p no:cacheprovider -rA --timeout 110 \
   tests/test_gpu.py tests/test_benchmarks.py::test_gpu_bandwidth 2>&1 | tee -a $L | tail -40
 echo "== gpu_bandwidth"
-for n in 1 2 4; do
+[ -n "${SKIP_BW:-}" ] || for n in 1 2 4; do
   timeout 75 mpiexec -n $n python3 -m benchmarks.gpu_bandwidth --repeats 10 --json $OUT/gpu_bandwidth_$n.json 2>&1 | tee -a $OUT/gpu_bandwidth.log | tail -30
 done
 echo "== tune"
 { true
+  [ -z "${TUNE1:-}" ] || timeout 120 mpiexec -n 1 python3 -m mpi_kvstore tune --sizes 4K,64K,1M,16M,64M --trials 5 --out $OUT/tune_1rank.json
   timeout 120 mpiexec -n 2 python3 -m mpi_kvstore tune --sizes 4K,64K,1M,16M,64M --trials 5 --out $OUT/tune_2ranks.json
   [ -z "${SKIP_TESTS:-}" ] || timeout 120 mpiexec -n 4 python3 -m mpi_kvstore tune --sizes 4K,1M,16M,64M --trials 5 --out $OUT/tune_4ranks.json
 } 2>&1 | tee $OUT/tune.log | tail -40
