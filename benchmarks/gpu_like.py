@@ -42,6 +42,7 @@ layer's forward and backward takes the GIL on MXNet's custom-op threads; ``--hos
 (:class:`HostLoad`) runs a Python thread in each rank that holds the GIL a share F of the
 time, as a data pipeline in the training process does.
 """
+import argparse
 import collections
 import ctypes
 import functools
@@ -58,6 +59,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from benchmarks import harness
+from mpi_kvstore.config import Config, ConfigError
 from mpi_kvstore.engine.arrays import array_pointer, host_view
 
 # mobilenet0.25 (1.9 MB of gradients) is there for smoke tests: a run in seconds.
@@ -796,10 +798,29 @@ def parse_args(argv=None):
     return check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
 
 
-def _trainer(args, model):
-    """(trainer, store) for --trainer, SGD without momentum."""
+def fixed_options(text):
+    """'partition_bytes=4M,credit_bytes=16M' -> {name: value}, checked as the store checks
+    them; compression and autotune have options of their own."""
+    pairs = [item.split('=', 1) for item in harness.names(text)]
+    if any(len(pair) != 2 for pair in pairs):
+        raise argparse.ArgumentTypeError(f'{text!r}: use name=value,name=value')
+    options = dict(pairs)
+    taken = sorted({'compression', 'autotune', 'autotune_steps'} & set(options))
+    if taken:
+        raise argparse.ArgumentTypeError(f'{text!r}: {", ".join(taken)} is set by --compression '
+                                         'or the autotuned column, not here')
+    try:
+        Config(environ={}, **options)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(f'{text!r}: {exc}') from None
+    return options
+
+
+def _trainer(args, model, **options):
+    """(trainer, store) for --trainer, SGD without momentum; options: the store's, besides
+    args.design's."""
     import mpi_kvstore  # the store only where a trainer needs it
-    kv, why = harness.create_store(args.design, args.timeout)
+    kv, why = harness.create_store(args.design, args.timeout, **options)
     if kv is None:
         raise SystemExit(f'no store: {why}')
     optimizer = (args.optimizer, {'learning_rate': args.lr})

@@ -10,7 +10,16 @@ or credits: every group starts when ready, Horovod's order), priority (Distribut
 the default store: priority-partitioned across hosts), gluon (gluon.Trainer, one pushpull a
 key), dist_sync (gluon.Trainer on ps-lite; --p3: its P3 van, a job of its own) and horovod
 (when it imports; else skipped). --columns picks some of them: Horovod's background thread
-polls, so it loads the CPU for every other column of the job it is in.
+polls, so it loads the CPU for every other column of the job it is in. Two more, asked for by
+name: autotuned (priority with autotune=1) and best (priority with --best-options fixed, e.g.
+the fastest of an offline grid). --compression fp16: every mpi_kvstore column sends fp16,
+horovod takes hvd.Compression.fp16, dist_sync sends float32 (ps-lite has no such cast).
+
+autotuned settles before the rounds: its search measures one sample of autotune_steps steps
+per value it tries, so it needs more warm-up than the rest, up to its settle bound
+(docs/tuning.md: 3 + N x (S + 5) steps, 153 at the defaults), that is ceil(bound / --chain)
++ 1 runs, untimed and weight-checked; the rounds then time the values it chose. The JSON
+and the table say after how many steps it settled, on what.
 
 Timing: rounds (--warmups untimed, then --rounds) in which every column makes one run of
 --chain steps, in an order that rotates (harness.interleaved). A run resets the weights,
@@ -37,6 +46,7 @@ Rank 0 prints Markdown tables and writes them (.md), a JSON and a bar plot to --
 import argparse
 import functools
 import gc
+import math
 import os
 import resource
 import shlex
@@ -48,9 +58,12 @@ from mpi4py import MPI
 from mxnet import gluon
 
 from benchmarks import gpu_like, harness, peers, report
+from mpi_kvstore.designs import autotune
 
 FIFO = 'funneled+partition_bytes=0+credit_bytes=0'
-COLUMNS = ('fifo', 'priority', 'gluon', 'dist_sync', 'horovod')
+COLUMNS = ('fifo', 'priority', 'autotuned', 'best', 'gluon', 'dist_sync', 'horovod')
+DEFAULT_COLUMNS = ('fifo', 'priority', 'gluon', 'dist_sync', 'horovod')
+COMPRESSIONS = ('none', 'fp16')
 STEPS = {'warmups': 1, 'trials': 4}         # untimed and timed rounds
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'overlap')
 PSLITE_LIFETIME = 3600                      # s: the ps-lite servers' own safety alarm
@@ -68,13 +81,23 @@ def parse_args(argv=None):
     harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
     peers.add_args(parser)
-    parser.add_argument('--columns', type=harness.names, default=list(COLUMNS),
-                        help='the trainers to time, comma-separated: a job of Horovod alone '
-                             "is one whose CPU no other column's threads share")
+    parser.add_argument('--columns', type=harness.names, default=list(DEFAULT_COLUMNS),
+                        help=f'the trainers to time, comma-separated, of {",".join(COLUMNS)}: a '
+                             "job of Horovod alone is one whose CPU no other column's threads share")
+    parser.add_argument('--best-options', type=gpu_like.fixed_options, default={},
+                        help="the best column's store options, e.g. 'partition_bytes=4M,credit_bytes=16M'")
+    parser.add_argument('--compression', default='none', choices=COMPRESSIONS,
+                        help='fp16: every mpi_kvstore column and horovod send fp16; dist_sync float32')
+    parser.add_argument('--autotune-steps', type=int,
+                        help="the autotuned column's autotune_steps (default: the store's, 10)")
     args = gpu_like.check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
     unknown = sorted(set(args.columns) - set(COLUMNS))
     if unknown or not args.columns:
         parser.error(f'--columns {",".join(args.columns)}: use some of {",".join(COLUMNS)}')
+    if ('best' in args.columns) != bool(args.best_options):
+        parser.error('--best-options goes with --columns ...,best, and best needs it')
+    if args.autotune_steps is not None and args.autotune_steps < 1:
+        parser.error(f'--autotune-steps {args.autotune_steps}: at least 1')
     if 'dist_sync' not in args.columns:
         args.no_dist_sync = True            # no ps-lite processes started for nothing
     return args
@@ -92,18 +115,19 @@ class Column:
 
 def _store_options(kv):
     config = kv.config
-    return {'design': kv.design, **{name: getattr(config, name) for name in
-                                    ('partition_bytes', 'credit_bytes', 'progress_sleep_us')}}
+    return {'design': kv.design, **{name: getattr(config, name) for name in (
+        'partition_bytes', 'credit_bytes', 'fusion_threshold', 'progress_sleep_us', 'compression',
+        'autotune')}}
 
 
-def mpi_column(args, model, name, design, trainer):
+def mpi_column(args, model, name, design, trainer, options):
     """A column of an mpi_kvstore store (design: a spec with options after '+', None: the
-    default) and gpu_like's trainer ('distributed' or 'gluon') on it, --optimizer as
-    gpu_like's; collective (the store)."""
+    default; options: more of them) and gpu_like's trainer ('distributed' or 'gluon') on
+    it, --optimizer as gpu_like's; collective (the store)."""
     made = argparse.Namespace(design=design, timeout=args.timeout, lr=args.lr,
                               trainer=trainer, update_on_kvstore=False,
                               optimizer=args.optimizer)
-    trainer_, kv = gpu_like._trainer(made, model)
+    trainer_, kv = gpu_like._trainer(made, model, **options)
     return Column(name, trainer_, args.batch, kv, _store_options(kv))
 
 
@@ -115,9 +139,15 @@ def make_columns(run, model, dist_sync):
     # stops only once nothing holds its store (DistSync.stop).
     pslite = [] if dist_sync.kv is None else [Column(dist_sync.name, gluon.Trainer(
         model.collect_params(), *optimizer, kvstore=dist_sync.kv, update_on_kvstore=False),
-        args.batch, options={'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root})]
-    ours = [('fifo', FIFO, 'distributed'), ('priority', None, 'distributed'),
-            ('gluon', None, 'gluon')]
+        args.batch, options={'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root,
+                             'compression': 'none'})]
+    wire = {} if args.compression == 'none' else {'compression': args.compression}
+    tuned = dict(wire, autotune=1, **({'autotune_steps': args.autotune_steps}
+                                      if args.autotune_steps else {}))
+    ours = [('fifo', FIFO, 'distributed', wire), ('priority', None, 'distributed', wire),
+            ('autotuned', None, 'distributed', tuned),
+            ('best', None, 'distributed', dict(wire, **args.best_options)),
+            ('gluon', None, 'gluon', wire)]
     columns = [mpi_column(args, model, *column) for column in ours
                if column[0] in args.columns] + pslite
     hvd, why = peers.horovod(comm) if 'horovod' in args.columns else (None, None)
@@ -125,8 +155,11 @@ def make_columns(run, model, dist_sync):
         run.skip('horovod', why)
     elif hvd is not None:
         # Horovod averages over ranks: step(batch), which _train asks for as batch / size.
-        columns.append(Column('horovod', hvd.DistributedTrainer(model.collect_params(), *optimizer),
-                              args.batch / comm.size))
+        fp16 = args.compression == 'fp16'
+        columns.append(Column('horovod', hvd.DistributedTrainer(
+            model.collect_params(), *optimizer,
+            compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none),
+            args.batch / comm.size, options={'compression': 'hvd.Compression.fp16' if fp16 else 'none'}))
     # gluon.Trainer initialises its keys on the store in its first step, and there dist_sync
     # (MXNet 1.9.1) sometimes leaves a weight set to its first summed gradient (seen: the
     # 2.4M-element stage4_conv4_weight of ResNet-18, first run only, 2 jobs in 6): do it
@@ -241,6 +274,31 @@ def train_run(args, model, column, comm, meter=None):
     return seconds
 
 
+def settle(args, model, columns, comm):
+    """Train the autotuned column, if any, untimed, until its search settles (every rank
+    agrees), at most ceil(bound / chain) + 1 runs (module docstring); what it chose goes
+    into its options['autotune']. (A function: a loop in main would keep a column, and
+    with it dist_sync's store, alive past close().)"""
+    column = next((c for c in columns if c.name == 'autotuned'), None)
+    if column is None:
+        return
+    tuner = getattr(column.kv._job.design, 'tuner', None)   # no public name reaches it
+    if tuner is None:
+        column.failed = f'design {column.kv.design} does not autotune'
+        return
+    runs, steps = math.ceil(tuner.bound / args.chain) + 1, 0
+    while steps < runs * args.chain and comm.allreduce(tuner.active, op=MPI.LOR):
+        train_run(args, model, column, comm)
+        steps += args.chain
+    # the last switch happens on the negotiation thread, after some rank's loop test
+    settled = not comm.allreduce(tuner.active, op=MPI.LOR)
+    column.options['autotune'] = {'settled': settled, 'steps': steps, 'bound': tuner.bound,
+                                  'chose': autotune.describe(tuner.current),
+                                  'switches': len(tuner.switches), **tuner.current}
+    harness.rank0_print(f'  autotuned: {"settled" if settled else "NOT settled"} after {steps} '
+                        f'steps (bound {tuner.bound}): {autotune.describe(tuner.current)}')
+
+
 def exchange_run(column, comm, meter=None):
     if column.failed:
         return None
@@ -304,14 +362,17 @@ def summarize(columns, compute, steps, exchanges, meter=None):
     return rows
 
 
-def close(columns):
+def close(columns, model):
     """Close the mpi_kvstore stores (raising what one deferred) and drop every trainer:
-    dist_sync stops only once nothing holds its store."""
+    dist_sync stops only once nothing holds its store, and each Parameter holds the last
+    trainer made on it (dist_sync's, in a job of dist_sync or P3 alone)."""
     for column in columns:
         if column.kv is not None:
             column.kv.wait()
             column.kv.close()
     columns.clear()
+    for param in model.collect_params().values():
+        param._set_trainer(None)
     gc.collect()
 
 
@@ -338,9 +399,28 @@ def table(rows, compute, skipped, compute_cpu=None):
                       f'{_busy(step_cpu)}; {_busy(exchange_cpu)}',
                       f'{_rank_ms(step_cpu)}; {_rank_ms(exchange_cpu)}', 'ok'])
     cells += [[name, 'skipped', '', '', '', '', '', '', why] for name, why in skipped.items()]
-    return report.markdown(['column', 'step ms (min-max)', 'exchange alone ms (min-max)', 'hidden share',
-                            'step / max(compute, exchange)', 'vs fifo', 'machine busy %: step; exchange',
-                            'rank CPU ms/step: step; exchange', 'weights'], cells)
+    return '\n'.join([report.markdown(
+        ['column', 'step ms (min-max)', 'exchange alone ms (min-max)', 'hidden share',
+         'step / max(compute, exchange)', 'vs fifo', 'machine busy %: step; exchange',
+         'rank CPU ms/step: step; exchange', 'weights'], cells), *notes(rows)])
+
+
+def notes(rows):
+    """The lines under the table: what autotuned chose, best's options, the wire."""
+    lines = []
+    for row in rows:
+        tuned, options = row['options'].get('autotune'), row['options']
+        if isinstance(tuned, dict):
+            lines.append(f'- {row["column"]}: {"settled" if tuned["settled"] else "NOT settled"} '
+                         f'after {tuned["steps"]} untimed steps (bound {tuned["bound"]}) on '
+                         f'{tuned["chose"]}; timed with those values')
+        elif row['column'] == 'best':
+            lines.append(f'- best: fixed {autotune.describe(options)} (--best-options)')
+    wires = {row['column']: row['options'].get('compression', 'none') for row in rows}
+    if any(wire != 'none' for wire in wires.values()):
+        lines.append('- wire: ' + ', '.join(f'{name} {wire}' for name, wire in wires.items())
+                     + ' (ps-lite has no fp16 cast)' * any(n.startswith('dist_sync') for n in wires))
+    return [''] + lines if lines else []
 
 
 def cpu_table(rows, compute_cpu):
@@ -393,6 +473,7 @@ def main(argv=None):
     load_start = os.getloadavg()
     run = harness.Run('overlap', args, comm=comm, label=f'{args.model}_h{where["hosts"]}'
                       + ('_p3' if args.p3 else '')
+                      + ('' if args.compression == 'none' else f'_{args.compression}')
                       + ('' if args.layers == 'compiled' else f'_{args.layers}')
                       + (f'_load{args.host_load:g}' if args.host_load else ''))
     harness.rank0_print(
@@ -403,10 +484,11 @@ def main(argv=None):
     dist_sync = peers.DistSync(run, lifetime=PSLITE_LIFETIME)
     with harness.deadline(args.timeout, 'overlap', lambda: run.on_expire and run.on_expire()):
         why = dist_sync.start()
-        if why:
+        if why and 'dist_sync' in args.columns:     # not asked for: nothing to say
             run.skip(dist_sync.name, why)
         columns = make_columns(run, model, dist_sync)
         with gpu_like.HostLoad(args.host_load) as load:    # the timed rounds only
+            settle(args, model, columns, comm)      # under the same load as it is timed
             cpu_shares, meter = [], CpuMeter(comm)
             steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares, meter),
                                   **{c.name: functools.partial(train_run, args, model, c, comm, meter)
@@ -421,7 +503,7 @@ def main(argv=None):
             compute = harness.spread(compute_s)
             rows = summarize(columns, compute['median'], steps, exchanges, meter)
             compute_cpu = meter.summary(COMPUTE)
-        close(columns)
+        close(columns, model)
     dist_sync.stop()
     text = table(rows, compute, run.skipped, compute_cpu)
     cpu_text = cpu_table(rows, compute_cpu)
