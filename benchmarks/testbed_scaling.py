@@ -132,10 +132,12 @@ def run_timeout(args, job):
     return max(600.0, STARTUP_S + models * rounds * configs * 2.0 * max(1, job.ranks // 2))
 
 
-def _launch(args, hosts, job, argv, limit, log):
-    """One MPI program across the test bed; (ok, what happened) and the output in LOG."""
+def _launch(hosts, job, argv, limit, log, mpiexec=None):
+    """One MPI program across the test bed (mpiexec: a hydra of its own, e.g. beside another
+    Python); what happened, and the output in LOG."""
     print(f'    {shlex.join(argv[1:])} (timeout {limit:.0f} s)', flush=True)
-    mpiexec = hosts.mpiexec_argv(job.ranks, ppn=job.ppn, extra=['-genv', 'OMP_NUM_THREADS', '1'])
+    mpiexec = hosts.mpiexec_argv(job.ranks, ppn=job.ppn, mpiexec=mpiexec,
+                                 extra=['-genv', 'OMP_NUM_THREADS', '1'])
     result = hosts.run(mpiexec + argv, timeout=limit, env={'OMP_NUM_THREADS': '1'},
                        cwd=harness.REPO_ROOT)
     log.write(f'$ {shlex.join(mpiexec + argv)}\n{result.output}\n')
@@ -149,9 +151,19 @@ def _launch(args, hosts, job, argv, limit, log):
 
 
 def run_job(args, job):
-    """Bring a test bed up, run scaling.py across it under a timeout, take it down
-    (whatever happens: testbed.Hosts)."""
+    """scaling.py on job's test bed, under a timeout."""
     out_dir = os.path.join(args.out, 'runs', job.name)
+    record = on_testbed(job, out_dir, [('scaling', scaling_argv(args, job, out_dir),
+                                        run_timeout(args, job), None)])
+    record['result_files'] = {'scaling': os.path.join(out_dir, f'scaling_n{job.ranks}.json')}
+    return record
+
+
+def on_testbed(job, out_dir, launches):
+    """Bring a test bed up (job: hosts, rate, ranks, ppn, name, layout), run each of launches
+    (name, argv, timeout s, mpiexec or None) across it in turn, take it down whatever
+    happens (testbed.Hosts); the record of what happened, each program's output in
+    out_dir/log.txt."""
     os.makedirs(out_dir, exist_ok=True)
     started = time.monotonic()
     record = {'job': job.name, 'ranks': job.ranks, 'hosts': job.hosts, 'ppn': job.ppn,
@@ -160,8 +172,8 @@ def run_job(args, job):
     with open(os.path.join(out_dir, 'log.txt'), 'w') as log:
         try:
             with testbed.Hosts(job.hosts, rate=job.rate) as hosts:
-                record['steps']['scaling'] = _launch(args, hosts, job, scaling_argv(args, job, out_dir),
-                                                     run_timeout(args, job), log)
+                for name, argv, limit, mpiexec in launches:
+                    record['steps'][name] = _launch(hosts, job, argv, limit, log, mpiexec)
         except testbed.TestbedError as err:
             record['error'] = str(err)
             log.write(f'testbed error: {err}\n')
@@ -169,7 +181,6 @@ def run_job(args, job):
     record['elapsed_s'] = time.monotonic() - started
     record['ok'] = 'error' not in record and all(
         s['returncode'] == 0 and not s['timed_out'] for s in record['steps'].values())
-    record['result_files'] = {'scaling': os.path.join(out_dir, f'scaling_n{job.ranks}.json')}
     print(f'    {job.name}: {"ok" if record["ok"] else "FAILED"}, {record["elapsed_s"]:.0f} s; '
           f'log {out_dir}/log.txt', flush=True)
     return record

@@ -324,6 +324,62 @@ def test_testbed_scaling_then_cost_model(mpi_available, tmp_path):
     assert (model_out / 'cost_model.png').exists()
 
 
+GRID_CELL = 'mobilenet0.25_h2_3gbit_fp16'
+
+
+@needs_testbed
+def test_overlap_grid_smallest_cell(mpi_available, tmp_path):
+    """The grid's smallest cell end to end: FIFO, autotuned (settled first) and best on an
+    fp16 wire across two test hosts, every weight checked; the table's ratios are the JSON's
+    medians', and --report-only rebuilds it."""
+    out = run(python_m('overlap_grid', '--hosts', 2, '--rates', '3gbit', '--models', SMALL_MODEL,
+                       '--wires', 'fp16', '--columns', 'fifo,autotuned,best', '--no-p3',
+                       '--best-options', 'partition_bytes=1M,credit_bytes=4M', '--job-timeout', TIMEOUT,
+                       '--overlap-args', '--warmups 0 --rounds 2 --chain 2 --autotune-steps 1',
+                       '--out', tmp_path))
+    combined = load(tmp_path / 'overlap_grid.json')
+    (cell,) = combined['cells']
+    assert cell['job'] == GRID_CELL and cell['ok'] and set(cell['results']) == {'ours'}, out[-3000:]
+    result = cell['results']['ours']
+    assert result['topology']['hosts'] == 2 and result['model'] == SMALL_MODEL
+    rows = {row['column']: row for row in result['columns']}
+    assert list(rows) == ['fifo', 'autotuned', 'best'] and result['skipped'] == {}, rows
+    for row in rows.values():
+        assert row['check'] == 'ok' and len(row['step_s']) == 2, row
+        assert row['options']['compression'] == 'fp16', row['options']
+    tuned = rows['autotuned']['options']['autotune']
+    assert tuned['settled'] and 0 < tuned['steps'] <= tuned['bound'] + 2, tuned
+    assert (rows['best']['options']['partition_bytes'], rows['best']['options']['credit_bytes']) == (
+        1 << 20, 4 << 20)
+    step = {name: row['step']['median'] * 1e3 for name, row in rows.items()}
+    md = (tmp_path / 'overlap_grid.md').read_text()
+    line = next(line for line in md.splitlines() if line.startswith(f'| {SMALL_MODEL}, 2 hosts'))
+    assert line.split(' | ')[2:] == [
+        f'{step["fifo"]:.0f} ({rows["fifo"]["step"]["min"] * 1e3:.0f}-'
+        f'{rows["fifo"]["step"]["max"] * 1e3:.0f}) 1.00x',
+        *[f'{step[c]:.0f} ({rows[c]["step"]["min"] * 1e3:.0f}-{rows[c]["step"]["max"] * 1e3:.0f}) '
+          f'{step["fifo"] / step[c]:.2f}x' for c in ('autotuned', 'best')],
+        f'{step["best"] / step["autotuned"]:.2f}x |'], line
+    (tmp_path / 'overlap_grid.md').unlink()
+    run(python_m('overlap_grid', '--report-only', '--out', tmp_path))
+    assert (tmp_path / 'overlap_grid.md').read_text() == md
+    assert (tmp_path / 'overlap_grid.png').stat().st_size > 0
+
+
+@pytest.mark.parametrize('argv, says', [
+    (['--hosts', '1'], '--hosts [1]: at least 2 test hosts'),
+    (['--wires', 'fp8'], '--wires fp8: use some of none,fp16'),
+    (['--best-options', 'partition_bytes=4M,credit=8M'], 'unknown option(s) credit'),
+    (['--best-options', 'compression=fp16'], 'compression is set by --compression'),
+])
+def test_overlap_grid_names_bad_input(argv, says, capsys):
+    """Bad input stops the grid before any test bed is built, saying what was wrong."""
+    from benchmarks import overlap_grid
+    with pytest.raises(SystemExit):
+        overlap_grid.parse_args(['--models', SMALL_MODEL, '--rates', '3gbit', *argv])
+    assert says in capsys.readouterr().err
+
+
 def test_cost_model_predicts(tmp_path):
     """The prediction alone: fusion (mpi_kvstore.comm.fusion.plan) packs ResNet-50's arrays into
     fewer collectives than arrays, and no fusion sends one collective per array."""
