@@ -209,3 +209,32 @@ def test_run_starts_no_mpi_in_the_supervisor():
                           text=True, timeout=180)
     assert 'ranks 1' in proc.stdout and 'status 0' in proc.stdout, (proc.stdout, proc.stderr)
     assert "supervisor imported []" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize('check', [True, False])
+def test_tune_writes_its_table_before_the_check_which_no_check_skips(tmp_path, monkeypatch,
+                                                                     check):
+    """At one rank, in this process: the check's paired timings (a 'table' entry beside one
+    algorithm) run only without --no-check, and the table is on disk before they start, so
+    a tune stopped during its check keeps what it measured."""
+    import json
+
+    from mpi_kvstore.cli import tune  # initialises MPI (a singleton here): only where needed
+    from mpi_kvstore.comm import tuning
+    out = tmp_path / 'table.json'
+    real, paired = tune._interleaved, []
+
+    def interleaved(comm, fns, *args, **kwargs):
+        if 'table' in fns:
+            paired.append(sorted(fns))
+            assert out.exists(), 'the check started before the table was written'
+        return real(comm, fns, *args, **kwargs)
+    monkeypatch.setattr(tune, '_interleaved', interleaved)
+    argv = ['--sizes', '4K,64K', '--trials', '1', '--out', str(out)]
+    assert tune.main(argv + ([] if check else ['--no-check'])) == 0
+    table = tuning.Table.from_json(json.loads(out.read_text()))
+    assert table.comm_size == 1 and table.choose(4096) in tuning.LOSSLESS
+    assert bool(paired) == check, paired
+    # the check pairs the table with each lossless algorithm, at both sizes
+    assert all(len(p) == 2 and (set(p) - {'table'}) <= set(tuning.LOSSLESS) for p in paired)
+    assert sum(p == ['mpi', 'table'] for p in paired) == (2 if check else 0), paired
