@@ -21,6 +21,8 @@ Scripts:
     gpu_like          a GPU-like workload: a model zoo net whose layers sleep on the engine
     overlap           gpu_like's model trained by every peer (FIFO, priority, gluon, dist_sync
                       or P3, Horovod) in one job: step, exchange alone, and how much hides
+    overlap_grid      overlap over test hosts per (hosts, rate, model, fp16) cell, with the
+                      autotuned and best fixed columns, Horovod and P3 in jobs of their own (root)
     sharded           the sharded optimizer against unsharded, with and without compression,
                       on gpu_like's model: step, state bytes and RSS per rank
     lossy_allgather   what 16-bit weights after every step would cost a small classifier
