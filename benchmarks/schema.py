@@ -10,6 +10,8 @@ below at least; a script's own results come beside them (results, models, column
                time (when the file was written) and skipped ({method: why})
     testbed    testbed_scaling.py's combined record: benchmark, time, config, jobs (each a
                job on a test bed of its own, with its scaling and allreduce run records)
+    grid       overlap_grid.py's combined record: benchmark, time, config, cells (each a
+               cell on a test bed of its own, with overlap's run records under results)
     cost_model cost_model's report (cost_model.json): time, assumptions, prediction
     overlap    cost_model --overlap (overlap_model.json): points, fitted, predictions,
                fit_on, assumptions
@@ -31,6 +33,7 @@ CONFIG = ('script', 'nranks', 'argv', 'date', 'command')
 KINDS = {
     'run': ('benchmark', 'versions', 'env', 'nranks', 'config', 'time', 'skipped'),
     'testbed': ('benchmark', 'time', 'config', 'jobs'),
+    'grid': ('benchmark', 'time', 'config', 'cells'),
     'cost_model': ('time', 'assumptions', 'prediction'),
     'overlap': ('points', 'fitted', 'predictions', 'fit_on', 'assumptions'),
     'tune': ('version', 'comm_size'),
@@ -49,6 +52,8 @@ def kind(record):
         return None
     if record.get('benchmark') == 'testbed_scaling' and 'jobs' in record:
         return 'testbed'
+    if record.get('benchmark') == 'overlap_grid' and 'cells' in record:
+        return 'grid'
     if 'benchmark' in record:
         return 'run'
     if 'prediction' in record:
@@ -77,6 +82,10 @@ def check(record, where='record'):
             for part in ('scaling', 'allreduce'):
                 if job.get(part):
                     check(job[part], f'{where}: job {job.get("job")} {part}')
+    if found == 'grid':
+        for cell in record['cells']:
+            for job, result in (cell.get('results') or {}).items():
+                check(result, f'{where}: cell {cell.get("job")} {job}')
     if missing:
         raise SchemaError(f'{where}: a {found} result without {", ".join(missing)}')
     return found

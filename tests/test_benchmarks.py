@@ -117,7 +117,7 @@ def test_committed_results_follow_the_schema():
              for name in files}
     checked = schema.check_tree(results)
     assert set(checked) == {path for path in found if path.endswith('.json')}
-    assert {'run', 'overlap', 'tune'} <= set(checked.values()), checked
+    assert {'run', 'overlap', 'tune', 'grid'} <= set(checked.values()), checked
     assert any(name == 'NOTES.md' for name in found.values())
 
 
@@ -134,6 +134,14 @@ def test_schema_names_what_a_result_lacks(tmp_path):
     del record['versions']
     with pytest.raises(schema.SchemaError, match=r'without versions, config\.command'):
         schema.check(record, 'r.json')
+    with open(os.path.join(BENCHMARKS, 'results', 'overlap_grid', '2026-11-27',
+                           'overlap_grid.json')) as handle:
+        grid = json.load(handle)
+    assert schema.check(grid, 'g.json') == 'grid'
+    del grid['cells'][1]['results']['ours']['versions']      # a cell's own run record
+    with pytest.raises(schema.SchemaError, match=r'g\.json: cell resnet50_v1_h2_1gbit ours: a run '
+                       r'result without versions'):
+        schema.check(grid, 'g.json')
     (tmp_path / 'NOTES.md').write_text('# prose\n')
     (tmp_path / 'x.json').write_text(json.dumps({'figures': [1, 2]}))
     with pytest.raises(schema.SchemaError, match=r'x\.json: not a result of any kind'):
