@@ -11,6 +11,7 @@ import types
 
 import numpy as np
 import pytest
+from test_tune_ops import _OneRank  # what tuning.load asks of a communicator
 
 from mpi_kvstore import debug
 from mpi_kvstore.comm import transports, tuning
@@ -75,22 +76,6 @@ def test_a_bad_device_ops_row_names_the_op_and_what_is_wrong(tmp_path, rows, wor
     assert reading.error is not None and reading.error.startswith('ValueError: ')
     for word in words:
         assert word in reading.error, (word, reading.error)
-
-
-class _OneRank:
-    """What tuning.load asks of a communicator, at rank 0 of ``size``."""
-
-    def __init__(self, size):
-        self.size = size
-
-    def Get_rank(self):
-        return 0
-
-    def Get_size(self):
-        return self.size
-
-    def bcast(self, obj, root=0):
-        return obj
 
 
 def test_loading_a_bad_device_ops_row_raises_config_error(tmp_path, monkeypatch):

@@ -283,17 +283,14 @@ def _check(args, world, comm, hier, table, made, sizes, say):
         buf = np.zeros(max(nbytes // 4, 1), np.float32)
         table_run = lambda buf=buf: tuned.allreduce(buf)   # noqa: E731
         trials = 6 * args.trials * (SMALL_TRIALS if nbytes <= SMALL_BYTES else 1)
-        mine, singles = {}, {}
-        for name, run in _runners(comm, hier, buf).items():
-            if name in LOSSLESS:   # in pairs, each order as often: what ran before cannot bias
-                paired = _interleaved(comm, {'table': table_run, name: run}, trials)
-                mine[name], singles[name] = paired['table'], paired[name]
-        best = min(singles, key=singles.get)
-        ratio = mine[best] / singles[best]
-        worst = max(worst, ratio)
+        lossless = {name: run for name, run in _runners(comm, hier, buf).items()
+                    if name in LOSSLESS}
+        best, table_s, best_s = tune_device.against_each(comm, _interleaved, table_run,
+                                                         lossless, trials)
+        worst = max(worst, table_s / best_s)
         say('%10d B  table (%s) %.3f ms, best single (%s) %.3f ms: %.2fx'
-            % (nbytes, table.choose(buf.nbytes), mine[best] * 1e3, best, singles[best] * 1e3,
-               ratio))
+            % (nbytes, table.choose(buf.nbytes), table_s * 1e3, best, best_s * 1e3,
+               table_s / best_s))
     say('slowest size against its best single algorithm: %.2fx (target <= 1.05x)' % worst)
     if made:
         worst_device = tune_device.check(comm, tuned, made, sizes, 3 * args.trials,

@@ -12,7 +12,7 @@ from ..comm.mpiabi import MPI
 from ..comm.tuning import OPS
 from ..errors import ConfigError
 
-__all__ = ['present', 'built', 'allreduce_rows', 'ops_rows', 'check', 'pick']
+__all__ = ['present', 'built', 'allreduce_rows', 'ops_rows', 'check', 'against_each', 'pick']
 
 # Another transport replaces auto's only where it is this much faster (tune.MARGIN's rule).
 MARGIN = 0.97
@@ -132,14 +132,22 @@ def check(comm, tuned, made, sizes, trials, interleaved, say):
         def table_run(buf=buf):
             tuned.allreduce(buf)
             buf.device.synchronize()
-        mine, singles = {}, {}
-        for name, run in singles_runs.items():
-            paired = interleaved(comm, {'table': table_run, name: run}, trials)
-            mine[name], singles[name] = paired['table'], paired[name]
-        best = min(singles, key=singles.get)
-        ratio = mine[best] / singles[best]
-        worst = max(worst, ratio)
+        best, table_s, best_s = against_each(comm, interleaved, table_run, singles_runs, trials)
+        worst = max(worst, table_s / best_s)
         say('%10d B  GPU  table (%s) %.3f ms, best single (%s) %.3f ms: %.2fx'
             % (nbytes, tuned.device_transport(buf.device.id, buf.nbytes).name,
-               mine[best] * 1e3, best, singles[best] * 1e3, ratio))
+               table_s * 1e3, best, best_s * 1e3, table_s / best_s))
     return worst
+
+
+def against_each(comm, interleaved, table_run, runs, trials):
+    """The table's dispatch timed in a pair with each single run of ``runs`` ({name: fn}),
+    each order as often, so what ran before cannot bias either -> (the fastest single's
+    name, the table's seconds in its pair, that single's seconds). The host check
+    (tune.py) and the device check share it."""
+    mine, singles = {}, {}
+    for name, run in runs.items():
+        paired = interleaved(comm, {'table': table_run, name: run}, trials)
+        mine[name], singles[name] = paired['table'], paired[name]
+    best = min(singles, key=singles.get)
+    return best, mine[best], singles[best]
