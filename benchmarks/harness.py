@@ -421,10 +421,16 @@ def write_json(path, payload, config=None, comm=None):
               'config': config or {}, 'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), **payload}
     schema.check(record, path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    replace_json(path, record)
+
+
+def replace_json(path, payload):
+    """payload as JSON at path, written beside it and renamed over it: a reader never sees
+    half a file, even if the job is killed (the root drivers save after every job)."""
     tmp = f'{path}.tmp'
     with open(tmp, 'w') as handle:
-        json.dump(record, handle, indent=1, default=str)
-    os.replace(tmp, path)   # a reader never sees half a file, even if the job is killed
+        json.dump(payload, handle, indent=1, default=str)
+    os.replace(tmp, path)
 
 
 class Run:

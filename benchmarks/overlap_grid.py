@@ -239,13 +239,6 @@ def write_report(args, combined):
     print('\n' + text + '\n' + plot(combined, os.path.join(args.out, 'overlap_grid.png')), flush=True)
 
 
-def save(args, combined):
-    path = os.path.join(args.out, JSON_NAME)
-    with open(path + '.tmp', 'w') as handle:
-        json.dump(combined, handle, indent=1, default=str)
-    os.replace(path + '.tmp', path)
-
-
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -267,7 +260,7 @@ def main(argv=None):
     for index, cell in enumerate(cells):
         combined['cells'].append(run_cell(args, cell, index))
         combined['elapsed_s'] = time.monotonic() - started
-        save(args, combined)                # a killed run keeps the cells done
+        harness.replace_json(os.path.join(args.out, JSON_NAME), combined)   # a killed run keeps the cells done
     write_report(args, combined)
     failed = [r['job'] for r in combined['cells'] if not r['ok']]
     print(f'{len(cells)} cells in {combined["elapsed_s"]:.0f} s' + (f'; failed: {", ".join(failed)}' if failed else ''))

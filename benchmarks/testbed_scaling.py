@@ -207,10 +207,7 @@ def combine(args, records, started_at, elapsed):
                 'dist_sync': 'not run here (--no-dist-sync): benchmarks/overlap.py compares it '
                              'across test hosts',
                 'jobs': jobs}
-    path = os.path.join(args.out, JSON_NAME)
-    with open(path + '.tmp', 'w') as handle:
-        json.dump(combined, handle, indent=1, default=str)
-    os.replace(path + '.tmp', path)
+    harness.replace_json(os.path.join(args.out, JSON_NAME), combined)
     return combined
 
 
