@@ -47,7 +47,7 @@ from ..comm.tuning import LOSSLESS, LOSSY, OPS, Table
 from ..config import format_bytes, parse_bytes
 from ..launch.console import HelpFormatter, console, to_stdout
 from . import tune_device
-from .tune_device import MARGIN  # one margin for host and device picks
+from .tune_device import pick  # one rule, one margin, for host and device picks
 
 __all__ = ['main']
 
@@ -110,15 +110,13 @@ def _runners(comm, hier, buf):
 
 # Below this size every algorithm is timed SMALL_TRIALS times as often.
 SMALL_BYTES, SMALL_TRIALS = 256 << 10, 8
-# Another algorithm replaces MPI_Allreduce only where it is this much faster (MARGIN):
+# Another algorithm replaces MPI_Allreduce only where it is this much faster (tune_device.MARGIN):
 # closer than that, a pick is noise (docs/tuning.md).
 
 
 def _pick(times):
     """The lossless algorithm for one size: 'mpi' unless another beats it by the margin."""
-    lossless = {name: t for name, t in times.items() if name in LOSSLESS}
-    fastest = min(lossless, key=lossless.get)
-    return fastest if lossless[fastest] < MARGIN * lossless['mpi'] else 'mpi'
+    return pick({name: t for name, t in times.items() if name in LOSSLESS}, 'mpi')
 
 
 # Chunk sizes that broadcast's chunked algorithms are timed with (below the buffer's size).
@@ -168,9 +166,7 @@ def _op_runners(op, comm, hier, nbytes):
 
 def _pick_op(op, times):
     """The candidate for one size of ``op``: MPI's own unless another beats it by the margin."""
-    default = OPS[op][0]
-    fastest = min(times, key=times.get)
-    return fastest if times[fastest] < MARGIN * times[default] else default
+    return pick(times, OPS[op][0])
 
 
 def _ops_rows(comm, hier, sizes, trials, say):

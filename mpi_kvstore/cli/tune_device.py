@@ -14,7 +14,8 @@ from ..errors import ConfigError
 
 __all__ = ['present', 'built', 'allreduce_rows', 'ops_rows', 'check', 'against_each', 'pick']
 
-# Another transport replaces auto's only where it is this much faster (tune.MARGIN's rule).
+# Another transport (or algorithm: tune.py's host picks take this rule too) replaces the
+# default only where it is this much faster.
 MARGIN = 0.97
 
 
