@@ -7,11 +7,12 @@
 gpu_like's model, trained by every column, each a trainer over a store of its own, all
 created before anything is timed: fifo (DistributedTrainer on funneled with no partitions
 or credits: every group starts when ready, Horovod's order), priority (DistributedTrainer on
-the default store: priority-partitioned across hosts), gluon (gluon.Trainer, one pushpull a
+the default store, untuned: priority-partitioned across hosts), gluon (gluon.Trainer, one pushpull a
 key), dist_sync (gluon.Trainer on ps-lite; --p3: its P3 van, a job of its own) and horovod
 (when it imports; else skipped). --columns picks some of them: Horovod's background thread
 polls, so it loads the CPU for every other column of the job it is in. Two more, asked for by
-name: autotuned (priority with autotune=1) and best (priority with --best-options fixed, e.g.
+name: autotuned (priority with autotune=1, the default across hosts; every other column
+runs with autotune=0, harness.create_store) and best (priority with --best-options fixed, e.g.
 the fastest of an offline grid). --compression fp16: every mpi_kvstore column sends fp16,
 horovod takes hvd.Compression.fp16, dist_sync sends float32 (ps-lite has no such cast).
 

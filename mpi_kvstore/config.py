@@ -287,12 +287,15 @@ OPTIONS: tuple[Option, ...] = (
            _nonneg, agree=False),
     # auto is flat: MPICH's own Allreduce already goes through the hosts, and nothing beat it
     # reliably (hierarchy.AUTO_MIN_BYTES, docs/hierarchical.md).
-    Option('autotune', _parse_bool, False, 'bool',
+    # auto tunes where the schedule matters, across hosts, unless the tune table already
+    # holds a tuned schedule (docs/tuning.md has the grid behind it).
+    Option('autotune', _auto_or(_parse_bool), 'auto', 'auto/bool',
            'Funneled and concurrent: while the job trains, search partition_bytes, '
            'credit_bytes, fusion_threshold and progress_sleep_us on its own steps; every rank '
            'switches at the same round to what rank 0 chose from every rank\'s timings, and '
            'the choice goes into tune_table\'s schedule, where the next run starts. A value '
-           'set by argument or environment is kept (docs/tuning.md).'),
+           'set by argument or environment is kept. auto: on across hosts, unless the tune '
+           'table holds a schedule; off on one host (docs/tuning.md).'),
     Option('autotune_steps', int, 10, 'steps',
            'Steps in one sample of autotune: it compares the slowest rank\'s median step.',
            _positive),

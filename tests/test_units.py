@@ -569,6 +569,8 @@ def test_auto_schedule_options_follow_the_hosts_and_keep_explicit_values(monkeyp
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
         4 << 20, 8 << 20, 200.0)
     assert '2 hosts' in why and 'partition_bytes=4M' in why
+    assert config.autotune is True and 'autotune=on' in why     # the search, across hosts
+    assert config.origin('autotune') == 'auto: 2 hosts'
     config, _ = topology.resolve(cfg.Config(environ={'MPI_KVSTORE_CREDIT_BYTES': '1M'},
                                             partition_bytes=0), MPI.COMM_SELF)
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
@@ -576,13 +578,15 @@ def test_auto_schedule_options_follow_the_hosts_and_keep_explicit_values(monkeyp
     monkeypatch.setattr(topology, 'count_hosts', lambda comm: 1)
     config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (0, 0, 0)
-    everything = cfg.Config(environ={}, partition_bytes=1, credit_bytes=2, progress_sleep_us=3)
+    assert config.autotune is False and 'autotune=off' in why   # nothing is cut on one host
+    everything = cfg.Config(environ={}, partition_bytes=1, credit_bytes=2, progress_sleep_us=3,
+                            autotune=True)
     assert topology.resolve(everything, MPI.COMM_SELF) == (everything, None)
     monkeypatch.setattr(topology, 'oversubscribed', lambda comm: True)
     config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
         0, 0, 200.0)
-    assert 'more ranks than cores' in why
+    assert 'more ranks than cores' in why and config.autotune is False
 
 
 def test_ranks_outnumber_cores_by_the_union_of_their_affinities(monkeypatch):
@@ -647,6 +651,9 @@ def test_a_tune_tables_schedule_wins_over_the_hosts_and_travels_through_json(mon
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (
         1 << 20, 3 << 20, 200.0)
     assert 'tune table' in why
+    assert config.autotune is False           # the table's schedule was searched already
+    config, _ = topology.resolve(cfg.Config(environ={}, autotune=True), MPI.COMM_SELF, again)
+    assert config.autotune is True and config.partition_bytes == 1 << 20   # asked: from there
     assert tuning.Table.from_json(tuning.Table([1024], ['mpi'], 2).to_json()).schedule is None
 
 

@@ -222,12 +222,13 @@ def _autotune(config):
     """Whether the store would search its schedule online, over which knobs, and where its
     choice would go (designs/autotune.py)."""
     if not config.autotune:
-        return 'off (autotune=1 searches the schedule while the job trains)'
+        return 'off (%s; autotune=1 searches the schedule while the job trains)' % (
+            config.origin('autotune'))
     if config.design not in ('funneled', 'concurrent'):
         return 'on, but design=%s has no negotiation rounds: nothing is searched' % config.design
     free = autotune.free_knobs(config)
-    return 'on, %d steps a sample, searching %s%s; the choice goes %s' % (
-        config.autotune_steps, ', '.join(free) or 'nothing (every knob set by the user)',
+    return 'on (%s), %d steps a sample, searching %s%s; the choice goes %s' % (
+        config.origin('autotune'), config.autotune_steps, ', '.join(free) or 'nothing (every knob set by the user)',
         '' if len(free) == len(autotune.KNOBS) else ' (the rest set by the user)',
         'into %s' % config.tune_table if config.tune_table else 'to the log alone (no tune_table)')
 

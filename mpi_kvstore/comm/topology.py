@@ -15,6 +15,11 @@ content the ranks have agreed on (:func:`agree`). A value the user gave is kept.
   allreduces that sleep between polls, so the exchange leaves the cores to compute.
   docs/scheduling.md has the measurements behind these values.
 - A tune table's ``schedule`` entry (python -m mpi_kvstore tune) wins over both.
+
+``autotune`` defaults to 'auto' too: on across hosts, where the schedule decides the step
+and no one setting won everywhere (docs/tuning.md), unless the tune table holds a schedule,
+which a search (this job's, or ``tune``) already chose for this topology; off on one host,
+where nothing is cut.
 """
 import importlib.metadata
 import logging
@@ -33,8 +38,10 @@ __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversub
 
 log = logging.getLogger(__name__)
 
-ACROSS_HOSTS = {'partition_bytes': 4 << 20, 'credit_bytes': 8 << 20, 'progress_sleep_us': 200.0}
-ONE_HOST = {'partition_bytes': 0, 'credit_bytes': 0, 'progress_sleep_us': 0.0}
+ACROSS_HOSTS = {'partition_bytes': 4 << 20, 'credit_bytes': 8 << 20, 'progress_sleep_us': 200.0,
+                'autotune': True}
+ONE_HOST = {'partition_bytes': 0, 'credit_bytes': 0, 'progress_sleep_us': 0.0,
+            'autotune': False}
 # One host with more ranks than cores. Spinning there made a 4-rank test on 2 cores take
 # 53-70 s, once over 400 s, against 19-21 s with sleeps; docs/scheduling.md has the figures.
 OVERSUBSCRIBED = dict(ONE_HOST, progress_sleep_us=200.0)
@@ -109,7 +116,7 @@ def resolve(config, comm, table=None, warn=True):
         chosen = dict(ONE_HOST)
     tuned = getattr(table, 'schedule', None) or {}
     if tuned:
-        chosen.update(tuned)
+        chosen.update(tuned, autotune=False)   # already searched for this topology
         source += ', tune table'
     auto = {name: value for name, value in chosen.items() if getattr(config, name) == 'auto'}
     if not auto:
@@ -166,6 +173,8 @@ _BYTES = ('fusion_threshold', 'device_fusion_threshold', 'partition_bytes', 'cre
 
 
 def _show(value):
+    if isinstance(value, bool):
+        return 'on' if value else 'off'
     return '%g' % value if isinstance(value, float) else format_bytes(value)
 
 

@@ -23,7 +23,11 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
   matches a non-blocking one) while another still runs the old.
 - The search (:class:`CoordinateSearch`) measures the start, then each free knob over its
   grid (:data:`GRID`) with the others at their best so far, and keeps a value only where it
-  is :data:`MARGIN` faster. It settles after at most :func:`samples` samples, that is
+  is :data:`MARGIN` faster, twice: a knob's fastest value is measured again right after the
+  values in use, and kept only if it wins that pair by the margin too. One 10-step sample
+  on a loaded machine is noisy enough to pass the margin by chance (a 3 Gbit/s job once
+  chose no pieces that way and ran 4% slower); the pair, taken back to back, also cancels
+  a slow drift of the machine's speed. It settles after at most :func:`samples` samples, that is
   within :func:`settle_bound` steps, logs its choice once (rank 0), and writes it into the
   tune table's ``schedule`` (tuning.Table), where the next run of the same topology starts.
 - A value the user set (argument or environment variable) is never searched: only values
@@ -76,9 +80,11 @@ def free_knobs(config):
 
 
 def samples(start, free, grid=GRID):
-    """How many samples one pass takes: the start, then each other grid value of each free
-    knob."""
-    return 1 + sum(len(set(grid[k]) - {start[k]}) for k in free)
+    """The most samples one pass takes: the start, then each other grid value of each free
+    knob, and for each knob whose fastest value passed the margin, the values in use and
+    that value once more (:class:`CoordinateSearch`)."""
+    tried = [len(set(grid[k]) - {start[k]}) for k in free]
+    return 1 + sum(tried) + 2 * sum(1 for n in tried if n)
 
 
 def settle_bound(steps, count):
@@ -93,6 +99,8 @@ class CoordinateSearch:
 
     ``start``: {knob: value}; ``free``: the knobs it may change (others keep their start).
     :meth:`proposal` is what to measure next (None once done), :meth:`record` its cost.
+    A knob's fastest value replaces the best so far only if it is ``margin`` faster, and
+    again by the margin when the best and then that value are measured once more.
     """
 
     def __init__(self, start, free, grid=GRID, margin=MARGIN):
@@ -102,35 +110,42 @@ class CoordinateSearch:
         self._margin = margin
         self._todo = [(k, v) for k in KNOBS if k in free
                       for v in _ordered(grid[k]) if v != start[k]]
-        self._pending = [None] + self._todo   # None: the start itself
+        self._pending = [None] + self._todo   # None: the best so far (first: the start)
         self._knob_best = None                # (cost, value) of the knob being searched
+        self._recheck = None                  # (knob, value, cost of the best again)
 
     def proposal(self):
         """The values to measure next, or None: the search is done (``best``)."""
-        if not self._pending:
-            return None
-        head = self._pending[0]
-        if head is None:
-            return dict(self.best)
-        knob, value = head
-        return dict(self.best, **{knob: value})
+        return self.proposal_of(self._pending[0]) if self._pending else None
 
     def record(self, cost):
         """The cost (a step, in seconds: lower is better) of :meth:`proposal`'s values."""
+        cost = float(cost)
         head = self._pending.pop(0)
-        self.trials.append((self.proposal_of(head), float(cost)))
+        self.trials.append((self.proposal_of(head), cost))
         if head is None:
-            self.best_cost = float(cost)
+            if self.best_cost is None:
+                self.best_cost = cost                      # the start
+            else:
+                self._recheck = self._recheck + (cost,)    # the best, measured again
             return
         knob, value = head
+        if self._recheck is not None:                      # the candidate, measured again
+            _, _, again = self._recheck
+            self._recheck = None
+            if cost < again * (1 - self._margin):
+                self.best[knob] = value
+            self.best_cost = cost if self.best[knob] == value else again
+            return
         if self._knob_best is None or cost < self._knob_best[0]:
-            self._knob_best = (float(cost), value)
+            self._knob_best = (cost, value)
         following = self._pending[0][0] if self._pending else None
-        if following != knob:   # the knob's last value: keep the fastest if it clearly won
+        if following != knob:   # the knob's last value: recheck the fastest if it won
             cost_k, value_k = self._knob_best
-            if cost_k < self.best_cost * (1 - self._margin):
-                self.best[knob], self.best_cost = value_k, cost_k
             self._knob_best = None
+            if cost_k < self.best_cost * (1 - self._margin):
+                self._recheck = (knob, value_k)
+                self._pending[:0] = [None, (knob, value_k)]
 
     def proposal_of(self, head):
         return dict(self.best) if head is None else dict(self.best, **{head[0]: head[1]})

@@ -2,9 +2,10 @@
 
 usage: kv_topology.py DESIGN HOSTS   (HOSTS: how many hosts the test placed the ranks on)
 
-A store created with no options resolves partition_bytes, credit_bytes and
-progress_sleep_us from the hosts (mpi_kvstore/comm/topology.py): across hosts 4M, 8M and 200 us,
-on one host 0, 0 and 0 (200 us where the ranks outnumber the cores). Then a 10 MB pushpull
+A store created with no options resolves partition_bytes, credit_bytes, progress_sleep_us
+and autotune from the hosts (mpi_kvstore/comm/topology.py): across hosts 4M, 8M, 200 us and
+on (the negotiated designs then run a tuner), on one host 0, 0, 0 and off (200 us where the
+ranks outnumber the cores). Then a 10 MB pushpull
 (cut in pieces across hosts) and a few small ones give numpy's sums. A store whose ranks are
 given different partition_bytes raises
 ConfigError on every rank.
@@ -24,13 +25,18 @@ DESIGN = design_arg()
 HOSTS = int(sys.argv[2])
 # One host with more ranks than cores polls with sleeps too (mpiexec here binds no rank).
 CROWDED = HOSTS == 1 and SIZE > len(os.sched_getaffinity(0))
-EXPECTED = ((4 << 20, 8 << 20, 200.0) if HOSTS > 1 else (0, 0, 200.0 if CROWDED else 0.0))
+EXPECTED = ((4 << 20, 8 << 20, 200.0, True) if HOSTS > 1 else
+            (0, 0, 200.0 if CROWDED else 0.0, False))
 
 kv = mpi_kvstore.create('dist_mpi', design=DESIGN)
-got = (kv.config.partition_bytes, kv.config.credit_bytes, kv.config.progress_sleep_us)
+got = (kv.config.partition_bytes, kv.config.credit_bytes, kv.config.progress_sleep_us,
+       kv.config.autotune)
 if got != EXPECTED:
     raise AssertionError('rank %d: %d host(s): auto options resolved to %s, expected %s'
                          % (RANK, HOSTS, got, EXPECTED))
+tuner = getattr(kv._job.design, 'tuner', None)     # the design's: no public name reaches it
+if (tuner is not None) != (HOSTS > 1 and DESIGN in ('funneled', 'concurrent')):
+    raise AssertionError('rank %d: %d host(s), %s: tuner %r' % (RANK, HOSTS, DESIGN, tuner))
 
 before = debug.snapshot()
 big = mx.nd.array(np.arange(10 << 18, dtype=np.float32) % 1000 * (RANK + 1))   # 10 MB
