@@ -18,7 +18,7 @@ horovod takes hvd.Compression.fp16, dist_sync sends float32 (ps-lite has no such
 
 autotuned settles before the rounds: its search measures one sample of autotune_steps steps
 per value it tries, so it needs more warm-up than the rest, up to its settle bound
-(docs/tuning.md: 3 + N x (S + 5) steps, 153 at the defaults), that is ceil(bound / --chain)
+(docs/tuning.md: 3 + N x (S + 5) steps, at most 318 at the defaults), that is ceil(bound / --chain)
 + 1 runs, untimed and weight-checked; the rounds then time the values it chose. The JSON
 and the table say after how many steps it settled, on what.
 

@@ -51,7 +51,7 @@ def separable_costs(draw):
 @settings(max_examples=200, deadline=None)
 @given(costs=separable_costs(), free=st.sets(st.sampled_from(KNOBS)))
 def test_search_finds_the_minimum_of_a_separable_surface_in_one_pass(costs, free):
-    search = CoordinateSearch(START, free, margin=0.0)
+    search = CoordinateSearch(START, free, margin=0.0, joint=())   # one knob at a time
     measured = run_search(search, surface(costs))
     expected = {k: (min(costs[k], key=costs[k].get) if k in free else START[k]) for k in KNOBS}
     assert search.best == expected
@@ -59,7 +59,7 @@ def test_search_finds_the_minimum_of_a_separable_surface_in_one_pass(costs, free
     # one pass, plus the pair measured again for each knob that moved
     moved = sum(1 for k in free if expected[k] != START[k])
     assert measured == 1 + sum(len(set(GRID[k]) - {START[k]}) for k in free) + 2 * moved
-    assert measured <= autotune.samples(START, free)
+    assert measured <= autotune.samples(START, free, joint=())
 
 
 def test_search_keeps_the_start_unless_another_value_is_clearly_faster():
@@ -67,7 +67,7 @@ def test_search_keeps_the_start_unless_another_value_is_clearly_faster():
     def cost(values):
         return {0: 0.98, 1 << 20: 1.0, 4 << 20: 1.0}[values['partition_bytes']] * (
             0.9 if values['credit_bytes'] == 0 else 1.0)
-    search = CoordinateSearch(START, ('partition_bytes', 'credit_bytes'))
+    search = CoordinateSearch(START, ('partition_bytes', 'credit_bytes'), joint=())
     run_search(search, cost)
     assert search.best['partition_bytes'] == START['partition_bytes']
     assert search.best['credit_bytes'] == 0
@@ -84,14 +84,14 @@ def test_a_lucky_sample_is_measured_again_and_does_not_move_the_knob():
             seen['partition'] += 1
             return 0.9 if seen['partition'] == 1 else 1.0
         return 0.9 if values['credit_bytes'] == 0 else 1.0
-    search = CoordinateSearch(START, ('partition_bytes', 'credit_bytes'))
+    search = CoordinateSearch(START, ('partition_bytes', 'credit_bytes'), joint=())
     measured = run_search(search, cost)
     assert seen['partition'] == 2
     assert search.best == dict(START, credit_bytes=0)
     assert search.best_cost == pytest.approx(0.9)
     # start, 2 partition values, its pair again, 3 credit values, its pair again
-    assert measured == 1 + 2 + 2 + 3 + 2 == autotune.samples(START, ('partition_bytes',
-                                                                     'credit_bytes'))
+    assert measured == 1 + 2 + 2 + 3 + 2 == autotune.samples(
+        START, ('partition_bytes', 'credit_bytes'), joint=())
     rechecks = [values for values, _ in search.trials[3:5]]
     assert rechecks == [START, dict(START, partition_bytes=0)]
 
@@ -108,6 +108,35 @@ def test_a_drift_between_the_pairs_is_judged_on_the_second_pair():
     run_search(search, cost)
     assert search.best == dict(START, partition_bytes=0)
     assert search.best_cost == pytest.approx(1.1)
+
+
+def test_fifo_is_tried_as_one_setting_where_neither_knob_alone_gains():
+    # No pieces and no credit together are 10% faster; either alone is 5% slower, so a
+    # search one knob at a time keeps the start. FIFO is tried first, as one candidate,
+    # and the knobs' values it already set are not measured again.
+    def cost(values):
+        off = (values['partition_bytes'] == 0) + (values['credit_bytes'] == 0)
+        return {0: 1.0, 1: 1.05, 2: 0.9}[off]
+    free = ('partition_bytes', 'credit_bytes')
+    alone = CoordinateSearch(START, free, joint=())
+    run_search(alone, cost)
+    assert alone.best == START
+    search = CoordinateSearch(START, free)
+    measured = run_search(search, cost)
+    fifo = dict(START, partition_bytes=0, credit_bytes=0)
+    assert search.best == fifo and search.best_cost == pytest.approx(0.9)
+    tried = [values for values, _ in search.trials]
+    assert tried[:4] == [START, fifo, START, fifo]          # the start, FIFO, the pair again
+    assert tried[4:].count(fifo) == 0 and len(tried) == measured
+    assert measured == 4 + 1 + 2 <= autotune.samples(START, free)   # 1M pieces; 2M, 32M credit
+    # a user who set either knob gets no FIFO candidate: it would change what they set
+    assert autotune.candidates(START, ('partition_bytes',))[0][0] == 'partition_bytes'
+    assert [name for name, _ in autotune.candidates(START, KNOBS)] == ['fifo', *KNOBS]
+    assert autotune.candidates(fifo, free) == [('partition_bytes', [{'partition_bytes': 1 << 20},
+                                                                    {'partition_bytes': 4 << 20}]),
+                                               ('credit_bytes', [{'credit_bytes': 2 << 20},
+                                                                 {'credit_bytes': 8 << 20},
+                                                                 {'credit_bytes': 32 << 20}])]
 
 
 @settings(max_examples=100, deadline=None)
@@ -162,7 +191,7 @@ def test_ranks_of_different_timings_switch_alike_to_what_the_slowest_rank_gives(
         return 1e-3 * (1.0 + sum(terms)) * rng.uniform(1.0, 1.01)
 
     clocks = np.zeros(ranks)
-    for _ in range(autotune.settle_bound(tuners[0].steps, 12)):
+    for _ in range(tuners[0].bound):
         for r, tuner in enumerate(tuners):
             clocks[r] += step(r, tuner.current)
             tuner.tick(clocks[r])
@@ -224,6 +253,11 @@ def test_it_settles_within_its_stated_bound_on_one_rank_and_picks_the_cheapest()
         assert ran <= tuner.bound
     assert tuner.current == best
     assert tuner.bound == autotune.settle_bound(steps, autotune.samples(START, KNOBS))
+    # settled: a gradient turning ready is no longer timed (a job trains on for days)
+    req = type('Req', (), {'kind': 'allreduce', 'key': 'k'})()
+    before = tuner._steps_seen
+    tuner.ready([req])
+    assert tuner._steps_seen == before and tuner._intervals == []
 
 
 def test_the_choice_goes_into_the_tune_tables_schedule_and_the_next_run_starts_there(tmp_path):

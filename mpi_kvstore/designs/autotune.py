@@ -21,8 +21,9 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
   broadcasts what runs next; every rank applies it before its next round, the same round
   everywhere, so no rank runs a new cut, credit, bucket or wait (a blocking MPI call never
   matches a non-blocking one) while another still runs the old.
-- The search (:class:`CoordinateSearch`) measures the start, then each free knob over its
-  grid (:data:`GRID`) with the others at their best so far, and keeps a value only where it
+- The search (:class:`CoordinateSearch`) measures the start, then FIFO as one setting
+  (:data:`JOINT`), then each free knob over its grid (:data:`GRID`) with the others at
+  their best so far, and keeps a value only where it
   is :data:`MARGIN` faster, twice: a knob's fastest value is measured again right after the
   values in use, and kept only if it wins that pair by the margin too. One 10-step sample
   on a loaded machine is noisy enough to pass the margin by chance (a 3 Gbit/s job once
@@ -37,11 +38,12 @@ Why no optimisation library: scikit-optimize (Horovod's choice is its own Gaussi
 does not install beside numpy<1.24: ``pip install --dry-run scikit-optimize`` resolves to
 scikit-learn 1.9 and numpy 1.26, which MXNet 1.9.1 cannot use, and the project was archived
 in 2024. The space is also small (four knobs, three or four values each: 10 samples for a
-whole pass from values on the grid), and every sample costs ten training steps, so a model
-of the surface would save few samples; a deterministic coordinate search costs one pass and
-decides the same on every machine given the same timings. One pass can miss where knobs
-interact (a gain hidden behind a cost another knob removes later); a next run starts a new
-pass from the table.
+whole pass from values on the grid, 11 with FIFO), and every sample costs ten training
+steps, so a model of the surface would save few samples; a deterministic coordinate search
+costs one pass and decides the same on every machine given the same timings. One pass can
+miss where knobs interact (a gain hidden behind a cost another knob removes later); the one
+such corner measured, FIFO, is tried as one setting, and a next run starts a new pass from
+the table.
 """
 import json
 import logging
@@ -55,8 +57,8 @@ from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
 from ..config import format_bytes
 
-__all__ = ['KNOBS', 'GRID', 'CoordinateSearch', 'Tuner', 'free_knobs', 'samples',
-           'settle_bound', 'start_config', 'save']
+__all__ = ['KNOBS', 'GRID', 'JOINT', 'CoordinateSearch', 'Tuner', 'candidates', 'free_knobs',
+           'samples', 'settle_bound', 'start_config', 'save']
 
 log = logging.getLogger('mpi_kvstore')
 
@@ -68,6 +70,10 @@ GRID = {'partition_bytes': (0, 1 << 20, 4 << 20),
         'credit_bytes': (0, 2 << 20, 8 << 20, 32 << 20),
         'fusion_threshold': (256 << 10, 1 << 20, 4 << 20),
         'progress_sleep_us': (0.0, 50.0, 200.0)}
+# Tried together before the knobs one at a time: FIFO (no pieces, no credit), which won at
+# 10 Gbit/s and 4 hosts, where neither knob alone gained (benchmarks/results/overlap_grid).
+# A search one knob at a time cannot reach a corner that only both moves together find.
+JOINT = (('fifo', {'partition_bytes': 0, 'credit_bytes': 0}),)
 MARGIN = 0.03        # a value replaces the best so far only when this much faster: noise
 WARMUP_STEPS = 3     # steps of the job's start left out (graph building, compiled ops)
 CHECK_EVERY = 4      # negotiation rounds between two agreements on the timings
@@ -79,12 +85,22 @@ def free_knobs(config):
     return tuple(k for k in KNOBS if not config.origin(k).startswith(_USER))
 
 
-def samples(start, free, grid=GRID):
-    """The most samples one pass takes: the start, then each other grid value of each free
-    knob, and for each knob whose fastest value passed the margin, the values in use and
-    that value once more (:class:`CoordinateSearch`)."""
-    tried = [len(set(grid[k]) - {start[k]}) for k in free]
-    return 1 + sum(tried) + 2 * sum(1 for n in tried if n)
+def candidates(start, free, grid=GRID, joint=JOINT):
+    """What one pass tries after the start, in groups: [(name, [changes, ...])], each
+    change a {knob: value} dict. First each joint setting whose knobs are all free and not
+    all at it already, then each free knob's other grid values."""
+    groups = [(name, [dict(changes)]) for name, changes in joint
+              if set(changes) <= set(free) and any(start[k] != v for k, v in changes.items())]
+    return groups + [(k, [{k: v} for v in _ordered(grid[k]) if v != start[k]])
+                     for k in KNOBS if k in free and set(grid[k]) - {start[k]}]
+
+
+def samples(start, free, grid=GRID, joint=JOINT):
+    """The most samples one pass takes: the start, then each candidate, and for each group
+    whose fastest candidate passed the margin, the values in use and that candidate once
+    more (:class:`CoordinateSearch`)."""
+    groups = candidates(start, free, grid, joint)
+    return 1 + sum(len(changes) for _, changes in groups) + 2 * len(groups)
 
 
 def settle_bound(steps, count):
@@ -99,20 +115,22 @@ class CoordinateSearch:
 
     ``start``: {knob: value}; ``free``: the knobs it may change (others keep their start).
     :meth:`proposal` is what to measure next (None once done), :meth:`record` its cost.
-    A knob's fastest value replaces the best so far only if it is ``margin`` faster, and
-    again by the margin when the best and then that value are measured once more.
+    Each group of :func:`candidates` in turn, with the best so far for the rest: its
+    fastest candidate replaces the best only if it is ``margin`` faster, and again by the
+    margin when the best and then that candidate are measured once more.
     """
 
-    def __init__(self, start, free, grid=GRID, margin=MARGIN):
+    def __init__(self, start, free, grid=GRID, margin=MARGIN, joint=JOINT):
         self.best = dict(start)
         self.best_cost = None
         self.trials = []     # (values, cost) in the order measured
         self._margin = margin
-        self._todo = [(k, v) for k in KNOBS if k in free
-                      for v in _ordered(grid[k]) if v != start[k]]
-        self._pending = [None] + self._todo   # None: the best so far (first: the start)
-        self._knob_best = None                # (cost, value) of the knob being searched
-        self._recheck = None                  # (knob, value, cost of the best again)
+        # None: the best so far (first: the start); else (group, {knob: value})
+        self._pending = [None] + [(name, changes) for name, group in
+                                  candidates(start, free, grid, joint) for changes in group]
+        self._group_best = None               # (cost, changes) of the group being searched
+        self._recheck = None                  # (group, changes[, cost of the best again])
+        self._drop_known()
 
     def proposal(self):
         """The values to measure next, or None: the search is done (``best``)."""
@@ -129,26 +147,36 @@ class CoordinateSearch:
             else:
                 self._recheck = self._recheck + (cost,)    # the best, measured again
             return
-        knob, value = head
+        group, changes = head
         if self._recheck is not None:                      # the candidate, measured again
-            _, _, again = self._recheck
+            again = self._recheck[2]
             self._recheck = None
-            if cost < again * (1 - self._margin):
-                self.best[knob] = value
-            self.best_cost = cost if self.best[knob] == value else again
+            won = cost < again * (1 - self._margin)
+            if won:
+                self.best.update(changes)
+            self.best_cost = cost if won else again
+            self._drop_known()
             return
-        if self._knob_best is None or cost < self._knob_best[0]:
-            self._knob_best = (cost, value)
+        if self._group_best is None or cost < self._group_best[0]:
+            self._group_best = (cost, changes)
         following = self._pending[0][0] if self._pending else None
-        if following != knob:   # the knob's last value: recheck the fastest if it won
-            cost_k, value_k = self._knob_best
-            self._knob_best = None
-            if cost_k < self.best_cost * (1 - self._margin):
-                self._recheck = (knob, value_k)
-                self._pending[:0] = [None, (knob, value_k)]
+        if following != group:   # the group's last candidate: recheck the fastest if it won
+            cost_g, changes_g = self._group_best
+            self._group_best = None
+            if cost_g < self.best_cost * (1 - self._margin):
+                self._recheck = (group, changes_g)
+                self._pending[:0] = [None, (group, changes_g)]
+        self._drop_known()
+
+    def _drop_known(self):
+        """Leave out candidates that are the best already (a knob at the value a joint
+        setting gave it). The best changes only between groups, so the group under way
+        keeps all of its candidates."""
+        self._pending = [head for head in self._pending
+                         if head is None or self.proposal_of(head) != self.best]
 
     def proposal_of(self, head):
-        return dict(self.best) if head is None else dict(self.best, **{head[0]: head[1]})
+        return dict(self.best) if head is None else dict(self.best, **head[1])
 
     @property
     def done(self):
@@ -219,6 +247,8 @@ class Tuner:
     # -- the thread that marks requests ready (the negotiation thread, or an engine worker) ----
     def ready(self, reqs):
         """Mark a step where a gradient's collective of the first key reduced turns ready."""
+        if not self.active:     # settled: no more samples, and no list growing a step
+            return
         for req in reqs:
             if req.kind not in ('allreduce', 'reducescatter'):
                 continue
