@@ -10,6 +10,10 @@ peers.png: every quiet `benchmarks.overlap` job of 2026-11-25 with CPU accountin
 the step of FIFO, priority (the defaults), per-key gluon.Trainer and MXNet's dist_sync or P3,
 median with min-max whiskers, and compute alone as a line. Panels are jobs, not topologies,
 because only columns of one job ran interleaved: a P3 job is a panel of its own.
+
+overlap_grid.png: the grid of 2026-11-27, the cells of the six runs (benchmarks/results/
+overlap_grid/2026-11-27-{F,A2,B,C,D,G}) made with one version of the search (NOTES.md beside
+them), drawn by benchmarks.overlap_grid's own plot, with its table.
 """
 import glob
 import json
@@ -18,6 +22,8 @@ import os
 from benchmarks import harness
 
 RESULTS = os.path.join(harness.REPO_ROOT, 'benchmarks', 'results', 'overlap', '2026-11-25')
+GRID = [os.path.join(harness.REPO_ROOT, 'benchmarks', 'results', 'overlap_grid', '2026-11-27-' + run,
+                     'overlap_grid.json') for run in ('F', 'A2', 'B', 'C', 'D', 'G')]
 IMG = os.path.join(harness.REPO_ROOT, 'docs', 'img')
 PEERS = ('fifo', 'priority', 'gluon', 'dist_sync', 'dist_sync:p3', 'horovod')
 COLOURS = {'fifo': 'tab:gray', 'priority': 'tab:blue', 'gluon': 'tab:cyan',
@@ -114,6 +120,16 @@ def main():
     jobs = quiet_jobs()
     print(peers_table(jobs))
     print(peers_plot(jobs, os.path.join(IMG, 'peers.png')))
+    from benchmarks import overlap_grid  # brings MXNet and the test bed in: only for this figure
+    runs = []
+    for path in GRID:
+        with open(path) as handle:
+            runs.append(json.load(handle))
+    combined = dict(runs[0], cells=[c for run in runs for c in run['cells']],
+                    command='; '.join(run['command'] for run in runs),
+                    elapsed_s=sum(run['elapsed_s'] for run in runs))
+    print(overlap_grid.markdown(combined))
+    print(overlap_grid.plot(combined, os.path.join(IMG, 'overlap_grid.png')))
 
 
 if __name__ == '__main__':
