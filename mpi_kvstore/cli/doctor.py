@@ -228,7 +228,8 @@ def _autotune(config):
         return 'on, but design=%s has no negotiation rounds: nothing is searched' % config.design
     free = autotune.free_knobs(config)
     return 'on (%s), %d steps a sample, searching %s%s; the choice goes %s' % (
-        config.origin('autotune'), config.autotune_steps, ', '.join(free) or 'nothing (every knob set by the user)',
+        config.origin('autotune'), config.autotune_steps,
+        ', '.join(free) or 'nothing (every knob set by the user)',
         '' if len(free) == len(autotune.KNOBS) else ' (the rest set by the user)',
         'into %s' % config.tune_table if config.tune_table else 'to the log alone (no tune_table)')
 

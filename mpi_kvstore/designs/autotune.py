@@ -24,8 +24,8 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
 - The search (:class:`CoordinateSearch`) measures the start, then FIFO as one setting
   (:data:`JOINT`), then each free knob over its grid (:data:`GRID`) with the others at
   their best so far, and keeps a value only where it
-  is :data:`MARGIN` faster, twice: a knob's fastest value is measured again right after the
-  values in use, and kept only if it wins that pair by the margin too. One 10-step sample
+  is :data:`MARGIN` faster, twice: a group's fastest value (FIFO's, or a knob's) is measured
+  again right after the values in use, and kept only if it wins that pair by the margin too. One 10-step sample
   on a loaded machine is noisy enough to pass the margin by chance (a 3 Gbit/s job once
   chose no pieces that way and ran 4% slower); the pair, taken back to back, also cancels
   a slow drift of the machine's speed. It settles after at most :func:`samples` samples, that is
