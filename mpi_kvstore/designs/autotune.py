@@ -129,8 +129,7 @@ class CoordinateSearch:
         self._pending = [None] + [(name, changes) for name, group in
                                   candidates(start, free, grid, joint) for changes in group]
         self._group_best = None               # (cost, changes) of the group being searched
-        self._recheck = None                  # (group, changes[, cost of the best again])
-        self._drop_known()
+        self._again = None                    # the best's cost, measured again: a recheck
 
     def proposal(self):
         """The values to measure next, or None: the search is done (``best``)."""
@@ -145,17 +144,16 @@ class CoordinateSearch:
             if self.best_cost is None:
                 self.best_cost = cost                      # the start
             else:
-                self._recheck = self._recheck + (cost,)    # the best, measured again
+                self._again = cost                         # the best, measured again
             return
         group, changes = head
-        if self._recheck is not None:                      # the candidate, measured again
-            again = self._recheck[2]
-            self._recheck = None
+        if self._again is not None:                        # the candidate, measured again
+            again, self._again = self._again, None
             won = cost < again * (1 - self._margin)
             if won:
                 self.best.update(changes)
+                self._drop_known()
             self.best_cost = cost if won else again
-            self._drop_known()
             return
         if self._group_best is None or cost < self._group_best[0]:
             self._group_best = (cost, changes)
@@ -164,14 +162,13 @@ class CoordinateSearch:
             cost_g, changes_g = self._group_best
             self._group_best = None
             if cost_g < self.best_cost * (1 - self._margin):
-                self._recheck = (group, changes_g)
                 self._pending[:0] = [None, (group, changes_g)]
-        self._drop_known()
 
     def _drop_known(self):
         """Leave out candidates that are the best already (a knob at the value a joint
-        setting gave it). The best changes only between groups, so the group under way
-        keeps all of its candidates."""
+        setting gave it), once the best changed: only after a recheck, between groups, so
+        the group under way keeps all of its candidates. The start needs none of this:
+        :func:`candidates` leaves its values out."""
         self._pending = [head for head in self._pending
                          if head is None or self.proposal_of(head) != self.best]
 
