@@ -184,6 +184,14 @@ def test_chained_native_op_polls_with_sleeps():
         'kv_native[chained, native=1]')
 
 
+@pytest.mark.parametrize('nprocs', [2, 3])
+def test_compiled_wait_sums_right_and_runs_no_python_while_waiting(nprocs):
+    """comm.progress.wait_polling: sums against numpy with ranks on time and late, the
+    request complete for mpi4py after it, and a bounded number of Python lines traced
+    while it waits half a second for a late rank (a loop in Python ran 30632)."""
+    _ok(run_mpi(nprocs, 'progress_wait.py', timeout=120), 'progress_wait')
+
+
 @pytest.mark.parametrize('design', ['funneled', 'concurrent', 'blocking', 'chained'])
 def test_sleep_polled_allreduce_gives_the_same_sums(design, designs):
     """progress_sleep_us: every allreduce (min bytes 0) as Iallreduce polled with sleeps

@@ -15,7 +15,7 @@ from .broadcast import ByTable, table_choice
 from .fusion import BufferPool, pieces
 from .hierarchy import Hierarchy, PairedCalls
 from .mpiabi import MPI, handle
-from .progress import AGREEMENT_POLL_US, PROGRESS_TESTS, wait_polling
+from .progress import AGREEMENT_POLL_US, PROGRESS_TESTS, prepare, wait_polling
 from .routing import DeviceRouter
 from .tuning import Choice
 
@@ -53,6 +53,7 @@ class Comm:
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.handle = handle(self.mpi)   # for native ops
+        prepare()    # the compiled wait, here rather than inside a first collective
         self._scratch = BufferPool()     # the piece buffer of reduce-scatter
         self.router = DeviceRouter(self, gpu_transport,
                                    table.device if table is not None else None, concurrent,

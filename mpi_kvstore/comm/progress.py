@@ -1,31 +1,121 @@
-"""Waiting for an MPI request without pinning a core (the option progress_sleep_us).
+"""Waiting for an MPI request without pinning a core, and without the GIL (the option
+progress_sleep_us).
 
 Ranks reach a collective at different times; a blocking wait spins a core that the
-other rank's compute needs. docs/benchmarks.md (progress) has the measurements behind
-the constants.
-"""
-import time
+other rank's compute needs, so a wait polls MPI_Test with sleeps. It polls in compiled
+code (numba) with the GIL released: a loop in Python took the GIL again at every wake-up,
+and in a training process whose other threads hold it (a data pipeline, Python layers)
+each wake-up waited for them, up to the interpreter's switch interval. Horovod's
+background thread, in C++, never waits for the GIL; neither does this wait.
+docs/benchmarks.md (progress) has the measurements behind the constants.
 
-__all__ = ['wait_polling', 'PROGRESS_TESTS', 'AGREEMENT_POLL_US']
+The wait returns to Python every ``_SLICE_US`` to let the main thread's signal handlers
+run (Ctrl-C), and calls MPI_Test on the request object's own handle
+(``MPI._addressof``), so that mpi4py sees the request complete as after its own Test.
+"""
+import ctypes
+import hashlib
+import threading
+
+import numba
+import numpy as np
+from numba import types
+
+from . import ccall
+from .mpiabi import MPI, c_api
+
+__all__ = ['wait_polling', 'prepare', 'poll', 'PROGRESS_TESTS', 'SPIN_TESTS', 'AGREEMENT_POLL_US']
 
 # MPI_Test calls per wake-up: MPICH moves a bounded amount of data per Test, so one Test
 # per sleep throttles a large allreduce; a few in a row drain what arrived meanwhile.
 PROGRESS_TESTS = 8
+# A wait first calls MPI_Test this many times in a row: most waits on one host, and those
+# where the other ranks are there already, end within them.
+SPIN_TESTS = 32
 # The longest sleep between polls of a polled agreement (config's poll_us default).
 AGREEMENT_POLL_US = 50.0
-_SPIN_S = 50e-6   # spin this long first: most waits on one host end within it
+_SLICE_US = 100_000     # back in Python (signals) at least this often while waiting
+_PENDING = 1            # poll's answer when the slice ended first (MPI's codes are >= 0)
+
+_call_test = ccall.caller(32, (64, 64, 64))         # MPI_Test(request*, flag*, status*)
+_call_usleep = ccall.caller(32, (32,))              # usleep(us)
+_i64 = ccall.typed_pointer(types.int64)
+
+
+@numba.njit
+def poll(test_fn, usleep_fn, request, box, poll_us, tests, slice_us):
+    """MPI_Test(``request``) SPIN_TESTS times in a row, then after sleeps doubling from
+    1 us up to ``poll_us``, up to ``tests`` times a wake-up, until the request completes
+    (-> 0), MPI_Test fails (-> its error code, a positive int) or the sleeps reach
+    ``slice_us`` (-> -_PENDING; 0: no limit). ``box``: the address of 8 int64 words of
+    scratch, the flag and then the status. Compiled into the native ops as well
+    (engine/native.py)."""
+    flag = numba.carray(_i64(box), 8)
+    n, sleep, slept = SPIN_TESTS, 1, 0
+    while True:
+        for _ in range(n):
+            flag[0] = 0
+            err = _call_test(test_fn, (request, box, box + 8))
+            if err != 0:
+                return err
+            if flag[0] & 0xffffffff:
+                return 0
+        if slice_us > 0 and slept >= slice_us:
+            return -_PENDING
+        _call_usleep(usleep_fn, (sleep,))
+        slept += sleep
+        sleep = min(2 * sleep, poll_us)
+        n = tests
+
+
+def _entry(key):
+    """The wait that Python calls, released from the GIL: a closure over ``key`` (this
+    file's and ccall's source), which numba's on-disk cache keys it by, as native.py's
+    entry points are keyed (numba keys a function by its own file only)."""
+    def wait(test_fn, usleep_fn, request, poll_us, tests, slice_us):
+        _ = key
+        box = np.zeros(8, np.int64)
+        return poll(test_fn, usleep_fn, request, box.ctypes.data, poll_us, tests, slice_us)
+    return wait
+
+
+# (MPI_Test, usleep, the request's handle address, poll_us, tests, slice_us) -> 0, MPI's
+# error or -_PENDING; typed, so that prepare() compiles (or loads) it there and then.
+_SIGNATURE = types.int64(*[types.int64] * 6)
+_lock = threading.Lock()
+_compiled = []     # [(the compiled wait, MPI_Test's address, usleep's address)], once
+
+
+def _waiter():
+    if not _compiled:
+        with _lock:
+            if not _compiled:
+                digest = hashlib.sha256()
+                for path in (__file__, ccall.__file__):
+                    with open(path, 'rb') as fh:
+                        digest.update(fh.read())
+                fn = numba.njit(_SIGNATURE, nogil=True, cache=True)(_entry(digest.hexdigest()))
+                usleep = ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p).value
+                _compiled.append((fn, c_api().test, usleep))
+    return _compiled[0]
+
+
+def prepare():
+    """Compile the wait (or load it from numba's cache) now rather than at the first
+    wait: a rank that compiles inside a collective keeps the others waiting."""
+    _waiter()
 
 
 def wait_polling(request, poll_us, tests=1):
-    """Wait for ``request``: spin briefly, then sleep with doubling sleeps of at most
-    ``poll_us``, calling Test up to ``tests`` times in a row at each wake-up."""
-    start = time.perf_counter()
-    sleep = 1e-6
-    while not request.Test():
-        if time.perf_counter() - start < _SPIN_S:
-            continue
-        time.sleep(sleep)
-        sleep = min(sleep * 2, poll_us * 1e-6)
-        for _ in range(tests - 1):
-            if request.Test():
-                return
+    """Wait for the mpi4py ``request`` without the GIL: MPI_Test in compiled code,
+    SPIN_TESTS times, then after sleeps of at most ``poll_us`` microseconds, ``tests``
+    times a wake-up. Raises MPI.Exception where MPI_Test fails."""
+    fn, test, usleep = _waiter()
+    address = MPI._addressof(request)
+    poll_us = max(1, int(poll_us))
+    while True:
+        err = fn(test, usleep, address, poll_us, tests, _SLICE_US)
+        if err == 0:
+            return
+        if err != -_PENDING:
+            raise MPI.Exception(err)

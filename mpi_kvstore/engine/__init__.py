@@ -1,6 +1,6 @@
 """MXNet's dependency engine, from the outside: the libmxnet handle (``libmxnet``), array
 views and layouts (``arrays``), pushing Python and compiled functions as engine ops
-(``core``), the compiled (numba) ops (``native``, which call C through ``ccall``), the
+(``core``), the compiled (numba) ops (``native``, which call C through ``comm.ccall``), the
 records they share with Python, declared once (``layout``), and their Python side
 (``records``).
 

@@ -38,17 +38,13 @@ import numba
 import numpy as np
 from numba import types
 
-from ..comm import agreement, progress
-from . import arrays, ccall
+from ..comm import agreement, ccall, progress
+from . import arrays
 from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY...
 
 __all__ = ['address']
 
 _DL_CPU, _DL_CUDA_HOST = 1, 3         # dlpack.h's device types of host memory
-# A polled wait first calls MPI_Test SPIN_TESTS times in a row (the other ranks are
-# often there already), then sleeps, doubling from 1 us up to its limit, and calls
-# MPI_Test up to TESTS_PER_WAKE times after each sleep, as progress.wait_polling does.
-SPIN_TESTS, TESTS_PER_WAKE = 32, progress.PROGRESS_TESTS
 # numba keys a cached function by its own file and bytecode, not by the other files whose
 # constants and code it compiles in: the entry points close over these files' source
 # (_entry_points), so that a change in one compiles them again instead of loading stale
@@ -66,8 +62,6 @@ _call_void_1 = ccall.caller(0, (64,))               # the Python entry (engine.p
 _call_void_3 = ccall.caller(0, (64, 64, 64))        # the engine's completion callback
 _call_allreduce = ccall.caller(32, (64, 64, 32, 64, 64, 64))
 _call_iallreduce = ccall.caller(32, (64, 64, 32, 64, 64, 64, 64))
-_call_test = ccall.caller(32, (64, 64, 64))         # MPI_Test(request*, flag*, status*)
-_call_usleep = ccall.caller(32, (32,))
 _call_madvise = ccall.caller(32, (64, 64, 32))      # madvise(addr, length, advice)
 _call_self = ccall.caller(64, ())                   # pthread_self()
 # MXEnginePushAsyncND(fn, param, deleter, ctx, const, nconst, mutable, nmutable, prop,
@@ -154,8 +148,8 @@ def _copy_arrays(rec, first, arrays, fused, into_fused):
 @numba.njit
 def _allreduce(rec, ptr, count, dtype, op, comm, poll_us):
     """MPI_Allreduce in place; with poll_us > 0, MPI_Iallreduce then MPI_Test with sleeps
-    of up to poll_us (the engine worker leaves its core to compute while it waits, as
-    progress.wait_polling does in Python). -> MPI's error code."""
+    of up to poll_us (progress.poll: the engine worker leaves its core to compute while it
+    waits). -> MPI's error code."""
     fns = _table_of(rec)
     if poll_us <= 0:
         return _call_allreduce(fns[L.F_ALLREDUCE], (fns[L.C_IN_PLACE], ptr, count, dtype, op, comm))
@@ -165,19 +159,8 @@ def _allreduce(rec, ptr, count, dtype, op, comm, poll_us):
                                                base + 8 * L.REQUEST))
     if err != 0:
         return err
-    tests, sleep = SPIN_TESTS, 1
-    while True:
-        for _ in range(tests):
-            rec[L.FLAG] = 0
-            err = _call_test(fns[L.F_TEST], (base + 8 * L.REQUEST, base + 8 * L.FLAG,
-                                             base + 8 * L.STATUS))
-            if err != 0:
-                return err
-            if rec[L.FLAG] & 0xffffffff:
-                return 0
-        _call_usleep(fns[L.F_USLEEP], (sleep,))
-        sleep = min(2 * sleep, poll_us)
-        tests = TESTS_PER_WAKE
+    return progress.poll(fns[L.F_TEST], fns[L.F_USLEEP], base + 8 * L.REQUEST, base + 8 * L.FLAG,
+                         poll_us, progress.PROGRESS_TESTS, 0)
 
 
 @numba.njit
