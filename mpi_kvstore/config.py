@@ -263,8 +263,9 @@ OPTIONS: tuple[Option, ...] = (
            _nonneg, agree=False),
     Option('progress_sleep_us', _auto_or(float), 'auto', 'microseconds',
            'Allreduces of at least progress_min_bytes run as MPI_Iallreduce polled with '
-           'sleeps of up to this long (8 MPI_Test calls per wake-up), so the exchange leaves '
-           'the core to compute instead of busy-polling in MPI: for training across hosts on '
+           'sleeps of up to this long (8 MPI_Test calls per wake-up, in compiled code without '
+           'the GIL), so the exchange leaves the core to compute instead of busy-polling in '
+           'MPI: for training across hosts on '
            'busy cores (docs/tuning.md). Chained\'s compiled op polls its agreement '
            'too. It adds latency over shared memory (benchmarks/allreduce.py). 0: blocking '
            'MPI_Allreduce. auto: decided when the store is created (topology.py): 200 where '
