@@ -23,12 +23,14 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
   matches a non-blocking one) while another still runs the old.
 - The search (:class:`CoordinateSearch`) measures the start, then FIFO as one setting
   (:data:`JOINT`), then each free knob over its grid (:data:`GRID`) with the others at
-  their best so far, and keeps a value only where it
-  is :data:`MARGIN` faster, twice: a group's fastest value (FIFO's, or a knob's) is measured
-  again right after the values in use, and kept only if it wins that pair by the margin too. One 10-step sample
-  on a loaded machine is noisy enough to pass the margin by chance (a 3 Gbit/s job once
-  chose no pieces that way and ran 4% slower); the pair, taken back to back, also cancels
-  a slow drift of the machine's speed. It settles after at most :func:`samples` samples, that is
+  their best so far. A group's fastest value (FIFO's, or a knob's), if faster than the
+  best at all, is measured again right after the values in use, and kept only if it wins
+  that pair by half of :data:`MARGIN` and the two pairs together by the margin. One
+  10-step sample on a loaded machine is noisy enough to pass the margin by chance (a
+  3 Gbit/s job once chose no pieces that way and ran 4% slower), or to miss a real lead
+  (FIFO's 4-10% at 4 hosts and 10 Gbit/s, missed in two jobs when one sample had to pass
+  the margin on its own); the pair, taken back to back, also cancels a slow drift of the
+  machine's speed. It settles after at most :func:`samples` samples, that is
   within :func:`settle_bound` steps, logs its choice once (rank 0), and writes it into the
   tune table's ``schedule`` (tuning.Table), where the next run of the same topology starts.
 - A value the user set (argument or environment variable) is never searched: only values
@@ -97,8 +99,8 @@ def candidates(start, free, grid=GRID, joint=JOINT):
 
 def samples(start, free, grid=GRID, joint=JOINT):
     """The most samples one pass takes: the start, then each candidate, and for each group
-    whose fastest candidate passed the margin, the values in use and that candidate once
-    more (:class:`CoordinateSearch`)."""
+    whose fastest candidate was faster than the best, the values in use and that candidate
+    once more (:class:`CoordinateSearch`)."""
     groups = candidates(start, free, grid, joint)
     return 1 + sum(len(changes) for _, changes in groups) + 2 * len(groups)
 
@@ -116,8 +118,9 @@ class CoordinateSearch:
     ``start``: {knob: value}; ``free``: the knobs it may change (others keep their start).
     :meth:`proposal` is what to measure next (None once done), :meth:`record` its cost.
     Each group of :func:`candidates` in turn, with the best so far for the rest: its
-    fastest candidate replaces the best only if it is ``margin`` faster, and again by the
-    margin when the best and then that candidate are measured once more.
+    fastest candidate, if faster than the best, is measured again right after the best,
+    and replaces it only if it wins that pair by half the ``margin`` and both pairs
+    together (the sums of their costs) by the ``margin``.
     """
 
     def __init__(self, start, free, grid=GRID, margin=MARGIN, joint=JOINT):
@@ -130,6 +133,7 @@ class CoordinateSearch:
                                   candidates(start, free, grid, joint) for changes in group]
         self._group_best = None               # (cost, changes) of the group being searched
         self._again = None                    # the best's cost, measured again: a recheck
+        self._first = None                    # (candidate's, best's) first costs, rechecked
 
     def proposal(self):
         """The values to measure next, or None: the search is done (``best``)."""
@@ -149,7 +153,9 @@ class CoordinateSearch:
         group, changes = head
         if self._again is not None:                        # the candidate, measured again
             again, self._again = self._again, None
-            won = cost < again * (1 - self._margin)
+            first, first_best = self._first
+            won = (cost < again * (1 - self._margin / 2)
+                   and first + cost < (first_best + again) * (1 - self._margin))
             if won:
                 self.best.update(changes)
                 self._drop_known()
@@ -158,10 +164,11 @@ class CoordinateSearch:
         if self._group_best is None or cost < self._group_best[0]:
             self._group_best = (cost, changes)
         following = self._pending[0][0] if self._pending else None
-        if following != group:   # the group's last candidate: recheck the fastest if it won
+        if following != group:   # the group's last candidate: recheck the fastest if faster
             cost_g, changes_g = self._group_best
             self._group_best = None
-            if cost_g < self.best_cost * (1 - self._margin):
+            if cost_g < self.best_cost:
+                self._first = (cost_g, self.best_cost)
                 self._pending[:0] = [None, (group, changes_g)]
 
     def _drop_known(self):
