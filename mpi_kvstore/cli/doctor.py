@@ -15,7 +15,7 @@ from ..comm import mpiabi, topology, transports, tuning
 from ..comm.mpiabi import MPI
 from ..comm.tuning import OPS, Table
 from ..config import _LOCAL_RANK_VARS, Config, format_bytes, launcher_local_rank
-from ..designs import REGISTRY, autotune, get_design
+from ..designs import NEGOTIATED_NAMES, REGISTRY, autotune, get_design
 from ..errors import ConfigError
 from ..launch.console import HelpFormatter, console
 
@@ -224,7 +224,7 @@ def _autotune(config):
     if not config.autotune:
         return 'off (%s; autotune=1 searches the schedule while the job trains)' % (
             config.origin('autotune'))
-    if config.design not in ('funneled', 'concurrent'):
+    if config.design not in NEGOTIATED_NAMES:
         return 'on, but design=%s has no negotiation rounds: nothing is searched' % config.design
     free = autotune.free_knobs(config)
     return 'on (%s), %d steps a sample, searching %s%s; the choice goes %s' % (

@@ -9,14 +9,18 @@ from .blocking import Blocking
 from .chained import Chained
 from .concurrent import Concurrent
 from .funneled import Funneled
+from .negotiated import Negotiated
 
-__all__ = ['REGISTRY', 'NAMES', 'ENGINE_NAMES', 'get_design', 'check_thread_level']
+__all__ = ['REGISTRY', 'NAMES', 'ENGINE_NAMES', 'NEGOTIATED_NAMES', 'get_design',
+           'check_thread_level']
 
 REGISTRY = {cls.name: cls for cls in (Funneled, Concurrent, Chained, Blocking)}
 NAMES = tuple(REGISTRY)
 """The design names ``create(design=...)`` accepts (``mpi_kvstore.DESIGNS``)."""
 # The designs whose collectives run inside MXNet's engine (blocking runs on the caller).
 ENGINE_NAMES = tuple(name for name, cls in REGISTRY.items() if cls.in_engine)
+# The designs with negotiation rounds: those that queue, cut and credit, and run autotune.
+NEGOTIATED_NAMES = tuple(name for name, cls in REGISTRY.items() if issubclass(cls, Negotiated))
 
 
 def get_design(name):
