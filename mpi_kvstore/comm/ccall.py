@@ -1,11 +1,14 @@
-"""numba intrinsics with which compiled engine ops (native.py) call C functions by address
-and read memory at an address; no Python runs in either."""
+"""numba intrinsics with which compiled code (progress.py's wait, engine/native.py's ops)
+calls C functions by address and reads memory at an address; no Python runs in either.
+And the key under which that code is cached on disk."""
+import hashlib
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ['caller', 'typed_pointer']
+__all__ = ['caller', 'typed_pointer', 'source_key']
 
 
 def caller(ret_bits, arg_bits):
@@ -45,3 +48,15 @@ def typed_pointer(dtype):
             return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
         return sig, codegen
     return pointer
+
+
+def source_key(paths):
+    """A digest of the files at ``paths``: numba keys a cached function by its own file and
+    bytecode only, so compiled code closes over this key of every file whose code or
+    constants it compiles in, and a change in any of them compiles it again instead of
+    loading stale machine code."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, 'rb') as fh:
+            digest.update(fh.read())
+    return digest.hexdigest()

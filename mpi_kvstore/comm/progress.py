@@ -14,7 +14,6 @@ run (Ctrl-C), and calls MPI_Test on the request object's own handle
 (``MPI._addressof``), so that mpi4py sees the request complete as after its own Test.
 """
 import ctypes
-import hashlib
 import threading
 
 import numba
@@ -90,11 +89,8 @@ def _waiter():
     if not _compiled:
         with _lock:
             if not _compiled:
-                digest = hashlib.sha256()
-                for path in (__file__, ccall.__file__):
-                    with open(path, 'rb') as fh:
-                        digest.update(fh.read())
-                fn = numba.njit(_SIGNATURE, nogil=True, cache=True)(_entry(digest.hexdigest()))
+                key = ccall.source_key((__file__, ccall.__file__))
+                fn = numba.njit(_SIGNATURE, nogil=True, cache=True)(_entry(key))
                 usleep = ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p).value
                 _compiled.append((fn, c_api().test, usleep))
     return _compiled[0]

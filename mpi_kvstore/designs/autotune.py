@@ -133,7 +133,7 @@ class CoordinateSearch:
                                   candidates(start, free, grid, joint) for changes in group]
         self._group_best = None               # (cost, changes) of the group being searched
         self._again = None                    # the best's cost, measured again: a recheck
-        self._first = None                    # (candidate's, best's) first costs, rechecked
+        self._first = None                    # the rechecked candidate's first cost
 
     def proposal(self):
         """The values to measure next, or None: the search is done (``best``)."""
@@ -153,9 +153,9 @@ class CoordinateSearch:
         group, changes = head
         if self._again is not None:                        # the candidate, measured again
             again, self._again = self._again, None
-            first, first_best = self._first
+            # best_cost is still the figure the first sample was compared with
             won = (cost < again * (1 - self._margin / 2)
-                   and first + cost < (first_best + again) * (1 - self._margin))
+                   and self._first + cost < (self.best_cost + again) * (1 - self._margin))
             if won:
                 self.best.update(changes)
                 self._drop_known()
@@ -168,7 +168,7 @@ class CoordinateSearch:
             cost_g, changes_g = self._group_best
             self._group_best = None
             if cost_g < self.best_cost:
-                self._first = (cost_g, self.best_cost)
+                self._first = cost_g
                 self._pending[:0] = [None, (group, changes_g)]
 
     def _drop_known(self):

@@ -46,7 +46,9 @@ HEADER_DTYPE = np.dtype([
     ('mine', np.int32, 2 * MESSAGE_WORDS),   # this rank's own
     ('poll_us', _I64),        # longest sleep between polls of the agreement (0: blocking)
     ('progress_us', _I64),    # the same for a polled bucket (ALLREDUCE_POLLED)
-    ('request', _I64), ('flag', _I64), ('status', _I64, 8),   # MPI_Iallreduce, MPI_Test
+    # MPI_Iallreduce's request, MPI_Test's flag and status: the status right after the
+    # flag, as progress.poll's scratch box holds them
+    ('request', _I64), ('flag', _I64), ('status', _I64, 8),
     # pthread_self() of the thread that pushed a chained op inline-when-ready (0: pushed
     # to the priority worker), and the call's priority, for a re-push.
     ('pusher', _I64), ('priority', _I64),

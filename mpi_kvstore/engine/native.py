@@ -32,7 +32,6 @@ NaiveEngine runs every op inline on the pushing thread, which holds the GIL
 (libmxnet.py) and, for mark_ready, checks that the op completed before its
 function returned: there the designs keep their Python op.
 """
-import hashlib
 
 import numba
 import numpy as np
@@ -295,11 +294,7 @@ _compiled = {}   # entry point name -> its numba cfunc, compiled once per proces
 
 
 def _source_key():
-    digest = hashlib.sha256()
-    for module in _SOURCES:
-        with open(module.__file__, 'rb') as fh:
-            digest.update(fh.read())
-    return digest.hexdigest()
+    return ccall.source_key(module.__file__ for module in _SOURCES)
 
 
 def address(name):
