@@ -283,21 +283,23 @@ def settle(args, model, columns, comm):
     column = next((c for c in columns if c.name == 'autotuned'), None)
     if column is None:
         return
-    tuner = getattr(column.kv._job.design, 'tuner', None)   # no public name reaches it
-    if tuner is None:
+    state = column.kv.autotune_state
+    if state is None:
         column.failed = f'design {column.kv.design} does not autotune'
         return
-    runs, steps = math.ceil(tuner.bound / args.chain) + 1, 0
-    while steps < runs * args.chain and comm.allreduce(tuner.active, op=MPI.LOR):
+    runs, steps = math.ceil(state.bound / args.chain) + 1, 0
+    while steps < runs * args.chain and comm.allreduce(column.kv.autotune_state.active,
+                                                       op=MPI.LOR):
         train_run(args, model, column, comm)
         steps += args.chain
     # the last switch happens on the negotiation thread, after some rank's loop test
-    settled = not comm.allreduce(tuner.active, op=MPI.LOR)
-    column.options['autotune'] = {'settled': settled, 'steps': steps, 'bound': tuner.bound,
-                                  'chose': autotune.describe(tuner.current),
-                                  'switches': len(tuner.switches), **tuner.current}
+    state = column.kv.autotune_state
+    settled = not comm.allreduce(state.active, op=MPI.LOR)
+    column.options['autotune'] = {'settled': settled, 'steps': steps, 'bound': state.bound,
+                                  'chose': autotune.describe(state.values),
+                                  'switches': len(state.switches), **state.values}
     harness.rank0_print(f'  autotuned: {"settled" if settled else "NOT settled"} after {steps} '
-                        f'steps (bound {tuner.bound}): {autotune.describe(tuner.current)}')
+                        f'steps (bound {state.bound}): {autotune.describe(state.values)}')
 
 
 def exchange_run(column, comm, meter=None):

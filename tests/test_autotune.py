@@ -334,25 +334,32 @@ def test_a_store_tunes_itself_while_its_sums_stay_exact(design):
     kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1,
                             partition_bytes='1M', credit_bytes=0, fusion_threshold='1M',
                             progress_sleep_us=0)
-    tuner = kv._job.design.tuner     # the design's, which no public name reaches
-    assert tuner.free == ()          # every knob set here: nothing to search
+    state = kv.autotune_state
+    assert state.free == () and state.active   # every knob set here: nothing to search
+    assert state.values == {k: getattr(kv.config, k) for k in KNOBS}
     kv.close()
     kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1)
-    design_ = kv._job.design
-    tuner = design_.tuner
+    start = kv.config
     shapes = {'w0': (300000,), 'w1': (1000,), 'w2': (70000,)}
     step = 0
-    while tuner.active and step < tuner.bound:
+    while kv.autotune_state.active and step < kv.autotune_state.bound:
         for i, (key, shape) in enumerate(shapes.items()):
             value = np.arange(np.prod(shape), dtype=np.float32) % 97 + step + i
             out = mx.nd.zeros(shape)
             kv.pushpull(key, mx.nd.array(value), out=out, priority=-i)
-            assert np.array_equal(out.asnumpy(), value), (key, step, tuner.current)
+            assert np.array_equal(out.asnumpy(), value), (key, step, kv.autotune_state)
         step += 1
-    assert not tuner.active, 'not settled within %d steps' % tuner.bound
-    assert tuner.switches, 'it never switched'
-    assert {k: getattr(design_.config, k) for k in KNOBS} == tuner.current
-    assert design_._queue.partition_bytes == tuner.current['partition_bytes']
+    state = kv.autotune_state
+    assert not state.active, 'not settled within %d steps' % state.bound
+    assert state.switches, 'it never switched'
+    assert 0 < state.steps <= step
+    # the store's options are the values in use; the state is a copy the search leaves alone
+    assert {k: getattr(kv.config, k) for k in KNOBS} == state.values
+    assert kv.config is not start and kv.config.origin(next(iter(state.switches[-1][1]))) == \
+        'autotune'
+    state.values.clear()
+    assert kv.autotune_state.values == {k: getattr(kv.config, k) for k in KNOBS}
+    assert kv._job.design._queue.partition_bytes == kv.config.partition_bytes   # the cutter too
     kv.close()
 
 

@@ -52,6 +52,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,8 +60,8 @@ from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
 from ..config import format_bytes
 
-__all__ = ['KNOBS', 'GRID', 'JOINT', 'CoordinateSearch', 'Tuner', 'candidates', 'free_knobs',
-           'samples', 'settle_bound', 'start_config', 'save']
+__all__ = ['KNOBS', 'GRID', 'JOINT', 'CoordinateSearch', 'State', 'Tuner', 'candidates',
+           'free_knobs', 'samples', 'settle_bound', 'start_config', 'save']
 
 log = logging.getLogger('mpi_kvstore')
 
@@ -222,6 +223,25 @@ def save(path, values):
     return True
 
 
+@dataclass(frozen=True)
+class State:
+    """Where a store's search stands, as ``MPIKVStore.autotune_state`` reports it: a copy,
+    which the search does not change afterwards."""
+
+    active: bool
+    """Still searching; False once it settled (or with nothing to search on any rank)."""
+    values: dict
+    """{knob: value} in use now: what it settled on, once settled."""
+    free: tuple
+    """The knobs this rank's user left to the search (the rest are kept as set)."""
+    bound: int
+    """The steps within which the search settles (:func:`settle_bound`)."""
+    steps: int
+    """The steps this rank has seen so far (at most one more than it measured)."""
+    switches: tuple
+    """(round, {knob: new value}) of each switch, alike on every rank."""
+
+
 class Tuner:
     """One rank's side of the online search; the negotiation thread calls :meth:`round`
     after every round, and the design :meth:`ready` with the requests that turn ready."""
@@ -247,6 +267,14 @@ class Tuner:
         self._intervals = []
         self._steps_seen = 0
         self._start_cost = None
+
+    def state(self):
+        """A :class:`State` of the search now (any thread)."""
+        with self._lock:
+            steps = self._steps_seen
+        # switch() replaces current and appends to switches, never edits them in place
+        return State(self.active, dict(self.current), tuple(self.free), self.bound, steps,
+                     tuple((r, dict(v)) for r, v in self.switches))
 
     # -- the thread that marks requests ready (the negotiation thread, or an engine worker) ----
     def ready(self, reqs):

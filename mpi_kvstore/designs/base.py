@@ -27,6 +27,7 @@ class Design:
     name = ''
     thread_level = MPI.THREAD_SERIALIZED
     in_engine = True  # its collectives are MXNet engine ops
+    tuner = None      # an autotune.Tuner where the design searches its schedule (negotiated)
 
     def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
         """``make_comm(concurrent=False)``: a new communicator (comm.Comm) for this design's

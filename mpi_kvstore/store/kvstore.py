@@ -18,7 +18,7 @@ from ..comm import topology
 from ..comm.mpiabi import MPI
 from ..comm.timeline import Timeline
 from ..config import Config
-from ..designs import check_thread_level, get_design
+from ..designs import autotune, check_thread_level, get_design
 from ..engine import core as engine
 from ..errors import MPIKVStoreError
 from ..optim import shards
@@ -70,16 +70,15 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
             raise ValueError('unknown store name %r; mpi_kvstore provides %s'
                              % (name, ', '.join(self.NAMES)))
         comm = MPI.COMM_WORLD if comm is None else comm
-        self._config, table = topology.agreed_config(comm, options)
-        design = get_design(self._config.design)
+        config, table = topology.agreed_config(comm, options)
+        design = get_design(config.design)
         check_thread_level(design)
-        engine.set_naive(self._config.naive_engine)
+        engine.set_naive(config.naive_engine)
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         # the options left 'auto', decided before anything is built from the config
-        self._config, chosen = topology.resolve(self._config, comm, table)
+        config, chosen = topology.resolve(config, comm, table)
         if chosen and self._rank == 0:
             log.info('%s', chosen)
-        config = self._config
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
         self.timeline: Timeline | None = (Timeline(config.timeline, self._rank, self._size)
@@ -119,8 +118,18 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
 
     @property
     def config(self) -> Config:
-        """The store's resolved options (a :class:`~mpi_kvstore.config.Config`)."""
-        return self._config
+        """The store's options in use (a :class:`~mpi_kvstore.config.Config`): 'auto'
+        resolved, a tune table's schedule and autotune's switches applied."""
+        return self._job.design.config
+
+    @property
+    def autotune_state(self) -> autotune.State | None:
+        """Where the online search of the schedule stands (option ``autotune``): a
+        :class:`~mpi_kvstore.designs.autotune.State` (``active`` until it settles,
+        ``values`` in use, ``bound`` in steps, ``switches``), or None where this store does
+        not search (autotune off, or a design without negotiation rounds)."""
+        tuner = self._job.design.tuner
+        return None if tuner is None else tuner.state()
 
     @staticmethod
     def is_capable(capability: str) -> bool:

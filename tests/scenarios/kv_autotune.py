@@ -65,31 +65,33 @@ def run(kv, step):
 def tune(design):
     kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1,
                             fusion_threshold='1M', credit_bytes='2M', tune_table=TABLE)
-    tuner = kv._job.design.tuner      # the design's: no public name reaches it
-    assert tuner.free == ('partition_bytes', 'progress_sleep_us'), tuner.free
+    state = kv.autotune_state
+    assert state.free == ('partition_bytes', 'progress_sleep_us'), state.free
     step, settled_at, first_switch = 0, None, None
-    while step < tuner.bound + 5 and (settled_at is None or step < settled_at + 3):
-        time.sleep(step_cost(tuner.current))
+    while step < state.bound + 5 and (settled_at is None or step < settled_at + 3):
+        time.sleep(step_cost(state.values))
         run(kv, step)
-        if first_switch is None and tuner.switches:
+        state = kv.autotune_state
+        if first_switch is None and state.switches:
             first_switch = step
-        if settled_at is None and not tuner.active:
+        if settled_at is None and not state.active:
             settled_at = step
         step += 1
     kv.close()
+    state = kv.autotune_state
     if RANK == 0:
         print('kv_autotune[%s]: settled at step %d of %d (bound %d), first switch at step %d'
-              % (design, settled_at, step, tuner.bound, first_switch), flush=True)
+              % (design, settled_at, step, state.bound, first_switch), flush=True)
     assert settled_at is not None, 'rank %d: not settled in %d steps' % (RANK, step)
     assert first_switch is not None and first_switch > 0, first_switch   # sums before it too
-    switches = WORLD.allgather(tuner.switches)
+    switches = WORLD.allgather(state.switches)
     assert all(s == switches[0] for s in switches), switches
-    assert all(set(values) <= set(tuner.free) for _, values in tuner.switches), tuner.switches
-    chosen = WORLD.allgather(tuner.current)
+    assert all(set(values) <= set(state.free) for _, values in state.switches), state.switches
+    chosen = WORLD.allgather(state.values)
     assert all(c == chosen[0] for c in chosen), chosen
-    assert tuner.current['partition_bytes'] > 0, tuner.current
-    assert (tuner.current['fusion_threshold'], tuner.current['credit_bytes']) == (1 << 20, 2 << 20)
-    return tuner.current, tuner.free
+    assert state.values['partition_bytes'] > 0, state.values
+    assert (state.values['fusion_threshold'], state.values['credit_bytes']) == (1 << 20, 2 << 20)
+    return state.values, state.free
 
 
 def next_run(design, current, free):
@@ -97,8 +99,7 @@ def next_run(design, current, free):
         schedule = json.load(fh)['schedule']
     assert schedule == {k: current[k] for k in free}, (schedule, current)
     kv = mpi_kvstore.create('dist_mpi', design=design, tune_table=TABLE)
-    config = kv._job.design.config
-    assert {k: getattr(config, k) for k in free} == schedule, config
+    assert {k: getattr(kv.config, k) for k in free} == schedule, kv.config
     run(kv, 0)
     kv.close()
 
@@ -108,22 +109,21 @@ def join(design):
     (a joined rank measures no steps, so no sample completes meanwhile), the sums cover the
     active ranks, and after the join every rank steps and tunes on, still alike."""
     kv = mpi_kvstore.create('dist_mpi', design=design, autotune=True, autotune_steps=1)
-    tuner = kv._job.design.tuner
     for step in range(6 + 3 * RANK):
         active = [r for r in range(SIZE) if step < 6 + 3 * r]
         out = mx.nd.zeros(KEYS['c'])
         kv.pushpull('c', mx.nd.array(data(RANK, step, 'c')), out=out)
         want = sum(data(r, step, 'c').astype(np.float64) for r in active).astype(np.float32)
-        assert np.array_equal(out.asnumpy(), want), (RANK, step, tuner.current)
+        assert np.array_equal(out.asnumpy(), want), (RANK, step, kv.autotune_state)
     assert kv.join() == SIZE - 1
     for step in range(3):
         run(kv, 100 + step)
     kv.close()
-    switches = WORLD.allgather(tuner.switches)
+    switches = WORLD.allgather(kv.autotune_state.switches)
     assert all(s == switches[0] for s in switches), switches
     if RANK == 0:
         print('kv_autotune[%s]: join: %d switches, at rounds %s'
-              % (design, len(tuner.switches), [r for r, _ in tuner.switches]), flush=True)
+              % (design, len(switches[0]), [r for r, _ in switches[0]]), flush=True)
 
 
 def main():

@@ -34,9 +34,10 @@ got = (kv.config.partition_bytes, kv.config.credit_bytes, kv.config.progress_sle
 if got != EXPECTED:
     raise AssertionError('rank %d: %d host(s): auto options resolved to %s, expected %s'
                          % (RANK, HOSTS, got, EXPECTED))
-tuner = getattr(kv._job.design, 'tuner', None)     # the design's: no public name reaches it
-if (tuner is not None) != (HOSTS > 1 and DESIGN in ('funneled', 'concurrent')):
-    raise AssertionError('rank %d: %d host(s), %s: tuner %r' % (RANK, HOSTS, DESIGN, tuner))
+state = kv.autotune_state
+if (state is not None) != (HOSTS > 1 and DESIGN in ('funneled', 'concurrent')):
+    raise AssertionError('rank %d: %d host(s), %s: autotune state %r' % (RANK, HOSTS, DESIGN,
+                                                                          state))
 
 before = debug.snapshot()
 big = mx.nd.array(np.arange(10 << 18, dtype=np.float32) % 1000 * (RANK + 1))   # 10 MB
