@@ -213,11 +213,13 @@ def test_run_starts_no_mpi_in_the_supervisor():
 
 @pytest.mark.parametrize('check', [True, False])
 def test_tune_writes_its_table_before_the_check_which_no_check_skips(tmp_path, monkeypatch,
-                                                                     check):
+                                                                     check, caplog):
     """At one rank, in this process: the check's paired timings (a 'table' entry beside one
     algorithm) run only without --no-check, and the table is on disk before they start, so
-    a tune stopped during its check keeps what it measured."""
+    a tune stopped during its check keeps what it measured. At one rank the check says that
+    its ratios compare nothing (the table's call returns at once) instead of judging them."""
     import json
+    import logging
 
     from mpi_kvstore.cli import tune  # initialises MPI (a singleton here): only where needed
     from mpi_kvstore.comm import tuning
@@ -231,7 +233,11 @@ def test_tune_writes_its_table_before_the_check_which_no_check_skips(tmp_path, m
         return real(comm, fns, *args, **kwargs)
     monkeypatch.setattr(tune, '_interleaved', interleaved)
     argv = ['--sizes', '4K,64K', '--trials', '1', '--out', str(out)]
-    assert tune.main(argv + ([] if check else ['--no-check'])) == 0
+    with caplog.at_level(logging.INFO, logger='mpi_kvstore.launch.console'):
+        assert tune.main(argv + ([] if check else ['--no-check'])) == 0
+    said = caplog.text
+    assert ('one rank: nothing to exchange' in said) == check, said
+    assert 'slowest size against its best single algorithm' not in said, said
     table = tuning.Table.from_json(json.loads(out.read_text()))
     assert table.comm_size == 1 and table.choose(4096) in tuning.LOSSLESS
     assert bool(paired) == check, paired
