@@ -32,6 +32,8 @@ import shlex
 import sys
 import time
 
+import psutil
+
 import testbed
 from benchmarks import gpu_like, harness, report, testbed_scaling
 
@@ -40,6 +42,11 @@ JSON_NAME = 'overlap_grid.json'
 OVERLAP_ARGS = '--images-per-s 125 --batch 32 --warmups 1 --rounds 5 --chain 3 --optimizer gpulikesgd'
 # The table's columns, left to right; 'p3' is the p3 job's dist_sync.
 ORDER = ('fifo', 'priority', 'autotuned', 'best', 'gluon', 'horovod', 'dist_sync', 'p3')
+# A rank's peak resident memory in gradient sizes: compute alone's model (weights and
+# gradients), and each column's model with its store's buffers. Measured on VGG-16 (553 MB
+# of gradients): 2 columns peaked at 4.6 GB a rank; 4 columns on 4 test hosts ran the
+# 24 GB machine out of memory, and the kernel killed a rank.
+MEMORY_BASE, MEMORY_PER_COLUMN = 2, 3
 
 
 def parse_args(argv=None):
@@ -56,6 +63,8 @@ def parse_args(argv=None):
     add('--overlap-args', default=OVERLAP_ARGS, help="more of overlap's options, for every job")
     add('--job-timeout', type=float, default=3600.0, help='seconds one overlap job may take')
     add('--out', default=DEFAULT_OUT, help='results folder')
+    add('--ignore-memory', action='store_true',
+        help="start cells whose jobs look too large for this machine's free memory")
     add('--report-only', action='store_true', help='rebuild the table and plot from --out')
     args = parser.parse_args(argv)
     args.out = os.path.abspath(args.out)
@@ -78,7 +87,30 @@ def parse_args(argv=None):
     if python and not (os.access(python, os.X_OK) and os.access(mpiexec_beside(python), os.X_OK)):
         parser.error(f'--horovod-python {python}: not an executable with mpiexec beside it')
     args.best = best_per_cell(parser, args.best_options, [c.name for c in grid(args)])
+    if not args.ignore_memory:
+        check_memory(parser, args, grid(args), psutil.virtual_memory().available)
     return args
+
+
+def memory_needed(cell, columns):
+    """Bytes the test hosts of `cell` need together for a job of `columns` columns."""
+    grad_bytes = gpu_like.plan(cell.model).grad_bytes
+    return cell.hosts * grad_bytes * (MEMORY_BASE + MEMORY_PER_COLUMN * columns)
+
+
+def check_memory(parser, args, cells, available):
+    """Refuse a grid whose largest job would not fit in `available` bytes: the kernel then
+    kills a rank minutes in, and the cell is lost."""
+    ours = len(harness.names(args.columns))
+    for cell in cells:
+        need = memory_needed(cell, ours)
+        if need > available:
+            fits = max(0, (available / (cell.hosts * gpu_like.plan(cell.model).grad_bytes)
+                           - MEMORY_BASE) // MEMORY_PER_COLUMN)
+            parser.error(f'cell {cell.name}: {ours} columns in one job need about '
+                         f'{need / 2**30:.1f} GiB on {cell.hosts} test hosts, and '
+                         f'{available / 2**30:.1f} GiB is free; run at most {fits:.0f} '
+                         f'columns a job (--columns), or --ignore-memory')
 
 
 def mpiexec_beside(python):
@@ -129,10 +161,16 @@ def grid(args):
 
 def launches(args, cell, index, out_dir):
     """(job, argv, timeout, mpiexec) of the cell's jobs, in this cell's order."""
+    overlap_args = shlex.split(args.overlap_args)
+    if '--timeout' not in overlap_args:
+        # overlap's own deadline (600 s by default) would end a job that --job-timeout
+        # allows: VGG-16's autotune warm-up alone outlasts it at 4 test hosts
+        overlap_args += ['--timeout', f'{max(args.job_timeout - 30, args.job_timeout / 2):g}']
+
     def job(name, columns, python=sys.executable, extra=()):
         argv = [python, '-m', 'benchmarks.overlap', '--model', cell.model, '--columns', columns,
                 '--compression', cell.wire, '--topology', f'{cell.layout}, {cell.rate}',
-                '--out', os.path.join(out_dir, name), *shlex.split(args.overlap_args), *extra]
+                '--out', os.path.join(out_dir, name), *overlap_args, *extra]
         if 'best' in columns:
             argv += ['--best-options', args.best[cell.name]]
         return (name, argv, args.job_timeout, mpiexec_beside(python) if name == 'horovod' else None)

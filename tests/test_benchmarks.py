@@ -388,6 +388,45 @@ def test_overlap_grid_names_bad_input(argv, says, capsys):
     assert says in capsys.readouterr().err
 
 
+def test_overlap_grid_refuses_a_grid_that_would_run_out_of_memory(capsys):
+    """A job whose ranks would need more than the free memory stops the grid before any
+    test bed is built, naming the cell and how many columns fit; fewer columns pass."""
+    from benchmarks import gpu_like, overlap_grid
+    grad = sum(int(np.prod(p.shape)) * 4 for p in gpu_like.zoo_params('vgg16')
+               if p.grad_req != 'null')
+    argv = ['--models', 'vgg16', '--hosts', '4', '--rates', '10gbit', '--wires', 'none', '--no-p3']
+    need_4 = 4 * grad * (2 + 3 * 4)        # 4 hosts; compute alone, then 4 columns
+    free = need_4 - 1                      # 4 columns do not fit; 3 would need 4 * 11 grads
+    fake = type('Memory', (), {'available': free})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(overlap_grid.psutil, 'virtual_memory', lambda: fake)
+        with pytest.raises(SystemExit):
+            overlap_grid.parse_args([*argv, '--columns', 'fifo,priority,autotuned,best'])
+        err = capsys.readouterr().err
+        assert f'cell vgg16_h4_10gbit: 4 columns in one job need about {need_4 / 2**30:.1f} GiB' in err
+        assert 'run at most 3 columns a job' in err, err
+        assert overlap_grid.parse_args([*argv, '--columns', 'fifo,autotuned,best']).columns
+        assert overlap_grid.parse_args([*argv, '--columns', 'fifo,priority,autotuned,best',
+                                        '--ignore-memory']).ignore_memory
+
+
+def test_overlap_grid_gives_its_jobs_the_job_timeout():
+    """overlap's own deadline follows --job-timeout (30 s inside it), so a job that the
+    grid allows an hour is not ended by overlap's 600 s default; a --timeout given in
+    --overlap-args is passed on alone."""
+    from benchmarks import overlap_grid
+    base = ['--models', SMALL_MODEL, '--rates', '3gbit', '--hosts', '2', '--wires', 'none',
+            '--no-p3', '--columns', 'fifo']
+    for extra, want in (([], ['3570']), (['--job-timeout', '100'], ['70']),
+                        (['--overlap-args', '--rounds 2 --timeout 42'], ['42'])):
+        args = overlap_grid.parse_args(base + extra)
+        (cell,) = overlap_grid.grid(args)
+        ((name, argv, limit, _),) = overlap_grid.launches(args, cell, 0, '/nonexistent')
+        given = [argv[i + 1] for i, a in enumerate(argv) if a == '--timeout']
+        assert name == 'ours' and given == want, (extra, argv)
+        assert limit == args.job_timeout
+
+
 def test_cost_model_predicts(tmp_path):
     """The prediction alone: fusion (mpi_kvstore.comm.fusion.plan) packs ResNet-50's arrays into
     fewer collectives than arrays, and no fusion sends one collective per array."""
