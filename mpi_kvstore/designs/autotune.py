@@ -271,10 +271,8 @@ class Tuner:
     def state(self):
         """A :class:`State` of the search now (any thread)."""
         with self._lock:
-            steps = self._steps_seen
-        # switch() replaces current and appends to switches, never edits them in place
-        return State(self.active, dict(self.current), tuple(self.free), self.bound, steps,
-                     tuple((r, dict(v)) for r, v in self.switches))
+            return State(self.active, dict(self.current), tuple(self.free), self.bound,
+                         self._steps_seen, tuple((r, dict(v)) for r, v in self.switches))
 
     # -- the thread that marks requests ready (the negotiation thread, or an engine worker) ----
     def ready(self, reqs):
@@ -344,14 +342,15 @@ class Tuner:
         that change."""
         settled, values, outcome = choice
         changed = {k: v for k, v in values.items() if self.current[k] != v}
-        self.current = dict(values)
-        with self._lock:
+        with self._lock:         # state() reads the values, switches and active together
+            self.current = dict(values)
             self._intervals = []
             self._skip = 1       # the step under way began with the old values
-        if changed:
-            self.switches.append((self.rounds, dict(changed)))
+            if changed:
+                self.switches.append((self.rounds, dict(changed)))
+            if settled:
+                self.active = False
         if settled:
-            self.active = False
             self._settled(*outcome)
         return changed
 
