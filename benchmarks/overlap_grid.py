@@ -15,6 +15,10 @@ The order alternates from cell to cell (ours first, then last), so that no job a
 on a machine another job just left. fp16 cells pass --compression fp16: every mpi_kvstore
 column and Horovod send fp16, dist_sync and P3 float32.
 
+Before any test bed is built, a grid whose largest job would not fit in free memory is
+refused (MEMORY_BASE, MEMORY_PER_COLUMN; --ignore-memory starts it anyway). Each job gets
+overlap's --timeout 30 s inside --job-timeout, unless --overlap-args gives one.
+
 best: --best-options 'name=value,...' for every cell, or the path of a JSON written from an
 offline grid, {cell name or 'default': 'name=value,...'}, cell names as runs/ has them
 (resnet50_v1_h2_3gbit_fp16).
@@ -162,7 +166,7 @@ def grid(args):
 def launches(args, cell, index, out_dir):
     """(job, argv, timeout, mpiexec) of the cell's jobs, in this cell's order."""
     overlap_args = shlex.split(args.overlap_args)
-    if '--timeout' not in overlap_args:
+    if not any(a == '--timeout' or a.startswith('--timeout=') for a in overlap_args):
         # overlap's own deadline (600 s by default) would end a job that --job-timeout
         # allows: VGG-16's autotune warm-up alone outlasts it at 4 test hosts
         overlap_args += ['--timeout', f'{max(args.job_timeout - 30, args.job_timeout / 2):g}']

@@ -418,13 +418,15 @@ def test_overlap_grid_gives_its_jobs_the_job_timeout():
     base = ['--models', SMALL_MODEL, '--rates', '3gbit', '--hosts', '2', '--wires', 'none',
             '--no-p3', '--columns', 'fifo']
     for extra, want in (([], ['3570']), (['--job-timeout', '100'], ['70']),
-                        (['--overlap-args', '--rounds 2 --timeout 42'], ['42'])):
+                        (['--overlap-args', '--rounds 2 --timeout 42'], ['42']),
+                        (['--overlap-args', '--rounds 2 --timeout=42'], [])):
         args = overlap_grid.parse_args(base + extra)
         (cell,) = overlap_grid.grid(args)
         ((name, argv, limit, _),) = overlap_grid.launches(args, cell, 0, '/nonexistent')
         given = [argv[i + 1] for i, a in enumerate(argv) if a == '--timeout']
         assert name == 'ours' and given == want, (extra, argv)
         assert limit == args.job_timeout
+    assert '--timeout=42' in argv      # the last case's, passed on as given
 
 
 def test_cost_model_predicts(tmp_path):
