@@ -96,21 +96,16 @@ def parse_args(argv=None):
     return args
 
 
-def memory_needed(cell, columns):
-    """Bytes the test hosts of `cell` need together for a job of `columns` columns."""
-    grad_bytes = gpu_like.plan(cell.model).grad_bytes
-    return cell.hosts * grad_bytes * (MEMORY_BASE + MEMORY_PER_COLUMN * columns)
-
-
 def check_memory(parser, args, cells, available):
     """Refuse a grid whose largest job would not fit in `available` bytes: the kernel then
     kills a rank minutes in, and the cell is lost."""
     ours = len(harness.names(args.columns))
     for cell in cells:
-        need = memory_needed(cell, ours)
+        # one gradient size on every test host of the cell: the estimate's unit
+        unit = cell.hosts * gpu_like.plan(cell.model).grad_bytes
+        need = unit * (MEMORY_BASE + MEMORY_PER_COLUMN * ours)
         if need > available:
-            fits = max(0, (available / (cell.hosts * gpu_like.plan(cell.model).grad_bytes)
-                           - MEMORY_BASE) // MEMORY_PER_COLUMN)
+            fits = max(0, (available / unit - MEMORY_BASE) // MEMORY_PER_COLUMN)
             parser.error(f'cell {cell.name}: {ours} columns in one job need about '
                          f'{need / 2**30:.1f} GiB on {cell.hosts} test hosts, and '
                          f'{available / 2**30:.1f} GiB is free; run at most {fits:.0f} '
