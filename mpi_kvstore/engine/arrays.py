@@ -5,6 +5,7 @@ Called inside an engine op that holds the array, so nothing here may wait on
 the engine. CuPy is imported lazily, only when a GPU array shows up.
 """
 import ctypes
+import logging
 
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
@@ -12,7 +13,10 @@ from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 from ..errors import ArrayLayoutError
 from .libmxnet import bind, last_error
 
-__all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer', 'huge_pages']
+log = logging.getLogger(__name__)
+
+__all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer', 'huge_pages',
+           'huge_range']
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
@@ -86,24 +90,47 @@ def require_cupy():
 # asks for them on its own buffers of 4 MB and more; MXNet's allocator does not, and an
 # MPI_Allreduce over shared memory then took 1.5x as long on MXNet's memory as on numpy's at
 # 16 MB (docs/benchmarks.md). MADV_COLLAPSE (Linux 6.1) makes them now, once (a few ms for
-# 16 MB); again it only checks (~3 us). Elsewhere the advice fails and changes nothing.
+# 16 MB); again it only checks (~3 us). The kernel may decline either advice (an older
+# kernel, THP off, no free huge page at that moment): the memory then stays in small pages,
+# which is slower but equally correct, so a refusal is reported to the caller, not raised.
 HUGE_PAGE = 2 << 20
 HUGE_MIN_BYTES = 4 << 20
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
-_libc = ctypes.CDLL(None)
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+def huge_range(address, nbytes):
+    """(start, end) of the whole huge pages inside [address, address + nbytes), or None
+    where there is none or the range is under HUGE_MIN_BYTES."""
+    if nbytes < HUGE_MIN_BYTES:
+        return None
+    start = (address + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+    end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    return (start, end) if end > start else None
 
 
 def huge_pages(address, nbytes):
     """Ask for the whole huge pages inside [address, address + nbytes) to be huge pages
-    (from HUGE_MIN_BYTES on). The content does not change."""
-    if nbytes < HUGE_MIN_BYTES:
-        return
-    start = (address + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
-    end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
-    if end > start:
-        _libc.madvise(start, end - start, MADV_HUGEPAGE)
-        _libc.madvise(start, end - start, MADV_COLLAPSE)
+    (from HUGE_MIN_BYTES on). The content does not change.
+
+    Returns None where nothing was asked (too small, no whole huge page inside), else
+    ``(hugepage_errno, collapse_errno)``: 0 where the kernel took the advice, the errno of
+    its refusal otherwise. A refusal is logged at debug level and changes nothing else.
+    """
+    span = huge_range(address, nbytes)
+    if span is None:
+        return None
+    start, end = span
+    errnos = []
+    for advice in (MADV_HUGEPAGE, MADV_COLLAPSE):
+        ok = _libc.madvise(start, end - start, advice) == 0
+        errnos.append(0 if ok else (ctypes.get_errno() or -1))
+    if any(errnos):
+        log.debug('huge pages for %d bytes at %#x declined by the kernel (errno %s): '
+                  'the memory stays in small pages', end - start, start, errnos)
+    return tuple(errnos)
 
 
 _views = {}        # (address, nbytes, dtype) -> numpy view; arrays are reused every step
