@@ -12,7 +12,7 @@ communication thread). Three things then happen, in this order:
    output (``asnumpy``, ``wait_to_read``) raises it;
 3. the error waits in a :class:`DeferredErrors` queue and is raised on the
    user's thread by the next store call, ``wait()`` or ``close()``; a process
-   that exits with one never raised ends with a non-zero status (store.py).
+   that exits with one never raised ends with a non-zero status (shutdown.py).
 """
 import collections
 import logging
@@ -33,7 +33,7 @@ class DeferredErrors:
         self._queue = collections.deque()  # appended by other threads, drained by the user's
 
     def record(self, req, err):
-        # Its words come once, when raised (or at exit, never raised: store.py); a log of
+        # Its words come once, when raised (or at exit, never raised: shutdown.py); a log of
         # them here too made each rank print a mismatch's message twice.
         log.error('mpi_kvstore: %s failed (%s); the next store call raises it',
                   req.describe(), type(err).__name__)
