@@ -28,7 +28,7 @@ allreduce (reduce.Reducer). Two kinds:
   N < 32; from ``two_phase_min_ranks`` (32) ranks on, a two-phase exchange
   requantises the sums at each chunk's owner (TwoBit).
 
-On GPU arrays the codecs encode and decode with CuPy kernels (device_codecs.py), bit for
+On GPU arrays the codecs encode and decode with CuPy kernels (device.py), bit for
 bit as here, and only the compressed bytes cross to the host for MPI.
 
 A codec's name and parameters (``spec``) are part of every request's

@@ -1,6 +1,6 @@
 """The codecs' compiled host kernels (numba): 2-bit quantisation and counting as MXNet
 does them, and float16 conversions bit for bit as numpy's (tests/test_compression.py).
-device_codecs.py holds their CuPy twins."""
+device.py holds their CuPy twins."""
 import numba
 import numpy as np
 

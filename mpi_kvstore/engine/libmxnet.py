@@ -1,4 +1,4 @@
-"""The ctypes handle on libmxnet that engine.py and arrays.py share.
+"""The ctypes handle on libmxnet that core.py, arrays.py and records.py share.
 
 Quick, non-blocking calls are bound through PyDLL, which keeps the GIL across
 the call: through CDLL every call gives the GIL up and queues to get it back

@@ -67,8 +67,8 @@ def count(kv):
 
 def caught(kv, case):
     """The output of CASE, or None where the call itself raised (blocking), whose outputs
-    a caller cannot have read: a broadcast's stays as it was there (store.py copies it out
-    after the collective)."""
+    a caller cannot have read: a broadcast's stays as it was there (store/exchange.py copies
+    it out after the collective)."""
     call, out = case(kv)
     try:
         call()
