@@ -26,20 +26,17 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
   their best so far. A group's fastest value (FIFO's, or a knob's), if faster than the
   best at all, is measured again right after the values in use, and kept only if it wins
   that pair by half of :data:`MARGIN` and the two pairs together by the margin. One
-  10-step sample on a loaded machine is noisy enough to pass the margin by chance (a
-  3 Gbit/s job once chose no pieces that way and ran 4% slower), or to miss a real lead
-  (FIFO's 4-10% at 4 hosts and 10 Gbit/s, missed in two jobs when one sample had to pass
-  the margin on its own); the pair, taken back to back, also cancels a slow drift of the
-  machine's speed. It settles after at most :func:`samples` samples, that is
+  10-step sample on a loaded machine is noisy enough to pass the margin by chance, or to
+  miss a real lead of a few percent; a pair taken back to back also cancels a slow drift
+  of the machine's speed. It settles after at most :func:`samples` samples, that is
   within :func:`settle_bound` steps, logs its choice once (rank 0), and writes it into the
   tune table's ``schedule`` (tuning.Table), where the next run of the same topology starts.
 - A value the user set (argument or environment variable) is never searched: only values
   whose origin is the default, 'auto' or the tune table are free.
 
 Why no optimisation library: scikit-optimize (Horovod's choice is its own Gaussian process)
-does not install beside numpy<1.24: ``pip install --dry-run scikit-optimize`` resolves to
-scikit-learn 1.9 and numpy 1.26, which MXNet 1.9.1 cannot use, and the project was archived
-in 2024. The space is also small (four knobs, three or four values each: 10 samples for a
+does not install beside numpy<1.24 (it needs a scikit-learn that needs a numpy MXNet 1.9.1
+cannot use) and is no longer maintained. The space is also small (four knobs, three or four values each: 10 samples for a
 whole pass from values on the grid, 11 with FIFO), and every sample costs ten training
 steps, so a model of the surface would save few samples; a deterministic coordinate search
 costs one pass and decides the same on every machine given the same timings. One pass can
