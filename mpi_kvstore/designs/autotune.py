@@ -36,13 +36,13 @@ searches its fusion threshold and cycle time, and ByteScheduler its credit:
 
 Why no optimisation library: scikit-optimize (Horovod's choice is its own Gaussian process)
 does not install beside numpy<1.24 (it needs a scikit-learn that needs a numpy MXNet 1.9.1
-cannot use) and is no longer maintained. The space is also small (four knobs, three or four values each: 10 samples for a
-whole pass from values on the grid, 11 with FIFO), and every sample costs ten training
-steps, so a model of the surface would save few samples; a deterministic coordinate search
-costs one pass and decides the same on every machine given the same timings. One pass can
-miss where knobs interact (a gain hidden behind a cost another knob removes later); the one
-such corner measured, FIFO, is tried as one setting, and a next run starts a new pass from
-the table.
+cannot use) and is no longer maintained. The space is also small (four knobs, three or four
+values each: 10 samples for a whole pass from values on the grid, 11 with FIFO), and every
+sample costs ten training steps, so a model of the surface would save few samples; a
+deterministic coordinate search costs one pass and decides the same on every machine given
+the same timings. One pass can miss where knobs interact (a gain hidden behind a cost
+another knob removes later); the one such corner measured, FIFO, is tried as one setting,
+and a next run starts a new pass from the table.
 """
 import json
 import logging
