@@ -273,8 +273,8 @@ OPTIONS: tuple[Option, ...] = (
            'else 0.', _auto_nonneg),
     Option('progress_min_bytes', parse_bytes, 0, 'bytes',
            'Smallest allreduce that progress_sleep_us applies to; smaller ones block in '
-           'MPI_Allreduce (0: every one). On 3 Gbit/s test hosts 0, 256 KB and 1 MB trained '
-           'alike.', _nonneg),
+           'MPI_Allreduce (0: every one). Raise it where small allreduces should not wait '
+           'for a poll\'s wake-up.', _nonneg),
     # Horovod's HOROVOD_STALL_CHECK_TIME_SECONDS is 60 too: long enough that a slow first
     # step (graph building, a large model's backward) never reads as a stall.
     Option('stall_warning', float, 60.0, 'seconds',

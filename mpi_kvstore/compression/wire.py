@@ -21,9 +21,9 @@ class WireCast:
     one: the error bound grows with N (docs/compression.md).
     """
 
-    # Values a piece of the pipelined compress-once (256K: 512 KB of 16-bit floats). One
-    # 16 MB pushpull, 2 test hosts at 1 Gbit/s, 20 interleaved rounds (2026-11-27): 1M
-    # values 81.3 ms, 512K 76.1, 256K 71.3, 128K 70.5; uncompressed 142.0.
+    # Values a piece of the pipelined compress-once (256K: 512 KB of 16-bit floats): pieces
+    # this small let one piece's encoding and decoding overlap another's transfer, while
+    # smaller ones gain nothing more against their per-message cost (docs/compression.md).
     pipeline_values = 1 << 18
     # reduce_scatter runs on device buffers too (comm.reduce.shares_route asks).
     device_shares = True
