@@ -58,6 +58,36 @@ def test_each_subpackage_says_what_lives_there_and_has_a_contract():
                 or '    mpi_kvstore.%s.' % name in contracts), name
 
 
+
+def test_every_module_of_a_subpackage_is_placed_by_its_contract():
+    """A module that no contract names can import anything in its sub-package unnoticed:
+    each module must be a layer of its sub-package's contract (or be named in full)."""
+    import configparser
+    parser = configparser.ConfigParser()
+    parser.read(os.path.join(REPO_ROOT, '.importlinter'))
+    placed = {}
+    for section in parser.sections():
+        contract = parser[section]
+        container = contract.get('containers', '').strip()
+        for line in (contract.get('layers', '') + '\n' + contract.get('modules', '')).split():
+            if line == '|':
+                continue
+            full = line if line.startswith('mpi_kvstore.') else container + '.' + line
+            placed.setdefault(full.rsplit('.', 1)[0], set()).add(full.rsplit('.', 1)[1])
+    unplaced = []
+    for package in _subpackages():
+        folder = os.path.join(REPO_ROOT, 'mpi_kvstore', package)
+        for dirpath, _, names in os.walk(folder):
+            if '__init__.py' not in names:
+                continue
+            dotted = 'mpi_kvstore.' + os.path.relpath(dirpath, os.path.join(REPO_ROOT, 'mpi_kvstore')
+                                                      ).replace(os.sep, '.')
+            for name in names:
+                module = name[:-3] if name.endswith('.py') else None
+                if module and module != '__init__' and module not in placed.get(dotted, ()):
+                    unplaced.append('%s.%s' % (dotted, module))
+    assert not unplaced, 'modules under no contract: %s' % unplaced
+
 def test_few_modules_at_the_top():
     """At most 12 modules directly under mpi_kvstore/: the rest live in sub-packages."""
     root = os.path.join(REPO_ROOT, 'mpi_kvstore')
