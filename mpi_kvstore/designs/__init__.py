@@ -2,6 +2,9 @@
 
 config.py validates ``design`` against :data:`REGISTRY`, and the tests take
 their parameters from :data:`NAMES` and :data:`ENGINE_NAMES`.
+
+It may import what lies below the store: ``compression``, ``faults``, ``engine``, ``comm``
+and the root modules, and MXNet; never ``optim`` beside it or the store above.
 """
 from ..comm.mpiabi import provided_thread_level, thread_level_name
 from ..errors import ConfigError, ThreadLevelError
