@@ -15,6 +15,9 @@ allreduce and grouped_allreduce with Average or Sum, broadcast, allgather of ali
 reducescatter, and the trainers' gradient exchange. Synchronous (they wait for their input,
 run one MPI call on numpy copies in collective order, and return a finished array): Min,
 Max and Product, alltoall, the object functions. docs/coming-from-horovod.md maps every name.
+
+A top layer: it may import ``store``, ``functional`` and everything below them, and
+MXNet; nothing imports it but the user.
 """
 
 from .basics import (
