@@ -35,6 +35,9 @@ A codec's name and parameters (``spec``) are part of every request's
 signature, so ranks that compress differently get a RankMismatchError, not a
 hang. A rank whose own encoding fails still takes part, with zeros, and fails
 that request (ranks stay paired).
+
+It may import ``comm`` and the root modules, and CuPy for GPU arrays, never MXNet: the
+designs and the store call the codecs.
 """
 import math
 
