@@ -756,3 +756,18 @@ def test_window_auto_covers_a_step_of_two_collectives_a_key_when_sharded():
     assert window_of(Config(window=64, shard_optimizer=True)) == 64
     with pytest.raises(cfg.ConfigError):
         Config(window=0)
+
+
+def test_a_transport_that_leaves_a_collective_out_cannot_be_made():
+    from mpi_kvstore.comm.transports.base import Transport
+
+    class HalfDone(Transport):
+        def __init__(self):         # no CuPy, no device: only the contract is checked
+            pass
+
+        def allreduce(self, buf, algorithm='mpi'):
+            pass
+
+    with pytest.raises(TypeError, match='abstract') as info:
+        HalfDone()
+    assert all(name in str(info.value) for name in ('alltoall', 'allgather', 'bcast'))

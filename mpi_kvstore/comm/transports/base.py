@@ -14,6 +14,7 @@ memory synchronises its stream first: the caller's work before it is only queued
 Compare CuPy's ``cupyx.distributed._comm._Backend``; a new transport is one file in this
 package that subclasses :class:`Transport` and is decorated with :func:`register`.
 """
+import abc
 import contextlib
 
 __all__ = ['Transport', 'REGISTRY', 'register']
@@ -27,8 +28,9 @@ def register(cls):
     return cls
 
 
-class Transport:
-    """One communicator's collectives on one device's buffers."""
+class Transport(abc.ABC):
+    """One communicator's collectives on one device's buffers. A subclass that leaves one
+    of the five collectives out cannot be made (abc), rather than failing at its first call."""
 
     name = ''
     #: it may run beside another transport's collectives on other threads (NCCL may not:
@@ -59,31 +61,31 @@ class Transport:
         with cupy.cuda.Device(self.device), self.stream:
             yield self
 
+    @abc.abstractmethod
     def allreduce(self, buf, algorithm='mpi'):
         """Sum of ``buf`` (flat, on ``device``) over the ranks, in place. ``algorithm`` is
         the tune table's choice for host MPI algorithms; transports that have one ignore it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def bcast(self, buf, root):
         """``root``'s ``buf`` into every rank's, in place."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def reduce_scatter(self, send, recv, counts):
         """Sum of ``send`` (flat, on ``device``) over the ranks, piece r (``counts[r]``
         elements, the pieces consecutive in rank order) into rank r's ``recv`` (on
         ``device``). ``counts`` is agreed; pieces may differ in size and be empty."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def allgather(self, buf, counts, displs):
         """Every rank's piece of ``buf`` (``counts[r]`` elements at ``displs[r]``) into every
         rank's ``buf``, in place; this rank's piece is already there."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def alltoall(self, send, recv):
         """Piece j of ``send`` to rank j, piece i of ``recv`` from rank i: both flat on
         ``device``, cut into one piece a rank, all of one size (a compressed reduce-scatter's
         16-bit floats, compression/wire.py). Bytes only, no arithmetic."""
-        raise NotImplementedError
 
     def follow(self, other):
         """Order this transport's next work after everything queued on ``other``'s stream
@@ -95,5 +97,6 @@ class Transport:
         """Block until every queued operation on ``stream`` is done."""
         self.stream.synchronize()
 
-    def free(self):
+    def free(self):   # optional: a transport that holds nothing keeps this one
         """Release what the transport holds (communicators, buffers)."""
+        return None
