@@ -8,16 +8,20 @@ fails. The timeout covers what an abort cannot: a rank that hangs. Either
 way the test fails with the tail of the job's output, and no rank is left
 running afterwards (process groups and the run-id search: mpi_kvstore.launch.processes).
 
-    from mpi_harness import mpi_sizes, run_mpi
+    from mpi_harness import mpi_sizes, result, run_mpi
 
     @mpi_sizes
     def test_something(nprocs, mpi_available):
         out = run_mpi(nprocs, 'my_scenario.py', '--flag')
+        ranks = result(out, 'my_scenario')['ranks']   # what scenarios/common.report printed
+
 """
 # The project formats with '%' throughout (as testbed/ruff.toml says for testbed/);
 # rewriting every format string here would be churn with no defect behind it.
 import functools
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -225,6 +229,25 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
         return run_mpi(nprocs, script, design, *args, timeout=timeout, env=env,
                        launcher=launcher)
     return output[start + len(begin):stop]
+
+
+# scenarios/common.py's RESULT, which starts each line that report() prints; not imported
+# from there, since importing it starts MPI in this process
+_RESULT_LINE = re.compile(r'^\[result\] (\{.*\})$', re.M)
+
+
+def results(output, name=None):
+    """The JSON lines that scenarios/common.report printed in OUTPUT, in order, each
+    {'name', 'size', 'ranks': [each rank's values]}; only NAME's when it is given."""
+    found = [json.loads(line) for line in _RESULT_LINE.findall(output)]
+    return [r for r in found if name is None or r['name'] == name]
+
+
+def result(output, name):
+    """The last report named NAME in OUTPUT; fails the test, quoting OUTPUT's tail, if none."""
+    found = results(output, name)
+    assert found, 'no [result] line named %r in:\n%s' % (name, output[-OUTPUT_TAIL_CHARS:])
+    return found[-1]
 
 
 def _log_job(elapsed, nprocs, script, args):

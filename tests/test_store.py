@@ -8,7 +8,7 @@ import pytest
 from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import MPI_SIZES, run_designs, run_mpi
+from mpi_harness import MPI_SIZES, result, run_designs, run_mpi
 
 
 def _ok(output, name):
@@ -189,7 +189,15 @@ def test_compiled_wait_sums_right_and_runs_no_python_while_waiting(nprocs):
     """comm.progress.wait_polling: sums against numpy with ranks on time and late, the
     request complete for mpi4py after it, and a bounded number of Python lines traced
     while it waits half a second for a late rank (a loop in Python ran 30632)."""
-    _ok(run_mpi(nprocs, 'progress_wait.py', timeout=120), 'progress_wait')
+    out = run_mpi(nprocs, 'progress_wait.py', timeout=120)
+    _ok(out, 'progress_wait')
+    ranks = result(out, 'progress_wait')['ranks']
+    assert len(ranks) == nprocs
+    for rank in ranks[:-1]:     # the last rank is the late one; every other waited for it
+        # ~6 lines a 100 ms slice, bounded by 10 a slice of the wait's own wall time (a busy
+        # machine lengthens the wait, and the bound with it); a loop in Python runs thousands
+        assert rank['waited_s'] > 0
+        assert rank['lines'] <= 10 * (int(rank['waited_s'] / 0.1) + 2) == rank['bound'], ranks
 
 
 @pytest.mark.parametrize('design', ['funneled', 'concurrent', 'blocking', 'chained'])

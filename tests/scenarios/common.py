@@ -1,4 +1,5 @@
 """Shared by the store scenarios: expected values come from (rank, size) alone."""
+import json
 import sys
 
 import numpy as np
@@ -43,6 +44,28 @@ def expect_raises(exc_type, fn, *args, contains=None, **kwargs):
                                  % (names, contains, err)) from err
         return err
     raise AssertionError('%s was not raised by %s' % (names, getattr(fn, '__name__', fn)))
+
+
+RESULT = '[result] '   # tests/mpi_harness.py's results() reads the lines that start so
+
+
+def _plain(value):
+    """numpy's arrays and scalars as JSON's lists and numbers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError('%r cannot be reported' % (value,))
+
+
+def report(name, **values):
+    """Every rank's VALUES, gathered to rank 0, which prints them as one JSON line for the
+    test to assert on: {"name": NAME, "size": SIZE, "ranks": [values of rank 0, ...]}.
+    Collective: every rank calls it."""
+    every = WORLD.gather(values, root=0)
+    if RANK == 0:
+        print(RESULT + json.dumps({'name': name, 'size': SIZE, 'ranks': every},
+                                  default=_plain), flush=True)
 
 
 def done(name):
