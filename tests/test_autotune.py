@@ -5,7 +5,6 @@ writes, and one store (1 rank) that tunes itself while its sums stay exact.
 Several ranks are simulated by one Tuner each, agreed as the MAX-allreduce agrees them
 (numpy's max of their summaries), with rank 0's decision handed to every rank.
 """
-import itertools
 import json
 
 import numpy as np
@@ -377,10 +376,6 @@ def test_the_step_is_paced_by_the_gradients_not_by_the_pushes():
     kv.pushpull('g', mx.nd.dot(big, big))                # the first key; a warm store
     mx.nd.waitall()
     kv.wait()
-    start = time.perf_counter()
-    for _ in range(2):
-        mx.nd.dot(big, big).wait_to_read()
-    compute = (time.perf_counter() - start) / 2          # one step's engine work
     tuner._skip, tuner._last, tuner._intervals = 0, None, []
     pushes, grad = [], big
     for _ in range(6):
@@ -391,13 +386,17 @@ def test_the_step_is_paced_by_the_gradients_not_by_the_pushes():
         kv.pushpull('g', grad)
     mx.nd.waitall()
     kv.wait()
-    steps = sorted(tuner._intervals)
+    # Every figure comes from this one window, so a busy machine slows them together: the
+    # engine's 6 steps of compute take most of it, the loop's 6 pushes a sliver.
+    engine = time.perf_counter() - pushes[0]
+    steps = tuner._intervals
     kv.close()
     assert np.array_equal(grad.asnumpy(), np.ones((900, 900), np.float32))
-    pushed = sorted(b - a for a, b in itertools.pairwise(pushes))
+    pushed = pushes[-1] - pushes[0]
     assert len(steps) == 5, steps
-    assert pushed[2] < compute / 3, (pushed, compute)     # the loop ran ahead of the engine
-    assert steps[2] > compute / 2, (steps, pushed, compute)
+    assert pushed < engine / 4, (pushed, engine)       # the loop ran ahead of the engine
+    # the 5 intervals between 6 gradients turning ready: 5 of the 6 steps' compute
+    assert sum(steps) > engine / 2, (steps, pushed, engine)
 
 
 def test_ranks_switch_at_one_round_to_one_choice_with_exact_sums(tmp_path, mpi_available):
