@@ -16,8 +16,10 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # transport name; engine_python: engine ops that ran Python code (name ''); call_cache:
 # push and pushpull calls that skipped their checks ('hit') or ran them ('miss');
 # schedule: requests cut into pieces ('pieces_cut') and dispatches that the credit
-# stopped short of the queue ('held_back').
-KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule')
+# stopped short of the queue ('held_back'); named: named allreduces (collectives.allreduce)
+# in place whose name's signature was reused ('hit') or made ('miss'), and those staged
+# through a copy ('staged').
+KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named')
 
 _counts = collections.Counter()
 

@@ -16,7 +16,7 @@ from .libmxnet import bind, last_error
 log = logging.getLogger(__name__)
 
 __all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer', 'huge_pages',
-           'huge_range']
+           'huge_range', 'dense_meta']
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
@@ -72,6 +72,32 @@ def array_pointer(array):
     try:
         t = ctypes.cast(managed, ctypes.POINTER(_DLTensor)).contents
         return t.data + t.byte_offset, t.device_type, t.device_id
+    finally:
+        _dlpack_delete(managed)
+
+
+# DLPack (type code, bits) -> numpy dtype: 0 int, 1 unsigned, 2 float
+_DL_DTYPES = {(2, 16): np.dtype(np.float16), (2, 32): np.dtype(np.float32),
+              (2, 64): np.dtype(np.float64), (0, 8): np.dtype(np.int8),
+              (0, 32): np.dtype(np.int32), (0, 64): np.dtype(np.int64),
+              (1, 8): np.dtype(np.uint8)}
+
+
+def dense_meta(array):
+    """(shape, numpy dtype, place) of an NDArray whose memory is row-major, from one
+    MXNDArrayToDLPack call ('cpu' or 'gpu', as collective.place_of); None where MXNet
+    refuses it (an MKLDNN layout) or its dtype is not one of _DL_DTYPES. It neither
+    waits on the engine nor reorders, so the user's thread may ask it per call."""
+    managed = ctypes.c_void_p()
+    if _to_dlpack(array.handle, ctypes.byref(managed)) != 0:
+        return None
+    try:
+        t = ctypes.cast(managed, ctypes.POINTER(_DLTensor)).contents
+        dtype = _DL_DTYPES.get((t.code, t.bits)) if t.lanes == 1 else None
+        if dtype is None:
+            return None
+        return (tuple(t.shape[:t.ndim]), dtype,
+                'gpu' if t.device_type == _DL_CUDA else 'cpu')
     finally:
         _dlpack_delete(managed)
 

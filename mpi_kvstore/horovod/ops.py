@@ -100,16 +100,29 @@ def _mpi_reduce(kv, tensor, op):
     return tensor
 
 
-def _allreduce_inplace(tensor, op, name, prescale_factor, postscale_factor, process_set, what):
+def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, process_set,
+                       what):
+    """op over the set of each tensor, in place, as one submission (collectives.allreduce:
+    one engine op, fused). A float Average is the reduction's own (the fused buffer
+    divided once); an integer one, the scale factors and Min/Max/Product are engine ops or
+    collectives of their own, as before."""
     kv = _set_store(process_set, what)
-    _scale(tensor, prescale_factor)
+    for tensor in tensors:
+        _scale(tensor, prescale_factor)
     if op in _MPI_OPS:
-        _mpi_reduce(kv, tensor, op)
-        return _scale(tensor, postscale_factor)
-    kv.collectives.array('allreduce', name or 'hvd.allreduce', tensor)
+        for tensor in tensors:
+            _mpi_reduce(kv, tensor, op)
+            _scale(tensor, postscale_factor)
+        return tensors
+    floats = [np.issubdtype(np.dtype(t.dtype), np.floating) for t in tensors]
+    folded = op == Average and all(floats)
+    kv.collectives.allreduce(names, tensors, average=folded)
     # the set's store spans exactly its ranks
-    factor = postscale_factor / kv.num_workers if op == Average else postscale_factor
-    return _scale(tensor, factor)
+    factor = (postscale_factor / kv.num_workers if op == Average and not folded
+              else postscale_factor)
+    for tensor in tensors:
+        _scale(tensor, factor)
+    return tensors
 
 
 def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = None,
@@ -119,8 +132,9 @@ def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = 
     processes; op defaults to Average. Returns ``tensor``. ``priority`` is accepted: these
     collectives run in call order."""
     op = _op_of(op, average, 'allreduce_')
-    return _allreduce_inplace(tensor, op, name, prescale_factor, postscale_factor,
-                              process_set, 'allreduce_')
+    _allreduce_inplace([tensor], op, [name or 'hvd.allreduce'], prescale_factor,
+                       postscale_factor, process_set, 'allreduce_')
+    return tensor
 
 
 def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = None,
@@ -129,8 +143,8 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
     """As :func:`allreduce_`, into a new NDArray; ``tensor`` is left as it was."""
     op = _op_of(op, average, 'allreduce')
     _set_store(process_set, 'allreduce')
-    return _allreduce_inplace(tensor.copy(), op, name, prescale_factor, postscale_factor,
-                              process_set, 'allreduce')
+    return _allreduce_inplace([tensor.copy()], op, [name or 'hvd.allreduce'], prescale_factor,
+                              postscale_factor, process_set, 'allreduce')[0]
 
 
 def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
@@ -138,12 +152,12 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
                        postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set,
                        op: int | None = None) -> list[NDArray]:
-    """allreduce_ of each tensor of the list, in place; returns the list."""
+    """allreduce_ of each tensor of the list, in place, agreed and fused as one call;
+    returns the list."""
     op = _op_of(op, average, 'grouped_allreduce_')
     base = name or 'hvd.grouped_allreduce'
-    for i, tensor in enumerate(tensors):
-        _allreduce_inplace(tensor, op, '%s.%d' % (base, i), prescale_factor, postscale_factor,
-                           process_set, 'grouped_allreduce_')
+    _allreduce_inplace(list(tensors), op, ['%s.%d' % (base, i) for i in range(len(tensors))],
+                       prescale_factor, postscale_factor, process_set, 'grouped_allreduce_')
     return tensors
 
 
