@@ -25,7 +25,7 @@ import re
 import time
 
 import pytest
-from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_MARGIN
+from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_WALL_MARGIN
 
 import testbed
 from mpi_kvstore.designs import NAMES as DESIGNS
@@ -139,7 +139,7 @@ def test_killed_rank_on_the_other_host_ends_the_job(hosts):
 def test_stall_across_hosts_is_named_and_aborted(hosts):
     err, took = failed_across(hosts, 2, 'fault_stall.py', 'funneled', 'sleep',
                               marker='rank 0 starts the last step', timeout=40, env=STALL_ENV)
-    assert STALL_ABORT <= took < STALL_ABORT + STALL_MARGIN, (
+    assert STALL_ABORT <= took < STALL_ABORT + STALL_WALL_MARGIN, (
         'aborted %.1f s after the stall began (stall_abort=%g s)' % (took, STALL_ABORT))
     assert err.returncode == faults.FAILURE_STATUS
     # Rank 0 (on h0) learnt from rank 1 (on h1), over the link, what it had pushed.
