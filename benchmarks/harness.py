@@ -35,7 +35,8 @@ from benchmarks import schema
 from benchmarks.report import NO_MATPLOTLIB, pyplot, save_figure  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(REPO_ROOT, 'benchmarks', 'results')
+# Runs write below results/runs/ (git-ignored); results/ itself holds the documented tables.
+DEFAULT_OUT = os.path.join(REPO_ROOT, 'benchmarks', 'results', 'runs')
 DEFAULT_SIZES = [4096 * 4 ** i for i in range(9)]          # 4 KB .. 256 MB
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
 # Defaults of the shared options: a full run's, and what --quick makes of them.
@@ -162,6 +163,15 @@ def spread(values):
     """{'min', 'median', 'max'} of some timings: the median is what tables compare, min and
     max tell whether the run was steady."""
     return {'min': min(values), 'median': median(values), 'max': max(values)}
+
+
+def hidden_share(compute, exchange, step):
+    """How much of the exchange a step hid behind compute, as a share of the most it could
+    hide: (compute + exchange - step) / min(compute, exchange), from medians of each alone
+    and of the step. 1: the shorter of the two was hidden whole (step = the longer one);
+    0: none of it (step = their sum); below 0: together they took longer than their sum.
+    The one definition every table and the cost model use (docs/benchmarks.md)."""
+    return (compute + exchange - step) / min(compute, exchange)
 
 
 # /proc/stat's fields of the 'cpu' line, in its order; busy: less idle and iowait.

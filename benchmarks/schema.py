@@ -3,6 +3,10 @@
 Every JSON there is one of these kinds (:func:`kind` tells them apart), each with the keys
 below at least; a script's own results come beside them (results, models, columns, rows...):
 
+    table      a table of docs/benchmarks.md (report.table_record, beside it NAME.md, its
+               rendering): table, title, command, date, machine, unit, over, columns, ratios,
+               rows (each with label, hosts, rate and cells: {column: {min, median, max} or
+               None}, min <= median <= max)
     run        one script's run, written by harness.Run.write on rank 0: benchmark (the
                script's name), versions (VERSIONS), env (the OMP_/MXNET_/MPI_KVSTORE_/...
                variables it saw), nranks, config (its arguments plus CONFIG: the script, the
@@ -31,6 +35,8 @@ VERSIONS = ('python', 'numpy', 'mxnet', 'mpi4py', 'mpi_kvstore', 'mpi_library', 
             'platform', 'cpu_count')
 CONFIG = ('script', 'nranks', 'argv', 'date', 'command')
 KINDS = {
+    'table': ('table', 'title', 'command', 'date', 'machine', 'unit', 'over', 'columns', 'ratios',
+              'rows'),
     'run': ('benchmark', 'versions', 'env', 'nranks', 'config', 'time', 'skipped'),
     'testbed': ('benchmark', 'time', 'config', 'jobs'),
     'grid': ('benchmark', 'time', 'config', 'cells'),
@@ -50,6 +56,8 @@ def kind(record):
     """Which kind of result a JSON record is (see the module docstring)."""
     if not isinstance(record, dict):
         return None
+    if 'table' in record and 'rows' in record:
+        return 'table'
     if record.get('benchmark') == 'testbed_scaling' and 'jobs' in record:
         return 'testbed'
     if record.get('benchmark') == 'overlap_grid' and 'cells' in record:
@@ -86,9 +94,24 @@ def check(record, where='record'):
         for cell in record['cells']:
             for job, result in (cell.get('results') or {}).items():
                 check(result, f'{where}: cell {cell.get("job")} {job}')
+    if found == 'table' and not missing:
+        _check_rows(record, where)
     if missing:
         raise SchemaError(f'{where}: a {found} result without {", ".join(missing)}')
     return found
+
+
+def _check_rows(record, where):
+    """Every row of a table has its hosts, rate and cells, and every cell min <= median <= max."""
+    for row in record['rows']:
+        lacks = [key for key in ('label', 'hosts', 'rate', 'cells') if key not in row]
+        if lacks:
+            raise SchemaError(f'{where}: row {row.get("label")!r} without {", ".join(lacks)}')
+        for column, cell in row['cells'].items():
+            if column not in record['columns']:
+                raise SchemaError(f'{where}: row {row["label"]!r} has a cell {column!r} of no column')
+            if cell is not None and not cell['min'] <= cell['median'] <= cell['max']:
+                raise SchemaError(f'{where}: row {row["label"]!r}, {column}: not min <= median <= max')
 
 
 def check_tree(root):

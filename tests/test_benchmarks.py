@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import testbed
-from benchmarks import harness, schema
+from benchmarks import harness, report, schema
 
 from mpi_harness import REPO_ROOT, child_env, kill_leftovers, launcher_flags
 
@@ -109,24 +109,50 @@ def test_benchmarks_is_a_package_without_path_edits():
         assert re.search(rf'^\s+{name}\s', benchmarks.__doc__, re.MULTILINE), f'{name} not in the docstring'
 
 
-def test_committed_results_follow_the_schema():
-    """Every JSON under benchmarks/results/ is a result of a kind benchmarks/schema.py writes
-    down, with that kind's keys; the Markdown beside them (NOTES.md too) is passed over."""
-    results = os.path.join(BENCHMARKS, 'results')
-    found = {os.path.join(folder, name): name for folder, _, files in os.walk(results)
-             for name in files}
-    checked = schema.check_tree(results)
-    assert set(checked) == {path for path in found if path.endswith('.json')}
-    assert {'run', 'overlap', 'tune', 'grid'} <= set(checked.values()), checked
-    assert any(name == 'NOTES.md' for name in found.values())
+RESULTS = os.path.join(BENCHMARKS, 'results')
+
+
+def committed_tables():
+    """{name: record} of the tables in benchmarks/results/ (its top level: runs write below)."""
+    tables = {}
+    for name in sorted(os.listdir(RESULTS)):
+        if name.endswith('.json'):
+            tables[name[:-5]] = load(os.path.join(RESULTS, name))
+    return tables
+
+
+def test_committed_results_are_the_documented_tables():
+    """benchmarks/results/ holds, at its top, a table a pair: NAME.json of kind 'table' (the
+    schema checks its rows: hosts, rate, min <= median <= max) and NAME.md, exactly its
+    rendering; every JSON below (a local run's) follows the schema too."""
+    tables = committed_tables()
+    files = {name for name in os.listdir(RESULTS) if os.path.isfile(os.path.join(RESULTS, name))}
+    assert files == {f'{name}.{ext}' for name in tables for ext in ('json', 'md')}, files
+    assert {'overlap', 'horovod', 'grid', 'scaling', 'allreduce', 'gpu_bandwidth'} <= set(tables)
+    for name, record in tables.items():
+        assert schema.check(record, name) == 'table' and record['table'] == name
+        assert record['command'] and record['date'][:4] == '2026' and record['machine'], name
+        with open(os.path.join(RESULTS, name + '.md')) as handle:
+            assert handle.read() == report.table_markdown(record), name
+    assert set(schema.check_tree(RESULTS).values()) <= set(schema.KINDS)
 
 
 def test_schema_names_what_a_result_lacks(tmp_path):
-    """A run record without its versions, its command, or of no kind at all is refused with
-    the file and the missing key named."""
-    with open(os.path.join(BENCHMARKS, 'results', 'overlap', '2026-11-25', 'r50_125_2h_3gbit_gpusgd_cpu_2322',
-                           'overlap_n2_resnet50_v1_h2.json')) as handle:
-        record = json.load(handle)
+    """A table whose row lacks its rate or whose cell is out of order, a run record without
+    its versions or its command, or a file of no kind at all is refused with the file and
+    what is wrong named."""
+    table = load(os.path.join(RESULTS, 'overlap.json'))
+    assert schema.check(table, 't.json') == 'table'
+    row = table['rows'][0]
+    row['cells']['fifo'] = dict(row['cells']['fifo'], min=row['cells']['fifo']['max'] + 1)
+    with pytest.raises(schema.SchemaError, match=r"t\.json: row .*, fifo: not min <= median <= max"):
+        schema.check(table, 't.json')
+    del row['rate']
+    with pytest.raises(schema.SchemaError, match=r't\.json: row .* without rate'):
+        schema.check(table, 't.json')
+    record = {'benchmark': 'overlap', 'versions': {}, 'env': {}, 'nranks': 2, 'time': 'now',
+              'skipped': {}, 'config': {key: 1 for key in schema.CONFIG}}
+    record['versions'] = {key: 'x' for key in schema.VERSIONS}
     assert schema.check(record, 'r.json') == 'run'
     del record['config']['command']
     with pytest.raises(schema.SchemaError, match=r'r\.json: a run result without config\.command'):
@@ -134,14 +160,6 @@ def test_schema_names_what_a_result_lacks(tmp_path):
     del record['versions']
     with pytest.raises(schema.SchemaError, match=r'without versions, config\.command'):
         schema.check(record, 'r.json')
-    with open(os.path.join(BENCHMARKS, 'results', 'overlap_grid', '2026-11-27',
-                           'overlap_grid.json')) as handle:
-        grid = json.load(handle)
-    assert schema.check(grid, 'g.json') == 'grid'
-    del grid['cells'][1]['results']['ours']['versions']      # a cell's own run record
-    with pytest.raises(schema.SchemaError, match=r'g\.json: cell resnet50_v1_h2_1gbit ours: a run '
-                       r'result without versions'):
-        schema.check(grid, 'g.json')
     (tmp_path / 'NOTES.md').write_text('# prose\n')
     (tmp_path / 'x.json').write_text(json.dumps({'figures': [1, 2]}))
     with pytest.raises(schema.SchemaError, match=r'x\.json: not a result of any kind'):

@@ -38,8 +38,11 @@ from benchmarks.cost_model.report import (
 )
 
 REPO_ROOT = harness.REPO_ROOT
-DEFAULT_DIR = os.path.join(harness.DEFAULT_OUT, 'testbed')
-DEFAULT_MEASURED = os.path.join(DEFAULT_DIR, 'testbed_scaling.json')
+DEFAULT_DIR = os.path.join(harness.DEFAULT_OUT, 'cost_model')
+# The committed GPU-like runs (docs/benchmarks.md's first table), and the ResNet-50 125/s jobs
+# on 2 test hosts at 3 Gbit/s among them to fit h on; the others check it.
+DEFAULT_OVERLAP = os.path.join(harness.REPO_ROOT, 'benchmarks', 'results', 'overlap.json')
+DEFAULT_FIT_ON = '125/s 22:41,125/s 23:22'
 
 
 # ---------------------------------------------------------------- main
@@ -47,13 +50,15 @@ DEFAULT_MEASURED = os.path.join(DEFAULT_DIR, 'testbed_scaling.json')
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=DOC.split('\n\n')[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument('--measured', default=DEFAULT_MEASURED,
-                        help='testbed_scaling.py json with the training measurements to validate against')
+    parser.add_argument('--measured',
+                        help='a grid --scaling JSON with the training measurements to calibrate '
+                             'and validate on (default: none, no calibration)')
     parser.add_argument('--calibration', default=None,
-                        help='comma-separated testbed_scaling.py jsons holding raw allreduce '
+                        help='comma-separated grid --scaling JSONs holding raw allreduce '
                              'timings for every test bed checked (interleaved in training jobs) '
                              'and a 1-rank training job (default: --measured)')
-    parser.add_argument('--predict-only', action='store_true', help='no calibration or validation')
+    parser.add_argument('--predict-only', action='store_true',
+                        help='the prediction alone: no calibration, validation or learned overlap')
     parser.add_argument('--out', default=DEFAULT_DIR, help='folder for cost_model.{md,json,png}')
     scale = parser.add_argument_group('the prediction at scale (assumptions)')
     scale.add_argument('--gpus', type=int, default=256)
@@ -75,12 +80,12 @@ def parse_args(argv=None):
     scale.add_argument('--kappa-us', type=float, default=20.0,
                        help="the store's cost per array (the Python pushpull call)")
     learned = parser.add_argument_group('overlap learned on GPU-like runs (benchmarks/overlap.py)')
-    learned.add_argument('--overlap', default='',
-                         help='comma-separated overlap.py JSON files: fit h per schedule, check '
-                              'it, and predict with it (alone: only this)')
-    learned.add_argument('--fit-on', default='',
-                         help='comma-separated parts of file names to fit on (default: the first '
-                              'file); the others check the fit')
+    learned.add_argument('--overlap', default=DEFAULT_OVERLAP,
+                         help='comma-separated overlap results (run JSONs or the committed table): '
+                              'fit h per schedule, check it, and predict with it')
+    learned.add_argument('--fit-on', default=DEFAULT_FIT_ON,
+                         help="comma-separated parts of runs' names (file: label) to fit on; the "
+                              'others check the fit')
     return parser.parse_args(argv)
 
 
@@ -89,7 +94,7 @@ def learned_overlap(args):
     args.gpus with it; -> markdown."""
     paths = [p for p in args.overlap.split(',') if p]
     points = overlap_points(paths)
-    fit_on = [n for n in args.fit_on.split(',') if n] or [os.path.relpath(paths[0], REPO_ROOT)]
+    fit_on = [n for n in args.fit_on.split(',') if n]
     fitted = fit_overlap(points, fit_on)
     sizes = resnet50_sizes()
     predictions = {c: predict_with_overlap(args, sizes, args.gpus, h) for c, h in fitted.items()}
@@ -113,17 +118,11 @@ def learned_overlap(args):
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    if args.overlap:
-        text = learned_overlap(args)
-        with open(os.path.join(args.out, 'overlap_model.md'), 'w') as fh:
-            fh.write(text + '\n')
-        print(text)
-        return 0
     report = {'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), 'assumptions': vars(args)}
     md = ['# Cost model (benchmarks/cost_model.py)', '']
     points = []
-    if not args.predict_only:
-        measured = _load(args.measured) if os.path.exists(args.measured) else {'jobs': []}
+    if args.measured and not args.predict_only:
+        measured = _load(args.measured)
         args.calibration = args.calibration or args.measured
         cal = calibrate([_load(path) for path in args.calibration.split(',')])
         points = training_points(measured, cal)
@@ -177,6 +176,8 @@ def main(argv=None):
     report['prediction'] = {'rows': dict(rows), 'by_gpus': scale['by_gpus'], 'by_net': scale['by_net'],
                             'by_gpu_speed': scale['by_gpu_speed'], 'readings_of_50s': readings,
                             'gradient_sizes': sizes}
+    if args.overlap and not args.predict_only:
+        md += [learned_overlap(args), '']
     md_text = '\n'.join(md) + '\n'
     with open(os.path.join(args.out, 'cost_model.md'), 'w') as handle:
         handle.write(md_text)

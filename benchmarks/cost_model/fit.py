@@ -290,23 +290,34 @@ def what_reads_50s(args, sizes, target=50.0):
 OVERLAP_SCHEDULES = ('fifo', 'priority', 'gluon')
 
 
+def _runs(path):
+    """(name, compute s, {column: (step s, exchange alone s)}) of each run in a
+    benchmarks.overlap result file, or in the committed table of them (ms, a run a row)."""
+    payload, rel = _load(path), os.path.relpath(path, REPO_ROOT)
+    if 'rows' in payload:
+        for row in payload['rows']:
+            cells, alone = row['cells'], row.get('exchange', {})
+            yield (f'{rel}: {row["label"]}, {row["hosts"]} hosts, {row["rate"]}',
+                   cells['compute alone']['median'] / 1e3,
+                   {c: (cells[c]['median'] / 1e3, alone[c]['median'] / 1e3) for c in alone if cells.get(c)})
+        return
+    yield (f'{rel}: {payload["model"]} {payload["images_per_s"]:g}/s, '
+           f'{payload.get("config", {}).get("topology", "")}', payload['compute_alone']['median'],
+           {row['column']: (row['step']['median'], row['exchange']['median'])
+            for row in payload['columns'] if 'step' in row})
+
+
 def overlap_points(paths):
-    """[{file, model, images_per_s, topology, column, compute, exchange, step, h}] of every
-    mpi_kvstore column of benchmarks/overlap.py results (seconds, medians)."""
+    """[{file, column, compute, exchange, step, h}] of every mpi_kvstore column of
+    benchmarks/overlap.py results (seconds, medians); file names the run."""
     points = []
     for path in paths:
-        payload = _load(path)
-        compute = payload['compute_alone']['median']
-        for row in payload['columns']:
-            if row['column'] not in OVERLAP_SCHEDULES or 'step' not in row:
-                continue
-            step, exchange = row['step']['median'], row['exchange']['median']
-            points.append({'file': os.path.relpath(path, REPO_ROOT), 'model': payload['model'],
-                           'images_per_s': payload['images_per_s'],
-                           'topology': payload.get('config', {}).get('topology', ''),
-                           'column': row['column'], 'compute': compute, 'exchange': exchange,
-                           'step': step,
-                           'h': (compute + exchange - step) / min(compute, exchange)})
+        for name, compute, columns in _runs(path):
+            for column, (step, exchange) in columns.items():
+                if column in OVERLAP_SCHEDULES:
+                    points.append({'file': name, 'column': column, 'compute': compute,
+                                   'exchange': exchange, 'step': step,
+                                   'h': harness.hidden_share(compute, exchange, step)})
     return points
 
 

@@ -15,7 +15,7 @@ def overlap_tables(points, fitted, predictions):
         err = '-' if 'step_error' not in p else _pct(p['step_error'])
         if 'step_error' in p and abs(p['step_error']) > TARGET_ERROR and not p['fitted']:
             err = f'**{err}**'
-        runs.append([f'{p["model"]} {p["images_per_s"]:.0f} img/s, {p["topology"]}', p['column'],
+        runs.append([p['file'], p['column'],
                      f'{p["compute"] * 1e3:.0f}', f'{p["exchange"] * 1e3:.0f}', f'{p["step"] * 1e3:.0f}',
                      f'{p["h"]:.2f}', '-' if 'step_model' not in p else f'{p["step_model"] * 1e3:.0f}',
                      err, 'fitted' if p['fitted'] else 'check'])
