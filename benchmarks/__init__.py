@@ -13,20 +13,14 @@ Scripts:
     testbed_scaling   scaling (and allreduce) over two test hosts at several link rates (root)
     cost_model        an alpha-beta model of a training step, calibrated and checked on
                       testbed_scaling's results; ResNet-50 on ImageNet at scale (no mpiexec)
-    hierarchical      hierarchical against flat allreduce, ranks on several test hosts
-    broadcast         flat MPI_Bcast against pipelined, chained and hierarchical broadcast
-    memory            RSS over many pushpulls: does a long run's memory stay flat?
+    small             per-call latency and a burst of small tensors: kv.pushpull and
+                      mpi_kvstore.horovod against raw MPI (and horovod.mxnet where it imports)
     gpu_bandwidth     GPU transports on CuPy arrays (needs CuPy and a GPU)
-    plot_timeline     MPI_KVSTORE_TIMELINE traces drawn to a PNG (no mpiexec)
     gpu_like          a GPU-like workload: a model zoo net whose layers sleep on the engine
     overlap           gpu_like's model trained by every peer (FIFO, priority, gluon, dist_sync
                       or P3, Horovod) in one job: step, exchange alone, and how much hides
     overlap_grid      overlap over test hosts per (hosts, rate, model, fp16) cell, with the
                       autotuned and best fixed columns, Horovod and P3 in jobs of their own (root)
-    sharded           the sharded optimizer against unsharded, with and without compression,
-                      on gpu_like's model: step, state bytes and RSS per rank
-    lossy_allgather   what 16-bit weights after every step would cost a small classifier
-    sharded_loss      what a compressed reduce-scatter costs a small classifier's loss
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON
@@ -34,7 +28,6 @@ What they share:
     report            tables (tabulate) and plots (matplotlib)
     schema            what a result file under results/ holds, and its check
     peers             raw MPI, the engine floor, ps-lite's dist_sync and P3, Horovod
-    memory_probe      RSS and an engine-op gate, shared with tests/scenarios/kv_memory.py
 
 tests/test_benchmarks.py runs every script briefly, so that none rots unnoticed.
 """

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import shlex
 import socket
 import statistics
@@ -196,13 +195,6 @@ def machine_busy():
 def rss_mb():
     """This process's resident set size in MB (2**20 bytes): /proc/self/statm, by psutil."""
     return psutil.Process().memory_info().rss / 2 ** 20
-
-
-def rss_and_peak_mb():
-    """(RSS, its peak so far) in MB, as /proc/self/status's VmRSS and VmHWM: the peak from
-    getrusage, whose count the kernel updates lazily, so never below the RSS just read."""
-    now = rss_mb()
-    return now, max(now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def one_machine(comm):

@@ -190,7 +190,7 @@ class _Ranks:
 
 
 def test_ranks_differ_compares_every_array_of_every_rank():
-    """harness.ranks_differ (the weight check of sharded and sharded_loss): None where every
+    """harness.ranks_differ (scaling's check that every rank starts from rank 0's weights): None where every
     rank holds the same bytes, a view or a copy alike; one element changed in the last array,
     or two arrays swapped, on one rank of three is found and named."""
     mine = [np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2], np.ones(5, np.float32)]
@@ -251,41 +251,6 @@ def test_scaling(mpi_available, tmp_path):
     assert raw['bytes'] == 4096 and positive(raw['median_ms'])
     assert entry['info']['gradient_arrays'] == len(entry['info']['gradient_sizes']) > 0
     assert 'best mpi_kvstore config:' in out and 'how to read the tables:' in out
-
-
-def test_hierarchical(mpi_available, tmp_path):
-    out = mpirun(mpi_available, 'hierarchical', '--sizes', '4K,64K', '--warmups', 1, '--trials', 2,
-                 '--label', 'smoke', '--out', tmp_path)
-    record = load(tmp_path / f'hierarchical_n{NPROCS}_smoke.json')
-    check_run_record(record, 'hierarchical')
-    rows = record['results']
-    # One host: the hierarchy does not apply, and the leaders' shape is not measured.
-    assert {r['method'] for r in rows} == {'mpi:flat', 'mpi:hier', 'kv:flat', 'kv:hier'}
-    for row in rows:
-        assert len(row['times_s']) == 2 and all(positive(t) for t in row['times_s']), row
-        assert row['min_s'] <= row['median_s'] <= row['max_s'], row
-        if row['method'].endswith(':flat'):
-            assert row['vs_flat'] == 1.0
-    assert 'ratios hierarchical / flat' in out
-
-
-def test_memory_and_plot_timeline(mpi_available, tmp_path):
-    """memory.py's stores write timeline traces, which plot_timeline draws."""
-    trace = tmp_path / 'trace.json'
-    mpirun(mpi_available, 'memory', '--calls', 200, '--keys', 4, '--kbytes', 4,
-           '--designs', 'funneled,chained', '--out', tmp_path, env={'MPI_KVSTORE_TIMELINE': trace})
-    record = load(tmp_path / f'memory_n{NPROCS}.json')
-    check_run_record(record, 'memory')
-    rows = record['results']
-    assert [r['method'] for r in rows] == ['raw_mpi', 'engine_op', 'mpi_kvstore:funneled',
-                                           'mpi_kvstore:chained']
-    for row in rows:
-        assert row['calls'] == 200 and len(row['rss_samples_MB']) == 11, row
-        assert positive(row['us_per_call']) and positive(row['rss_after_MB']), row
-    traces = [tmp_path / f'trace.rank{r}.json' for r in range(NPROCS)]
-    png = tmp_path / 'timeline.png'
-    out = run(python_m('plot_timeline', *traces, '-o', png))
-    assert f'plot written to {png}' in out and png.stat().st_size > 0
 
 
 def test_overlap(mpi_available, tmp_path):

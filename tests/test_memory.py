@@ -4,7 +4,7 @@ Every engine op of the store runs as a ctypes callback; on an engine worker (a t
 Python did not create) each callback used to build and destroy a Python thread state,
 whose 16 KB data stack is an mmap/munmap pair, and with MPI initialized every such pair
 left ~144 bytes of RSS behind: ~14 MB per 100,000 pushpulls, 10+ GB over a long run.
-benchmarks/memory.py measures the same over 1,000,000 calls per design.
+benchmarks/memory.py, since retired (docs/benchmarks.md), measured it over 1,000,000 calls a design.
 """
 import pytest
 

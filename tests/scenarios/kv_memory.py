@@ -17,11 +17,8 @@ from mpi4py import MPI
 
 import mpi_kvstore
 
-# One gate and one RSS probe for this test and benchmarks/memory.py (the repository root is on
-# PYTHONPATH: mpi_harness puts it there).
-from benchmarks.memory_probe import Gate, gated_step, rss_mb
-
 from common import RANK, SIZE, WORLD, close, design_arg, done
+from memory_probe import Gate, gated_step, rss_mb
 
 
 def main():

@@ -29,10 +29,8 @@ from mpi4py import MPI
 import mpi_kvstore
 import mpi_kvstore.horovod as hvd
 
-# (the repository root is on PYTHONPATH: mpi_harness puts it there)
-from benchmarks.memory_probe import rss_mb
-
 from common import RANK, SIZE, WORLD, close, design_arg, done
+from memory_probe import rss_mb
 
 ELEMENTS = 1024          # 4 KB of float32
 CHECK = 64               # results read and checked at once

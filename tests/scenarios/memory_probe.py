@@ -1,4 +1,4 @@
-"""What benchmarks/memory.py and the CI memory test both need: RSS, and a gate that
+"""What the memory scenarios (kv_memory.py, kv_named_soak.py) share: RSS, and a gate that
 sends every pushpull's engine op to an engine worker thread.
 
 An op whose arrays are ready runs inline on the pushing thread (kAsync), which
@@ -7,10 +7,16 @@ Holding the arrays behind a gate op reproduces that in every design.
 """
 import threading
 
-from benchmarks.harness import rss_mb
+import psutil
+
 from mpi_kvstore.engine import core as engine
 
 __all__ = ['Gate', 'gated_step', 'rss_mb']
+
+
+def rss_mb():
+    """This process's resident set size in MB (2**20 bytes), as /proc/self/statm has it."""
+    return psutil.Process().memory_info().rss / 2 ** 20
 
 
 class Gate:
