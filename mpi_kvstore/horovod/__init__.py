@@ -20,6 +20,7 @@ A top layer: it may import ``store``, ``functional`` and everything below them, 
 MXNet; nothing imports it but the user.
 """
 
+from . import elastic as elastic  # hvd.elastic: run, State, ObjectState, MXNetState, exceptions
 from .basics import (
     Adasum,
     Average,

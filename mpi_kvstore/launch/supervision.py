@@ -14,12 +14,13 @@ No MPI and no MXNet here: the supervisor imports this module without starting MP
 import json
 import os
 
-__all__ = ['DIR_ENV', 'LAUNCH_ENV', 'STATE_ENV', 'FATAL', 'active', 'record', 'started',
-           'read', 'fatal', 'launch_index']
+__all__ = ['DIR_ENV', 'LAUNCH_ENV', 'STATE_ENV', 'RESET_LIMIT_ENV', 'FATAL', 'active', 'record',
+           'started', 'read', 'fatal', 'launch_index']
 
 DIR_ENV = 'MPI_KVSTORE_SUPERVISION_DIR'   # where ranks write; set by the supervisor
 LAUNCH_ENV = 'MPI_KVSTORE_LAUNCH'         # 0 for the first launch, 1 for the first relaunch...
 STATE_ENV = 'MPI_KVSTORE_STATE_DIR'       # elastic.State's default directory
+RESET_LIMIT_ENV = 'MPI_KVSTORE_RESET_LIMIT'   # elastic.run's resets before it gives up
 
 # causes a rank records
 EXCEPTION, STALL = 'exception', 'stall'

@@ -65,18 +65,18 @@ def batch(step):
 
 def kill_midway(state):
     """Rank 0 writes commit C's files, then dies before the rename."""
-    write = state._write
+    write = state._write_files
 
-    def dying(number, states, rng):
+    def dying(number, files):
         if number == args.kill_in_commit and FIRST:
             real_rename = os.rename
             os.rename = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
             try:
-                write(number, states, rng)
+                write(number, files)
             finally:
                 os.rename = real_rename
-        write(number, states, rng)
-    state._write = dying
+        write(number, files)
+    state._write_files = dying
 
 
 def main():

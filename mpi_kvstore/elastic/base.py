@@ -1,0 +1,180 @@
+"""Horovod's elastic pattern: a state that commits, restores and syncs, and ``run_fn``, which
+calls the training function again after each reset.
+
+The semantics are Horovod's (horovod.common.elastic): a commit is an in-memory copy plus a
+check for host updates; a :class:`HorovodInternalError` restores the last commit, then the
+world is reset and the state synced from rank 0; a :class:`HostsUpdatedInterrupt` resets
+without a restore. Horovod's callers pass ``bcast_object`` and ``get_rank``; the world's
+reset is the caller's (mpi_kvstore.horovod.elastic passes one).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..launch import supervision
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+__all__ = ['BaseState', 'ObjectState', 'run_fn', 'notify_hosts_updated']
+
+log = logging.getLogger(__name__)
+
+_listeners: list[BaseState] = []   # the states inside run_fn, told of host updates
+_listeners_lock = threading.Lock()
+
+
+def notify_hosts_updated(timestamp: float, removed_only: bool = False) -> None:
+    """Tell every state inside ``run_fn`` that the hosts changed at ``timestamp``: their next
+    ``commit()`` or ``check_host_updates()`` raises HostsUpdatedInterrupt on every rank."""
+    with _listeners_lock:
+        states = list(_listeners)
+    for state in states:
+        state.on_hosts_updated(timestamp, removed_only)
+
+
+class BaseState:
+    """The state Horovod's elastic mode tracks across resets (``hvd.elastic.State``).
+
+    ``bcast_object(obj)``: rank 0's ``obj`` on every rank; ``get_rank()``: this rank.
+    Subclasses define :meth:`save`, :meth:`restore` and :meth:`sync`.
+    """
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._get_rank = get_rank
+        self._host_messages: queue.Queue = queue.Queue()
+        self._last_updated_timestamp = 0.0
+        self._reset_callbacks: list[Callable[[], Any]] = []
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
+        """Functions called (without arguments) after each reset, once the world is
+        re-formed: to rescale the learning rate or repartition the data by the new size."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Called by ``run`` after a reset: forgets host updates, calls the reset callbacks."""
+        self._host_messages = queue.Queue()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, removed_only: bool = False) -> None:
+        """Record that the hosts changed at ``timestamp`` (the notification channel calls
+        this); the next :meth:`check_host_updates` acts on it."""
+        self._host_messages.put((timestamp, removed_only))
+
+    def commit(self) -> Any:
+        """Copy the state in memory (:meth:`save`), then :meth:`check_host_updates`.
+        Collective: every rank calls it."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank if rank 0 heard of a host update since
+        the last check (collective: rank 0's view is broadcast, so all ranks agree)."""
+        latest, removed_only = self._last_updated_timestamp, True
+        while True:
+            try:
+                timestamp, removed = self._host_messages.get_nowait()
+            except queue.Empty:
+                break
+            if timestamp > latest:
+                latest = timestamp
+                removed_only = removed_only and removed
+        previous = self._last_updated_timestamp
+        latest, removed_only = self._bcast_object((latest, removed_only))
+        self._last_updated_timestamp = latest
+        if latest > previous:
+            raise HostsUpdatedInterrupt(skip_sync=removed_only)
+
+    def save(self) -> None:
+        """Copy the state in memory (the commit's copy)."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Go back to the last commit, undoing what changed since."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Give every rank rank 0's state."""
+        raise NotImplementedError
+
+
+class ObjectState(BaseState):
+    """Python values kept across resets, as attributes (``state.epoch``): Horovod's
+    ``ObjectState``. ``bcast_object`` and ``get_rank`` as for :class:`BaseState`."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
+                 **kwargs: Any) -> None:
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object, get_rank)
+
+    def save(self) -> None:
+        """Copy the attributes' current values as the commit."""
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self) -> None:
+        """Set the attributes back to the last commit's values."""
+        self._set_attrs()
+
+    def sync(self) -> None:
+        """Every rank takes rank 0's committed values."""
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self):
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
+
+
+def reset_limit(environ: Any = None) -> int:
+    """The supervisor's ``--reset-limit`` (0: no limit)."""
+    try:
+        return int((os.environ if environ is None else environ).get(
+            supervision.RESET_LIMIT_ENV, '0'))
+    except ValueError:
+        return 0
+
+
+def run_fn(func: Callable[..., Any], reset: Callable[[], Any],
+           limit: int | None = None) -> Callable[..., Any]:
+    """``func(state, ...)`` run to its end through resets: after a HorovodInternalError the
+    state is restored to its last commit, ``reset()`` re-forms the world, and the state is
+    synced from rank 0 before ``func`` is called again; after a HostsUpdatedInterrupt, the
+    same without the restore. More than ``limit`` resets (default: the supervisor's
+    ``--reset-limit``, 0 for none) raise RuntimeError."""
+    @functools.wraps(func)
+    def wrapper(state: BaseState, *args: Any, **kwargs: Any) -> Any:
+        bound = reset_limit() if limit is None else limit
+        resets, skip_sync = 0, False
+        with _listeners_lock:
+            _listeners.append(state)
+        try:
+            while True:
+                try:
+                    if not skip_sync:
+                        state.sync()
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError as err:
+                    log.warning('mpi_kvstore elastic: %s; restoring the last commit', err)
+                    state.restore()
+                    skip_sync = False
+                except HostsUpdatedInterrupt as err:
+                    log.info('mpi_kvstore elastic: %s; re-forming the world', err)
+                    skip_sync = err.skip_sync
+                resets += 1
+                if bound and resets > bound:
+                    raise RuntimeError('mpi_kvstore elastic: %d resets, more than the limit '
+                                       'of %d' % (resets, bound))
+                reset()
+                state.on_reset()
+        finally:
+            with _listeners_lock:
+                _listeners.remove(state)
+    return wrapper

@@ -1,0 +1,25 @@
+"""The two exceptions of Horovod's elastic mode, under Horovod's names.
+
+``HorovodInternalError``: a collective could not finish because the world changed under it
+(a peer was lost). ``elastic.run`` answers it by restoring the last commit, re-forming the
+world and calling the training function again. ``HostsUpdatedInterrupt``: hosts were added
+or removed; ``elastic.run`` re-forms the world without a restore.
+"""
+from __future__ import annotations
+
+__all__ = ['HorovodInternalError', 'HostsUpdatedInterrupt']
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed because a peer was lost: in ``elastic.run``, a reset that
+    restores the last commit."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The job's hosts changed: in ``elastic.run``, a reset without a restore.
+    ``skip_sync``: whether the state may skip its broadcast after the reset (hosts were only
+    removed, so every survivor already holds the same state)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__('the job\'s hosts changed' + (' (removed only)' if skip_sync else ''))
+        self.skip_sync = skip_sync

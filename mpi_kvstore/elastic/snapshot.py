@@ -1,0 +1,116 @@
+"""What a commit copies: the parameters' values, the optimizer states' bytes, and the random
+states, taken from and given back to a gluon ParameterDict (or Block), a Module, or a dict of
+NDArrays and their trainer."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import tempfile
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+
+__all__ = ['Params', 'optimizer_states', 'load_optimizer_states', 'random_states',
+           'set_random_states']
+
+log = logging.getLogger(__name__)
+
+
+class Params:
+    """The parameters as a list of (name, NDArray): a gluon ParameterDict (or a Block), a
+    Module, or a dict of NDArrays."""
+
+    def __init__(self, params: Any) -> None:
+        if isinstance(params, mx.gluon.Block):
+            params = params.collect_params()
+        self.module = params if isinstance(params, mx.mod.BaseModule) else None
+        self.params = params
+
+    def _arrays(self):
+        """[(name, NDArray)] in a fixed order."""
+        if self.module is not None:
+            args, auxs = self.module.get_params()
+            return ([('arg:' + k, v) for k, v in sorted(args.items())]
+                    + [('aux:' + k, v) for k, v in sorted(auxs.items())])
+        if isinstance(self.params, dict):
+            return sorted(self.params.items())
+        return [(name, p.data()) for name, p in self.params.items()]
+
+    def values(self) -> list[tuple[str, np.ndarray]]:
+        """[(name, numpy array)] in a fixed order: copies, which later steps leave alone."""
+        return [(name, array.asnumpy()) for name, array in self._arrays()]
+
+    def assign(self, saved: list[tuple[str, np.ndarray]]) -> None:
+        """Set every parameter from ``saved`` ([(name, array)], as :meth:`values` gives).
+        Names may differ (gluon prefixes count blocks per process); shapes must not."""
+        mine = [array.shape for _, array in self._arrays()]
+        if mine != [value.shape for _, value in saved]:
+            raise ValueError('elastic.State: the committed parameters (%d, shapes %s...) '
+                             'do not fit this model\'s (%d, shapes %s...)'
+                             % (len(saved), [v.shape for _, v in saved[:3]], len(mine),
+                                mine[:3]))
+        if self.module is not None:
+            args = {n[4:]: mx.nd.array(v, dtype=v.dtype) for n, v in saved if n[:4] == 'arg:'}
+            auxs = {n[4:]: mx.nd.array(v, dtype=v.dtype) for n, v in saved if n[:4] == 'aux:'}
+            self.module.set_params(args, auxs, allow_missing=False, force_init=True)
+        elif isinstance(self.params, dict):
+            for (_, array), (_, value) in zip(sorted(self.params.items()), saved):
+                array[:] = mx.nd.array(value, ctx=array.context, dtype=value.dtype)
+        else:
+            for param, (_, value) in zip(self.params.values(), saved):
+                param.set_data(mx.nd.array(value, dtype=value.dtype))
+
+
+def _saver(trainer, module):
+    if trainer is not None:
+        if not getattr(trainer, '_kv_initialized', True):
+            return None   # no step yet: its optimizer has no states to copy
+        return trainer.save_states
+    if module is not None and module.optimizer_initialized:
+        return module.save_optimizer_states
+    return None
+
+
+def optimizer_states(trainer: Any, module: Any) -> bytes | None:
+    """The optimizer states' bytes in MXNet's format, or None where the optimizer has none
+    yet (collective for a sharded store: every rank calls it)."""
+    saver = _saver(trainer, module)
+    if saver is None:
+        return None
+    fd, path = tempfile.mkstemp(prefix='mpi_kvstore_states_')
+    os.close(fd)
+    try:
+        saver(path)
+        with open(path, 'rb') as fh:
+            return fh.read()
+    finally:
+        os.unlink(path)
+
+
+def load_optimizer_states(trainer: Any, module: Any, data: bytes) -> None:
+    """Give the trainer (or the Module's optimizer) the states ``data`` holds."""
+    fd, path = tempfile.mkstemp(prefix='mpi_kvstore_states_')
+    try:
+        with os.fdopen(fd, 'wb') as fh:
+            fh.write(data)
+        if trainer is not None:
+            trainer.load_states(path)
+        elif module is not None and module.optimizer_initialized:
+            module.load_optimizer_states(path)
+        else:
+            log.warning('mpi_kvstore elastic: the commit holds optimizer states, but this '
+                        'State has no trainer and no initialised Module to load them into')
+    finally:
+        os.unlink(path)
+
+
+def random_states() -> tuple[Any, Any]:
+    """This process's Python and numpy random states."""
+    return random.getstate(), np.random.get_state()
+
+
+def set_random_states(states: tuple[Any, Any]) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])

@@ -1,0 +1,94 @@
+"""``hvd.elastic``: Horovod's elastic API for MXNet (Horovod has it for PyTorch and
+TensorFlow only).
+
+    state = hvd.elastic.MXNetState(net.collect_params(), trainer, epoch=0, batch=0)
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            ...
+            state.commit()
+
+    train(state)
+
+The semantics are Horovod's: ``commit()`` copies the state in memory and checks for host
+updates; a :class:`HorovodInternalError` restores the last commit, re-forms the world, syncs
+the state from rank 0 and calls the function again; a :class:`HostsUpdatedInterrupt` does
+the same without the restore. Under ``python -m mpi_kvstore run --state-dir D`` every commit
+is written to disk too, and a relaunched job restores it (mpi_kvstore.elastic).
+
+The world is re-formed by the function :func:`set_world_reset` registers; without one the
+job's world is the fixed MPI world, and a reset keeps it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .. import elastic as _elastic
+from ..elastic import HorovodInternalError, HostsUpdatedInterrupt
+from ..launch import supervision
+from . import basics
+from .ops import broadcast_object
+
+__all__ = ['run', 'State', 'ObjectState', 'MXNetState', 'HorovodInternalError',
+           'HostsUpdatedInterrupt', 'set_world_reset']
+
+log = logging.getLogger(__name__)
+
+State = _elastic.BaseState
+"""Horovod's base state (``bcast_object``, ``get_rank``; subclasses define save, restore
+and sync): commit, check_host_updates, register_reset_callbacks."""
+
+_world_reset: list[Callable[[], Any]] = []
+
+
+def set_world_reset(reset: Callable[[], Any] | None) -> None:
+    """Register the function that re-forms the world after a lost rank or a host update
+    (None: the fixed MPI world, kept as it is)."""
+    _world_reset[:] = [] if reset is None else [reset]
+
+
+def _reset() -> None:
+    if _world_reset:
+        _world_reset[0]()
+    else:
+        log.info('mpi_kvstore elastic: a reset in a fixed MPI world keeps its %d rank(s)',
+                 basics.size())
+
+
+def _rank() -> int:
+    return basics.rank()
+
+
+class ObjectState(_elastic.ObjectState):
+    """Python values kept across resets, as attributes (Horovod's ``ObjectState``).
+    ``bcast_object`` and ``get_rank`` default to :func:`broadcast_object` and :func:`rank`."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any] | None = None,
+                 get_rank: Callable[[], int] | None = None, **kwargs: Any) -> None:
+        super().__init__(bcast_object or broadcast_object, get_rank or _rank, **kwargs)
+
+
+class MXNetState(_elastic.State):
+    """A Gluon model's state kept across resets: the parameters (a ParameterDict or a
+    Block), the trainer's optimizer states (the sharded ones too), and the keyword values as
+    attributes (``state.epoch``). Commits live in memory, and on disk too under the
+    supervisor's ``--state-dir``. The optimizer must run on the ranks (DistributedTrainer,
+    or a Trainer with ``update_on_kvstore=False``) for a restore to reach the weights."""
+
+    def __init__(self, params: Any, trainer: Any = None, **kwargs: Any) -> None:
+        basics._require_init()
+        directory = os.environ.get(supervision.STATE_ENV) or False
+        super().__init__(params, trainer, directory=directory,
+                         comm=lambda: basics._state['comm'], **kwargs)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: ``func(state, ...)`` runs to its end through resets (Horovod's
+    ``hvd.elastic.run``). The state is synced from rank 0 before each call; no collective
+    may run between the decorator's call and ``func``'s first line."""
+    return _elastic.run_fn(func, _reset)
