@@ -126,8 +126,7 @@ def test_config_vocabularies_equal_the_registries():
 
 def test_docs_speak_to_users():
     """The docs state results for users: no page speaks of issues, sessions or engineers, and
-    docs/benchmarks.md stays a results page (the measurement diaries live beside the result
-    files, benchmarks/results/*/NOTES.md)."""
+    docs/benchmarks.md stays a results page of bounded size."""
     import re
     pattern = re.compile(r'issue [0-9]|another engineer|was lent', re.IGNORECASE)
     pages = [os.path.join(REPO_ROOT, 'README.md')] + [
