@@ -101,7 +101,7 @@ _auto_nonneg, _auto_positive = _auto_check(_nonneg), _auto_check(_positive)
 
 # window='auto': a step of ResNet-50 (161 keys) fits in 256 collectives, and in 512 with
 # shard_optimizer (a reduce-scatter and an allgather a key); a step that does not fit holds
-# its first-made gradients back until the oldest collective runs (docs/sharded-optimizer.md).
+# its first-made gradients back until the oldest collective runs (docs/designs.md, the agreement).
 WINDOW, SHARDED_WINDOW = 256, 512
 
 
