@@ -5,7 +5,7 @@ import threading
 
 from ..comm.mpiabi import MPI
 from .base import comm_factory
-from .negotiated import Negotiated
+from .negotiated import Negotiated, tighten_timer_slack
 
 __all__ = ['Concurrent']
 
@@ -59,6 +59,8 @@ class Concurrent(Negotiated):
             jobs.put(bucket)
 
     def _serve(self, comm, jobs):
+        if self.timer_slack_ns:   # a lane's polled collectives sleep as the thread's do
+            tighten_timer_slack(self.timer_slack_ns)
         while True:
             bucket = jobs.get()
             if bucket is _STOP:
