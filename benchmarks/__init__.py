@@ -10,17 +10,16 @@ Scripts:
                       against raw MPI, the engine floor and dist_sync
     scaling           training steps on synthetic data (resnet20, resnet18_v1, resnet50_v1):
                       every design, DistributedTrainer, Horovod and dist_sync against no exchange
-    testbed_scaling   scaling (and allreduce) over two test hosts at several link rates (root)
     cost_model        an alpha-beta model of a training step, calibrated and checked on
-                      testbed_scaling's results; ResNet-50 on ImageNet at scale (no mpiexec)
+                      grid --scaling's results; ResNet-50 on ImageNet at scale (no mpiexec)
     small             per-call latency and a burst of small tensors: kv.pushpull and
                       mpi_kvstore.horovod against raw MPI (and horovod.mxnet where it imports)
     gpu_bandwidth     GPU transports on CuPy arrays (needs CuPy and a GPU)
     gpu_like          a GPU-like workload: a model zoo net whose layers sleep on the engine
     overlap           gpu_like's model trained by every peer (FIFO, priority, gluon, dist_sync
                       or P3, Horovod) in one job: step, exchange alone, and how much hides
-    overlap_grid      overlap over test hosts per (hosts, rate, model, fp16) cell, with the
-                      autotuned and best fixed columns, Horovod and P3 in jobs of their own (root)
+    grid              overlap (or --scaling: scaling) over test hosts, a test bed a cell of
+                      (hosts, rate, model, wire); Horovod and P3 in jobs of their own (root)
 
 What they share:
     harness           arguments, timing (repeated and interleaved), checks, stores, JSON

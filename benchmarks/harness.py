@@ -9,7 +9,7 @@ rounds, each round running every op once in an order that rotates, so slow phase
 shared VM hit every op alike. A trial counts the slowest rank (a collective is done only
 when its last rank is), and :func:`spread` reports min, median and max.
 
-mpi4py is imported on first use, not here: cost_model and testbed_scaling.py use this
+mpi4py is imported on first use, not here: cost_model and grid.py use this
 module outside mpiexec, where importing it would start MPI for nothing.
 """
 import argparse

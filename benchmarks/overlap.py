@@ -389,14 +389,14 @@ def _rank_ms(cpu):
 
 
 def table(rows, compute, skipped, compute_cpu=None):
-    cells = [['compute alone', report.spread_ms(compute), '', '', '', '', _busy(compute_cpu),
+    cells = [['compute alone', report.spread_text(compute, 1e3), '', '', '', '', _busy(compute_cpu),
               _rank_ms(compute_cpu), '']]
     for row in rows:
         if 'step' not in row:
             cells.append([row['column'], 'failed', '', '', '', '', '', '', row['check']])
             continue
         step_cpu, exchange_cpu = row.get('cpu_step'), row.get('cpu_exchange')
-        cells.append([row['column'], report.spread_ms(row['step']), report.spread_ms(row['exchange']),
+        cells.append([row['column'], report.spread_text(row['step'], 1e3), report.spread_text(row['exchange'], 1e3),
                       f'{row["hidden_share"]:.2f}',
                       f'{row["step_over_max"]:.2f}', f'{row["vs_fifo"]:.2f}x' if 'vs_fifo' in row else '-',
                       f'{_busy(step_cpu)}; {_busy(exchange_cpu)}',

@@ -12,21 +12,18 @@ below at least; a script's own results come beside them (results, models, column
                variables it saw), nranks, config (its arguments plus CONFIG: the script, the
                rank count, argv, the date the run started and the command that reruns it),
                time (when the file was written) and skipped ({method: why})
-    testbed    testbed_scaling.py's combined record: benchmark, time, config, jobs (each a
-               job on a test bed of its own, with its scaling and allreduce run records)
-    grid       overlap_grid.py's combined record: benchmark, time, config, cells (each a
-               cell on a test bed of its own, with overlap's run records under results)
+    grid       grid.py's combined record: benchmark, mode, time, config, cells (each a cell
+               on a test bed of its own, with its jobs' run records under results)
     cost_model cost_model's report (cost_model.json): time, assumptions, prediction
-    overlap    cost_model --overlap (overlap_model.json): points, fitted, predictions,
-               fit_on, assumptions
+    overlap    cost_model's learned overlap (overlap_model.json): points, fitted,
+               predictions, fit_on, assumptions
     tune       a tune table (the store's autotune writes the schedule entry): version,
                comm_size; mpi_kvstore.comm.tuning.Table.from_json validates what is inside
     gpu_bandwidth  gpu_bandwidth.py --json: title, bytes, ranks, device, rows (each with
                what, seconds, min, median, max, baseline)
 
-The other files are prose or logs and are not checked: NAME.md (a script's tables),
-log.txt and load.txt (its output, the machine's load meanwhile) and NOTES.md (notes
-written by people).
+The other files are not checked: NAME.md (a table's rendering, a script's tables) and
+log.txt (a job's output).
 """
 import json
 import os
@@ -38,8 +35,7 @@ KINDS = {
     'table': ('table', 'title', 'command', 'date', 'machine', 'unit', 'over', 'columns', 'ratios',
               'rows'),
     'run': ('benchmark', 'versions', 'env', 'nranks', 'config', 'time', 'skipped'),
-    'testbed': ('benchmark', 'time', 'config', 'jobs'),
-    'grid': ('benchmark', 'time', 'config', 'cells'),
+    'grid': ('benchmark', 'mode', 'time', 'config', 'cells'),
     'cost_model': ('time', 'assumptions', 'prediction'),
     'overlap': ('points', 'fitted', 'predictions', 'fit_on', 'assumptions'),
     'tune': ('version', 'comm_size'),
@@ -58,9 +54,7 @@ def kind(record):
         return None
     if 'table' in record and 'rows' in record:
         return 'table'
-    if record.get('benchmark') == 'testbed_scaling' and 'jobs' in record:
-        return 'testbed'
-    if record.get('benchmark') == 'overlap_grid' and 'cells' in record:
+    if record.get('benchmark') == 'grid' and 'cells' in record:
         return 'grid'
     if 'benchmark' in record:
         return 'run'
@@ -85,11 +79,6 @@ def check(record, where='record'):
     for (of, key), wanted in NESTED.items():
         if of == found and isinstance(record.get(key), dict):
             missing += [f'{key}.{sub}' for sub in wanted if sub not in record[key]]
-    if found == 'testbed':
-        for job in record['jobs']:
-            for part in ('scaling', 'allreduce'):
-                if job.get(part):
-                    check(job[part], f'{where}: job {job.get("job")} {part}')
     if found == 'grid':
         for cell in record['cells']:
             for job, result in (cell.get('results') or {}).items():

@@ -2,9 +2,9 @@
 
 Each runs as users run it, ``[mpiexec -n 2] python -m benchmarks.NAME`` from the repository
 root, under a timeout; the checks read what it wrote: the JSON's methods and their timings,
-or its report lines. testbed_scaling runs across two test hosts where the test bed can be
-built (root, as CI); cost_model then fits and validates on what testbed_scaling
-measured. gpu_bandwidth needs CuPy and a GPU. The whole file takes about a minute on 2 cores.
+or its report lines. grid runs across two test hosts where the test bed can be built (root,
+as CI); cost_model then fits and validates on what grid --scaling measured. gpu_bandwidth
+needs CuPy and a GPU.
 """
 import contextlib
 import json
@@ -283,33 +283,47 @@ def test_overlap(mpi_available, tmp_path):
 # ---------------------------------------------------------------- across test hosts
 
 @needs_testbed
-def test_testbed_scaling_then_cost_model(mpi_available, tmp_path):
-    """One rank alone and two over two test hosts, then the model fitted and checked on them."""
-    out = run(python_m('testbed_scaling', '--ranks', '1,2', '--rates', '3gbit', '--models', 'resnet20',
-                       '--designs', 'blocking', '--warmup-steps', 0, '--steps', 1,
-                       '--batch-size', 2, '--raw-sizes', '4K,64K', '--out', tmp_path),
+def test_grid_scaling_then_cost_model(mpi_available, tmp_path):
+    """grid --scaling: one rank alone and two over two test hosts; its table holds each
+    config's step as the jobs' records have it; then the cost model fitted and checked on
+    them."""
+    out = run(python_m('grid', '--scaling', '--ranks', '1,2', '--rates', '3gbit', '--models', 'resnet20',
+                       '--raw-sizes', '4K,64K', '--job-timeout', TIMEOUT, '--job-args',
+                       '--designs blocking --warmup-steps 0 --steps 2 --batch-size 2', '--out', tmp_path),
               timeout=2 * TIMEOUT)     # two jobs, each with a test bed of its own
-    combined = load(tmp_path / 'testbed_scaling.json')
-    jobs = {job['job']: job for job in combined['jobs']}
-    assert set(jobs) == {'n1', 'n2_ppn1_3gbit'}, out[-3000:]
-    for job in jobs.values():
-        assert job['ok'], job
-        configs = [r['config'] for r in job['scaling']['models']['resnet20']['rows']]
-        assert configs[:3] == ['single', 'none', 'mpi_kvstore:blocking'], configs
-    assert '**2 ranks, 2 hosts x 1**' in out
-    md = tmp_path / 'testbed_scaling.md'
-    md.unlink()
-    run(python_m('testbed_scaling', '--report-only', '--out', tmp_path))
-    assert '| mpi_kvstore:blocking |' in md.read_text()
+    combined = load(tmp_path / 'grid.json')
+    assert schema.check(combined) == 'grid' and combined['mode'] == 'scaling'
+    cells = {cell['job']: cell for cell in combined['cells']}
+    assert set(cells) == {'n1', 'n2_ppn1_3gbit'}, out[-3000:]
+    table = load(tmp_path / 'table.json')
+    assert schema.check(table) == 'table'
+    for cell, row in zip(combined['cells'], table['rows']):
+        assert cell['ok'], cell
+        rows = {r['config']: r for r in cell['results']['scaling']['models']['resnet20']['rows']}
+        assert list(rows)[:3] == ['single', 'none', 'mpi_kvstore:blocking'], list(rows)
+        assert (row['label'], row['hosts'], row['rate']) == (
+            f'resnet20, {cell["ranks"]} ranks', cell['hosts'], cell['rate'])
+        for config, spread in row['cells'].items():
+            steps = rows[config]['step_times_s']
+            assert spread == pytest.approx({'min': min(steps) * 1e3, 'median': float(np.median(steps)) * 1e3,
+                                            'max': max(steps) * 1e3}), config
+    md = (tmp_path / 'table.md').read_text()
+    assert md == report.table_markdown(table) and '| resnet20, 2 ranks | 2 | 3gbit |' in md
+    (tmp_path / 'table.md').unlink()
+    run(python_m('grid', '--report-only', '--out', tmp_path))
+    assert (tmp_path / 'table.md').read_text() == md
 
     model_out = tmp_path / 'model'
-    run(python_m('cost_model', '--measured', tmp_path / 'testbed_scaling.json', '--out', model_out))
-    report = load(model_out / 'cost_model.json')
-    points = [p for p in report['validation'] if p['config'] == 'mpi_kvstore:blocking']
-    assert len(points) == 1 and 'skipped' not in points[0], report['validation']
-    for key in ('alone_ms', 'alone_model_ms', 'step_ms', 'step_model_ms'):
+    run(python_m('cost_model', '--measured', tmp_path / 'grid.json', '--out', model_out))
+    result = load(model_out / 'cost_model.json')
+    points = [p for p in result['validation'] if p['config'] == 'mpi_kvstore:blocking']
+    assert len(points) == 1 and 'skipped' not in points[0], result['validation']
+    measured = cells['n2_ppn1_3gbit']['results']['scaling']['models']['resnet20']['rows']
+    assert points[0]['step_ms'] == pytest.approx(
+        next(r['step_ms'] for r in measured if r['config'] == 'mpi_kvstore:blocking'))
+    for key in ('alone_ms', 'alone_model_ms', 'step_model_ms'):
         assert positive(points[0][key]), points[0]
-    line = report['calibration']['lines']['3gbit/n2/ppn1']
+    line = result['calibration']['lines']['3gbit/n2/ppn1']
     # fitted on the raw Allreduce timed in the job's own exchange-alone rounds (--raw-sizes)
     assert line['source'] == 'interleaved' and set(line['points_s']) == {'4096', '65536'}, line
     assert (model_out / 'cost_model.png').exists()
@@ -319,16 +333,16 @@ GRID_CELL = 'mobilenet0.25_h2_3gbit_fp16'
 
 
 @needs_testbed
-def test_overlap_grid_smallest_cell(mpi_available, tmp_path):
+def test_grid_smallest_overlap_cell(mpi_available, tmp_path):
     """The grid's smallest cell end to end: FIFO, autotuned (settled first) and best on an
-    fp16 wire across two test hosts, every weight checked; the table's ratios are the JSON's
-    medians', and --report-only rebuilds it."""
-    out = run(python_m('overlap_grid', '--hosts', 2, '--rates', '3gbit', '--models', SMALL_MODEL,
+    fp16 wire across two test hosts, every weight checked; the table's cells are the job's
+    spreads and its ratios their medians', and --report-only rebuilds it."""
+    out = run(python_m('grid', '--hosts', 2, '--rates', '3gbit', '--models', SMALL_MODEL,
                        '--wires', 'fp16', '--columns', 'fifo,autotuned,best', '--no-p3',
                        '--best-options', 'partition_bytes=1M,credit_bytes=4M', '--job-timeout', TIMEOUT,
-                       '--overlap-args', '--warmups 0 --rounds 2 --chain 2 --autotune-steps 1',
+                       '--job-args', '--warmups 0 --rounds 2 --chain 2 --autotune-steps 1',
                        '--out', tmp_path))
-    combined = load(tmp_path / 'overlap_grid.json')
+    combined = load(tmp_path / 'grid.json')
     (cell,) = combined['cells']
     assert cell['job'] == GRID_CELL and cell['ok'] and set(cell['results']) == {'ours'}, out[-3000:]
     result = cell['results']['ours']
@@ -342,74 +356,81 @@ def test_overlap_grid_smallest_cell(mpi_available, tmp_path):
     assert tuned['settled'] and 0 < tuned['steps'] <= tuned['bound'] + 2, tuned
     assert (rows['best']['options']['partition_bytes'], rows['best']['options']['credit_bytes']) == (
         1 << 20, 4 << 20)
-    step = {name: row['step']['median'] * 1e3 for name, row in rows.items()}
-    md = (tmp_path / 'overlap_grid.md').read_text()
-    line = next(line for line in md.splitlines() if line.startswith(f'| {SMALL_MODEL}, 2 hosts'))
-    assert line.split(' | ')[2:] == [
-        f'{step["fifo"]:.0f} ({rows["fifo"]["step"]["min"] * 1e3:.0f}-'
-        f'{rows["fifo"]["step"]["max"] * 1e3:.0f}) 1.00x',
-        *[f'{step[c]:.0f} ({rows[c]["step"]["min"] * 1e3:.0f}-{rows[c]["step"]["max"] * 1e3:.0f}) '
-          f'{step["fifo"] / step[c]:.2f}x' for c in ('autotuned', 'best')],
-        f'{step["best"] / step["autotuned"]:.2f}x |'], line
-    (tmp_path / 'overlap_grid.md').unlink()
-    run(python_m('overlap_grid', '--report-only', '--out', tmp_path))
-    assert (tmp_path / 'overlap_grid.md').read_text() == md
-    assert (tmp_path / 'overlap_grid.png').stat().st_size > 0
+    table = load(tmp_path / 'table.json')
+    (row,) = table['rows']
+    assert table['columns'] == ['compute alone', 'fifo', 'autotuned', 'best']
+    assert table['ratios'] == [['fifo', 'autotuned'], ['fifo', 'best']]
+    for name, spread in row['cells'].items():
+        source = result['compute_alone'] if name == 'compute alone' else rows[name]['step']
+        assert spread == pytest.approx({k: source[k] * 1e3 for k in ('min', 'median', 'max')}), name
+    md = (tmp_path / 'table.md').read_text()
+    line = next(line for line in md.splitlines() if line.startswith(f'| {SMALL_MODEL}, wire fp16 |'))
+    assert line.split(' | ')[-2:] == [
+        f'{rows["fifo"]["step"]["median"] / rows["autotuned"]["step"]["median"]:.2f}x',
+        f'{rows["fifo"]["step"]["median"] / rows["best"]["step"]["median"]:.2f}x |'], line
+    (tmp_path / 'table.md').unlink()
+    run(python_m('grid', '--report-only', '--out', tmp_path))
+    assert (tmp_path / 'table.md').read_text() == md
+    assert (tmp_path / 'table.png').stat().st_size > 0
 
 
 @pytest.mark.parametrize('argv, says', [
     (['--hosts', '1'], '--hosts [1]: at least 2 test hosts'),
+    (['--ranks', '3'], '--ranks [3]: 1, or a multiple of 2'),
     (['--wires', 'fp8'], '--wires fp8: use some of none,fp16'),
     (['--best-options', 'partition_bytes=4M,credit=8M'], 'unknown option(s) credit'),
     (['--best-options', 'compression=fp16'], 'compression is set by --compression'),
 ])
-def test_overlap_grid_names_bad_input(argv, says, capsys):
+def test_grid_names_bad_input(argv, says, capsys):
     """Bad input stops the grid before any test bed is built, saying what was wrong."""
-    from benchmarks import overlap_grid
+    from benchmarks import grid
     with pytest.raises(SystemExit):
-        overlap_grid.parse_args(['--models', SMALL_MODEL, '--rates', '3gbit', *argv])
+        grid.parse_args(['--models', SMALL_MODEL, '--rates', '3gbit', *argv])
     assert says in capsys.readouterr().err
 
 
-def test_overlap_grid_refuses_a_grid_that_would_run_out_of_memory(capsys):
+def test_grid_refuses_a_grid_that_would_run_out_of_memory(capsys):
     """A job whose ranks would need more than the free memory stops the grid before any
     test bed is built, naming the cell and how many columns fit; fewer columns pass."""
-    from benchmarks import gpu_like, overlap_grid
-    grad = sum(int(np.prod(p.shape)) * 4 for p in gpu_like.zoo_params('vgg16')
+    from benchmarks import gpu_like, grid
+    size = sum(int(np.prod(p.shape)) * 4 for p in gpu_like.zoo_params('vgg16')
                if p.grad_req != 'null')
     argv = ['--models', 'vgg16', '--hosts', '4', '--rates', '10gbit', '--wires', 'none', '--no-p3']
-    need_4 = 4 * grad * (2 + 3 * 4)        # 4 hosts; compute alone, then 4 columns
-    free = need_4 - 1                      # 4 columns do not fit; 3 would need 4 * 11 grads
-    fake = type('Memory', (), {'available': free})
+    need_4 = 4 * size * (2 + 3 * 4)        # 4 hosts; compute alone, then 4 columns
+    fake = type('Memory', (), {'available': need_4 - 1})   # 3 columns need 4 * 11 sizes
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(overlap_grid.psutil, 'virtual_memory', lambda: fake)
+        patch.setattr(grid.psutil, 'virtual_memory', lambda: fake)
         with pytest.raises(SystemExit):
-            overlap_grid.parse_args([*argv, '--columns', 'fifo,priority,autotuned,best'])
+            grid.parse_args([*argv, '--columns', 'fifo,priority,autotuned,best'])
         err = capsys.readouterr().err
         assert f'cell vgg16_h4_10gbit: 4 columns in one job need about {need_4 / 2**30:.1f} GiB' in err
         assert 'run at most 3 columns a job' in err, err
-        assert overlap_grid.parse_args([*argv, '--columns', 'fifo,autotuned,best']).columns
-        assert overlap_grid.parse_args([*argv, '--columns', 'fifo,priority,autotuned,best',
-                                        '--ignore-memory']).ignore_memory
+        assert grid.parse_args([*argv, '--columns', 'fifo,autotuned,best']).columns
+        assert grid.parse_args([*argv, '--columns', 'fifo,priority,autotuned,best',
+                                '--ignore-memory']).ignore_memory
 
 
-def test_overlap_grid_gives_its_jobs_the_job_timeout():
-    """overlap's own deadline follows --job-timeout (30 s inside it), so a job that the
-    grid allows an hour is not ended by overlap's 600 s default; a --timeout given in
-    --overlap-args is passed on alone."""
-    from benchmarks import overlap_grid
+def test_grid_gives_its_jobs_the_job_timeout():
+    """A job's own deadline follows --job-timeout (30 s inside it), so a job that the grid
+    allows an hour is not ended by its script's 600 s default; a --timeout given in
+    --job-args is passed on alone. --scaling's cells: 1 rank alone, 2 ranks over 2 hosts."""
+    from benchmarks import grid
     base = ['--models', SMALL_MODEL, '--rates', '3gbit', '--hosts', '2', '--wires', 'none',
             '--no-p3', '--columns', 'fifo']
     for extra, want in (([], ['3570']), (['--job-timeout', '100'], ['70']),
-                        (['--overlap-args', '--rounds 2 --timeout 42'], ['42']),
-                        (['--overlap-args', '--rounds 2 --timeout=42'], [])):
-        args = overlap_grid.parse_args(base + extra)
-        (cell,) = overlap_grid.grid(args)
-        ((name, argv, limit, _),) = overlap_grid.launches(args, cell, 0, '/nonexistent')
+                        (['--job-args', '--rounds 2 --timeout 42'], ['42']),
+                        (['--job-args', '--rounds 2 --timeout=42'], [])):
+        args = grid.parse_args(base + extra)
+        (cell,) = grid.grid(args)
+        ((name, argv, _),) = grid.launches(args, cell, 0, '/nonexistent')
         given = [argv[i + 1] for i, a in enumerate(argv) if a == '--timeout']
         assert name == 'ours' and given == want, (extra, argv)
-        assert limit == args.job_timeout
     assert '--timeout=42' in argv      # the last case's, passed on as given
+    args = grid.parse_args(['--scaling', '--ranks', '1,2', '--rates', '3gbit'])
+    assert [(c.name, c.hosts, c.ppn, c.rate) for c in grid.grid(args)] == [
+        ('n1', 1, 1, None), ('n2_ppn1_3gbit', 2, 1, '3gbit')]
+    ((name, argv, _),) = grid.launches(args, grid.grid(args)[1], 0, '/nonexistent')
+    assert argv[1:3] == ['-m', 'benchmarks.scaling'] and argv[argv.index('--models') + 1] == 'resnet18_v1'
 
 
 def test_cost_model_predicts(tmp_path):

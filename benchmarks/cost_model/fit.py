@@ -1,5 +1,5 @@
 """The cost model fitted and checked: allreduce lines and the store's software cost from
-testbed_scaling.py results, the check against its training steps, what the paper's 50 s
+grid --scaling results, the check against its training steps, what the paper's 50 s
 per epoch means, and the overlap learned on overlap.py results."""
 import json
 import os
@@ -108,10 +108,15 @@ def raw_points(job):
     return None, None
 
 
+def grid_jobs(combined):
+    """The cells of a grid --scaling record, each with its scaling run record as 'scaling'."""
+    return [dict(cell, scaling=cell.get('results', {}).get('scaling')) for cell in combined.get('cells', [])]
+
+
 def calibrate(files):
-    """Fit from testbed_scaling.py jsons (docs/cost-model.md#calibration)."""
+    """Fit from grid --scaling records (docs/cost-model.md#calibration)."""
     cal = Calibration()
-    jobs = [job for combined in files for job in combined.get('jobs', [])]
+    jobs = [job for combined in files for job in grid_jobs(combined)]
     for job in jobs:
         if job['ranks'] < 2:
             continue
@@ -134,7 +139,7 @@ def calibrate(files):
                                  max(0.0, b_rest) / (2 * (ppn - 1) / ppn))
     if not cal.lines:
         raise SystemExit('no raw allreduce timings in the calibration files: run '
-                         'testbed_scaling.py (it times them beside the exchange)')
+                         'grid --scaling (it times them beside the exchange)')
     # The store's software: its exchange alone on one rank (no network, same arrays, same calls).
     for job in jobs:
         payload = job.get('scaling')
@@ -146,7 +151,7 @@ def calibrate(files):
                 if row.get('exchange_alone_ms') is not None:
                     cal.software[(model, row['config'])] = row['exchange_alone_ms'] * 1e-3
     if not cal.software:
-        raise SystemExit('no 1-rank training job in the calibration files: run testbed_scaling.py '
+        raise SystemExit('no 1-rank training job in the calibration files: run grid --scaling '
                          'with --ranks including 1')
     return cal
 
@@ -174,10 +179,10 @@ def testbed_exchange(cal, model, config, sizes, key):
 # ---------------------------------------------------------------- validation
 
 def training_points(measured, cal):
-    """Every store config of every multi-rank job of testbed_scaling.py, with the model's
+    """Every store config of every multi-rank job of grid --scaling, with the model's
     prediction (1-rank jobs calibrate the software cost, so they are no check)."""
     points = []
-    for job in measured.get('jobs', []):
+    for job in grid_jobs(measured):
         payload = job.get('scaling')
         if not payload or job['ranks'] == 1:
             continue
