@@ -139,3 +139,30 @@ def test_docs_speak_to_users():
                       for number, line in enumerate(fh, 1) if pattern.search(line)]
     assert found == [], found
     assert os.path.getsize(os.path.join(REPO_ROOT, 'docs', 'benchmarks.md')) <= 26_000
+
+
+def test_readme_is_a_front_page_and_dated_figures_live_in_benchmarks_md():
+    """README.md fits 8 KB and carries no date, commit hash or test count; a page of docs/
+    fits 16 KB (benchmarks.md 25 KB), docs/ 170 KB; dates and `git show <hash>:` pointers to
+    retired scripts appear only in benchmarks.md, whose tables give each run's date."""
+    import re
+    date = re.compile(r'20[0-9]{2}-[01][0-9]-[0-3][0-9]')
+    diary = re.compile(r'\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b'   # a hash
+                       r'|[0-9,]+ tests\b|[0-9]+ passed\b')
+    with open(os.path.join(REPO_ROOT, 'README.md')) as fh:
+        readme = fh.read()
+    assert len(readme.encode()) <= 8192
+    assert not date.search(readme), date.search(readme).group(0)
+    assert not diary.search(readme), diary.search(readme).group(0)
+    docs = os.path.join(REPO_ROOT, 'docs')
+    sizes = {name: os.path.getsize(os.path.join(docs, name))
+             for name in os.listdir(docs) if name.endswith('.md')}
+    assert sizes.pop('benchmarks.md') <= 25_000
+    assert {name: size for name, size in sizes.items() if size > 16_000} == {}
+    assert sum(sizes.values()) + os.path.getsize(os.path.join(docs, 'benchmarks.md')) <= 170_000
+    found = []
+    for name in sorted(sizes):
+        with open(os.path.join(docs, name)) as fh:
+            found += ['%s:%d' % (name, number) for number, line in enumerate(fh, 1)
+                      if 'git show' in line or date.search(line)]
+    assert found == [], found
