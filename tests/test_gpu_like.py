@@ -274,7 +274,10 @@ def test_main_trains_and_reports(mpi_available, tmp_path):
     assert alone, out[-3000:]
     step_ms, stated_ms, cpu = map(float, alone.groups())
     assert stated_ms == pytest.approx(20.0, abs=0.05)
-    assert 0.95 * stated_ms < step_ms < 3 * stated_ms and cpu < 50
+    # The emulated compute sleeps at least its stated time and burns little CPU of its own
+    # (process CPU over wall, so a busy machine only lowers it); how much longer than stated a
+    # step takes depends on the machine's load, which the benchmark does not promise.
+    assert 0.95 * stated_ms < step_ms and cpu < 50
     assert re.search(r'distributed trainer, dist\w* store, 2 ranks: step [\d.]+ ms', out), out[-3000:]
     assert '46.8 MB of gradients' in out
     with open(tmp_path / 'gpu_like_n2_resnet18_v1_distributed.json') as handle:
