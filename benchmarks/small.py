@@ -127,7 +127,8 @@ class Run(harness.Run):
 def table(rows):
     """The console table: a row per case and method, median (min-max) in us."""
     lines = [[r['case'], f'{harness.format_size(r["tensor_bytes"])} x {r["keys"]}', r['method'],
-              f'{r["latency_us"]:.0f} ({r["min_us"]:.0f}-{r["max_us"]:.0f})',
+              report.spread_text({'min': r['min_us'], 'median': r['latency_us'],
+                                  'max': r['max_us']}),
               report.cell(r['vs_reference'], '.2f', 'x') + ' ' + r['reference']]
              for r in rows]
     return report.text(['case', 'tensors', 'method', 'median (min-max) us', 'vs'], lines,
