@@ -187,9 +187,14 @@ def test_cuda_awareness_is_asked_of_the_loaded_mpi():
 
 
 def test_doctor_reports_this_mpi_at_two_ranks():
-    from mpi_harness import run_mpi
+    from mpi_harness import result, run_mpi
     out = run_mpi(2, 'doctor_report.py', env={'MPI_KVSTORE_DESIGN': 'chained'}, timeout=120)
     assert 'doctor_report: OK at 2 ranks' in out, out[-2000:]
+    for rank, report in enumerate(result(out, 'doctor_report')['ranks']):
+        assert 'rank %d of 2' % rank in report['report'][0]
+        assert '  * chained    usable' in report['report']     # the design it was given
+        assert 'tune table:       none' in '\n'.join(report['report'])
+        assert '  allreduce:      4K mpi, 16M rsag' in report['with_table']
 
 
 def test_doctor_command_runs_alone():

@@ -11,6 +11,7 @@ from mpi_kvstore.cli import doctor
 from common import RANK, SIZE, done
 
 lines = doctor.report()
+first = lines        # for the test
 text = '\n'.join(lines)
 library = ' '.join(MPI.Get_library_version().split('\n')[0].split())
 assert 'rank %d of %d' % (RANK, SIZE) in lines[0], lines[0]
@@ -41,4 +42,4 @@ assert '  GPU allreduce:  4K nccl, 64M staged' in text, text
 with open(path, 'w') as fh:
     fh.write('{"version": 1}')
 assert 'cannot be used: KeyError' in '\n'.join(doctor.report())
-done('doctor_report')
+done('doctor_report', report=first, with_table=text.splitlines())
