@@ -13,9 +13,31 @@ def design_arg(default='funneled'):
     return sys.argv[1] if len(sys.argv) > 1 else default
 
 
+# What this rank's checks saw since the last done(), which reports it for the test to assert
+# on: close()'s {what: [shape, sum]} of what it got (CHECKED) and of what it expected
+# (EXPECTED: the numpy or one-process value the scenario computed), for the first
+# MAX_CHECKED names (a later call with the same name replaces its entry), and
+# expect_raises()'s [exception type, ...] in order.
+CHECKED, EXPECTED, RAISED = {}, {}, []
+MAX_CHECKED = 400
+
+
+def summary(array):
+    """[shape, sum] of an array, as close() records it."""
+    array = np.asarray(array)
+    return [list(array.shape), float(array.astype(np.float64).sum())]
+
+
+def record(actual, expected, what):
+    """Keep what a check named WHAT saw, for done() to report (close() calls it)."""
+    if what in CHECKED or len(CHECKED) < MAX_CHECKED:
+        CHECKED[what], EXPECTED[what] = summary(actual), summary(expected)
+
+
 def close(actual, expected, what, rtol=1e-5, atol=1e-6):
     actual = np.asarray(actual)
     expected = np.broadcast_to(np.asarray(expected, dtype=np.float64), actual.shape)
+    record(actual, expected, what)
     if not np.allclose(actual.astype(np.float64), expected, rtol=rtol, atol=atol):
         raise AssertionError('rank %d: %s: got %s, expected %s'
                              % (RANK, what, actual.ravel()[:6], expected.ravel()[:6]))
@@ -39,6 +61,7 @@ def expect_raises(exc_type, fn, *args, contains=None, **kwargs):
     try:
         fn(*args, **kwargs)
     except exc_type as err:
+        RAISED.append(type(err).__name__)
         if contains and contains not in str(err):
             raise AssertionError('%s raised, but %r is not in its message: %s'
                                  % (names, contains, err)) from err
@@ -68,7 +91,14 @@ def report(name, **values):
                                   default=_plain), flush=True)
 
 
-def done(name):
+def done(name, **values):
+    """The scenario NAME ended well on every rank: report (as NAME) what each rank's checks
+    saw, {'checked': CHECKED, 'expected': EXPECTED, 'raised': RAISED, **VALUES}, then print
+    NAME: OK."""
+    report(name, checked=dict(CHECKED), expected=dict(EXPECTED), raised=list(RAISED), **values)
+    CHECKED.clear()
+    EXPECTED.clear()
+    del RAISED[:]
     WORLD.Barrier()
     if RANK == 0:
         print('%s: OK at %d ranks' % (name, SIZE), flush=True)
