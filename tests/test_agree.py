@@ -11,7 +11,7 @@ from mpi_kvstore import config as cfg
 from mpi_kvstore.comm import consensus, topology
 from mpi_kvstore.errors import ConfigError
 
-from mpi_harness import MPIRunError, parametrize_sizes, run_mpi
+from mpi_harness import MPIRunError, parametrize_sizes, result, run_mpi
 
 
 class FakeComm:
@@ -152,6 +152,15 @@ def test_origin_of_each_option():
 def test_ranks_given_different_options_are_refused_together(nprocs, mpi_available):
     out = run_mpi(nprocs, 'kv_agree.py', timeout=240)
     assert 'kv_agree[' in out and 'OK at %d ranks' % nprocs in out
+    name = 'kv_agree[auto, design, horovod, invalid, may_differ, several, subcomm, tune_table]'
+    ranks = result(out, name)['ranks']
+    # rank r pushes arange(7) + r into a store that was made: numpy's sum, over 7 values
+    total = nprocs * 21 + 7 * nprocs * (nprocs - 1) / 2
+    for rank in ranks:
+        # each case's disagreeing options: a ConfigError on every rank, none left waiting
+        assert rank['raised'] == ['ConfigError'] * 8, rank['raised']
+        for store in ('after_design', 'may_differ', 'table_b.json'):
+            assert rank['checked'][store] == [[7], total], (store, rank['checked'])
 
 
 @parametrize_sizes((2, 3))
