@@ -15,7 +15,7 @@ import pytest
 
 import testbed
 
-from mpi_harness import parametrize_sizes, run_mpi
+from mpi_harness import parametrize_sizes, result, run_mpi
 
 TIMEOUT = 240
 TESTBED, WHY_NO_TESTBED = testbed.available(rate=True, mpi=True)
@@ -31,10 +31,32 @@ def test_chunks_tile_the_buffer(nbytes, chunk):
     assert sum(hi - lo for lo, hi in bounds) == nbytes
 
 
+def _verified(out, nprocs, hosts):
+    """Each rank's count of broadcasts that came out bitwise equal to a flat MPI_Bcast and to
+    numpy, by way: 8 dtypes x 5 sizes x 3 chunkings, less the 8 of 25013 elements in 997-byte
+    chunks that the scenario skips. Then each bad argument raised."""
+    assert 'kv_broadcast: OK at %d ranks' % nprocs in out, out[-3000:]
+    ranks = result(out, 'kv_broadcast')['ranks']
+    assert len(ranks) == nprocs
+    for rank in ranks:
+        verified = rank['verified']
+        assert rank['hosts'] == hosts
+        ways = ['flat', 'pipelined', 'chain'] + [
+            'hierarchical (%s)' % layout for layout in ('real hosts', 'blocks of 2',
+                                                         'interleaved', 'uneven')] + [
+            'hierarchical Ibcasts (%s)' % layout for layout in ('interleaved', 'uneven')]
+        for way in ways:
+            assert verified[way] == 8 * 5 * 3 - 8, (way, verified)
+        # ByTable over the real hosts, then over split ones (active): each 3 dtypes x 5 sizes
+        by_table = {'False': 15, 'True': 15} if hosts == 1 else {'True': 30}
+        assert {way.split()[-1][:-1]: n for way, n in verified.items()
+                if way.startswith('ByTable')} == by_table, verified
+        assert rank['raised'] == ['ValueError'] * 8 + ['TypeError'] * 2 + ['ValueError'] * 2
+
+
 @parametrize_sizes((2, 3, 4))
 def test_broadcasts_equal_flat_and_numpy(nprocs, mpi_available):
-    out = run_mpi(nprocs, 'kv_broadcast.py', timeout=TIMEOUT)
-    assert 'kv_broadcast: OK at %d ranks' % nprocs in out, out[-3000:]
+    _verified(run_mpi(nprocs, 'kv_broadcast.py', timeout=TIMEOUT), nprocs, hosts=1)
 
 
 @pytest.fixture(scope='module')
@@ -49,4 +71,4 @@ def hosts():
 def test_broadcasts_across_test_hosts(hosts, nprocs):
     out = run_mpi(nprocs, 'kv_broadcast.py', 'active', launcher=hosts.launcher_for(ppn=2),
                   timeout=TIMEOUT)
-    assert 'kv_broadcast: OK at %d ranks' % nprocs in out, out[-3000:]
+    _verified(out, nprocs, hosts=2)
