@@ -160,6 +160,9 @@ def check_failed(case, err, results):
     return ['%s: %s' % (what, res.ravel()[:4]) for res in results if not np.isnan(res).all()]
 
 
+ERRORS = {}     # for the test: by case, what this rank's wait() raised after the failure
+
+
 def run_case(kv, case):
     path, mode = case.split('-')
     in_place = mode == 'inplace'
@@ -178,6 +181,8 @@ def run_case(kv, case):
         err = wait_error(kv)
     finally:
         disarm()
+    ERRORS[case] = {'type': type(err).__name__ if err is not None else None,
+                    'injected': err is not None and 'injected failure' in str(err)}
     unpoisoned = check_failed(case, err, [r.asnumpy() for r in results])
     # The next collective: every rank took part in the failed one, so this one pairs.
     results = exchange(kv, keys, shapes, 10, in_place)
@@ -205,7 +210,7 @@ def main():
     if unpoisoned:
         raise AssertionError('rank %d: outputs of failed collectives not poisoned: %s'
                              % (RANK, '; '.join(unpoisoned)))
-    done('fault_local_failure[%s]' % DESIGN)
+    done('fault_local_failure[%s]' % DESIGN, errors=ERRORS)
 
 
 main()
