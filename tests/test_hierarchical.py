@@ -13,6 +13,7 @@ The scenario (tests/scenarios/kv_hierarchical.py) checks pushpull of single keys
 lists, float32/float64/int32/float16, average=True and broadcast, against numpy, exactly; and
 that ranks given different modes all raise ConfigError. About 2 minutes on 2 idle cores.
 """
+import numpy as np
 import pytest
 
 import testbed
@@ -20,7 +21,7 @@ from mpi_kvstore import ConfigError
 from mpi_kvstore import config as cfg
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import run_designs, run_mpi
+from mpi_harness import result, run_designs, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 RATE = '10gbit'       # correctness only: the fastest shaped link
@@ -28,9 +29,47 @@ TIMEOUT = 150
 SCENARIO = 'kv_hierarchical.py'
 
 
+def _values(rank, n, dtype, salt=0):
+    """What rank RANK pushes in scenarios/kv_hierarchical.py: small integers, so that every
+    sum is exact, float16's included."""
+    i = np.arange(n, dtype=np.int64)
+    return (((i * 7 + rank * 3 + salt) % 11) - 5).astype(dtype)
+
+
+def _summed(n, nprocs, salt=0):
+    """numpy's sum over the ranks' values, summed over its N elements (as reported)."""
+    return float(sum(_values(r, n, np.float64, salt) for r in range(nprocs)).sum())
+
+
 def _ok(output, design, expect, nprocs):
-    assert 'kv_hierarchical[%s, %s]: OK at %d ranks' % (design, expect, nprocs) in output, (
-        output[-3000:])
+    """The scenario's sums against numpy's here, and its Comms hierarchical exactly where
+    EXPECT ('scatter': 2 hosts alike, 'leaders': uneven hosts) says."""
+    name = 'kv_hierarchical[%s, %s]' % (design, expect)
+    assert '%s: OK at %d ranks' % (name, nprocs) in output, output[-3000:]
+    ranks = result(output, name)['ranks']
+    assert len(ranks) == nprocs
+    active = expect in ('scatter', 'leaders')
+    for rank in ranks:
+        assert rank['comms'] and all(c['hierarchical'] == active for c in rank['comms'])
+        if active:    # two hosts; uniform where they hold as many ranks each
+            assert all(c['nodes'] == 2 and c['uniform'] == (expect == 'scatter')
+                       for c in rank['comms']), rank['comms']
+        seen = rank['checked']
+        for dtype in ('float32', 'float64', 'int32', 'float16'):
+            for n in (1, 3, 1001, 300_001):
+                assert seen['pushpull single_%s_%d' % (dtype, n)] == [
+                    [n], pytest.approx(_summed(n, nprocs))], (dtype, n)
+            for i, n in enumerate((5, 1, 1000, 33, 4097)):      # one fused bucket
+                assert seen['fused fused_%s_%d' % (dtype, i)] == [
+                    [n], pytest.approx(_summed(n, nprocs, salt=i))], (dtype, i)
+            # rank 0's values
+            assert seen['broadcast %s' % dtype] == [
+                [1001], pytest.approx(float(_values(0, 1001, np.float64).sum()))]
+        for n in (3, 300_001):
+            assert seen['average float64 %d' % n] == [
+                [n], pytest.approx(_summed(n, nprocs) / nprocs)]
+        # ranks given different modes: a ConfigError on every rank
+        assert rank['raised'] == (['ConfigError'] if nprocs > 1 else [])
 
 
 # -- the option ---------------------------------------------------------------------------
@@ -102,6 +141,14 @@ def test_sharded_collectives_go_through_the_hosts(hosts):
     out = run_mpi(4, 'kv_sharded.py', 'funneled', 'grid', launcher=hosts.launcher_for(ppn=2),
                   timeout=300)
     assert 'kv_sharded[funneled] grid: OK at 4 ranks' in out, out[-3000:]
+    for rank in result(out, 'kv_sharded[funneled] grid')['ranks']:
+        # SGD and Adam, whole and in pieces: every parameter equals one process's
+        names = [what for what in rank['checked'] if what.endswith(' vs one process')]
+        assert len(names) >= 2 * 2 * 2, names
+        for what in names:
+            (shape, got), (want_shape, want) = rank['checked'][what], rank['expected'][what]
+            assert shape == want_shape and got == pytest.approx(
+                want, rel=1e-3, abs=1e-3 * np.prod(shape)), what
 
 
 @pytest.mark.parametrize('nprocs, local', [(4, 2), (6, 3), (6, 2)])
@@ -110,6 +157,22 @@ def test_grid_of_split_hosts_on_one_box(nprocs, local, mpi_available):
     interleaved: uneven shares, zeros, gaps between them in the allgather."""
     out = run_mpi(nprocs, 'grid_shares.py', str(local), timeout=120)
     assert 'grid_shares[%d a host]: OK at %d ranks' % (local, nprocs) in out, out[-3000:]
+    ranks = result(out, 'grid_shares[%d a host]' % local)['ranks']
+    assert len(ranks) == nprocs
+    # the scenario's cases again, here: its counts (seeded) and numpy's sums of its values
+    for layout in ('blocks', 'interleaved'):
+        rng = np.random.RandomState(11)
+        for dtype in ('float32', 'float64', 'int32'):
+            for trial in range(4):
+                counts = list(rng.randint(0, 6 if trial < 2 else 400, size=nprocs))
+                counts[trial % nprocs] = 0
+                starts = np.concatenate([[0], np.cumsum(counts)])
+                want = sum(((np.arange(starts[-1]) * 7 + r * 1000 + 3) % 97 - 40).astype(dtype)
+                           for r in range(nprocs))
+                what = '%s: reduce-scatter, %s, counts %s' % (layout, dtype, counts)
+                for rank, report in enumerate(ranks):   # each rank's share of numpy's sum
+                    assert report['checked'][what] == [
+                        [counts[rank]], float(want[starts[rank]:starts[rank + 1]].astype(float).sum())], what
 
 
 def test_off_across_hosts_is_flat(hosts):

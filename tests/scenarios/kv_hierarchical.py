@@ -18,7 +18,7 @@ import numpy as np
 import mpi_kvstore
 from mpi_kvstore.comm.host import MPI, Comm
 
-from common import RANK, SIZE, WORLD, close, done, expect_raises
+from common import RANK, SIZE, WORLD, close, done, expect_raises, record
 
 DESIGN = sys.argv[1]
 EXPECT = sys.argv[2]
@@ -38,6 +38,7 @@ def expected(n, dtype, salt=0):
 
 
 def exact(actual, wanted, what):
+    record(np.asarray(actual), wanted, what)
     if not np.array_equal(np.asarray(actual), wanted):
         bad = np.flatnonzero(np.asarray(actual).ravel() != wanted.ravel())
         raise AssertionError('rank %d: %s: %d wrong values, first at %d: got %s, expected %s'
@@ -73,7 +74,8 @@ def check_state(kv):
             assert comm.hierarchy.node is None and comm.hierarchy.cross is None
     if DESIGN == 'chained':   # its native op would call MPI_Allreduce flat on the handle
         assert kv._job.design._native == (kv.config.native_ops and not comms[0].hierarchical)
-    return len(comms)
+    return [{'hierarchical': comm.hierarchical, 'nodes': comm.hierarchy.nodes,
+             'uniform': comm.hierarchy.uniform if comm.hierarchical else None} for comm in comms]
 
 
 def check_single_keys(kv):
@@ -168,7 +170,7 @@ def check_disagreement():
 
 def main():
     with mpi_kvstore.create('dist_mpi', design=DESIGN, hierarchical=MODE) as kv:
-        count = check_state(kv)
+        comms = check_state(kv)
         check_single_keys(kv)
         check_fused_lists(kv)
         check_average(kv)
@@ -180,8 +182,8 @@ def main():
         check_disagreement()
     if RANK == 0:
         print('kv_hierarchical[%s]: %d Comm(s), hierarchical=%s, expected %s'
-              % (DESIGN, count, MODE, EXPECT))
-    done('kv_hierarchical[%s, %s]' % (DESIGN, EXPECT))
+              % (DESIGN, len(comms), MODE, EXPECT))
+    done('kv_hierarchical[%s, %s]' % (DESIGN, EXPECT), comms=comms)
 
 
 main()
