@@ -10,12 +10,18 @@ mpi_harness.run_mpi, which leaves nothing running):
   ENOSPC): every rank raises a clear OSError, commit 1 stays whole, no temporary directory
   is left, and the next commit succeeds.
 """
+import os
 import re
 import subprocess
+import sys
+import uuid
 
 import numpy as np
 
-from mpi_harness import run_mpi
+from mpi_kvstore.launch import rendezvous
+from mpi_kvstore.launch.workers import Workers
+
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, run_mpi
 
 TIMEOUT = 120
 
@@ -70,3 +76,96 @@ def test_a_commit_to_a_full_disk_fails_everywhere_and_training_goes_on(tmp_path,
     assert "left after the failure: ['commit-00000001', 'filler']" in out, out[-3000:]
     assert 'commit 1 whole: True' in out, out[-3000:]
     assert "left at the end: ['commit-00000002']" in out, out[-3000:]
+
+
+# -- survivors that keep going in memory: separate launches, one world ----------------------
+
+WORLD_SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_world.py')
+DIM, GLOBAL, LR = 16, 24, 0.1
+
+
+def world_reference(steps):
+    """The linear model's weights after ``steps`` full-batch steps, in numpy on one process
+    (elastic_world.py's data and update)."""
+    w = np.zeros(DIM, dtype=np.float32)
+    for step in range(steps):
+        rng = np.random.RandomState(700 + step)
+        data = rng.uniform(-1, 1, (GLOBAL, DIM)).astype(np.float32)
+        target = data @ np.linspace(-1, 1, DIM).astype(np.float32) + 0.1
+        w = w - LR * (data.T @ (data @ w - target)) / GLOBAL
+    return w
+
+
+def run_world(tmp_path, count, *script_args, timeout=TIMEOUT, before=None):
+    """Start ``count`` workers of elastic_world.py, each its own mpiexec; (statuses, output,
+    workers). ``before(workers)`` runs after the start (the workers are watched after it)."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+    log_path = tmp_path / 'log'
+    with open(log_path, 'wb') as log:
+        workers = Workers([sys.executable, WORLD_SCRIPT, str(tmp_path / 'w')]
+                          + [str(a) for a in script_args], count, str(tmp_path / 'rdv'),
+                          env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            if before is None:
+                workers.start()
+            else:
+                before(workers)
+            statuses = workers.wait(timeout)
+        finally:
+            workers.stop()
+    left = kill_leftovers(run_id)
+    output = log_path.read_text(errors='replace')
+    assert left == 0, 'processes outlived the job\n' + output[-3000:]
+    return statuses, output, workers
+
+
+def test_survivors_of_a_sigkill_keep_going_in_memory(tmp_path, mpi_available):
+    """3 workers, commits every 5 steps; worker 1 SIGKILLed in the middle of step 12: the
+    launcher announces it, workers 0 and 2 raise HorovodInternalError, restore step 10,
+    re-form a 2-worker world (worker 0 rank 0) and finish the 30 steps in their processes.
+    Their weights are bitwise equal, and equal to a numpy run without the loss within
+    float32 rounding."""
+    statuses, out, _ = run_world(tmp_path, 3, '--kill-id', 1, '--kill-at', 12)
+    assert statuses == {0: 0, 1: 9, 2: 0}, (statuses, out[-3000:])
+    assert 'worker 0: reset at step 10, rank 0 of 2' in out, out[-3000:]
+    assert 'worker 2: reset at step 10, rank 1 of 2' in out, out[-3000:]
+    assert 'worker(s) [1] lost (the launcher says so)' in out, out[-3000:]
+    for worker in (0, 2):
+        assert 'worker %d: finished at rank %d of 2' % (worker, worker // 2) in out
+    got = [np.load(tmp_path / ('w.%d.npy' % worker)) for worker in (0, 2)]
+    assert np.array_equal(got[0], got[1])
+    want = world_reference(30)
+    assert np.allclose(got[0], want, rtol=1e-5, atol=1e-6), np.abs(got[0] - want).max()
+    assert not (tmp_path / 'w.1.npy').exists()
+
+
+def test_a_stranger_and_a_forged_notice_are_refused(tmp_path, mpi_available):
+    """A process without the job's secret connects to the port while the world forms: it is
+    refused and logged, and the world forms without it. A 'lost' notice signed with another
+    secret is refused and logged; no worker resets, and the job ends as without them."""
+    stranger_out = tmp_path / 'stranger.log'
+
+    def before(workers):
+        workers.start(only=[0])
+        env = dict(workers.env, PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+        with open(stranger_out, 'wb') as log:
+            done = subprocess.run(['mpiexec', '-n', '1', sys.executable,
+                                   os.path.join(SCENARIOS_DIR, 'elastic_stranger.py'),
+                                   workers.directory], env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=60)
+        assert done.returncode == 0, stranger_out.read_text()[-3000:]
+        rendezvous.announce_lost(workers.directory, rendezvous.new_secret(), 1, 9)
+        workers.start(only=[1])
+
+    statuses, out, _ = run_world(tmp_path, 2, '--steps', 12, before=before)
+    assert 'stranger: admitted False' in stranger_out.read_text()
+    assert statuses == {0: 0, 1: 0}, (statuses, out[-3000:])
+    assert "refused a process that connected to the port without the job's secret " \
+           '(a wrong signature)' in out, out[-3000:]
+    assert re.search(r"refused \S+lost-1.json: its signature does not match the job's "
+                     'secret', out), out[-3000:]
+    assert 'reset at' not in out
+    got = np.load(tmp_path / 'w.0.npy')
+    assert np.allclose(got, world_reference(12), rtol=1e-5, atol=1e-6)

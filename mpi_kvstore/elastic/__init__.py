@@ -13,13 +13,17 @@ renamed directory, ``commit-<n>``, when a directory is set (the supervisor's
 ``--state-dir``). Under ``python -m mpi_kvstore run`` a lost rank makes the supervisor
 relaunch the job, which goes on from the last commit on disk. ``run_fn``, ``BaseState`` and
 ``ObjectState`` are Horovod's elastic pattern; mpi_kvstore.horovod.elastic builds
-``hvd.elastic`` on them.
+``hvd.elastic`` on them. ``world.World`` is a world of separately launched workers
+(launch/workers.py) that survives a SIGKILLed member: its collectives end with
+HorovodInternalError when the launcher announces the loss, and ``reform()`` re-forms it from
+the survivors in memory.
 
 The sub-package's modules, top to bottom (.importlinter's ``elastic`` contract): state (the
-State) over base (Horovod's state and run loop), fit (Module.fit that commits) and snapshot
-(what a commit copies) over disk (commit directories) and exceptions. It may import the
-layers below its own (the store, comm, launch's supervision constants) and MXNet; never the
-horovod package, gluon, functional or the CLI, which sit beside or above it.
+State) over base (Horovod's state and run loop), fit (Module.fit that commits), snapshot
+(what a commit copies) and world (the re-formable world) over disk (commit directories)
+and exceptions. It may import the layers below its own (the store, comm, launch's
+supervision and rendezvous) and MXNet; never the horovod package, gluon, functional or the
+CLI, which sit beside or above it.
 """
 from .base import BaseState, ObjectState, notify_hosts_updated, run_fn
 from .disk import latest_commit

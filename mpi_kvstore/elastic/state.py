@@ -48,20 +48,23 @@ class State(BaseState):
     ``keep``: commits kept on disk; ``on_resize``: ``on_resize(old_size, new_size)``, called
     after a restore from disk at another size; ``comm``: the ranks that commit together
     (default COMM_WORLD; or a function returning the communicator of the moment);
+    ``bcast_object``: how :meth:`sync` and the host check broadcast rank 0's values
+    (default: the communicator's bcast; an elastic world passes its deadline-bound one);
     ``**extra``: values the script reads and sets as attributes (``state.step``), committed
     with the rest.
     """
 
     def __init__(self, params: Any, trainer: Any = None, directory: str | bool | None = None,
                  keep: int = 2, on_resize: Callable[[int, int], Any] | None = None,
-                 comm: MPI.Comm | Callable[[], MPI.Comm] | None = None, **extra: Any) -> None:
+                 comm: MPI.Comm | Callable[[], MPI.Comm] | None = None,
+                 bcast_object: Callable[[Any], Any] | None = None, **extra: Any) -> None:
         object.__setattr__(self, 'extra', dict(extra))
         if comm is None or isinstance(comm, MPI.Comm):
             fixed = MPI.COMM_WORLD if comm is None else comm
             self._comm: Callable[[], MPI.Comm] = lambda: fixed
         else:
             self._comm = comm
-        super().__init__(lambda obj: self._comm().bcast(obj, root=0),
+        super().__init__(bcast_object or (lambda obj: self._comm().bcast(obj, root=0)),
                          lambda: self._comm().Get_rank())
         self._params = Params(params)
         self._trainer = trainer
@@ -173,7 +176,7 @@ class State(BaseState):
         payload = None
         if comm.Get_rank() == 0:
             payload = {'params': self._params.values(), 'states': states, 'extra': self.extra}
-        payload = comm.bcast(payload, root=0)
+        payload = self._bcast_object(payload)
         if comm.Get_rank() != 0:
             self._params.assign(payload['params'])
             if payload['states'] is not None:

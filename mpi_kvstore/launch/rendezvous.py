@@ -1,0 +1,93 @@
+"""What the launcher and the workers of an elastic job tell each other, signed with the job's
+secret: where to meet (an MPI port), and which workers were lost.
+
+Every message is a small JSON file in the job's rendezvous directory, written whole (a
+temporary file renamed into place) and signed with HMAC-SHA256 under a per-job secret that
+only the launcher and its workers hold (in their environment). A file whose signature does
+not verify is refused and logged, never acted on. The port itself is MPI's; a process that
+connects to it must still answer a challenge with the secret (mpi_kvstore.elastic.world)
+before it is merged into the world.
+
+No MPI and no MXNet here: the launcher imports this module without starting MPI.
+"""
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+
+__all__ = ['SECRET_ENV', 'DIR_ENV', 'ID_ENV', 'NP_ENV', 'new_secret', 'sign', 'verify',
+           'write_signed', 'read_signed', 'announce_lost', 'lost_path', 'port_path']
+
+log = logging.getLogger(__name__)
+
+SECRET_ENV = 'MPI_KVSTORE_ELASTIC_SECRET'   # the job's secret, hex
+DIR_ENV = 'MPI_KVSTORE_ELASTIC_DIR'         # the rendezvous directory
+ID_ENV = 'MPI_KVSTORE_ELASTIC_ID'           # this worker's id: 0, 1, ... in launch order
+NP_ENV = 'MPI_KVSTORE_ELASTIC_NP'           # how many workers the first world waits for
+
+
+def new_secret():
+    """A fresh per-job secret (hex)."""
+    return secrets.token_hex(32)
+
+
+def sign(secret, *parts):
+    """HMAC-SHA256 of ``parts`` (joined by '|') under ``secret`` (hex)."""
+    message = '|'.join(str(part) for part in parts).encode()
+    return hmac.new(bytes.fromhex(secret), message, hashlib.sha256).hexdigest()
+
+
+def verify(secret, mac, *parts):
+    """Whether ``mac`` is the signature of ``parts``."""
+    return isinstance(mac, str) and hmac.compare_digest(mac, sign(secret, *parts))
+
+
+def _fields(payload):
+    return [payload[key] for key in sorted(payload)]
+
+
+def write_signed(path, secret, payload):
+    """Write ``payload`` (a dict of str/int values) with its signature, atomically."""
+    body = dict(payload, mac=sign(secret, *_fields(payload)))
+    tmp = '%s.tmp-%d' % (path, os.getpid())
+    with open(tmp, 'w') as fh:
+        json.dump(body, fh)
+    os.replace(tmp, path)
+
+
+def read_signed(path, secret, refused=None):
+    """The payload of the signed file at ``path``, or None when it is absent or unreadable.
+    A file whose signature does not verify is refused: logged once (``refused``, a set of
+    paths already named) and returned as None."""
+    try:
+        with open(path) as fh:
+            body = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict):
+        body = {}
+    mac = body.pop('mac', None)
+    if not verify(secret, mac, *_fields(body)):
+        if refused is None or path not in refused:
+            log.warning('mpi_kvstore elastic: refused %s: its signature does not match the '
+                        "job's secret", path)
+            if refused is not None:
+                refused.add(path)
+        return None
+    return body
+
+
+def port_path(directory, generation):
+    return os.path.join(directory, 'port-%d.json' % generation)
+
+
+def lost_path(directory, worker):
+    return os.path.join(directory, 'lost-%d.json' % worker)
+
+
+def announce_lost(directory, secret, worker, status):
+    """The launcher's word that ``worker`` ended (exit status ``status``)."""
+    write_signed(lost_path(directory, worker), secret, {'lost': int(worker),
+                                                        'status': int(status)})

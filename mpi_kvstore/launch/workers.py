@@ -1,0 +1,87 @@
+"""The launcher of an elastic job: one ``mpiexec -n 1`` launch a worker, so that a worker's
+death does not end the others, and a signed word to the survivors when one ends.
+
+    workers = Workers(['python', 'train.py'], 3, directory)
+    workers.start()
+    statuses = workers.wait(timeout=600)   # announces each lost worker as it goes
+
+The workers meet and re-form their world themselves (mpi_kvstore.elastic.world); this side
+gives them the rendezvous directory, the job's secret and their ids, watches their processes,
+and announces a worker that ended with a non-zero status (rendezvous.announce_lost), which
+turns the survivors' pending collectives into HorovodInternalError at once instead of at
+their deadline. No MPI here.
+"""
+import logging
+import os
+import subprocess
+import time
+
+from . import processes, rendezvous
+
+__all__ = ['Workers']
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.005   # seconds between looks at the workers
+
+
+class Workers:
+    """``count`` workers running ``argv``, each its own ``launcher -n 1`` job."""
+
+    def __init__(self, argv, count, directory, secret=None, env=None, launcher=('mpiexec',),
+                 stdout=None, stderr=None):
+        self.argv, self.count, self.directory = list(argv), int(count), directory
+        self.secret = secret or rendezvous.new_secret()
+        self.env = dict(os.environ if env is None else env)
+        self.launcher = list(launcher)
+        self.stdout, self.stderr = stdout, stderr
+        self.procs = {}
+        self.statuses = {}
+        self.lost_at = {}   # worker: time.time() when its end was announced
+
+    def start(self, only=None):
+        """Start the workers (``only``: just those ids, the others later)."""
+        os.makedirs(self.directory, exist_ok=True)
+        for worker in range(self.count) if only is None else only:
+            env = dict(self.env, **{rendezvous.DIR_ENV: self.directory,
+                                    rendezvous.SECRET_ENV: self.secret,
+                                    rendezvous.ID_ENV: str(worker),
+                                    rendezvous.NP_ENV: str(self.count)})
+            self.procs[worker] = processes.start_group(
+                self.launcher + ['-n', '1'] + self.argv, env=env, stdin=subprocess.DEVNULL,
+                stdout=self.stdout, stderr=self.stderr)
+
+    def poll(self):
+        """Record the workers that ended since the last look; announce the lost ones."""
+        for worker, proc in self.procs.items():
+            if worker in self.statuses:
+                continue
+            status = proc.poll()
+            if status is None:
+                continue
+            self.statuses[worker] = status
+            if status != 0:
+                rendezvous.announce_lost(self.directory, self.secret, worker, status)
+                self.lost_at[worker] = time.time()
+                log.warning('mpi_kvstore elastic: worker %d ended with status %d; the '
+                            'survivors go on in memory', worker, status)
+
+    def wait(self, timeout):
+        """Watch until every worker ended or ``timeout`` seconds passed (then stop them
+        all); {worker: status}, None for one that had to be stopped."""
+        ends = time.monotonic() + timeout
+        try:
+            while len(self.statuses) < len(self.procs) and time.monotonic() < ends:
+                self.poll()
+                time.sleep(POLL_S)
+        finally:
+            self.stop()
+        return {worker: self.statuses.get(worker) for worker in self.procs}
+
+    def stop(self, grace=2.0):
+        """Stop every worker still running (its whole process group)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                processes.stop_group(proc, grace)
+        # hydra starts each rank in a session of its own: the job's secret marks them all
+        processes.kill_marked(rendezvous.SECRET_ENV, self.secret, grace)
