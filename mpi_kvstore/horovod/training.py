@@ -199,8 +199,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             _scale(g, 1.0 / self._predivide)
         if self._hvd_store.num_workers == 1:
             return
-        for i, g in zip(indices, grads):
-            self._hvd_store.collectives.array('allreduce', 'hvd.opt:%s' % (i,), g)
+        # an aggregated update's gradients go as one submission: one engine op, fused
+        self._hvd_store.collectives.allreduce(['hvd.opt:%s' % (i,) for i in indices], grads)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         """Sum ``grad`` over the processes in place (rescale_grad makes it their mean), then
