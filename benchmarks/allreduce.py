@@ -213,16 +213,14 @@ def print_fusion(run):
 
 
 def plot(run):
-    """busbw against size per method; with one rank busbw is 0 by definition, so algbw then."""
+    """A panel per size: each method's median bandwidth (busbw; algbw at one rank, where busbw
+    is 0). engine_floor moves no data between ranks: a bandwidth for it would mislead."""
     field = 'busbw_GBps' if COMM.size > 1 else 'algbw_GBps'
-    series = {}
-    # engine_floor moves no data between ranks: a bandwidth line for it would mislead.
+    panels = {}
     for row in (r for r in run.rows if r['case'] == 'allreduce' and r['method'] != 'engine_floor'):
-        xs, ys = series.setdefault(row['method'], ([], []))
-        xs.append(row['bytes'])
-        ys.append(max(row[field], 1e-6))
-    title = f'allreduce via pushpull, {COMM.size} ranks, float32'
-    return report.plot_lines(run.png_path, series, 'bytes', field.replace('_GBps', ' (GB/s)'), title)
+        panels.setdefault(harness.format_size(row['bytes']), {})[row['method']] = row[field]
+    return report.plot_bars(run.png_path, panels, field.replace('_GBps', ' (GB/s)'),
+                            f'allreduce via pushpull, {COMM.size} ranks, float32')
 
 
 def main(argv=None):

@@ -1,8 +1,7 @@
 """A GPU-like workload: a model zoo net's parameters, with compute that takes wall time but no CPU.
 
-    python -m benchmarks.gpu_like [--model resnet50_v1] [--images-per-s 125] [--batch 32] [--steps 5]
-    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.gpu_like --trainer distributed|gluon|none
-        [--layers compiled|custom] [--host-load FRACTION]
+A library, not a script: benchmarks.overlap trains this model with every trainer it compares
+(and benchmarks.grid over test hosts); its options come from overlap's options.
 
 On a GPU node the forward and backward passes leave the CPU to the gradient exchange. Here
 every layer's forward and backward is an engine op that sleeps, so a test bed of CPU ranks
@@ -506,36 +505,37 @@ class GPULikeModel(gluon.Block):
             _set_grad_state(handle, 1)
 
 
-def timed_runs(body, warmups, trials, comm=None, per=1):
-    """{'wall_s', 'cpu_s': [a figure per timed run], 'cpu_share'} of body(run), run `warmups`
-    untimed then `trials` timed times, each waited for (waitall), divided by `per`. With comm:
-    the ranks start together and the wall time is the slowest rank's. CPU is this process's
-    (every thread of it)."""
-    walls, cpus = [], []
-    for run in range(warmups + trials):
+def compute(model, steps, rank=0, first=0):
+    """`steps` steps of forward and backward alone (no trainer), each waited for: the
+    compute a step takes with nothing else on the emulated GPU."""
+    for step in range(first, first + steps):
+        model(step_scale(step, rank))
+        model.backward()
         mx.nd.waitall()
-        if comm is not None:
-            comm.Barrier()  # no collective of a store in flight: MPI from this thread is safe
-        wall, cpu = time.perf_counter(), time.process_time()
-        body(run)
-        mx.nd.waitall()
-        if run >= warmups:
-            wall = time.perf_counter() - wall
-            if comm is not None:
-                from mpi4py import MPI  # MPI only where ranks take part
-                wall = comm.allreduce(wall, op=MPI.MAX)
-            walls.append(wall / per)
-            cpus.append((time.process_time() - cpu) / per)
-    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls)}
 
 
 def measure_compute(model, steps, warmups=1, rank=0):
-    """Forward and backward of `model` alone (no exchange), `steps` times after `warmups`:
-    timed_runs' figures per step, and 'compute_s', the stated time."""
-    def body(step):
+    """compute() of `model`, `steps` times after `warmups`, timed on this process alone:
+    {'wall_s', 'cpu_s': [a figure a step], 'cpu_share' (CPU over wall), 'compute_s' (the
+    stated time)}."""
+    from mpi4py import MPI  # a communicator of this process alone: nothing waits on others
+    compute(model, warmups, rank)
+    samples = [harness.timed_run(functools.partial(compute, model, 1, rank, warmups + i), MPI.COMM_SELF)[1]
+               for i in range(steps)]
+    walls, cpus = [s['wall_s'] for s in samples], [s['cpu_s'] for s in samples]
+    return {'wall_s': walls, 'cpu_s': cpus, 'cpu_share': sum(cpus) / sum(walls),
+            'compute_s': model.plan.compute_s}
+
+
+def train(model, trainer, steps, batch, rank):
+    """`steps` steps of forward, backward and trainer.step(batch), one waitall at the end, as
+    a training loop has none per step: the next forward of layer i waits only for weight i
+    (engine dependencies)."""
+    for step in range(steps):
         model(step_scale(step, rank))
         model.backward()
-    return dict(timed_runs(body, warmups, steps), compute_s=model.plan.compute_s)
+        trainer.step(batch)
+    mx.nd.waitall()
 
 
 # ---------------------------------------------------------------- a GIL load
@@ -741,63 +741,6 @@ def module_arg_params(plan_, prefix=''):
             for index, p in enumerate(plan_.params)}
 
 
-# ---------------------------------------------------------------- main
-
-STEPS = {'warmups': 1, 'trials': 5}   # untimed, then timed steps of a run
-
-def add_workload_args(parser):
-    """The workload's options, shared by the scripts that train this model (gpu_like,
-    overlap): --model, --images-per-s, --batch, --chain, --lr, --optimizer."""
-    parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
-    parser.add_argument('--images-per-s', type=float,
-                        help='of one emulated GPU (default: 125 for resnet50_v1, others at its FLOP rate)')
-    parser.add_argument('--batch', type=int, default=BATCH, help='images per rank per step')
-    parser.add_argument('--chain', type=int, default=3,
-                        help='steps per timed run, no waitall between them (--trials counts runs)')
-    parser.add_argument('--lr', type=float, default=0.1)
-    parser.add_argument('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
-                        help="gpulikesgd: the update as an op on the emulated GPU (GPULikeSGD)")
-
-
-def add_host_args(parser):
-    """What the training process adds to the emulated GPU's work, shared by gpu_like and
-    overlap: --layers (compiled ops or Python CustomOps) and --host-load (a GIL load)."""
-    parser.add_argument('--layers', default='compiled', choices=tuple(LAYERS),
-                        help='compiled: every layer an op in machine code (numba); custom: '
-                             'Python CustomOps under autograd, as users\' custom layers are')
-    parser.add_argument('--host-load', type=float, default=0.0, metavar='FRACTION',
-                        help='a Python thread in each rank holds the GIL this share of the '
-                             f'time (busy, then asleep, every {HOST_LOAD_PERIOD_S * 1e3:.0f} ms), '
-                             'as a data pipeline in the training process does')
-
-
-def check_host_args(parser, args):
-    """parser.error for a --host-load outside [0, 1]."""
-    if not 0 <= args.host_load <= 1:
-        parser.error(f'--host-load {args.host_load}: a share of the time, in [0, 1]')
-    return args
-
-
-def host_load_record(args, load):
-    """What the JSON says of the GIL load: asked and given (the thread's CPU share)."""
-    return {'fraction': args.host_load, 'period_s': load.period_s, 'busy_share': load.busy_share}
-
-
-def parse_args(argv=None):
-    parser = harness.parser(__doc__)
-    add_workload_args(parser)
-    add_host_args(parser)
-    harness.add_common_args(parser, sizes=False, quick=False, full=STEPS)
-    parser.add_argument('--steps', dest='trials', type=int, help='the same as --trials')
-    parser.add_argument('--trainer', default='none', choices=('none', 'gluon', 'distributed'),
-                        help='none: compute alone; gluon: gluon.Trainer with an mpi_kvstore '
-                             'store; distributed: mpi_kvstore.DistributedTrainer')
-    parser.add_argument('--update-on-kvstore', action='store_true',
-                        help='gluon.Trainer updates on the store')
-    parser.add_argument('--design', help="the store's design, options after '+'")
-    return check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
-
-
 def fixed_options(text):
     """'partition_bytes=4M,credit_bytes=16M' -> {name: value}, checked as the store checks
     them; compression and autotune have options of their own."""
@@ -814,50 +757,6 @@ def fixed_options(text):
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(f'{text!r}: {exc}') from None
     return options
-
-
-def _trainer(args, model, **options):
-    """(trainer, store) for --trainer, SGD without momentum; options: the store's, besides
-    args.design's."""
-    import mpi_kvstore  # the store only where a trainer needs it
-    kv, why = harness.create_store(args.design, args.timeout, **options)
-    if kv is None:
-        raise SystemExit(f'no store: {why}')
-    optimizer = (args.optimizer, {'learning_rate': args.lr})
-    if args.trainer == 'distributed':
-        return mpi_kvstore.DistributedTrainer(model.collect_params(), *optimizer, store=kv), kv
-    mpi_kvstore.broadcast_parameters(model.collect_params(), store=kv)
-    return gluon.Trainer(model.collect_params(), *optimizer, kvstore=kv,
-                         update_on_kvstore=args.update_on_kvstore), kv
-
-
-def _train(args, model, trainer, comm):
-    """Runs of ``--chain`` steps of forward, backward, trainer.step, with one waitall at the
-    end of the run, as a training loop has none per step: the next forward of layer i waits
-    only for weight i (engine dependencies). One figure per run: its time over its steps."""
-    def body(run):
-        for i in range(args.chain):
-            step = run * args.chain + i
-            model(step_scale(step, comm.rank))
-            model.backward()
-            trainer.step(args.batch * comm.size)     # gradients are summed over ranks
-    timed = timed_runs(body, args.warmups, args.trials, comm, per=args.chain)
-    return dict(timed, steps=(args.warmups + args.trials) * args.chain)
-
-
-def _exchange_alone(args, trainer, comm):
-    """The trainer's exchange of one step's gradients, already computed, waited for: what
-    a step would take if nothing of it overlapped compute. Sums into the gradients, so it
-    runs after _check_trained."""
-    timed = timed_runs(lambda run: trainer.allreduce_grads(), args.warmups, args.trials, comm)
-    return {'wall_s': timed['wall_s']}
-
-
-def _ratio(train, alone, exchange):
-    """Median step over max(median compute alone, median exchange alone): 1.0 is a perfect
-    overlap."""
-    med = lambda xs: harness.spread(xs)['median']   # noqa: E731
-    return med(train['wall_s']) / max(med(alone['wall_s']), med(exchange['wall_s']))
 
 
 def check_gradients(model, step, nranks):
@@ -878,81 +777,15 @@ def check_gradients(model, step, nranks):
                                f'elements, first {bad[0]}: {got.ravel()[bad[0]]}')
 
 
-def _check_trained(model, args, steps, nranks):
-    """Every parameter after `steps` steps of SGD on the deterministic gradients (numpy):
-    timing a wrong answer is worthless."""
+def check_trained(model, lr, batch, steps, nranks, what):
+    """Every parameter after `steps` steps of SGD at rate lr, `batch` images a rank, on the
+    deterministic gradients (numpy): timing a wrong answer is worthless."""
     total = sum(step_scale(s, r) for s in range(steps) for r in range(nranks))
     for index, (spec, param) in enumerate(zip(model.plan.params, model.collect_params().values())):
         expected = initial_value(index)
         if spec.grad_req != 'null':
-            expected -= args.lr * grad_unit(index) * total / (args.batch * nranks)
+            expected -= lr * grad_unit(index) * total / (batch * nranks)
         got = param.data().asnumpy()
         if not np.allclose(got, np.float32(expected), rtol=1e-5, atol=1e-6):
-            raise RuntimeError(f'{param.name} after {steps} steps of --trainer {args.trainer}: '
+            raise RuntimeError(f'{param.name} after {steps} steps of {what}: '
                                f'{got.ravel()[:3]}, expected {expected}')
-
-
-def _ms(seconds, compute_s=None):
-    """'262.1 ms (min 261.5, max 263.5)' [' against 256.0 stated (+2.4%)' with compute_s]."""
-    ms = {k: v * 1e3 for k, v in harness.spread(seconds).items()}
-    text = f'{ms["median"]:.1f} ms (min {ms["min"]:.1f}, max {ms["max"]:.1f})'
-    if compute_s is None:
-        return text
-    return text + (f' against {compute_s * 1e3:.1f} stated '
-                   f'({(ms["median"] / (compute_s * 1e3) - 1) * 100:+.1f}%)')
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    comm = harness.world()
-    plan_ = plan(args.model, args.images_per_s, args.batch)
-    model = make_model(plan_, args.layers)
-    model.initialize()
-    harness.rank0_print(
-        f'{args.model} ({args.layers} layers, host load {args.host_load:g}): {len(plan_.layers)} '
-        f'layers, {sum(p.size for p in plan_.params) / 1e6:.2f}M '
-        f'parameters, {plan_.grad_bytes / 1e6:.1f} MB of gradients; {plan_.images_per_s:.1f} '
-        f'images/s at batch {args.batch}: {plan_.compute_s * 1e3:.1f} ms of compute a step; '
-        f'{comm.size} rank(s)')
-    payload = {'model': args.model, 'layers': len(plan_.layers), 'grad_bytes': plan_.grad_bytes,
-               'compute_s': plan_.compute_s, 'images_per_s': plan_.images_per_s,
-               'layers_mode': args.layers}
-    run = harness.Run('gpu_like', args, comm=comm, label=args.model + (
-        '' if args.trainer == 'none' else f'_{args.trainer}') + (
-        '_uok' if args.update_on_kvstore else '') + (
-        '' if args.layers == 'compiled' else f'_{args.layers}') + (
-        f'_load{args.host_load:g}' if args.host_load else ''))
-    with harness.deadline(args.timeout, f'gpu_like {args.model} --trainer {args.trainer}'), \
-            HostLoad(args.host_load) as load:
-        payload['alone'] = alone = measure_compute(model, args.trials, args.warmups, comm.rank)
-        harness.rank0_print(
-            f'  compute alone:  step {_ms(alone["wall_s"], plan_.compute_s)}; CPU '
-            f'{alone["cpu_share"] * 100:.2f}% of a core (rank 0)')
-        if args.trainer != 'none':
-            model.initialize(force_reinit=True)      # known weights for _check_trained
-            trainer, kv = _trainer(args, model)
-            payload['train'] = train = _train(args, model, trainer, comm)
-            harness.rank0_print(
-                f'  {args.trainer} trainer{" (updates on the store)" if args.update_on_kvstore else ""}, '
-                f'{kv.type} store, {comm.size} ranks: step '
-                f'{_ms(train["wall_s"], plan_.compute_s)}; CPU '
-                f'{train["cpu_share"] * 100:.1f}% of a core (rank 0)')
-            _check_trained(model, args, train['steps'], comm.size)
-            if not args.update_on_kvstore:
-                check_gradients(model, train['steps'] - 1, comm.size)
-            if not args.update_on_kvstore:
-                payload['exchange'] = exchange = _exchange_alone(args, trainer, comm)
-                harness.rank0_print(
-                    f'  exchange alone (the trainer\'s allreduce_grads of ready gradients): '
-                    f'{_ms(exchange["wall_s"])}; step / max(compute, exchange) = '
-                    f'{_ratio(train, alone, exchange):.2f}')
-    payload['host_load'] = host_load_record(args, load)
-    if args.host_load:
-        harness.rank0_print(f'  host load: {args.host_load:g} asked, the thread used '
-                            f'{load.busy_share * 100:.1f}% of a core (rank 0)')
-    run.write(payload)
-    harness.rank0_print(f'  written to {run.json_path}')
-
-
-if __name__ == '__main__':
-    harness.run_main(main)

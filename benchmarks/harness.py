@@ -4,10 +4,13 @@ Scripts run as modules from the repository root (``mpiexec -n 2 python -m benchm
 rank 0 prints and writes files. Sizes are in bytes of float32 data; bandwidths are in GB/s
 with GB = 1e9 bytes, as nccl-tests reports them.
 
-Timing: :func:`measure` times one op again and again; :func:`interleaved` times several in
-rounds, each round running every op once in an order that rotates, so slow phases of a
-shared VM hit every op alike. A trial counts the slowest rank (a collective is done only
-when its last rank is), and :func:`spread` reports min, median and max.
+Timing: :func:`timed_run` times one run of an op with its CPU (each rank's, and the machine's
+where every rank is on it); :func:`measure` times one op again and again; :func:`interleaved`
+times several in rounds, each round running every op once in an order that rotates, so slow
+phases of a shared VM hit every op alike. A trial counts the slowest rank (a collective is
+done only when its last rank is), and :func:`spread` reports min, median and max;
+:func:`hidden_share` is the one definition of how much of an exchange a step hid.
+:func:`make_trainer` makes every trainer the scripts compare.
 
 mpi4py is imported on first use, not here: cost_model and grid.py use this
 module outside mpiexec, where importing it would start MPI for nothing.
@@ -18,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shlex
 import socket
 import statistics
@@ -143,17 +147,6 @@ def resolve_quick(args, full=None, quick=None):
 
 # ---------------------------------------------------------------- timing
 
-class Timer:
-    """with Timer() as t: ...; t.elapsed is in seconds (time.perf_counter)."""
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.elapsed = time.perf_counter() - self.start
-
-
 def median(values):
     return statistics.median(values)
 
@@ -173,23 +166,50 @@ def hidden_share(compute, exchange, step):
     return (compute + exchange - step) / min(compute, exchange)
 
 
-# /proc/stat's fields of the 'cpu' line, in its order; busy: less idle and iowait.
-STAT_FIELDS = ('user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq', 'steal')
-TICK_S = 1.0 / os.sysconf('SC_CLK_TCK')
-
-
-def machine_jiffies():
-    """{field: jiffies} of the machine's CPU since boot, every core together (psutil reads
-    /proc/stat's 'cpu' line and divides by the tick: multiplied back, as the kernel counts)."""
-    times = psutil.cpu_times()
-    return {field: round(getattr(times, field, 0.0) / TICK_S) for field in STAT_FIELDS}
-
-
 def machine_busy():
-    """Seconds of CPU this machine has spent busy so far, all cores together (user, system,
-    irq and softirq: the kernel's network work too, which no process is charged for)."""
-    jiffies = machine_jiffies()
-    return sum(jiffies[f] for f in ('user', 'nice', 'system', 'irq', 'softirq')) * TICK_S
+    """Seconds of CPU this machine has spent busy so far, all cores together (user, nice,
+    system, irq and softirq from /proc/stat: the kernel's network work too, which no process
+    is charged for)."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, field, 0.0) for field in ('user', 'nice', 'system', 'irq', 'softirq'))
+
+
+def process_cpu_s():
+    """This process's user + system CPU seconds so far, every thread (getrusage)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed_run(op, comm=None, units=1, machine=False):
+    """Collective: one run of op() on every rank of comm (default: every rank), the ranks
+    released together by a barrier: (op's value, its sample). The sample: wall_s, the
+    slowest rank's seconds; units, what the run did (steps); cpu_s, this rank's CPU seconds
+    over it; rank_cpu_s, every rank's, on rank 0 (else None); busy_s, on rank 0 with
+    `machine`, the machine's busy CPU seconds over it (machine_busy: every core, the kernel's
+    network work too, which one_machine says is every rank's), else None. The one way the
+    scripts time a run with its CPU (cpu_summary sums samples up)."""
+    comm = world() if comm is None else comm
+    comm.Barrier()
+    busy = machine_busy() if machine and comm.rank == 0 else None
+    cpu, start = process_cpu_s(), time.perf_counter()
+    value = op()
+    wall, cpu = time.perf_counter() - start, process_cpu_s() - cpu
+    if busy is not None:
+        busy = machine_busy() - busy
+    return value, {'wall_s': comm.allreduce(wall, op=_mpi().MAX), 'units': units, 'cpu_s': cpu,
+                   'rank_cpu_s': comm.gather(cpu, root=0), 'busy_s': busy}
+
+
+def cpu_summary(samples):
+    """The CPU of some timed runs (timed_run's samples, rank 0's): each rank's CPU ms a unit
+    and, where the machine was counted, its busy share of every core; None without samples."""
+    if not samples or samples[0]['rank_cpu_s'] is None:
+        return None
+    units, wall = sum(s['units'] for s in samples), sum(s['wall_s'] for s in samples)
+    busy = [s['busy_s'] for s in samples]
+    return {'rank_cpu_ms_per_unit': [sum(cpu) / units * 1e3 for cpu in zip(*[s['rank_cpu_s'] for s in samples])],
+            'machine_busy': sum(busy) / (wall * os.cpu_count()) if None not in busy else None,
+            'cores': os.cpu_count()}
 
 
 def rss_mb():
@@ -218,16 +238,6 @@ def topology(comm, label):
     return {'hosts': len(per_host), 'ranks_per_host': per_host, 'label': label}
 
 
-def timed_once(op, comm=None):
-    """Seconds of one op() on the slowest rank of comm (default: every rank), the ranks
-    released together by a barrier. The same on every rank."""
-    comm = world() if comm is None else comm
-    comm.Barrier()
-    with Timer() as timer:
-        op()
-    return comm.allreduce(timer.elapsed, op=_mpi().MAX)
-
-
 def rotation(items, r):
     """Round r's order: every item once, starting at item r mod len(items), so that no item
     always follows the same one."""
@@ -239,11 +249,11 @@ def interleaved(ops, trials, warmups=0, time_one=None, comm=None):
     """{name: [one value per timed round]} of {name: op}: round r runs every op once, in
     rotation(names, r), so that load which drifts over the run slows every op alike; the
     first `warmups` rounds are not kept. time_one(name, op) times one run (default: the
-    slowest rank's seconds, timed_once on comm)."""
+    slowest rank's seconds, timed_run on comm)."""
     names_ = list(ops)
     if time_one is None:
         def time_one(name, op):
-            return timed_once(op, comm)
+            return timed_run(op, comm)[1]['wall_s']
     kept = {name: [] for name in names_}
     for r in range(warmups + trials):
         for name in rotation(names_, r):
@@ -386,6 +396,30 @@ def create_store(design, timeout, **extra):
             kv, why = None, f'{type(exc).__name__}: {exc}'
         why = agree(why)
     return (None, why) if why else (kv, None)
+
+
+def make_trainer(kind, params, optimizer, kv=None, compression='none', **extra):
+    """The trainers the benchmarks compare, made one way, SGD-like optimizer (name, {options}):
+    'distributed', mpi_kvstore.DistributedTrainer on kv (the grouped exchange); 'gluon',
+    gluon.Trainer on kv (one pushpull a parameter; the update on the rank; kv None: no
+    exchange); 'horovod', horovod.mxnet's DistributedTrainer (compression 'fp16': its fp16).
+    extra: more of DistributedTrainer's options (group_bytes).
+    Returns (trainer, ranks): what step()'s batch is multiplied by, the rank count where the
+    gradients are summed, 1 where Horovod averages them."""
+    from mxnet import gluon
+
+    import mpi_kvstore
+    name, options = optimizer[0], dict(optimizer[1])
+    if kind == 'distributed':
+        return mpi_kvstore.DistributedTrainer(params, name, options, store=kv, **extra), kv.num_workers
+    if kind == 'gluon':
+        return (gluon.Trainer(params, name, options, kvstore=kv, update_on_kvstore=False if kv else None),
+                kv.num_workers if kv is not None else 1)
+    if kind == 'horovod':
+        import horovod.mxnet as hvd
+        wire = hvd.Compression.fp16 if compression == 'fp16' else hvd.Compression.none
+        return hvd.DistributedTrainer(params, name, options, compression=wire), 1
+    raise ValueError(f'no trainer {kind!r}: distributed, gluon or horovod')
 
 
 # ---------------------------------------------------------------- output

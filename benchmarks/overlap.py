@@ -24,39 +24,33 @@ and the table say after how many steps it settled, on what.
 
 Timing: rounds (--warmups untimed, then --rounds) in which every column makes one run of
 --chain steps, in an order that rotates (harness.interleaved). A run resets the weights,
-trains with no waitall between steps (gpu_like._train), waits once, and checks every weight
+trains with no waitall between steps (gpu_like.train), waits once, and checks every weight
 against numpy: a column that fails is reported failed and timed no more. Compute alone
-(gpu_like.measure_compute, every store alive) is one more entry of the same rounds; then
-each column's exchange alone (trainer.allreduce_grads of ready gradients), interleaved.
+(forward and backward, no trainer, every store alive) is one more entry of the same rounds;
+then each column's exchange alone (trainer.allreduce_grads of ready gradients), interleaved.
+Each run is a harness.timed_run, with its CPU: the machine's busy share of every core (on
+the test bed the hosts are namespaces of one machine, so it holds every rank and the
+kernel's TCP) and each rank's user + system CPU ms a step.
 
-From the medians: hidden share = (compute + exchange - step) / min(compute, exchange),
-clipped to [0, 1]; step / max(compute, exchange), 1.0 a perfect overlap; vs fifo = fifo's
-step / this step. The step also holds the optimizer's update, which neither alone measures.
-
-CPU, around each timed run only: the machine's busy share of every core (/proc/stat via
-psutil: on the test bed the hosts are namespaces of one machine, so it holds every rank and
-the kernel's TCP), its system + softirq share (where TCP's cost lands), machine core-ms a
-step, each rank's user + system CPU ms a step (getrusage), and the ranks' share of the
-machine. /proc/stat counts in 10 ms ticks, coarse for a short run.
+From the medians: hidden share (harness.hidden_share) = (compute + exchange - step) /
+min(compute, exchange); step / max(compute, exchange), 1.0 a perfect overlap; vs fifo =
+fifo's step / this step. The step also holds the optimizer's update, which neither alone
+measures.
 
 --layers custom and --host-load (gpu_like's) apply to every entry alike; the load thread
 runs through the timed rounds, and the JSON records the CPU share it got.
 
 Rank 0 prints Markdown tables and writes them (.md), a JSON and a bar plot to --out.
 """
-import argparse
 import functools
 import gc
 import math
 import os
-import resource
 import shlex
 import sys
-import time
 
 import mxnet as mx
 from mpi4py import MPI
-from mxnet import gluon
 
 from benchmarks import gpu_like, harness, peers, report
 from mpi_kvstore.designs import autotune
@@ -69,15 +63,25 @@ STEPS = {'warmups': 1, 'trials': 4}         # untimed and timed rounds
 DEFAULT_OUT = os.path.join(harness.DEFAULT_OUT, 'overlap')
 PSLITE_LIFETIME = 3600                      # s: the ps-lite servers' own safety alarm
 COMPUTE = 'compute alone'
-STAT_FIELDS = harness.STAT_FIELDS
-BUSY_FIELDS = ('user', 'nice', 'system', 'irq', 'softirq', 'steal')
-KERNEL_FIELDS = ('system', 'softirq')
 
 
 def parse_args(argv=None):
     parser = harness.parser(__doc__)
-    gpu_like.add_workload_args(parser)      # every column trains with --optimizer
-    gpu_like.add_host_args(parser)          # --layers, --host-load: for every entry alike
+    add = parser.add_argument
+    add('--model', default='resnet50_v1', choices=gpu_like.MODELS)
+    add('--images-per-s', type=float,
+        help='of one emulated GPU (default: 125 for resnet50_v1, others at its FLOP rate)')
+    add('--batch', type=int, default=gpu_like.BATCH, help='images per rank per step')
+    add('--chain', type=int, default=3, help='steps per timed run, no waitall between them')
+    add('--lr', type=float, default=0.1)
+    add('--optimizer', default='sgd', choices=('sgd', 'gpulikesgd'),
+        help='gpulikesgd: every column\'s update an op on the emulated GPU (gpu_like.GPULikeSGD)')
+    add('--layers', default='compiled', choices=tuple(gpu_like.LAYERS),
+        help="compiled: every layer an op in machine code (numba); custom: Python CustomOps under "
+             "autograd, as users' custom layers are (every entry alike)")
+    add('--host-load', type=float, default=0.0, metavar='FRACTION',
+        help='a Python thread in each rank holds the GIL this share of the time (busy, then asleep, '
+             f'every {gpu_like.HOST_LOAD_PERIOD_S * 1e3:.0f} ms), as a data pipeline does')
     parser.add_argument('--topology', help='a free label, e.g. "2 hosts x 1 rank, 3gbit"')
     harness.add_common_args(parser, default_out=DEFAULT_OUT, sizes=False, quick=False, full=STEPS)
     parser.add_argument('--rounds', dest='trials', type=int, help='the same as --trials')
@@ -91,7 +95,9 @@ def parse_args(argv=None):
                         help='fp16: every mpi_kvstore column and horovod send fp16; dist_sync float32')
     parser.add_argument('--autotune-steps', type=int,
                         help="the autotuned column's autotune_steps (default: the store's, 10)")
-    args = gpu_like.check_host_args(parser, harness.resolve_quick(parser.parse_args(argv), STEPS))
+    args = harness.resolve_quick(parser.parse_args(argv), STEPS)
+    if not 0 <= args.host_load <= 1:
+        parser.error(f'--host-load {args.host_load}: a share of the time, in [0, 1]')
     unknown = sorted(set(args.columns) - set(COLUMNS))
     if unknown or not args.columns:
         parser.error(f'--columns {",".join(args.columns)}: use some of {",".join(COLUMNS)}')
@@ -105,8 +111,8 @@ def parse_args(argv=None):
 
 
 class Column:
-    """One trainer to time. step_batch: what _train multiplies by the rank count to get
-    trainer.step's argument (the batch the summed gradients stand for)."""
+    """One trainer to time; step_batch: trainer.step's argument (the batch the summed
+    gradients stand for)."""
 
     def __init__(self, name, trainer, step_batch, kv=None, options=None):
         self.name, self.trainer, self.step_batch, self.kv = name, trainer, step_batch, kv
@@ -121,27 +127,17 @@ def _store_options(kv):
         'autotune')}}
 
 
-def mpi_column(args, model, name, design, trainer, options):
-    """A column of an mpi_kvstore store (design: a spec with options after '+', None: the
-    default; options: more of them) and gpu_like's trainer ('distributed' or 'gluon') on
-    it, --optimizer as gpu_like's; collective (the store)."""
-    made = argparse.Namespace(design=design, timeout=args.timeout, lr=args.lr,
-                              trainer=trainer, update_on_kvstore=False,
-                              optimizer=args.optimizer)
-    trainer_, kv = gpu_like._trainer(made, model, **options)
-    return Column(name, trainer_, args.batch, kv, _store_options(kv))
-
-
 def make_columns(run, model, dist_sync):
-    """Every column's trainer (collective); what cannot run goes to run.skip."""
-    args, comm = run.args, harness.world()
+    """Every column's trainer (collective, harness.make_trainer); what cannot run goes to
+    run.skip."""
+    import mpi_kvstore
+    args, comm, params = run.args, harness.world(), model.collect_params()
     optimizer = (args.optimizer, {'learning_rate': args.lr})
     # dist_sync's trainer first: a Parameter keeps the last trainer made on it, and ps-lite
     # stops only once nothing holds its store (DistSync.stop).
-    pslite = [] if dist_sync.kv is None else [Column(dist_sync.name, gluon.Trainer(
-        model.collect_params(), *optimizer, kvstore=dist_sync.kv, update_on_kvstore=False),
-        args.batch, options={'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root,
-                             'compression': 'none'})]
+    columns = [] if dist_sync.kv is None else [Column(dist_sync.name, *_batch(args, harness.make_trainer(
+        'gluon', params, optimizer, dist_sync.kv)), options={
+            'store': dist_sync.kv.type, 'ps_root': dist_sync.pslite.root, 'compression': 'none'})]
     wire = {} if args.compression == 'none' else {'compression': args.compression}
     tuned = dict(wire, autotune=1, **({'autotune_steps': args.autotune_steps}
                                       if args.autotune_steps else {}))
@@ -149,18 +145,22 @@ def make_columns(run, model, dist_sync):
             ('autotuned', None, 'distributed', tuned),
             ('best', None, 'distributed', dict(wire, **args.best_options)),
             ('gluon', None, 'gluon', wire)]
-    columns = [mpi_column(args, model, *column) for column in ours
-               if column[0] in args.columns] + pslite
-    hvd, why = peers.horovod(comm) if 'horovod' in args.columns else (None, None)
+    for name, design, kind, options in ours:
+        if name in args.columns:
+            kv, why = harness.create_store(design, args.timeout, **options)
+            if why:
+                raise SystemExit(f'no store for {name}: {why}')
+            if kind == 'gluon':
+                mpi_kvstore.broadcast_parameters(params, store=kv)
+            columns.insert(len(columns) - (dist_sync.kv is not None), Column(
+                name, *_batch(args, harness.make_trainer(kind, params, optimizer, kv)), kv, _store_options(kv)))
+    _, why = peers.horovod(comm) if 'horovod' in args.columns else (None, None)
     if why:
         run.skip('horovod', why)
-    elif hvd is not None:
-        # Horovod averages over ranks: step(batch), which _train asks for as batch / size.
-        fp16 = args.compression == 'fp16'
-        columns.append(Column('horovod', hvd.DistributedTrainer(
-            model.collect_params(), *optimizer,
-            compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none),
-            args.batch / comm.size, options={'compression': 'hvd.Compression.fp16' if fp16 else 'none'}))
+    elif 'horovod' in args.columns:
+        columns.append(Column('horovod', *_batch(args, harness.make_trainer(
+            'horovod', params, optimizer, compression=args.compression)),
+            options={'compression': 'hvd.Compression.fp16' if args.compression == 'fp16' else 'none'}))
     # gluon.Trainer initialises its keys on the store in its first step, and there dist_sync
     # (MXNet 1.9.1) sometimes leaves a weight set to its first summed gradient (seen: the
     # 2.4M-element stage4_conv4_weight of ResNet-18, first run only, 2 jobs in 6): do it
@@ -171,75 +171,10 @@ def make_columns(run, model, dist_sync):
     return columns
 
 
-def process_cpu_s():
-    """This process's user + system CPU seconds so far (every thread)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class CpuMeter:
-    """The CPU of timed runs (module docstring): measure() runs one; rounds() keeps the
-    samples of the runs it keeps, per entry, in kept (rank 0's figures; other ranks keep
-    theirs too, unused). None for comm: no accounting, measure() only runs the op."""
-
-    def __init__(self, comm=None):
-        self.comm, self.last, self.kept = comm, None, {}
-        self.tick_s = harness.TICK_S
-
-    def measure(self, op, units):
-        """op()'s result; self.last: the machine's jiffies and every rank's CPU seconds over
-        it, units: steps (or exchanges) in it. Collective."""
-        if self.comm is None:
-            return op()
-        comm = self.comm
-        comm.Barrier()
-        stat, cpu, wall = harness.machine_jiffies() if comm.rank == 0 else None, process_cpu_s(), \
-            time.perf_counter()
-        value = op()
-        wall, cpu = time.perf_counter() - wall, process_cpu_s() - cpu
-        after = harness.machine_jiffies() if comm.rank == 0 else None
-        ranks = comm.gather(cpu, root=0)
-        self.last = None
-        if comm.rank == 0:
-            sample = {'wall_s': wall, 'units': units, 'rank_cpu_s': ranks}
-            if stat is not None and after is not None:
-                sample['jiffies'] = {k: after[k] - stat[k] for k in STAT_FIELDS}
-            self.last = sample
-        return value
-
-    def keep(self, name, sample):
-        if sample is not None:
-            self.kept.setdefault(name, []).append(sample)
-
-    def summary(self, name):
-        """What the JSON and tables hold for one entry's kept runs, or None (none kept, or
-        not rank 0)."""
-        samples = self.kept.get(name)
-        if not samples:
-            return None
-        units = sum(s['units'] for s in samples)
-        per_rank = list(zip(*[s['rank_cpu_s'] for s in samples]))
-        ranks_share = [sum(s['rank_cpu_s']) / (os.cpu_count() * s['wall_s']) for s in samples]
-        result = {'runs': samples, 'units': units,
-                  'rank_cpu_ms_per_unit': [
-                      harness.spread([c / s['units'] * 1e3 for c, s in zip(rank, samples)])
-                      for rank in per_rank],
-                  'rank_cpu_ms_per_unit_total': [sum(rank) / units * 1e3 for rank in per_rank],
-                  'ranks_share': sum(sum(s['rank_cpu_s']) for s in samples)
-                  / (os.cpu_count() * sum(s['wall_s'] for s in samples)),
-                  'ranks_share_runs': harness.spread(ranks_share), 'cores': os.cpu_count()}
-        stats = [s['jiffies'] for s in samples if 'jiffies' in s]
-        if len(stats) == len(samples):
-            share = lambda j, fields: sum(j[f] for f in fields) / max(1, sum(j.values()))  # noqa: E731
-            total = {k: sum(j[k] for j in stats) for k in STAT_FIELDS}
-            result.update(
-                machine_busy=share(total, BUSY_FIELDS),
-                machine_busy_runs=harness.spread([share(j, BUSY_FIELDS) for j in stats]),
-                machine_kernel=share(total, KERNEL_FIELDS),
-                machine_kernel_runs=harness.spread([share(j, KERNEL_FIELDS) for j in stats]),
-                machine_core_ms_per_unit=sum(total[f] for f in BUSY_FIELDS) * self.tick_s
-                / units * 1e3)
-        return result
+def _batch(args, made):
+    """(trainer, step's batch) of harness.make_trainer's (trainer, ranks)."""
+    trainer, ranks = made
+    return trainer, args.batch * ranks
 
 
 def reset_weights(model):
@@ -250,19 +185,17 @@ def reset_weights(model):
     mx.nd.waitall()
 
 
-def train_run(args, model, column, comm, meter=None):
-    """One timed run of --chain steps (seconds a step, the slowest rank's), or None when the
-    weights come out wrong on any rank: then column.failed says why. meter (CpuMeter) takes
-    the CPU of the run itself, not of the reset or the check."""
+def train_run(args, model, column, comm):
+    """One timed run of --chain steps: (seconds a step, the slowest rank's, and the run's
+    CPU sample), or None when the weights come out wrong on any rank: then column.failed
+    says why. The sample covers the run, not the reset or the check."""
     if column.failed:
         return None
     reset_weights(model)
-    one = argparse.Namespace(warmups=0, trials=1, chain=args.chain, batch=column.step_batch)
-    seconds = (meter or CpuMeter()).measure(
-        lambda: gpu_like._train(one, model, column.trainer, comm)['wall_s'][0], args.chain)
-    check = argparse.Namespace(lr=args.lr, batch=args.batch, trainer=column.name)
+    _, sample = harness.timed_run(lambda: gpu_like.train(model, column.trainer, args.chain, column.step_batch,
+                                                         comm.rank), comm, args.chain, machine=True)
     try:
-        gpu_like._check_trained(model, check, args.chain, comm.size)
+        gpu_like.check_trained(model, args.lr, args.batch, args.chain, comm.size, column.name)
         if column.name != 'horovod':    # Horovod averages its gradients
             gpu_like.check_gradients(model, args.chain - 1, comm.size)
         error = None
@@ -272,7 +205,7 @@ def train_run(args, model, column, comm, meter=None):
     if column.failed:
         harness.rank0_print(f'  {column.name}: weight check failed, no more runs: {column.failed}')
         return None
-    return seconds
+    return sample['wall_s'] / args.chain, sample
 
 
 def settle(args, model, columns, comm):
@@ -302,52 +235,39 @@ def settle(args, model, columns, comm):
                         f'steps (bound {state.bound}): {autotune.describe(state.values)}')
 
 
-def exchange_run(column, comm, meter=None):
+def exchange_run(column, comm):
+    """The column's exchange of ready gradients, waited for: (seconds, CPU sample)."""
     if column.failed:
         return None
-    return (meter or CpuMeter()).measure(lambda: gpu_like._exchange_alone(
-        argparse.Namespace(warmups=0, trials=1), column.trainer, comm)['wall_s'][0], 1)
+    _, sample = harness.timed_run(lambda: (column.trainer.allreduce_grads(), mx.nd.waitall()), comm,
+                                  machine=True)
+    return sample['wall_s'], sample
 
 
-def compute_run(args, model, comm, cpu_shares, meter=None):
+def compute_run(args, model, comm):
     """Compute alone as a run: --chain steps of forward and backward with no trainer, each
-    waited for (gpu_like.measure_compute); seconds a step, the slowest rank's."""
-    comm.Barrier()
-    alone = (meter or CpuMeter()).measure(
-        lambda: gpu_like.measure_compute(model, args.chain, 0, comm.rank), args.chain)
-    cpu_shares.append(alone['cpu_share'])
-    return comm.allreduce(sum(alone['wall_s']) / args.chain, op=MPI.MAX)
+    waited for; (seconds a step, the slowest rank's, and the run's CPU sample)."""
+    _, sample = harness.timed_run(lambda: gpu_like.compute(model, args.chain, comm.rank), comm,
+                                  args.chain, machine=True)
+    return sample['wall_s'] / args.chain, sample
 
 
-def rounds(args, ops, meter=None, prefix=''):
-    """{name: [seconds of each timed round]} of {name: op}, interleaved; an op returns None
-    once its column failed (not kept). meter: the CpuMeter the ops measure with; the CPU
-    samples of the kept runs go to meter.kept[prefix + name]."""
-    def time_one(name, op):
-        if meter is not None:
-            meter.last = None
-        return op(), (meter.last if meter is not None else None)
-
-    timed = harness.interleaved(ops, args.trials, args.warmups, time_one)
-    for name, values in timed.items():
-        for seconds, sample in values:
-            if meter is not None and seconds is not None:
-                meter.keep(prefix + name, sample)
-    return {name: [s for s, _ in values if s is not None] for name, values in timed.items()}
+def rounds(args, ops):
+    """({name: [seconds of each timed round]}, {name: CPU summary}) of {name: op},
+    interleaved; an op returns None once its column failed (not kept)."""
+    timed = harness.interleaved(ops, args.trials, args.warmups, lambda name, op: op())
+    kept = {name: [v for v in values if v is not None] for name, values in timed.items()}
+    return ({name: [seconds for seconds, _ in values] for name, values in kept.items()},
+            {name: harness.cpu_summary([sample for _, sample in values]) for name, values in kept.items()})
 
 
-def summarize(columns, compute, steps, exchanges, meter=None):
-    """The rows of the table: medians and spreads in seconds, the ratios (docstring) and,
-    with meter, the CPU of the training runs ('cpu_step') and of the exchange alone
-    ('cpu_exchange')."""
+def summarize(columns, compute, steps, exchanges, cpu):
+    """The rows of the table: medians and spreads in seconds, the ratios (docstring) and
+    the CPU of the training runs ('cpu_step') and of the exchange alone ('cpu_exchange')."""
     rows = []
     for column in columns:
-        row = {'column': column.name, 'options': column.options, 'check': column.failed or 'ok'}
-        if meter is not None:
-            for key, name in (('cpu_step', column.name), ('cpu_exchange', 'exchange ' + column.name)):
-                cpu = meter.summary(name)
-                if cpu is not None:
-                    row[key] = cpu
+        row = {'column': column.name, 'options': column.options, 'check': column.failed or 'ok',
+               'cpu_step': cpu[0].get(column.name), 'cpu_exchange': cpu[1].get(column.name)}
         if column.failed:
             rows.append(row)
             continue
@@ -355,7 +275,7 @@ def summarize(columns, compute, steps, exchanges, meter=None):
         row.update(step_s=steps[column.name], exchange_s=exchanges[column.name],
                    step=step, exchange=exchange)
         s, e = step['median'], exchange['median']
-        row['hidden_share'] = min(1.0, max(0.0, (compute + e - s) / min(compute, e)))
+        row['hidden_share'] = harness.hidden_share(compute, e, s)
         row['step_over_max'] = s / max(compute, e)
         rows.append(row)
     fifo = next((r for r in rows if r['column'] == 'fifo' and 'step' in r), None)
@@ -380,12 +300,12 @@ def close(columns, model):
 
 
 def _busy(cpu):
-    return '-' if not cpu or 'machine_busy' not in cpu else f'{cpu["machine_busy"] * 100:.0f}'
+    return '-' if not cpu or cpu['machine_busy'] is None else f'{cpu["machine_busy"] * 100:.0f}'
 
 
 def _rank_ms(cpu):
     """Each rank's CPU ms a step (or an exchange), over the runs together, rank 0 first."""
-    return '-' if not cpu else '/'.join(f'{ms:.0f}' for ms in cpu['rank_cpu_ms_per_unit_total'])
+    return '-' if not cpu else '/'.join(f'{ms:.0f}' for ms in cpu['rank_cpu_ms_per_unit'])
 
 
 def table(rows, compute, skipped, compute_cpu=None):
@@ -426,38 +346,6 @@ def notes(rows):
     return [''] + lines if lines else []
 
 
-def cpu_table(rows, compute_cpu):
-    """The CPU of every entry's timed runs in detail: busy and kernel shares (over the runs
-    together, and min-max over runs), machine core-ms and each rank's CPU ms a step (or an
-    exchange), median (min-max) over runs."""
-    entries = [('compute alone', 'compute', compute_cpu)]
-    for row in rows:
-        entries += [(row['column'], 'training step', row.get('cpu_step')),
-                    (row['column'], 'exchange alone', row.get('cpu_exchange'))]
-    entries = [e for e in entries if e[2]]
-    if not entries:
-        return ''
-
-    def share(value, runs):
-        return f'{value * 100:.0f} ({runs["min"] * 100:.0f}-{runs["max"] * 100:.0f})'
-    cells = []
-    for name, what, cpu in entries:
-        machine = ['-', '-', '-']
-        if 'machine_busy' in cpu:
-            machine = [share(cpu['machine_busy'], cpu['machine_busy_runs']),
-                       share(cpu['machine_kernel'], cpu['machine_kernel_runs']),
-                       f'{cpu["machine_core_ms_per_unit"]:.0f}']
-        cells.append([name, what, *machine, share(cpu['ranks_share'], cpu['ranks_share_runs']),
-                      ', '.join(f'{r["median"]:.0f} ({r["min"]:.0f}-{r["max"]:.0f})'
-                                for r in cpu['rank_cpu_ms_per_unit'])])
-    return '\n'.join([
-        f'CPU of the timed runs ({entries[0][2]["cores"]} cores; machine: /proc/stat, every core '
-        'together; rank: getrusage user + system, every thread):', '',
-        report.markdown(['column', 'runs', 'machine busy % (min-max)', 'sys+softirq % (min-max)',
-                         'machine core-ms / step', "ranks' share % (min-max)",
-                         'rank CPU ms / step, median (min-max), each rank'], cells)])
-
-
 def plot(path, rows, compute, title):
     """A panel per column: compute alone, its exchange alone and its training step (medians)."""
     return report.plot_bars(path, {r['column']: {
@@ -492,33 +380,30 @@ def main(argv=None):
         columns = make_columns(run, model, dist_sync)
         with gpu_like.HostLoad(args.host_load) as load:    # the timed rounds only
             settle(args, model, columns, comm)      # under the same load as it is timed
-            cpu_shares, meter = [], CpuMeter(comm)
-            steps = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm, cpu_shares, meter),
-                                  **{c.name: functools.partial(train_run, args, model, c, comm, meter)
-                                     for c in columns}}, meter)
+            steps, step_cpu = rounds(args, {COMPUTE: lambda: compute_run(args, model, comm), **{
+                c.name: functools.partial(train_run, args, model, c, comm) for c in columns}})
             compute_s = steps.pop(COMPUTE)
             for param in model.collect_params().values():
                 if param.grad_req != 'null':
                     # sums of zeros: repeated in-place sums neither grow to inf nor change the work
                     param.grad()[:] = 0
-            exchanges = rounds(args, {c.name: functools.partial(exchange_run, c, comm, meter)
-                                      for c in columns}, meter, prefix='exchange ')
+            exchanges, exchange_cpu = rounds(args, {c.name: functools.partial(exchange_run, c, comm)
+                                                    for c in columns})
             compute = harness.spread(compute_s)
-            rows = summarize(columns, compute['median'], steps, exchanges, meter)
-            compute_cpu = meter.summary(COMPUTE)
+            rows = summarize(columns, compute['median'], steps, exchanges, (step_cpu, exchange_cpu))
+            compute_cpu = step_cpu[COMPUTE]
         close(columns, model)
     dist_sync.stop()
     text = table(rows, compute, run.skipped, compute_cpu)
-    cpu_text = cpu_table(rows, compute_cpu)
-    harness.rank0_print(f'\n{text}\n\n{cpu_text}\n')
+    harness.rank0_print(f'\n{text}\n')
     payload = {'model': args.model, 'images_per_s': plan_.images_per_s, 'batch': args.batch,
                'chain': args.chain, 'grad_bytes': plan_.grad_bytes,
                'compute_stated_s': plan_.compute_s,
                'topology': where, 'compute_alone': {'step_s': compute_s, **compute,
-                                                    'cpu_share_rank0': cpu_shares,
                                                     'cpu': compute_cpu},
-               'layers_mode': args.layers, 'host_load': gpu_like.host_load_record(args, load),
-               'columns': rows, 'table': text, 'cpu_table': cpu_text,
+               'layers_mode': args.layers, 'host_load': {'fraction': args.host_load, 'period_s': load.period_s,
+                             'busy_share': load.busy_share},
+               'columns': rows, 'table': text,
                'machine': {'cores': os.cpu_count(), 'loadavg_start': load_start,
                            'loadavg_end': os.getloadavg()}}
     run.write(payload, topology=label)
@@ -526,7 +411,7 @@ def main(argv=None):
         command = shlex.join(['python', '-m', 'benchmarks.overlap', *sys.argv[1:]])
         with open(run.json_path[:-len('.json')] + '.md', 'w') as handle:
             handle.write(f'{args.model}, {label}, {run.started}:\n'
-                         f'`{command}`\n\n{text}\n\n{cpu_text}\n')
+                         f'`{command}`\n\n{text}\n')
         message = plot(run.png_path, rows, compute['median'], f'{args.model}, {label}')
         print(f'written to {run.json_path}\n{message}', flush=True)
 

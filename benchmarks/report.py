@@ -2,9 +2,10 @@
 
 Tables go through tabulate: :func:`markdown` for GitHub tables (results files, and reports
 that tests read with ``^| name | figure``: cells are not padded), :func:`text` for the
-fixed-width tables printed on a console. Callers format their figures into strings first,
-so that a table's figures read exactly as the script's own format says. Plots draw with
-matplotlib's Agg backend into files, and return a line saying what happened (matplotlib is
+fixed-width tables printed on a console; :func:`spread_text` is the one way a table writes a
+median (min-max); :func:`table_record` and :func:`table_markdown` are a documented table
+(results/NAME.json) and its rendering. The one plot, :func:`plot_bars`, draws with
+matplotlib's Agg backend into a file and returns a line saying what happened (matplotlib is
 optional: without it the line says so).
 """
 import json
@@ -120,20 +121,6 @@ def save_figure(plt, fig, path, dpi=120):
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return f'plot written to {path}'
-
-
-def plot_lines(path, series, xlabel, ylabel, title):
-    """Log-log plot, one line per {label: (xs, ys)}; returns a message saying what happened."""
-    plt = pyplot()
-    if plt is None:
-        return NO_MATPLOTLIB
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker='o', label=label)
-    ax.set(xscale='log', yscale='log', xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend()
-    return save_figure(plt, fig, path)
 
 
 def plot_bars(path, panels, ylabel, title, lines=None, dpi=120):

@@ -164,11 +164,6 @@ def exchange_op(trainer):
     return op
 
 
-def sgd_trainer(model, kvstore):
-    return gluon.Trainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), kvstore=kvstore,
-                         update_on_kvstore=False if kvstore is not None else None)
-
-
 # ---------------------------------------------------------------- the configs
 
 class Config:
@@ -181,16 +176,17 @@ class Config:
         self.close = close or (lambda: None)
 
 
-def _closer(run, kv):
+def trained(run, name, model, kind, kv=None, **extra):
+    """A Config of a trainer of harness.make_trainer's kind on kv (an mpi_kvstore store is
+    closed once the model is done)."""
+    trainer, ranks = harness.make_trainer(kind, model.params, OPTIMIZER, kv, **extra)
+
     def close():
         with harness.deadline(run.args.timeout, f'closing {kv!r}'):
             kv.wait()       # re-raises any error the store deferred
             kv.close()
-    return close
-
-
-def _trained(name, model, trainer, normalise_by, close=None):
-    return Config(name, step_op(model, trainer, normalise_by), exchange_op(trainer), close=close)
+    return Config(name, step_op(model, trainer, model.batch * ranks), exchange_op(trainer),
+                  close=close if isinstance(kv, mpi_kvstore.MPIKVStore) else None)
 
 
 def store_config(run, model, design):
@@ -198,8 +194,7 @@ def store_config(run, model, design):
     kv, why = harness.create_store(design, run.args.timeout)
     if why:
         return run.skip(f'mpi_kvstore:{design}', why)
-    return _trained(f'mpi_kvstore:{design}', model, sgd_trainer(model, kv),
-                    model.batch * COMM.size, _closer(run, kv))    # the store sums over ranks
+    return trained(run, f'mpi_kvstore:{design}', model, 'gluon', kv)
 
 
 def distributed_trainer_config(run, model, spec=None):
@@ -213,31 +208,28 @@ def distributed_trainer_config(run, model, spec=None):
     if why:
         return run.skip(name, why)
     extra = {'group_bytes': 0 if group and group[0] == '0' else harness.parse_size(group[0])} if group else {}
-    trainer = mpi_kvstore.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]), store=kv,
-                                             **extra)
-    return _trained(name, model, trainer, model.batch * COMM.size, _closer(run, kv))
+    return trained(run, name, model, 'distributed', kv, **extra)
 
 
 def horovod_config(run, model):
-    hvd, why = peers.horovod()
+    _, why = peers.horovod()
     if why:
         return None if 'horovod' in run.skipped else run.skip('horovod', why)
-    trainer = hvd.DistributedTrainer(model.params, OPTIMIZER[0], dict(OPTIMIZER[1]))
-    return _trained('horovod', model, trainer, model.batch)     # Horovod averages over ranks
+    return trained(run, 'horovod', model, 'horovod')
 
 
 def make_configs(run, model, dist_sync, index):
     """Every config of one model; the stores they hold stay open until the model is done."""
-    configs = [Config('single', step_op(model, sgd_trainer(model, None), model.batch), ranks=1),
-               Config('none', step_op(model, sgd_trainer(model, None), model.batch))]
+    alone = [harness.make_trainer('gluon', model.params, OPTIMIZER)[0] for _ in range(2)]
+    configs = [Config('single', step_op(model, alone[0], model.batch), ranks=1),
+               Config('none', step_op(model, alone[1], model.batch))]
     configs += [store_config(run, model, design) for design in harness.designs(run.args.designs)]
     configs += [distributed_trainer_config(run, model, spec)
                 for spec in (run.args.trainer_designs or [None])]
     configs += [horovod_config(run, model)]
     if dist_sync.kv is not None:
-        configs.append(_trained(dist_sync.name, model,
-                                sgd_trainer(model, ShiftedKeys(dist_sync.kv, index * KEY_STRIDE)),
-                                model.batch * COMM.size))
+        configs.append(trained(run, dist_sync.name, model, 'gluon',
+                               ShiftedKeys(dist_sync.kv, index * KEY_STRIDE)))
     return [c for c in configs if c is not None]
 
 
@@ -252,38 +244,33 @@ def wait_idle(comm, poll=0.005):
 
 
 def time_once(run, what, op, ranks):
-    """(seconds, machine busy seconds) of one run of op on the slowest of `ranks` ranks (1: rank
-    0, others idle). The busy seconds (all cores of the machine, kernel included) are counted
-    only when every rank runs on one machine (run.one_machine), else None."""
-    busy = harness.machine_busy() if run.one_machine and COMM.rank == 0 else None
+    """harness.timed_run's (seconds, sample) of one run of op on the slowest of `ranks` ranks
+    (1: rank 0, others idle), the same on every rank; the machine's busy CPU is counted only
+    when every rank runs on one machine (run.one_machine)."""
     with harness.deadline(run.args.timeout, what, run.on_expire):
         if ranks == COMM.size:
-            seconds = harness.timed_once(op, COMM)
+            _, sample = harness.timed_run(op, COMM, machine=run.one_machine)
         else:
-            seconds = harness.timed_once(op, MPI.COMM_SELF) if COMM.rank == 0 else None
+            sample = harness.timed_run(op, MPI.COMM_SELF, machine=run.one_machine)[1] if COMM.rank == 0 else None
             wait_idle(COMM)
-            seconds = COMM.bcast(seconds, root=0)
-    if busy is not None:
-        busy = harness.machine_busy() - busy
-    return seconds, COMM.bcast(busy, root=0)
+    sample = COMM.bcast(sample, root=0)
+    return sample['wall_s'], sample
 
 
 def rounds(run, model, jobs, phase, per=1):
     """{name: [seconds]} of `trials` timed rounds after `warmups` untimed ones, interleaved
     (harness.interleaved: every round runs every job once, in an order that rotates). `per`:
-    what one run of an op does, in the units reported (steps per training op): times and
-    busy are divided by it. Machine busy seconds per round go to run.busy."""
+    what one run of an op does, in the units reported (steps per training op): times are
+    divided by it. The CPU of each job's timed runs goes to run.cpu (harness.cpu_summary)."""
     ranks = {name: count for name, _, count in jobs}
 
     def time_one(name, op):
-        seconds, busy = time_once(run, f'{model.name} {name} ({phase})', op, ranks[name])
-        return seconds / per, (busy / per if busy is not None else None)
+        seconds, sample = time_once(run, f'{model.name} {name} ({phase})', op, ranks[name])
+        return seconds / per, dict(sample, units=per)
     timed = harness.interleaved({name: op for name, op, _ in jobs}, run.args.trials,
                                 run.args.warmups, time_one)
     for name, values in timed.items():
-        busy = [b for _, b in values if b is not None]
-        if busy:
-            run.busy[(model.name, phase, name)] = busy
+        run.cpu[(model.name, phase, name)] = harness.cpu_summary([sample for _, sample in values])
     return {name: [seconds for seconds, _ in values] for name, values in timed.items()}
 
 
@@ -351,18 +338,15 @@ class Run(harness.Run):
         super().__init__('scaling', args)
         self.models = {}
         self.one_machine = harness.one_machine(COMM)
-        self.cores = os.cpu_count()
-        self.busy = {}          # (model, phase, config) -> [machine busy seconds per round]
+        self.cpu = {}           # (model, phase, config) -> harness.cpu_summary of its runs
 
     def add(self, model, config, step_times, alone_times=None):
         entry = self.models.setdefault(model.name, {'info': model.info(), 'rows': []})
         entry['rows'].append({'config': config.name, 'ranks': config.ranks,
                               'images_per_step': model.batch * config.ranks,
                               'step_times_s': step_times, 'exchange_alone_times_s': alone_times,
-                              'step_busy_s': self.busy.get((model.name, 'training', config.name)),
-                              'exchange_alone_busy_s':
-                                  self.busy.get((model.name, 'exchange alone', config.name)),
-                              'machine_cores': self.cores if self.one_machine else None})
+                              'cpu_step': self.cpu.get((model.name, 'training', config.name)),
+                              'cpu_exchange': self.cpu.get((model.name, 'exchange alone', config.name))})
         self.save()
 
     def add_raw(self, model, times):
@@ -392,17 +376,13 @@ DEFINITIONS = {
     'overhead_pct': '100 x (step time / step time of `none` - 1)',
     'exchange_alone_ms': "the same trainer's exchange timed by itself, after training: "
                          'trainer.allreduce_grads() then mx.nd.waitall(), median of the slowest rank',
-    'hidden': '1 - (step time - step time of `none`) / exchange alone: the share of the exchange '
-              'that training hid (1: all of it; 0: none, the exchange adds its whole time; '
-              '< 0: inside training it costs more than alone)',
-    'busy_cores': 'only when every rank runs on one machine (test hosts): CPU the whole machine '
-                  'spent per step (/proc/stat: every process, and the kernel\'s TCP work that no '
-                  'process is charged for) / step time',
-    'exchange_cpu_ms': 'the same, core-ms the whole machine spent per exchange alone',
-    'cpu_floor_ms': "(core-ms of a step of `none` + exchange_cpu_ms) / the machine's cores: no "
-                    'schedule can step faster while compute and exchange share those cores',
-    'hidden_max': '1 - (cpu_floor_ms - step time of `none`) / exchange alone: the most of the '
-                  'exchange any overlap can hide on this machine',
+    'hidden': 'harness.hidden_share of the step, the step of `none` (compute) and the exchange '
+              'alone: (compute + exchange - step) / min(compute, exchange), 1: the shorter hidden '
+              'whole; 0: none of it; < 0: together they took longer than both alone',
+    'cpu_step': "harness.cpu_summary of the step's timed runs: each rank's CPU ms a step and, when "
+                'every rank runs on one machine (test hosts), its busy share of every core (the '
+                "kernel's TCP work too, which no process is charged for); cpu_exchange: the same of "
+                'the exchange alone',
 }
 
 
@@ -428,26 +408,8 @@ def derive(rows):
                                      if single_rate else None)
         row['vs_none'] = none_step / step if none_step else None
         row['overhead_pct'] = 100 * (step / none_step - 1) if none_step else None
-        row['hidden'] = (1 - (step - none_step) / _stats(alone)[0]
+        row['hidden'] = (harness.hidden_share(none_step, _stats(alone)[0], step)
                          if none_step and alone and row['ranks'] > 1 else None)
-        _derive_cpu(row, none)
-
-
-def _derive_cpu(row, none):
-    """busy_cores, exchange_cpu_ms, cpu_floor_ms and hidden_max (DEFINITIONS), where known."""
-    cores = row.get('machine_cores')
-    busy, alone_busy = row.get('step_busy_s'), row.get('exchange_alone_busy_s')
-    row.update(busy_cores=None, exchange_cpu_ms=None, cpu_floor_ms=None, hidden_max=None)
-    if not cores or not busy:
-        return
-    row['busy_cores'] = float(np.median(busy)) / (row['step_ms'] * 1e-3)
-    if not alone_busy or not none or not none.get('step_busy_s') or row['ranks'] < 2:
-        return
-    row['exchange_cpu_ms'] = float(np.median(alone_busy)) * 1e3
-    none_cpu_ms = float(np.median(none['step_busy_s'])) * 1e3
-    none_ms = _stats(none['step_times_s'])[0] * 1e3
-    row['cpu_floor_ms'] = max(none_ms, (none_cpu_ms + row['exchange_cpu_ms']) / cores)
-    row['hidden_max'] = 1 - (row['cpu_floor_ms'] - none_ms) / row['exchange_alone_ms']
 
 
 def _model_header(name, entry, run):
@@ -465,7 +427,8 @@ def _row_cells(row):
             f'{row["step_max_ms"]:.1f}', report.cell(row['spread_pct'], '.0f', '%'),
             f'{row["images_per_s"]:.1f}', report.cell(row['scaling_efficiency'], '.2f'),
             report.cell(row['vs_none'], '.2f'), report.cell(row['overhead_pct'], '+.1f', '%'),
-            report.cell(row['exchange_alone_ms'], '.1f'), report.cell(row['hidden'], '.2f')]
+            report.cell(row['exchange_alone_ms'], '.1f'), report.cell(row['hidden'], '.2f'),
+            report.cell((row['cpu_step'] or {}).get('machine_busy'), '.0%')]
 
 
 def print_model(run, name):
@@ -474,27 +437,13 @@ def print_model(run, name):
     harness.rank0_print(_model_header(name, entry, run))
     harness.rank0_print(report.text(
         ['config', 'step(ms)', 'min', 'max', 'spread', 'images/s', 'scaling eff', 'vs none',
-         'overhead', 'exch alone(ms)', 'hidden'], [_row_cells(row) for row in entry['rows']],
-        align=['left'] + ['right'] * 10))
-    _print_cpu(entry['rows'])
+         'overhead', 'exch alone(ms)', 'hidden', 'machine busy'], [_row_cells(row) for row in entry['rows']],
+        align=['left'] + ['right'] * 11))
     if entry.get('raw_allreduce'):
         harness.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
                             ', '.join(f'{harness.format_size(r["bytes"])} {r["median_ms"]:.2f}'
                                      for r in entry['raw_allreduce']))
     _print_verdict(entry['rows'])
-
-
-def _print_cpu(rows):
-    rows = [r for r in rows if r.get('busy_cores') is not None]
-    if not rows:
-        return
-    harness.rank0_print(f'every rank on this machine ({rows[0]["machine_cores"]} cores): CPU per step, '
-                        'and the fastest step those cores allow')
-    harness.rank0_print(report.text(
-        ['config', 'busy cores', 'exch cpu(ms)', 'cpu floor(ms)', 'hidden max'],
-        [[row['config'], f'{row["busy_cores"]:.2f}', report.cell(row['exchange_cpu_ms'], '.1f'),
-          report.cell(row['cpu_floor_ms'], '.1f'), report.cell(row['hidden_max'], '.2f')] for row in rows],
-        align=['left'] + ['right'] * 4))
 
 
 def _print_verdict(rows):
@@ -543,7 +492,7 @@ def main(argv=None):
         raise RuntimeError(f'cannot create an mpi_kvstore store: {why}')
     for index, name in enumerate(args.models):
         bench_model(run, Model(name, args, setup), dist_sync, index)
-    _closer(run, setup)()
+    setup.close()
     dist_sync.stop()
     for name in run.models:
         print_model(run, name)

@@ -245,8 +245,13 @@ def test_scaling(mpi_available, tmp_path):
         assert len(row['step_times_s']) == 2 and positive(row['step_ms']), row
         assert row['step_min_ms'] <= row['step_ms'] <= row['step_max_ms'], row
         assert positive(row['images_per_s']), row
+        assert row['step_ms'] == pytest.approx(float(np.median(row['step_times_s'])) * 1e3), row
+        assert len(row['cpu_step']['rank_cpu_ms_per_unit']) == (1 if row['config'] == 'single' else NPROCS)
         if row['config'] not in ('single', 'none'):
-            assert positive(row['exchange_alone_ms']), row
+            none = next(r for r in entry['rows'] if r['config'] == 'none')
+            compute, alone = none['step_ms'], row['exchange_alone_ms']
+            assert row['hidden'] == pytest.approx(
+                (compute + alone - row['step_ms']) / min(compute, alone)), row
     (raw,) = entry['raw_allreduce']
     assert raw['bytes'] == 4096 and positive(raw['median_ms'])
     assert entry['info']['gradient_arrays'] == len(entry['info']['gradient_sizes']) > 0
@@ -272,8 +277,15 @@ def test_overlap(mpi_available, tmp_path):
         assert row['check'] == 'ok', row
         assert len(row['step_s']) == len(row['exchange_s']) == 2, row
         assert all(positive(t) for t in row['step_s'] + row['exchange_s']), row
-        assert 0 <= row['hidden_share'] <= 1 and positive(row['step_over_max']), row
-        assert positive(row['vs_fifo']), row
+        step, exchange = row['step']['median'], row['exchange']['median']
+        assert step == float(np.median(row['step_s'])) and exchange == float(np.median(row['exchange_s']))
+        compute = record['compute_alone']['median']
+        assert row['hidden_share'] == pytest.approx((compute + exchange - step) / min(compute, exchange))
+        assert row['step_over_max'] == pytest.approx(step / max(compute, exchange)), row
+        assert row['vs_fifo'] == pytest.approx(rows['fifo']['step']['median'] / step), row
+        # every rank's CPU a step, and the machine's busy share (every rank is on it)
+        cpu = row['cpu_step']
+        assert len(cpu['rank_cpu_ms_per_unit']) == NPROCS and cpu['machine_busy'] > 0, cpu
     assert rows['fifo']['vs_fifo'] == 1.0
     assert re.search(r'^\| dist_sync \| [\d.]+ \(', out, re.MULTILINE), out[-3000:]
     assert (tmp_path / f'overlap_n{NPROCS}_{SMALL_MODEL}_h1.png').exists()

@@ -1,11 +1,10 @@
-"""benchmarks/gpu_like.py: the zoo's parameters, FLOP-proportional times, a step that takes its
-stated wall time with little CPU, and training through the store to numpy's weights.
+"""benchmarks/gpu_like.py, the library overlap trains: the zoo's parameters, FLOP-proportional
+times, a step that takes its stated wall time with little CPU, and training through the store
+to numpy's weights.
 
 References are independent of the module: the model zoo net itself (initialised by a forward
 on one image), FLOPs computed by hand from layer shapes, a clock, and numpy (in the scenario).
 """
-import json
-import os
 import re
 import threading
 import time
@@ -15,9 +14,9 @@ import numpy as np
 import pytest
 from mxnet.gluon.model_zoo import vision
 
-from benchmarks import gpu_like
+from benchmarks import gpu_like, overlap
 
-from mpi_harness import REPO_ROOT, run_mpi
+from mpi_harness import run_mpi
 
 BATCH = 32
 
@@ -101,7 +100,9 @@ def resnet50():
 def test_step_takes_its_time_without_cpu(resnet50):
     result = gpu_like.measure_compute(resnet50, steps=3, warmups=1)
     median = sorted(result['wall_s'])[1]
-    assert 0.95 * 0.3 < median < 1.25 * 0.3, result
+    # Each layer sleeps until its share of 0.3 s is up: never shorter. Longer only by the
+    # wake-ups and what else runs on the cores, which a shared machine does not bound.
+    assert 0.95 * 0.3 < median < 3 * 0.3, result
     # 102 MB of gradients are written every step; the rest of the process sleeps. A step
     # computed on the CPU would show a share near 1; the writes alone take about 5% on an idle
     # machine and more when CI shares its cores (5.4% there once), so the bound is 0.25.
@@ -209,9 +210,9 @@ def test_host_load_zero_starts_nothing_and_bad_shares_are_refused(capsys):
         with pytest.raises(ValueError, match='--host-load'):
             gpu_like.HostLoad(bad)
         with pytest.raises(SystemExit):
-            gpu_like.parse_args(['--host-load', str(bad)])
+            overlap.parse_args(['--host-load', str(bad)])
         assert f'--host-load {bad}: a share of the time, in [0, 1]' in capsys.readouterr().err
-    assert gpu_like.parse_args(['--host-load', '0.3', '--layers', 'custom']).host_load == 0.3
+    assert overlap.parse_args(['--host-load', '0.3', '--layers', 'custom']).host_load == 0.3
 
 
 def test_custom_layers_train_as_the_compiled_ones_and_numpy():
@@ -259,29 +260,3 @@ def test_custom_layers_train_as_the_compiled_ones_and_numpy():
 def test_training_under_mpi_equals_numpy(mpi_available):
     out = run_mpi(2, 'gpu_like_train.py', 'resnet50_v1', timeout=180)
     assert 'gpu_like_train[resnet50_v1, default design]: OK at 2 ranks' in out, out[-3000:]
-
-
-def test_main_trains_and_reports(mpi_available, tmp_path):
-    """The script as users run it: compute alone, then DistributedTrainer at 2 ranks with the
-    update on the emulated GPU (main checks the trained weights and every element of the
-    summed gradients against its own recomputation, and fails otherwise)."""
-    script = os.path.join(REPO_ROOT, 'benchmarks', 'gpu_like.py')
-    out = run_mpi(2, script, '--model', 'resnet18_v1', '--images-per-s', 1600, '--steps', 2,
-                  '--trainer', 'distributed', '--optimizer', 'gpulikesgd', '--out', tmp_path,
-                  timeout=180)
-    alone = re.search(r'compute alone: +step ([\d.]+) ms .* against ([\d.]+) stated .* CPU ([\d.]+)%',
-                      out)
-    assert alone, out[-3000:]
-    step_ms, stated_ms, cpu = map(float, alone.groups())
-    assert stated_ms == pytest.approx(20.0, abs=0.05)
-    # The emulated compute sleeps at least its stated time and burns little CPU of its own
-    # (process CPU over wall, so a busy machine only lowers it); how much longer than stated a
-    # step takes depends on the machine's load, which the benchmark does not promise.
-    assert 0.95 * stated_ms < step_ms and cpu < 50
-    assert re.search(r'distributed trainer, dist\w* store, 2 ranks: step [\d.]+ ms', out), out[-3000:]
-    assert '46.8 MB of gradients' in out
-    with open(tmp_path / 'gpu_like_n2_resnet18_v1_distributed.json') as handle:
-        record = json.load(handle)
-    assert record['benchmark'] == 'gpu_like' and record['nranks'] == 2
-    assert record['grad_bytes'] == 4 * 11689512 and record['compute_s'] == pytest.approx(0.02)
-    assert len(record['alone']['wall_s']) == len(record['train']['wall_s']) == 2
