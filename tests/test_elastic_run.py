@@ -169,3 +169,18 @@ def test_a_stranger_and_a_forged_notice_are_refused(tmp_path, mpi_available):
     assert 'reset at' not in out
     got = np.load(tmp_path / 'w.0.npy')
     assert np.allclose(got, world_reference(12), rtol=1e-5, atol=1e-6)
+
+
+def test_the_horovod_pattern_example_resets_and_ends_as_without_the_reset(mpi_available):
+    """examples/elastic_horovod.py on 2 ranks: a HorovodInternalError after batch 6
+    (commits every 4) resumes at batch 4 through the reset callback, and both epochs end
+    with the accuracies of an uninterrupted run."""
+    example = os.path.join(REPO_ROOT, 'examples', 'elastic_horovod.py')
+    failed = run_mpi(2, example, '--fail-at', 6, timeout=TIMEOUT, module_launch=False)
+    plain = run_mpi(2, example, timeout=TIMEOUT, module_launch=False)
+    assert ('reset: 2 rank(s), learning rate 0.100, resuming at epoch 0 batch 4'
+            in failed), failed[-3000:]
+    assert 'reset:' not in plain
+    accuracies = [re.findall(r'epoch \d: accuracy [0-9.]+', out) for out in (failed, plain)]
+    assert len(accuracies[1]) == 2 and accuracies[0] == accuracies[1], accuracies
+    assert 'done: 2 epochs at 2 rank(s)' in failed

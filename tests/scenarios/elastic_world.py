@@ -5,6 +5,11 @@ mpi_kvstore.elastic.world forms and re-forms.
 usage: elastic_world.py OUT [--steps N] [--commit-every K] [--kill-id I --kill-at S]
                             [--step-seconds T]
 
+Started by launch.workers (MPI_KVSTORE_ELASTIC_* set) it runs in an elastic world; started
+as one MPI job (under ``python -m mpi_kvstore run --state-dir D``) the same training runs on
+COMM_WORLD with commits on disk, and the kill happens on the first launch only: the
+supervisor's relaunch from disk, for comparison.
+
 The global batch of step s is drawn from RandomState(s) and split over the world's ranks;
 the gradient is summed over the world and divided by the global batch, so the update does
 not depend on the number of workers. Worker I SIGKILLs itself in the middle of step S (after
@@ -22,7 +27,9 @@ import mxnet as mx
 import numpy as np
 
 from mpi_kvstore import elastic
+from mpi_kvstore.comm.mpiabi import MPI
 from mpi_kvstore.elastic.world import World
+from mpi_kvstore.launch import rendezvous, supervision
 
 DIM, GLOBAL, LR = 16, 24, 0.1
 
@@ -35,11 +42,34 @@ parser.add_argument('--kill-at', type=int, default=None)
 parser.add_argument('--step-seconds', type=float, default=0.0)
 args = parser.parse_args()
 
-world = World.from_environment(deadline=30.0)
-world.form()
+
+
+class Fixed:
+    """COMM_WORLD in World's shape: one MPI job, relaunched from disk by the supervisor."""
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    id = rank
+
+    def allreduce(self, array):
+        out = np.empty_like(array)
+        self.comm.Allreduce(array, out, op=MPI.SUM)
+        return out
+
+
+ELASTIC = bool(os.environ.get(rendezvous.DIR_ENV))
+if ELASTIC:
+    world = World.from_environment(deadline=30.0)
+    world.form()
+else:
+    world = Fixed()
+    if supervision.launch_index() > 0:
+        args.kill_at = None
 weights = {'w': mx.nd.zeros((DIM,))}
-state = elastic.State(weights, directory=False, comm=lambda: world.comm,
-                      bcast_object=world.bcast_object, step=0)
+if ELASTIC:
+    state = elastic.State(weights, directory=False, comm=lambda: world.comm,
+                          bcast_object=world.bcast_object, step=0)
+else:
+    state = elastic.State(weights, step=0)
 state.register_reset_callbacks([lambda: print(
     'worker %d: reset at step %d, rank %d of %d' % (world.id, state.step, world.rank,
                                                     world.size), flush=True)])
@@ -73,6 +103,9 @@ def train(state):
             state.commit()
 
 
-elastic.run_fn(train, world.reform)(state)
+if ELASTIC:
+    elastic.run_fn(train, world.reform)(state)
+else:
+    train(state)
 np.save('%s.%d.npy' % (args.out, world.id), weights['w'].asnumpy())
 print('worker %d: finished at rank %d of %d' % (world.id, world.rank, world.size), flush=True)
