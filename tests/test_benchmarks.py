@@ -137,6 +137,19 @@ def test_committed_results_are_the_documented_tables():
     assert set(schema.check_tree(RESULTS).values()) <= set(schema.KINDS)
 
 
+def test_every_table_of_benchmarks_md_is_a_committed_one():
+    """Each measurement table docs/benchmarks.md shows is a committed table's, line for line:
+    the page quotes result files, never figures of its own (its last section, the retired
+    scripts, is a list of commits)."""
+    with open(os.path.join(REPO_ROOT, 'docs', 'benchmarks.md')) as handle:
+        page = handle.read().split('\n## Retired scripts\n')[0]
+    shown = re.findall(r'(?:^\|.*\|\n)+', page, re.MULTILINE)
+    committed = [report.table_markdown(record) for record in committed_tables().values()]
+    assert len(shown) >= 6
+    for table in shown:
+        assert any(table in text for text in committed), table[:300]
+
+
 def test_schema_names_what_a_result_lacks(tmp_path):
     """A table whose row lacks its rate or whose cell is out of order, a run record without
     its versions or its command, or a file of no kind at all is refused with the file and
