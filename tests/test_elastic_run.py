@@ -184,3 +184,31 @@ def test_the_horovod_pattern_example_resets_and_ends_as_without_the_reset(mpi_av
     accuracies = [re.findall(r'epoch \d: accuracy [0-9.]+', out) for out in (failed, plain)]
     assert len(accuracies[1]) == 2 and accuracies[0] == accuracies[1], accuracies
     assert 'done: 2 epochs at 2 rank(s)' in failed
+
+
+def test_the_supervisors_elastic_mode_keeps_the_survivors(tmp_path, mpi_available):
+    """python -m mpi_kvstore run --elastic -n 3: worker 2 SIGKILLed in step 8 (commits every
+    5); workers 0 and 1 re-form the world in memory and finish; nothing is relaunched."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', '3',
+            '--elastic-timeout', str(TIMEOUT), '--reset-limit', '2', '--', sys.executable,
+            WORLD_SCRIPT, str(tmp_path / 'w'), '--steps', '16', '--kill-id', '2',
+            '--kill-at', '8']
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
+    finally:
+        left = kill_leftovers(run_id)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert left == 0
+    assert 'mpi_kvstore run: worker 2 was lost (status 9); the survivors went on in memory' \
+        in out, out[-3000:]
+    assert re.search(r'elastic job ended after [0-9.]+ s: 2 of 3 worker\(s\) finished', out)
+    assert 'launch 2' not in out
+    assert 'worker 0: reset at step 5, rank 0 of 2' in out, out[-3000:]
+    got = [np.load(tmp_path / ('w.%d.npy' % worker)) for worker in (0, 1)]
+    assert np.array_equal(got[0], got[1])
+    assert np.allclose(got[0], world_reference(16), rtol=1e-5, atol=1e-6)

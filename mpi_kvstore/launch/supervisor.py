@@ -19,6 +19,11 @@ ranks recorded (supervision.py) and from the exit status:
 The job resumes from what it committed (elastic.State reads ``--state-dir`` through the
 environment). Under the supervisor ``stall_abort`` defaults to 300 s, so that a cut link or
 a hung rank ends in a relaunch, not a hang. The supervisor itself starts no MPI.
+
+With ``--elastic`` each rank is its own launch instead (workers.py, one machine): a lost
+rank is announced to the survivors, which re-form their world in memory
+(mpi_kvstore.elastic.world) and go on; nothing is relaunched. ``--reset-limit`` bounds the
+resets of ``elastic.run`` in either mode.
 """
 import argparse
 import os
@@ -32,6 +37,7 @@ import time
 
 from . import processes, supervision
 from .console import console
+from .workers import Workers
 
 __all__ = ['main', 'parse_hostfile', 'diagnose', 'Outcome']
 
@@ -175,6 +181,16 @@ def _parser():
     parser.add_argument('--backoff', type=float, default=1.0,
                         help='seconds before the first relaunch, doubled each time (at most '
                              '%g; default %%(default)g)' % BACKOFF_MAX)
+    parser.add_argument('--elastic', action='store_true',
+                        help='each rank its own launch, in one world that the survivors of a '
+                             'lost rank re-form in memory (mpi_kvstore.elastic.world; one '
+                             'machine)')
+    parser.add_argument('--elastic-timeout', type=float, default=3600.0,
+                        help='with --elastic: seconds the job may run before it is stopped '
+                             '(default %(default)g)')
+    parser.add_argument('--reset-limit', type=int, default=0,
+                        help='resets elastic.run allows before it gives up (default 0: no '
+                             'limit)')
     parser.add_argument('command', nargs=argparse.REMAINDER,
                         help='-- then the program and its arguments')
     return parser
@@ -273,6 +289,36 @@ def _run_once(argv, env, folder, signals):
         processes.kill(processes.marked(_MARK, mark))
 
 
+def _run_elastic(command, nprocs, launcher, env, root, timeout):
+    """Each rank its own launch (launch/workers.py): a lost worker is announced to the
+    survivors, which re-form their world in memory and go on; no relaunch."""
+    directory = os.path.join(root, '.elastic')
+    shutil.rmtree(directory, ignore_errors=True)
+    workers = Workers(command, nprocs, directory, env=env, launcher=launcher)
+    console.info('mpi_kvstore run: elastic: %d worker(s), each its own launch: %s', nprocs,
+                 shlex.join(command))
+    start = time.monotonic()
+    try:
+        workers.start()
+        statuses = workers.wait(timeout)
+    except KeyboardInterrupt:
+        workers.stop()
+        console.info('mpi_kvstore run: interrupted; stopped every worker')
+        return INTERRUPTED
+    took = time.monotonic() - start
+    for worker, status in sorted(statuses.items()):
+        if status is None:
+            console.info('mpi_kvstore run: worker %d was still running after %g s '
+                         '(--elastic-timeout): stopped', worker, timeout)
+        elif status != 0:
+            console.info('mpi_kvstore run: worker %d was lost (status %d); the survivors '
+                         'went on in memory', worker, status)
+    finished = [w for w, status in statuses.items() if status == 0]
+    console.info('mpi_kvstore run: elastic job ended after %.1f s: %d of %d worker(s) '
+                 'finished', took, len(finished), nprocs)
+    return 0 if finished and all(s is not None for s in statuses.values()) else 1
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ['--'] else args.command
@@ -289,6 +335,12 @@ def main(argv=None):
     env.setdefault('MPI_KVSTORE_STALL_ABORT', str(STALL_ABORT_DEFAULT))
     if args.state_dir:
         env[supervision.STATE_ENV] = os.path.abspath(args.state_dir)
+    if args.reset_limit:
+        env[supervision.RESET_LIMIT_ENV] = str(args.reset_limit)
+    if args.elastic:
+        if hosts is not None:
+            _parser().error('--elastic runs on this machine only: no --hostfile')
+        return _run_elastic(command, nprocs, launcher, env, root, args.elastic_timeout)
     launch = 0
     with _Signals() as signals:
         while True:
