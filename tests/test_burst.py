@@ -48,3 +48,27 @@ def test_bursts_sum_right_and_mismatches_fail_everywhere(design, designs):
 def test_bursts_at_three_ranks(design, mpi_available):
     out = run_mpi(3, 'kv_burst.py', design, '10', timeout=300)
     check(out, design, 3)
+
+
+def test_dense_meta_reads_dense_arrays_and_refuses_the_rest():
+    """The in-place test of named allreduces (engine.arrays.dense_meta): a dense array or a
+    slice of one gives its shape, dtype and place; a sparse array (whose DLPack tensor is its
+    values alone), an unsupported dtype and an MKLDNN-layout weight give None, so that they
+    travel through a staging copy."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import gluon
+
+    from mpi_kvstore.engine.arrays import dense_meta
+
+    for dtype in ('float16', 'float32', 'float64', 'int32', 'int64', 'int8', 'uint8'):
+        assert dense_meta(mx.nd.ones((3, 5), dtype=dtype)) == ((3, 5), np.dtype(dtype), 'cpu')
+    assert dense_meta(mx.nd.ones((6, 3))[2:4]) == ((2, 3), np.dtype('float32'), 'cpu')
+    assert dense_meta(mx.nd.ones((4, 3)).tostype('row_sparse')) is None
+    assert dense_meta(mx.nd.ones((4, 3)).tostype('csr')) is None
+    assert dense_meta(mx.nd.ones((4,), dtype='bool')) is None
+    conv = gluon.nn.Conv2D(8, 3)
+    conv.initialize()
+    conv(mx.nd.zeros((1, 3, 8, 8))).wait_to_read()   # an inference forward: MKLDNN weights
+    mkldnn = mx.runtime.Features().is_enabled('MKLDNN')   # the pinned CPU wheel has it
+    assert (dense_meta(conv.weight.data()) is None) == mkldnn

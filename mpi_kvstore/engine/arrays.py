@@ -76,6 +76,7 @@ def array_pointer(array):
         _dlpack_delete(managed)
 
 
+_DEFAULT_STORAGE = 0   # MXNet's kDefaultStorage: dense
 # DLPack (type code, bits) -> numpy dtype: 0 int, 1 unsigned, 2 float
 _DL_DTYPES = {(2, 16): np.dtype(np.float16), (2, 32): np.dtype(np.float32),
               (2, 64): np.dtype(np.float64), (0, 8): np.dtype(np.int8),
@@ -84,10 +85,14 @@ _DL_DTYPES = {(2, 16): np.dtype(np.float16), (2, 32): np.dtype(np.float32),
 
 
 def dense_meta(array):
-    """(shape, numpy dtype, place) of an NDArray whose memory is row-major, from one
-    MXNDArrayToDLPack call ('cpu' or 'gpu', as collective.place_of); None where MXNet
-    refuses it (an MKLDNN layout) or its dtype is not one of _DL_DTYPES. It neither
-    waits on the engine nor reorders, so the user's thread may ask it per call."""
+    """(shape, numpy dtype, place) of a dense NDArray whose memory is row-major, from
+    MXNDArrayToDLPack ('cpu' or 'gpu', as collective.place_of); None for a sparse array
+    (whose DLPack tensor is its values alone), where MXNet refuses it (an MKLDNN layout)
+    or where its dtype is not one of _DL_DTYPES. It neither waits on the engine nor
+    reorders, so the user's thread may ask it per call."""
+    stype = ctypes.c_int()
+    if _get_stype(array.handle, ctypes.byref(stype)) != 0 or stype.value != _DEFAULT_STORAGE:
+        return None
     managed = ctypes.c_void_p()
     if _to_dlpack(array.handle, ctypes.byref(managed)) != 0:
         return None
