@@ -52,18 +52,13 @@ class Run(harness.Run):
         """Build every method's op, time them in interleaved rounds under one deadline, keep
         a row per method. makers: {name: make_op}, name a method, or 'fusion_reference'
         (raw_mpi's one Allreduce of the case's keys * nbytes)."""
-        what = f'{case} {harness.format_size(nbytes)} x {keys}'
-        harness.rank0_print(f'measuring {what}: {", ".join(makers)} ...')
-        with harness.deadline(self.args.timeout, what, self.on_expire):
-            ops = {name: make() for name, make in makers.items()}
-            times = harness.interleaved(ops, self.args.trials, self.args.warmups, comm=COMM)
+        times = self.time_ops(f'{case} {harness.format_size(nbytes)} x {keys}', makers)
         for name, seconds in times.items():
             row = harness.summarize(seconds, nbytes * keys, COMM.size)
             if name == 'fusion_reference':
                 self.rows.append({'method': 'raw_mpi', 'case': name, 'keys': 1, **row})
             else:
                 self.rows.append({'method': name, 'case': case, 'keys': keys, **row})
-        del ops
         gc.collect()
         self.save()
 
@@ -169,25 +164,25 @@ def _ratio(value):
 
 
 def _latencies(row):
-    """Median, min and max latency of a row, in us, as the tables print them."""
-    return [f'{row["latency_us"]:.1f}', f'{row["min_us"]:.1f}', f'{row["max_us"]:.1f}']
+    """'median (min-max)' of a row's latency in us (report.spread_text)."""
+    return report.spread_text({'median': row['latency_us'], 'min': row['min_us'], 'max': row['max_us']})
 
 
-LATENCY_HEADER = ['median(us)', 'min(us)', 'max(us)']
+LATENCY_HEADER = 'median (min-max) us'
 
 
 def print_sizes(run):
     harness.rank0_print(f'\nallreduce of float32, {COMM.size} ranks, {run.args.trials} interleaved rounds '
-                        f'(max over ranks): median, min, max; GB = 1e9 bytes')
+                        f'(max over ranks): median (min-max); GB = 1e9 bytes')
     derive(run.rows)
-    rows = [[harness.format_size(nbytes), row['method'], *_latencies(row), f'{row["algbw_GBps"]:.3f}',
+    rows = [[harness.format_size(nbytes), row['method'], _latencies(row), f'{row["algbw_GBps"]:.3f}',
              f'{row["busbw_GBps"]:.3f}', _ratio(row['busbw_vs_raw']), _ratio(row['vs_floor']),
              _ratio(row['speedup_vs_dist_sync'])]
             for nbytes in run.args.sizes
             for row in run.rows if row['case'] == 'allreduce' and row['bytes'] == nbytes]
-    harness.rank0_print(report.text(['size', 'method', *LATENCY_HEADER, 'algbw(GB/s)', 'busbw(GB/s)',
+    harness.rank0_print(report.text(['size', 'method', LATENCY_HEADER, 'algbw(GB/s)', 'busbw(GB/s)',
                                      'busbw/raw', 'vs floor', 'vs dist_sync'], rows,
-                                    align=['right', 'left'] + ['right'] * 9, indent='  ') + '\n')
+                                    align=['right', 'left'] + ['right'] * 6, indent='  ') + '\n')
 
 
 def print_fusion(run):
@@ -204,10 +199,10 @@ def print_fusion(run):
         ratio = row['vs_one_raw_allreduce']
         verdict = 'ok' if ratio <= TARGET_FUSION_RATIO else 'over target'
         verdict = '' if row['method'] in ('raw_mpi', 'engine_floor') else verdict
-        rows.append([row['method'], *_latencies(row), f'{ratio:.2f}x', _ratio(row['vs_floor']),
+        rows.append([row['method'], _latencies(row), f'{ratio:.2f}x', _ratio(row['vs_floor']),
                      _ratio(row['speedup_vs_dist_sync']), verdict])
-    harness.rank0_print(report.text(['method', *LATENCY_HEADER, 'x raw 1 op', 'vs floor',
-                                     'vs dist_sync', ''], rows, align=['left'] + ['right'] * 6 + ['left']))
+    harness.rank0_print(report.text(['method', LATENCY_HEADER, 'x raw 1 op', 'vs floor',
+                                     'vs dist_sync', ''], rows, align=['left'] + ['right'] * 4 + ['left']))
     harness.rank0_print("x raw 1 op and vs floor compare medians; vs floor: (raw_mpi + engine_floor) "
                         "/ total, the share of what an op inside MXNet's engine can reach")
 

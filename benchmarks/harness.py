@@ -491,6 +491,14 @@ class Run:
         self.skipped[method] = why
         rank0_print(f'  skipped {method}: {why}', comm=self.comm)
 
+    def time_ops(self, what, makers):
+        """{name: [seconds of each timed round]} of the ops makers build ({name: make_op}),
+        built and timed in interleaved rounds (--warmups, --trials) under one deadline."""
+        rank0_print(f'measuring {what}: {", ".join(makers)} ...', comm=self.comm)
+        with deadline(self.args.timeout, what, self.on_expire):
+            ops = {name: make() for name, make in makers.items()}
+            return interleaved(ops, self.args.trials, self.args.warmups, comm=self.comm)
+
     def write(self, payload, **config):
         """payload plus the benchmark's name and skipped methods; config: what the JSON's
         configuration adds to the arguments."""
