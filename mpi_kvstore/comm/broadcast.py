@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 # 1 MB chunks, 4 in flight: large enough that a chunk's latency is small beside its
 # transfer, small enough that a 64 MB buffer is 64 chunks of pipeline. The tune table's
-# broadcast rows override it (benchmarks/broadcast.py measures the choices).
+# broadcast rows override it (`python -m mpi_kvstore tune` measures the choices).
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_WINDOW = 4
 CHAIN_TAG = 29

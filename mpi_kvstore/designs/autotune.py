@@ -71,7 +71,7 @@ GRID = {'partition_bytes': (0, 1 << 20, 4 << 20),
         'fusion_threshold': (256 << 10, 1 << 20, 4 << 20),
         'progress_sleep_us': (0.0, 50.0, 200.0)}
 # Tried together before the knobs one at a time: FIFO (no pieces, no credit), which won at
-# 10 Gbit/s and 4 hosts, where neither knob alone gained (benchmarks/results/overlap_grid).
+# 10 Gbit/s and 4 hosts, where neither knob alone gained (docs/benchmarks.md, the grid).
 # A search one knob at a time cannot reach a corner that only both moves together find.
 JOINT = (('fifo', {'partition_bytes': 0, 'credit_bytes': 0}),)
 MARGIN = 0.03        # a value replaces the best so far only when this much faster: noise
