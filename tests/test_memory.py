@@ -8,7 +8,7 @@ benchmarks/memory.py, since retired (docs/benchmarks.md), measured it over 1,000
 """
 import pytest
 
-from mpi_harness import run_mpi
+from mpi_harness import result, run_mpi
 
 CALLS = 100000
 # Bound on RSS growth over CALLS pushpulls after a 5% warm-up. Before the fix this grew
@@ -26,3 +26,6 @@ def test_rss_flat_over_100k_pushpulls(design):
     out = run_mpi(1, 'kv_memory.py', design, CALLS, BOUND_MB, timeout=240)
     print('\n'.join(line for line in out.splitlines() if line.startswith('kv_memory')))
     assert 'kv_memory[%s]: OK' % design in out, out[-2000:]
+    report = result(out, 'kv_memory[%s]' % design)['ranks'][0]
+    assert report['pushpulls'] == CALLS                   # 10,000 steps of 10 keys
+    assert report['growth_mb'] < BOUND_MB, report         # RSS after them, against before

@@ -6,11 +6,12 @@ Before the bound, 20,000 calls of ``mpi_kvstore.allreduce(x, name='metric_%d' % 
 4 KB grew RSS by 69-77 MB over the second 10,000 (8.9 KB a call: a 4 KB buffer and what
 MXNet keeps with it).
 """
+import numpy as np
 import pytest
 
 from mpi_kvstore.store.namecache import NameCache
 
-from mpi_harness import run_mpi
+from mpi_harness import result, run_mpi
 
 # The suite's soak: 8,000 calls (38 s at 2 ranks on 2 cores shared at load 10; 50,000 took
 # 189 s, run by hand: kv_named_soak.py funneled 50000). The second half starts 4,000 calls in,
@@ -87,6 +88,12 @@ def test_rss_flat_over_uniquely_named_allreduces(mpi_available):
     out = run_mpi(2, 'kv_named_soak.py', 'funneled', SOAK_CALLS, BOUND_MB, timeout=300)
     print(_summary(out))
     assert 'kv_named_soak[funneled]: OK at 2 ranks' in out, out[-2000:]
+    for report in result(out, 'kv_named_soak[funneled]')['ranks']:
+        assert report['calls'] == SOAK_CALLS and report['growth_mb'] < BOUND_MB, report
+        # at most the capacity's buffers, and those of the checks still in flight (64); the
+        # allreduces run in place and keep a signature per name, at most 4096 of them
+        assert report['kept'] <= report['capacity'] + 64, report
+        assert 0 < report['signed'] <= 4096, report
 
 
 @pytest.mark.parametrize('design,capacity', [('chained', 0), ('concurrent', 1)])
@@ -99,3 +106,24 @@ def test_names_evicted_and_used_again_sum_right(design, capacity, mpi_available)
                   env={'HOROVOD_CACHE_CAPACITY': str(capacity)})
     print(_summary(out))
     assert 'kv_named_soak[%s]: OK at 2 ranks' % design in out, out[-2000:]
+
+    def full(shape, value):       # [shape, sum] of an array of VALUE, as the scenario reports
+        return [list(shape), pytest.approx(float(np.prod(shape)) * value)]
+    for report in result(out, 'kv_named_soak[%s]' % design)['ranks']:
+        seen = report['checked']
+        # capacity + 2 names, three rounds: each name dropped and used again; ranks 0 and 1
+        # push (rank + 1 + shift), the last rank broadcasts 100 + shift
+        for round_ in range(3):
+            for j in range(capacity + 2):
+                shift = 10 * round_ + j
+                for collectives in ('functional', 'horovod'):
+                    assert seen['%s reused_%d, round %d' % (collectives, j, round_)] == full(
+                        (8,), 3 + 2 * shift)
+                assert seen['functional reused_%d broadcast, round %d' % (j, round_)] == full(
+                    (5,), 100 + shift)
+                assert seen['horovod reused_%d int32 mean, round %d' % (j, round_)] == full(
+                    (2, 3), (3 + 2 * shift) // 2)
+        # then 400 uniquely named calls, checked 64 at a time: metric_i sums to 3 + 2 i
+        assert seen['allreduce of metric_0..63'] == [[64, 1024], pytest.approx(
+            1024 * sum(3 + 2 * i for i in range(64)))]
+        assert report['kept'] <= capacity + 64, report

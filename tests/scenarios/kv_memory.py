@@ -69,7 +69,7 @@ def main():
         raise AssertionError('rank %d: %s: RSS grew too much: %s' % (RANK, name, summary))
     if RANK == 0:
         print('%s: %s' % (name, summary), flush=True)
-    done(name)
+    done(name, growth_mb=growth, bound_mb=bound_mb, pushpulls=pushpulls)
 
 
 main()

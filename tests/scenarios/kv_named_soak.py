@@ -115,6 +115,7 @@ def main():
     after = rss_mb()
     seconds = time.perf_counter() - start
     kept = len(kv.collectives.buffers)
+    signed = len(kv.collectives._signed)
     capacity = kv.config.name_cache_capacity
     kv.close()
 
@@ -128,12 +129,15 @@ def main():
         print('%s: %s' % (name, summary), flush=True)
     if growth >= bound_mb:
         raise AssertionError('rank %d: %s: RSS grew too much: %s' % (RANK, name, summary))
-    # Past the capacity only by buffers whose collectives were in flight at the last call
-    # (at most the CHECK issued before any is read)
-    if not min(capacity, calls) <= kept <= capacity + CHECK:
+    # Allreduces run in place (no staging buffer), the broadcasts and reduce-scatters of
+    # reuse() stage: past the capacity only by buffers whose collectives were in flight at
+    # the last call (at most the CHECK issued before any is read). The names' signatures
+    # kept for repeated calls are bounded too.
+    if not kept <= capacity + CHECK:
         raise AssertionError('rank %d: %s: %d staging buffers kept, with capacity %d'
                              % (RANK, name, kept, capacity))
-    done(name)
+    done(name, growth_mb=growth, bound_mb=bound_mb, kept=kept, capacity=capacity, calls=calls,
+         signed=signed)
 
 
 main()
