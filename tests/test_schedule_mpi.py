@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from mpi_harness import run_designs, run_mpi
+from mpi_harness import result, run_designs, run_mpi
 
 PARTS = ('sums', 'compression', 'overtake', 'join')
 SCHEDULED = ('funneled', 'concurrent')
@@ -26,11 +26,25 @@ def test_partitioned_scheduling_sums_compression_overtaking_and_join(design, npr
                       os.path.join(batch_dir, 'trace-{design}-{size}.json'), timeout=180)
     for part in PARTS if design in SCHEDULED else [p for p in PARTS if p != 'overtake']:
         assert 'kv_schedule[%s] %s: OK at %d ranks' % (design, part, nprocs) in out, out[-2000:]
+    ranksum = nprocs * (nprocs + 1) / 2
+    for rank in result(out, 'kv_schedule[%s] join' % design)['ranks']:
+        # after the join every rank takes part again: 5000 values of the ranks' (rank + 1)
+        assert rank['checked']['pushpull after join'] == [[5000], 5000 * ranksum]
+        assert rank['checked']['join step 0 jb'] == [     # arange(3000) + rank, every rank
+            [3000], nprocs * 2999 * 3000 / 2 + 3000 * (ranksum - nprocs)]
     if design in SCHEDULED:
         # every rank wrote its trace (the overtake part read its own)
         for rank in range(nprocs):
             assert os.path.isfile(os.path.join(
                 batch_dir, 'trace-%s-%d.rank%d.json' % (design, nprocs, rank)))
+        for rank in result(out, 'kv_schedule[%s] overtake' % design)['ranks']:
+            # one 4 MB request cut in 62 pieces of 64 KB a round, the rest held back
+            assert rank['counted']['pieces_cut'] == 2 and rank['counted']['held_back'] > 0
+            assert rank['checked']['big, iteration 1'] == [[1000000], 1000000 * (ranksum + nprocs)]
+            # by iteration, how many pieces the small request went ahead of: the scenario holds
+            # it to all that had not started when every rank had it ready, but one or two
+            # (how many that is depends on how promptly each rank pushed it)
+            assert len(rank['overtaken']) == 2, rank
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
@@ -39,3 +53,8 @@ def test_on_one_host_the_defaults_cut_nothing(design, mpi_available):
     numpy's (tests/test_multihost.py runs the same scenario across two hosts)."""
     out = run_mpi(2, 'kv_topology.py', design, '1', timeout=120)
     assert 'kv_topology[%s, 1 hosts]: OK at 2 ranks' % design in out, out[-2000:]
+    for rank in result(out, 'kv_topology[%s, 1 hosts]' % design)['ranks']:
+        assert rank['pieces_cut'] == 0                       # the 10 MB array went whole
+        assert rank['checked']['small2'] == [[257], 257 * (2 + 3)]      # rank + 2, summed
+        # ranks that disagree on partition_bytes, shard_optimizer or window: refused together
+        assert rank['raised'] == ['ConfigError'] * 3

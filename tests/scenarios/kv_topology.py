@@ -65,4 +65,4 @@ expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DE
               shard_optimizer=RANK == 0, contains='disagree on shard_optimizer: True on rank 0')
 expect_raises(mpi_kvstore.ConfigError, mpi_kvstore.create, 'dist_mpi', design=DESIGN,
               window=100 + RANK, contains='disagree on window: 100 on rank 0')
-done('kv_topology[%s, %d hosts]' % (DESIGN, HOSTS))
+done('kv_topology[%s, %d hosts]' % (DESIGN, HOSTS), pieces_cut=cut)
