@@ -125,4 +125,5 @@ for kind, tol in LOSS_TOLERANCE.items():
     assert errors[kind] <= WEIGHT_TOLERANCE[kind], (
         '%s: the weights changed %.3g of the reference change away from numpy (allowed %g)'
         % (kind, errors[kind], WEIGHT_TOLERANCE[kind]))
-done('kv_compression_accuracy[%s]' % DESIGN)
+done('kv_compression_accuracy[%s]' % DESIGN, losses=losses, numpy_loss=ref_loss,
+     start_loss=start_loss, errors=errors)

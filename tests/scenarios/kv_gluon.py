@@ -12,7 +12,16 @@ from mxnet import autograd, gluon
 
 import mpi_kvstore
 
-from common import RANK, SIZE, check_state_shares, close, design_arg, done, same_on_all_ranks
+from common import (
+    RANK,
+    SIZE,
+    check_state_shares,
+    close,
+    design_arg,
+    done,
+    same_on_all_ranks,
+    summary,
+)
 
 DESIGN = design_arg()
 PER_RANK, STEPS = 4, 4
@@ -86,7 +95,7 @@ def main():
             what = 'parameter %d (update_on_kvstore=%s)' % (i, update_on_kvstore)
             same_on_all_ranks(value, what)
             close(value, ref[i], what + ' vs single process', rtol=1e-4, atol=1e-5)
-    done('kv_gluon[%s]' % DESIGN)
+    done('kv_gluon[%s]' % DESIGN, reference=[summary(value) for value in ref])
 
 
 main()

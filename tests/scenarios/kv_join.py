@@ -13,7 +13,7 @@ from mxnet import autograd, gluon
 
 import mpi_kvstore
 
-from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks
+from common import RANK, SIZE, close, design_arg, done, expect_raises, same_on_all_ranks, summary
 
 DESIGN = design_arg()
 MODE = sys.argv[2] if len(sys.argv) > 2 else 'direct'
@@ -142,15 +142,17 @@ def module_mode(kv):
 
 def main():
     kv = mpi_kvstore.create('dist_mpi', design=DESIGN)
+    reference = []      # the one-process run's parameters, [shape, sum] each
     if MODE == 'direct':
         direct(kv)
     else:
         ref, got = (module_mode if MODE == 'module' else gluon_mode)(kv)
+        reference = [summary(want) for want in ref]
         for i, (want, have) in enumerate(zip(ref, got)):
             same_on_all_ranks(have, 'parameter %d after join' % i)
             close(have, want, 'parameter %d vs one process' % i, rtol=1e-4, atol=1e-5)
     kv.wait()
-    done('kv_join[%s, %s]' % (DESIGN, MODE))
+    done('kv_join[%s, %s]' % (DESIGN, MODE), reference=reference)
 
 
 main()

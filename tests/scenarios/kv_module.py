@@ -15,7 +15,16 @@ from mxnet import gluon
 
 import mpi_kvstore
 
-from common import RANK, SIZE, check_state_shares, close, design_arg, done, same_on_all_ranks
+from common import (
+    RANK,
+    SIZE,
+    check_state_shares,
+    close,
+    design_arg,
+    done,
+    same_on_all_ranks,
+    summary,
+)
 
 DESIGN = design_arg()
 UPDATE_ON_KV = sys.argv[2] if len(sys.argv) > 2 else '1'
@@ -94,7 +103,8 @@ def main():
         same_on_all_ranks(got[name], name)
         close(got[name], ref[name], '%s vs single process' % name, rtol=1e-4, atol=1e-5)
     done('kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s%s]' % (DESIGN, os.environ.get(
-        'MXNET_UPDATE_ON_KVSTORE', '1'), ', clipped' if CLIP is not None else ''))
+        'MXNET_UPDATE_ON_KVSTORE', '1'), ', clipped' if CLIP is not None else ''),
+         reference={name: summary(value) for name, value in ref.items()}, clipped=CLIPPED)
 
 
 main()

@@ -122,7 +122,7 @@ def main():
     inline_when_ready()
     mkldnn_weight_fails_loudly(kv)
     print('rank %d: %d trampoline entries for %d calls' % (RANK, entered, CALLS), flush=True)
-    done('kv_native[%s, native=%d]' % (DESIGN, NATIVE))
+    done('kv_native[%s, native=%d]' % (DESIGN, NATIVE), entered=entered, calls=CALLS)
 
 
 main()

@@ -15,4 +15,4 @@ err = expect_raises(mpi_kvstore.ThreadLevelError, mpi_kvstore.create, 'dist_mpi'
 assert 'MPI_THREAD_MULTIPLE' in str(err) and 'MPI_THREAD_SERIALIZED' in str(err), err
 for design in ('funneled', 'chained', 'blocking'):
     mpi_kvstore.create('dist_mpi', design=design).close()
-done('kv_thread_level')
+done('kv_thread_level', provided=provided, refused=str(err))

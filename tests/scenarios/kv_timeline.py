@@ -40,4 +40,4 @@ for seq in range(collectives):                         # phases of one collectiv
         assert a['ts'] + a['dur'] <= b['ts'] + 1.0, (a, b)
 names = {m['args']['name'] for m in trace['traceEvents'] if m['ph'] == 'M'}
 assert 'rank %d' % RANK in names and "key 'w0'" in names, names
-done('kv_timeline[%s]' % design)
+done('kv_timeline[%s]' % design, events={name: len(of) for name, of in by_name.items()})

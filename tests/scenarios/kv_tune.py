@@ -148,4 +148,4 @@ want = {'broadcast pipelined', 'broadcast chain'} | (
 assert want <= set(ran), ran
 assert 'broadcast hierarchical' not in ran and 'hierarchical allgather' not in ran, ran
 kv.close()
-done('kv_tune[%s]' % DESIGN)
+done('kv_tune[%s]' % DESIGN, chosen=sorted(chosen), ran=ran)

@@ -82,4 +82,8 @@ for k in keys:   # nothing is lost: what came back plus what the owners hold is 
     np.testing.assert_allclose(returned[k] + owner[k], sent_total[k], rtol=0, atol=1e-5)
 assert any(np.abs(owner[k]).max() > 0 for k in keys), 'the owners never held anything back'
 kv.close()
-done('kv_two_phase[%s]' % DESIGN)
+# what came back to this rank and what was sent, summed over its steps, and what the owners
+# hold back: for the test's own balance
+done('kv_two_phase[%s]' % DESIGN, returned={k: float(returned[k].sum()) for k in keys},
+     sent={k: float(sent_total[k].sum()) for k in keys},
+     held={k: float(owner[k].sum()) for k in keys})
