@@ -76,35 +76,26 @@ def array_pointer(array):
         _dlpack_delete(managed)
 
 
-_DEFAULT_STORAGE = 0   # MXNet's kDefaultStorage: dense
-# DLPack (type code, bits) -> numpy dtype: 0 int, 1 unsigned, 2 float
-_DL_DTYPES = {(2, 16): np.dtype(np.float16), (2, 32): np.dtype(np.float32),
-              (2, 64): np.dtype(np.float64), (0, 8): np.dtype(np.int8),
-              (0, 32): np.dtype(np.int32), (0, 64): np.dtype(np.int64),
-              (1, 8): np.dtype(np.uint8)}
+_GPU = 2   # MXNet's Context.devtype2str: 1 cpu, 2 gpu, 3 cpu_pinned, 5 cpu_shared
+_get_context = bind('MXNDArrayGetContext', ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                    ctypes.POINTER(ctypes.c_int))
 
 
 def dense_meta(array):
-    """(shape, numpy dtype, place) of a dense NDArray whose memory is row-major, from
-    MXNDArrayToDLPack ('cpu' or 'gpu', as collective.place_of); None for a sparse array
-    (whose DLPack tensor is its values alone), where MXNet refuses it (an MKLDNN layout)
-    or where its dtype is not one of _DL_DTYPES. It neither waits on the engine nor
-    reorders, so the user's thread may ask it per call."""
-    stype = ctypes.c_int()
-    if _get_stype(array.handle, ctypes.byref(stype)) != 0 or stype.value != _DEFAULT_STORAGE:
+    """(shape, numpy dtype, place) of a dense NDArray ('cpu' or 'gpu', as
+    collective.place_of), from its metadata alone; None for a sparse one.
+
+    Nothing here touches the array's memory: MXNDArrayToDLPack would, and on the user's
+    thread it raced with the engine op that allocates a fresh array (a sum in 4,000 came
+    out wrong), so where the memory is row-major is only known inside the op that holds
+    it (flat_view raises ArrayLayoutError for an MKLDNN layout)."""
+    shape, dtype, stype = array_meta(array)
+    if stype != 'default' or dtype is None:
         return None
-    managed = ctypes.c_void_p()
-    if _to_dlpack(array.handle, ctypes.byref(managed)) != 0:
-        return None
-    try:
-        t = ctypes.cast(managed, ctypes.POINTER(_DLTensor)).contents
-        dtype = _DL_DTYPES.get((t.code, t.bits)) if t.lanes == 1 else None
-        if dtype is None:
-            return None
-        return (tuple(t.shape[:t.ndim]), dtype,
-                'gpu' if t.device_type == _DL_CUDA else 'cpu')
-    finally:
-        _dlpack_delete(managed)
+    kind, device = ctypes.c_int(), ctypes.c_int()
+    if _get_context(array.handle, ctypes.byref(kind), ctypes.byref(device)):
+        raise RuntimeError(last_error())
+    return shape, dtype, 'gpu' if kind.value == _GPU else 'cpu'
 
 
 def require_cupy():

@@ -73,12 +73,12 @@ class Collectives:
         as a pushpull of a list of keys is. ``names[i]`` identifies tensor i's collective
         across ranks.
 
-        A tensor whose memory is row-major (:func:`~mpi_kvstore.engine.arrays.dense_meta`,
-        asked per call) is reduced where it is, with the option ``zero_copy``, and a name
-        called again with the same shape, dtype and place reuses its signature
-        (debug counter ``named``: 'hit', else 'miss'); any other tensor (an MKLDNN layout,
-        a second appearance in the list) travels through a staging buffer as in
-        :meth:`array`'s other kinds ('staged').
+        A dense tensor is reduced where it is, with the option ``zero_copy``, as
+        kv.pushpull reduces its values (an array MXNet holds in an MKLDNN layout then fails
+        with ArrayLayoutError on this rank, and the others learn why), and a name called
+        again with the same shape, dtype and place reuses its signature (debug counter
+        ``named``: 'hit', else 'miss'). A sparse tensor, or one given twice in the list,
+        travels through a staging buffer as :meth:`array`'s other kinds do ('staged').
         """
         self._job.begin()
         reqs, staged, seen = [], [], set()
