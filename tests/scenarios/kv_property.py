@@ -575,18 +575,20 @@ def report():
     faults = collections.Counter()
     for (_, fault), n in STATS.items():
         faults[fault or 'valid'] += n
+    examples = next(EXAMPLES)
     if RANK == 0:
         print('kv_property[%s]: %d examples, %d calls, %d rejected; %s' % (
-            DESIGN, next(EXAMPLES), calls, rejected,
+            DESIGN, examples, calls, rejected,
             ', '.join('%s %d' % kv for kv in sorted(faults.items()))), flush=True)
+    return {'examples': examples, 'calls': calls, 'rejected': rejected, 'by_fault': faults}
 
 
 def main():
     kv_store()
     test_calls()
-    report()
+    stats = report()
     kv_store().close()
-    done('kv_property[%s]' % DESIGN)
+    done('kv_property[%s]' % DESIGN, **stats)
 
 
 main()
