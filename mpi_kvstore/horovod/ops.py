@@ -102,10 +102,9 @@ def _mpi_reduce(kv, tensor, op):
 
 def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, process_set,
                        what):
-    """op over the set of each tensor, in place, as one submission (collectives.allreduce:
-    one engine op, fused). A float Average is the reduction's own (the fused buffer
-    divided once); an integer one, the scale factors and Min/Max/Product are engine ops or
-    collectives of their own, as before."""
+    """op over the set of each tensor, in place (collectives.allreduce). A float Average is
+    the reduction's own (the fused buffer divided once); an integer one, the scale factors
+    and Min/Max/Product are engine ops or collectives of their own, as before."""
     kv = _set_store(process_set, what)
     for tensor in tensors:
         _scale(tensor, prescale_factor)
@@ -152,8 +151,7 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
                        postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set,
                        op: int | None = None) -> list[NDArray]:
-    """allreduce_ of each tensor of the list, in place, agreed and fused as one call;
-    returns the list."""
+    """allreduce_ of each tensor of the list, in place; returns the list."""
     op = _op_of(op, average, 'grouped_allreduce_')
     base = name or 'hvd.grouped_allreduce'
     _allreduce_inplace(list(tensors), op, ['%s.%d' % (base, i) for i in range(len(tensors))],

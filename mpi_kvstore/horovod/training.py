@@ -199,7 +199,6 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             _scale(g, 1.0 / self._predivide)
         if self._hvd_store.num_workers == 1:
             return
-        # an aggregated update's gradients go as one submission: one engine op, fused
         self._hvd_store.collectives.allreduce(['hvd.opt:%s' % (i,) for i in indices], grads)
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:

@@ -68,10 +68,11 @@ class Collectives:
         return tensor
 
     def allreduce(self, names, tensors, average=False):
-        """Sum (the mean with ``average``) each tensor over the ranks, in place, in one
-        submission: one engine op for the list, and its allreduces agreed and fused together
-        as a pushpull of a list of keys is. ``names[i]`` identifies tensor i's collective
-        across ranks.
+        """Sum (the mean with ``average``) each tensor over the ranks, in place; ``names[i]``
+        identifies tensor i's collective across ranks. One engine op per tensor: two tensors
+        of one list may be views of one array, which share an engine variable, and an op
+        that writes one variable twice never runs. The negotiated designs still agree and
+        fuse those ready together.
 
         A dense tensor is reduced where it is, with the option ``zero_copy``, as
         kv.pushpull reduces its values (an array MXNet holds in an MKLDNN layout then fails
@@ -97,7 +98,8 @@ class Collectives:
             reqs.append(Collective('allreduce', name, np.dtype(tensor.dtype), tensor.shape,
                                    array=buf, average=average))
             staged.append((key, buf, reqs[-1], tensor))
-        self._job.submit(reqs, 0)
+        for req in reqs:
+            self._job.submit([req], 0)
         for key, buf, req, tensor in staged:
             self.buffers.keep(key, buf, req)   # see array()
             buf.copyto(tensor)
