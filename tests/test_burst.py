@@ -29,7 +29,8 @@ def check(out, design, nprocs):
             assert words in said['mismatch'], (rank, words, said['mismatch'])
         assert said['cache'] == {'hit': 3}, said['cache']
         assert said['named'] == {'same': {'hit': 1}, 'shape': {'miss': 1},
-                                 'dtype': {'miss': 1}, 'twice': {'miss': 1, 'staged': 1}}, said
+                                 'dtype': {'miss': 1}, 'twice': {'miss': 1, 'staged': 1},
+                                 'views': {'miss': 2}}, said
         if design in NEGOTIATED_NAMES:
             # blocked on its waker without a timeout: no tick in a second (one at most, as
             # the tick that the sleep's start shared with the last round)

@@ -21,8 +21,9 @@ mismatch  A burst of 6 pushpulls whose last call has shape (4 + rank,): every ra
 counters  The fast paths say they ran (mpi_kvstore.debug): a repeated pushpull on the same
           arrays hits the call cache; a repeated hvd.allreduce_ of a name reuses its
           signature ('named': 'hit'), a new shape or dtype under that name makes it again
-          ('miss'), and the same tensor twice in one grouped call stages the second through a
-          copy ('staged'); each result is checked.
+          ('miss'), the same tensor twice in one grouped call stages the second through a
+          copy ('staged'), and a tensor with a view of it in one grouped call runs both in
+          place, one after the other; each result is checked.
 idle      After the bursts, the design's negotiation thread (funneled, concurrent) uses no
           CPU: its clock ticks over one second of an idle store.
 """
@@ -178,6 +179,14 @@ def counters():
     named['twice'] = debug.since(before, 'named')
     # the staged copy is taken before the collective runs: both sum the rank's own values
     close(twice.asnumpy(), FACTOR, 'the same tensor twice in one grouped call')
+    # a tensor and a view of it in one grouped call: the view's op runs after the tensor's
+    views = mx.nd.ones((4,)) * (RANK + 1)
+    before = debug.snapshot()
+    hvd.grouped_allreduce_([views, views[0:2]], name='views', op=hvd.Sum)
+    views.wait_to_read()
+    named['views'] = debug.since(before, 'named')
+    close(views.asnumpy(), [FACTOR * SIZE] * 2 + [FACTOR] * 2,
+          'a tensor and a view of it in one grouped call')
     return cache, named
 
 
