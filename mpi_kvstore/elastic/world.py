@@ -81,7 +81,14 @@ class World:
     def reform(self) -> None:
         """Re-form the world from the survivors (every worker of the old world whose loss
         the launcher did not announce): the oldest becomes rank 0."""
+        ends = time.monotonic() + self.timeout
         self._look(force=True)
+        while not self.lost_ids:   # a deadline passed: which worker is gone, the launcher says
+            if time.monotonic() > ends:
+                raise RuntimeError('mpi_kvstore elastic: a collective stalled, and the '
+                                   'launcher announced no lost worker in %g s' % self.timeout)
+            time.sleep(NOTICE_EVERY)
+            self._look(force=True)
         survivors = [worker for worker in self.ids if worker not in self.lost_ids]
         if self.id not in survivors:
             raise RuntimeError('mpi_kvstore elastic: this worker was announced lost')
