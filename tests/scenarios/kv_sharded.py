@@ -202,6 +202,7 @@ def part_multi_precision():
 
 def part_train():
     part_multi_precision()
+    state = {}      # for the test: elements of optimizer state, sharded and unsharded
     for name in OPTIMIZERS:
         tol = dict(rtol=1e-4, atol=1e-5)
         ref, _ = trained(name, None)
@@ -221,12 +222,13 @@ def part_train():
             raise AssertionError('rank %d: %s: %d elements of optimizer state, expected %d'
                                  % (RANK, name, got, want))
         unsharded = state_elements(plain_kv)
+        state[name] = {'sharded': got, 'unsharded': unsharded}
         if SIZE > 1 and not got < unsharded:
             raise AssertionError('%s: sharded state %d is not below unsharded %d'
                                  % (name, got, unsharded))
         plain_kv.close()
         sharded_kv.close()
-    done('kv_sharded[%s] train' % DESIGN)
+    done('kv_sharded[%s] train' % DESIGN, state=state, sizes=[w.size for w in sharded])
 
 
 HALF = STEPS // 2
