@@ -38,7 +38,7 @@ def refused(contains, *args, **options):
     for word in contains:
         if word not in message:
             raise AssertionError('rank %d: %r is not in the message: %s' % (RANK, word, message))
-    if took > 10:
+    if took > 30:     # about a second on a busy 2-core machine; a hang meets the job's timeout
         raise AssertionError('rank %d: the refusal took %.1f s' % (RANK, took))
     return message
 
