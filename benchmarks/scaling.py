@@ -423,8 +423,9 @@ def _model_header(name, entry, run):
 
 
 def _row_cells(row):
-    return [row['config'], f'{row["step_ms"]:.1f}', f'{row["step_min_ms"]:.1f}',
-            f'{row["step_max_ms"]:.1f}', report.cell(row['spread_pct'], '.0f', '%'),
+    return [row['config'], report.spread_text({'median': row['step_ms'], 'min': row['step_min_ms'],
+                                               'max': row['step_max_ms']}),
+            report.cell(row['spread_pct'], '.0f', '%'),
             f'{row["images_per_s"]:.1f}', report.cell(row['scaling_efficiency'], '.2f'),
             report.cell(row['vs_none'], '.2f'), report.cell(row['overhead_pct'], '+.1f', '%'),
             report.cell(row['exchange_alone_ms'], '.1f'), report.cell(row['hidden'], '.2f'),
@@ -436,9 +437,9 @@ def print_model(run, name):
     derive(entry['rows'])
     harness.rank0_print(_model_header(name, entry, run))
     harness.rank0_print(report.text(
-        ['config', 'step(ms)', 'min', 'max', 'spread', 'images/s', 'scaling eff', 'vs none',
+        ['config', 'step ms (min-max)', 'IQR', 'images/s', 'scaling eff', 'vs none',
          'overhead', 'exch alone(ms)', 'hidden', 'machine busy'], [_row_cells(row) for row in entry['rows']],
-        align=['left'] + ['right'] * 11))
+        align=['left'] + ['right'] * 9))
     if entry.get('raw_allreduce'):
         harness.rank0_print('raw MPI Allreduce(IN_PLACE) in the exchange-alone rounds, median ms: ' +
                             ', '.join(f'{harness.format_size(r["bytes"])} {r["median_ms"]:.2f}'
