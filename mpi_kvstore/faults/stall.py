@@ -300,8 +300,9 @@ class StallInspector:
         for dest in range(self._size):
             if dest != self._rank:
                 self._sends.append(self._comm.isend(query, dest=dest, tag=QUERY))
-        # Ranks silent last time are asked again but not waited for: they have most
-        # likely finished, and waiting for them would delay every report (and the abort).
+        # Ranks silent last time (and not heard from since, _handle) are asked again but
+        # not waited for: they have most likely finished, and waiting for them would delay
+        # every report (and the abort).
         awaited = set(range(self._size)) - self._silent
         deadline = time.monotonic() + REPLY_TIMEOUT
         while not awaited <= states.keys() and time.monotonic() < deadline:
@@ -330,5 +331,11 @@ class StallInspector:
                                                 tag=REPLY))
             return
         query, state = payload
-        if query in self._replies:  # late answers to an earlier query are dropped
+        if query in self._replies:
             self._replies[query][source] = state
+        else:
+            # An answer that came after its query stopped waiting: the rank was busy, not
+            # gone, and the next query must wait for it again. Left silent, it would never
+            # answer in time (silent ranks are not waited for) and every later report would
+            # say it gave no answer.
+            self._silent.discard(source)
