@@ -26,12 +26,13 @@ import time
 
 import pytest
 from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_WALL_MARGIN
+from test_store import _errors, _forms, _gluon, _module, _ranks, _skew
 
 import testbed
 from mpi_kvstore.designs import NAMES as DESIGNS
 from mpi_kvstore.faults import abort as faults
 
-from mpi_harness import MPIRunError, run_designs, run_mpi
+from mpi_harness import MPIRunError, result, run_designs, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 pytestmark = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
@@ -67,11 +68,19 @@ def _ok(output, name, nprocs):
     assert '%s: OK at %d ranks' % (name, nprocs) in output, output[-2000:]
 
 
+def _same_as_on_one_host(output, scenario, design, nprocs):
+    """tests/test_store.py's checks of SCENARIO's reported values, ranks across hosts."""
+    ranks = _ranks(output, '%s[%s]' % (scenario, design), nprocs)
+    {'kv_forms': lambda: _forms(ranks, nprocs), 'kv_gluon': lambda: _gluon(ranks),
+     'kv_skew': lambda: _skew(ranks, nprocs),
+     'kv_errors': lambda: _errors(ranks, nprocs, design)}[scenario]()
+
+
 @pytest.mark.parametrize('design', DESIGNS)
 @pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
 def test_scenario_two_hosts_one_rank_each(hosts, scenario, design, designs):
-    _ok(designs_across(hosts, 2, scenario + '.py', design, designs),
-        '%s[%s]' % (scenario, design), 2)
+    _same_as_on_one_host(designs_across(hosts, 2, scenario + '.py', design, designs),
+                         scenario, design, 2)
 
 
 @pytest.mark.parametrize('design', ['funneled', 'concurrent'])
@@ -81,14 +90,24 @@ def test_priority_scheduling_two_hosts(hosts, design, tmp_path):
     out = run_across(hosts, 2, 'kv_schedule.py', design, str(tmp_path / 'trace.json'))
     for part in ('sums', 'compression', 'overtake', 'join'):
         _ok(out, 'kv_schedule[%s] %s' % (design, part), 2)
-    _ok(run_across(hosts, 2, 'kv_topology.py', design, '2'),
-        'kv_topology[%s, 2 hosts]' % design, 2)
+    for rank in result(out, 'kv_schedule[%s] overtake' % design)['ranks']:
+        # one 4 MB request cut in 62 pieces of 64 KB a round, the rest held back
+        assert rank['counted']['pieces_cut'] == 2 and rank['counted']['held_back'] > 0
+        assert rank['checked']['big, iteration 1'] == [[1000000], 1000000 * 5]   # 2 + 3
+    for rank in result(out, 'kv_schedule[%s] join' % design)['ranks']:
+        assert rank['checked']['pushpull after join'] == [[5000], 5000 * 3]
+    out = run_across(hosts, 2, 'kv_topology.py', design, '2')
+    _ok(out, 'kv_topology[%s, 2 hosts]' % design, 2)
+    for rank in result(out, 'kv_topology[%s, 2 hosts]' % design)['ranks']:
+        assert rank['pieces_cut'] == 1      # across hosts the defaults cut the 10 MB array
+        assert rank['checked']['small2'] == [[257], 257 * (2 + 3)]
+        assert rank['raised'] == ['ConfigError'] * 3
 
 
 @pytest.mark.parametrize('scenario, design', FOUR_RANKS,
                          ids=['%s-%s' % pair for pair in FOUR_RANKS])
 def test_scenario_two_hosts_two_ranks_each(hosts, scenario, design):
-    _ok(run_across(hosts, 4, scenario + '.py', design), '%s[%s]' % (scenario, design), 4)
+    _same_as_on_one_host(run_across(hosts, 4, scenario + '.py', design), scenario, design, 4)
 
 
 @pytest.mark.parametrize('design, update_on_kvstore', [(d, '1') for d in DESIGNS]
@@ -96,7 +115,8 @@ def test_scenario_two_hosts_two_ranks_each(hosts, scenario, design):
 def test_module_fit(hosts, design, update_on_kvstore, designs):
     out = designs_across(hosts, 2, 'kv_module.py', design, designs, update_on_kvstore,
                          env={'MXNET_UPDATE_ON_KVSTORE': update_on_kvstore})
-    _ok(out, 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s]' % (design, update_on_kvstore), 2)
+    _module(_ranks(out, 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=%s]' % (design, update_on_kvstore),
+                   2))
 
 
 # -- a rank on the other host fails ---------------------------------------------------------
