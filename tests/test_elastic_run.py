@@ -212,3 +212,16 @@ def test_the_supervisors_elastic_mode_keeps_the_survivors(tmp_path, mpi_availabl
     got = [np.load(tmp_path / ('w.%d.npy' % worker)) for worker in (0, 1)]
     assert np.array_equal(got[0], got[1])
     assert np.allclose(got[0], world_reference(16), rtol=1e-5, atol=1e-6)
+
+
+def test_survivors_of_a_kill_inside_a_commit_agree(tmp_path, mpi_available):
+    """Worker 2 of 3 dies inside the commit of step 10, after its own copy and before the
+    commit's broadcast: the survivors had copied step 10 too, restore it, re-form and finish
+    equal to a numpy run without the loss (float32), bitwise equal to each other."""
+    statuses, out, _ = run_world(tmp_path, 3, '--steps', 16, '--kill-id', 2,
+                                 '--kill-in-commit', 10)
+    assert statuses == {0: 0, 1: 0, 2: 9}, (statuses, out[-3000:])
+    assert 'worker 0: reset at step 10, rank 0 of 2' in out, out[-3000:]
+    got = [np.load(tmp_path / ('w.%d.npy' % worker)) for worker in (0, 1)]
+    assert np.array_equal(got[0], got[1])
+    assert np.allclose(got[0], world_reference(16), rtol=1e-5, atol=1e-6)

@@ -3,7 +3,7 @@ workers that are each their own launch (mpi_kvstore.launch.workers), in a world 
 mpi_kvstore.elastic.world forms and re-forms.
 
 usage: elastic_world.py OUT [--steps N] [--commit-every K] [--kill-id I --kill-at S]
-                            [--step-seconds T]
+                            [--kill-id I --kill-in-commit S] [--step-seconds T]
 
 Started by launch.workers (MPI_KVSTORE_ELASTIC_* set) it runs in an elastic world; started
 as one MPI job (under ``python -m mpi_kvstore run --state-dir D``) the same training runs on
@@ -40,6 +40,9 @@ parser.add_argument('--commit-every', type=int, default=5)
 parser.add_argument('--kill-id', type=int, default=None)
 parser.add_argument('--kill-at', type=int, default=None)
 parser.add_argument('--step-seconds', type=float, default=0.0)
+parser.add_argument('--kill-in-commit', type=int, default=None,
+                    help='worker --kill-id dies inside the commit after this step: after its '
+                         'in-memory copy, before the commit\'s broadcast')
 args = parser.parse_args()
 
 
@@ -70,6 +73,16 @@ if ELASTIC:
                           bcast_object=world.bcast_object, step=0)
 else:
     state = elastic.State(weights, step=0)
+if ELASTIC and args.kill_in_commit is not None and world.id == args.kill_id:
+    checking = state.check_host_updates
+
+    def dying_check():
+        if state.step == args.kill_in_commit:
+            with open(args.out + '.killed', 'w') as fh:
+                fh.write('%.6f' % time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        checking()
+    state.check_host_updates = dying_check
 state.register_reset_callbacks([lambda: print(
     'worker %d: reset at step %d, rank %d of %d' % (world.id, state.step, world.rank,
                                                     world.size), flush=True)])
