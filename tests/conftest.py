@@ -62,10 +62,27 @@ MPI_NAMES = frozenset({'run_mpi', 'run_designs', 'mpi_command', 'require_mpiexec
 TESTBED_NAMES = frozenset({'testbed', 'Hosts'})
 
 
+# What the ranks would otherwise compile at their first store: numba caches it on disk beside
+# the sources, but a fresh clone (or an edit to the engine) has no cache, and every rank of the
+# first job then compiles at once, over 30 s on a loaded 2-core machine, inside that job's
+# timeout. Compiled once here, before any MPI job, the ranks load it in a fraction of a second.
+_WARM_COMPILED_CODE = """
+from mpi_kvstore.comm import progress
+from mpi_kvstore.engine import records
+progress.prepare()
+records.mark_ready_address()
+records.run_chained_address()
+"""
+
+
 @pytest.fixture(scope='session')
 def mpi_available():
-    """Path of mpiexec. Fails, never skips, where it is missing: CI installs it."""
-    return mpi_harness.require_mpiexec()
+    """Path of mpiexec, with the compiled code the ranks load already on disk. Fails, never
+    skips, where mpiexec is missing: CI installs it."""
+    mpiexec = mpi_harness.require_mpiexec()
+    subprocess.run([sys.executable, '-c', _WARM_COMPILED_CODE], cwd=REPO_ROOT, check=True,
+                   timeout=900, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    return mpiexec
 
 
 _BATCH_KEY = pytest.StashKey()

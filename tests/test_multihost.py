@@ -25,7 +25,14 @@ import re
 import time
 
 import pytest
-from test_faults import EXCEPTION_EXIT_S, KILL_EXIT_S, STALL_ABORT, STALL_ENV, STALL_WALL_MARGIN
+from test_faults import (
+    EXCEPTION_EXIT_S,
+    KILL_EXIT_S,
+    STALL_ABORT,
+    STALL_ENV,
+    STALL_JOB_TIMEOUT,
+    STALL_WALL_MARGIN,
+)
 from test_store import _errors, _forms, _gluon, _module, _ranks, _skew
 
 import testbed
@@ -158,7 +165,8 @@ def test_killed_rank_on_the_other_host_ends_the_job(hosts):
 
 def test_stall_across_hosts_is_named_and_aborted(hosts):
     err, took = failed_across(hosts, 2, 'fault_stall.py', 'funneled', 'sleep',
-                              marker='rank 0 starts the last step', timeout=40, env=STALL_ENV)
+                              marker='rank 0 starts the last step', timeout=STALL_JOB_TIMEOUT,
+                              env=STALL_ENV)
     assert STALL_ABORT <= took < STALL_ABORT + STALL_WALL_MARGIN, (
         'aborted %.1f s after the stall began (stall_abort=%g s)' % (took, STALL_ABORT))
     assert err.returncode == faults.FAILURE_STATUS
