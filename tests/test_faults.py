@@ -160,7 +160,7 @@ def test_mismatch_read_is_poisoned_and_the_exit_fails(design, dtype, mpi_availab
     for rank in (0, 1):
         assert 'rank %d: output poisoned' % rank in out, out[-3000:]
         assert 'rank %d exits with an error that was never raised' % rank in out, out[-3000:]
-    if design != 'chained':   # MXNet's own read raises the error first (README: Known limits)
+    if design != 'chained':   # MXNet's own read raises the error first (docs/faults.md, the first table)
         assert out.count('first read raised MXNetError') == 2, out[-3000:]
 
 

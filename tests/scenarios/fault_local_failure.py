@@ -18,7 +18,7 @@ single-inplace, single-out
 
 In every case the failing rank's error names the injected failure, the outputs
 of every failed collective are NaN (except the array rank 1 could not read: the
-store cannot write it either, see README Known limits), and the next collective
+store cannot write it either, see docs/faults.md on MKLDNN-layout arrays), and the next collective
 of both ranks sums every rank's part. The NaN check comes last, after a barrier,
 so that every other check has passed when it fails. A rank that skipped the MPI
 call instead would leave the others in it: the job then hangs (the watchdog ends
@@ -154,7 +154,7 @@ def check_failed(case, err, results):
             close(res, without, '%s: the sum with rank %d sending zeros' % (what, FAILING_RANK))
         return []
     if RANK == FAILING_RANK and path == 'single':
-        # The array this rank could not read, it cannot write either (README, Known limits:
+        # The array this rank could not read, it cannot write either (docs/faults.md, MKLDNN layout:
         # an MKLDNN-layout array keeps its value); its error above is what it gets.
         return []
     return ['%s: %s' % (what, res.ravel()[:4]) for res in results if not np.isnan(res).all()]
