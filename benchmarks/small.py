@@ -103,11 +103,7 @@ class Run(harness.Run):
         self.rows = []
 
     def time_case(self, case, nbytes, keys, makers_):
-        what = f'{case} {harness.format_size(nbytes)} x {len(keys)}'
-        harness.rank0_print(f'measuring {what}: {", ".join(makers_)} ...')
-        with harness.deadline(self.args.timeout, what, self.on_expire):
-            ops = {name: make() for name, make in makers_.items()}
-            times = harness.interleaved(ops, self.args.trials, self.args.warmups, comm=COMM)
+        times = self.time_ops(f'{case} {harness.format_size(nbytes)} x {len(keys)}', makers_)
         reference = 'raw_mpi:fused' if case == 'burst' else 'raw_mpi'
         base = harness.median(times[reference])
         for name, seconds in times.items():
@@ -115,8 +111,7 @@ class Run(harness.Run):
             self.rows.append({'method': name, 'case': case, 'keys': len(keys),
                               'tensor_bytes': nbytes, 'vs_reference': row['latency_us'] / 1e6
                               / base, 'reference': reference, **row})
-        del ops
-        gc.collect()
+        gc.collect()   # the ops' arrays and keys' buffers go before the next case
         self.save()
 
     def save(self):
