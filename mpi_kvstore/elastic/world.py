@@ -78,12 +78,13 @@ class World:
         """Form the first world: worker 0 accepts workers 1, 2, ... one at a time."""
         self._form(list(range(self.expected)), key=self.id)
 
-    def reform(self) -> None:
+    def reform(self, wait_for_loss: bool = True) -> None:
         """Re-form the world from the survivors (every worker of the old world whose loss
-        the launcher did not announce): the oldest becomes rank 0."""
+        the launcher did not announce): the oldest becomes rank 0. ``wait_for_loss=False``
+        (a host update, not a loss) re-forms at once with the workers not announced lost."""
         ends = time.monotonic() + self.timeout
         self._look(force=True)
-        while not self.lost_ids:   # a deadline passed: which worker is gone, the launcher says
+        while wait_for_loss and not self.lost_ids:   # which worker is gone, the launcher says
             if time.monotonic() > ends:
                 raise RuntimeError('mpi_kvstore elastic: a collective stalled, and the '
                                    'launcher announced no lost worker in %g s' % self.timeout)
