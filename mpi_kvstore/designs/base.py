@@ -29,10 +29,12 @@ class Design:
     in_engine = True  # its collectives are MXNet engine ops
     tuner = None      # an autotune.Tuner where the design searches its schedule (negotiated)
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
+                 shares=None):
         """``make_comm(concurrent=False)``: a new communicator (comm.Comm) for this design's
         collectives; by default :func:`new_comm` of the options, so the design does not
-        choose how data moves."""
+        choose how data moves. ``shares``: the store's shards.JoinedShares (with
+        shard_optimizer), which a joined rank's mirrors take part in; None otherwise."""
         self.config = autotune.start_config(config, table)   # a tuned fusion_threshold
         self.make_comm = comm_factory(comm, config, table, make_comm)
         self.table = table  # tuning.Table, or None: how each allreduce size runs (new_comm)
@@ -42,7 +44,7 @@ class Design:
         self._seq = itertools.count()
         self.pushed = 0  # collectives numbered so far (read by the stall inspector)
         self.joined = False  # this rank called join() and mirrors the others' collectives
-        self.shares = None   # shards.JoinedShares of a store with shard_optimizer
+        self.shares = shares
         # fusion, averaging and device handling around each collective (reduce.py)
         self.reducer = Reducer(self.size, self.fail, self.fail_all)
         self.timeline = timeline

@@ -23,8 +23,9 @@ class Blocking(Design):
     synchronous = True
     in_engine = False
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
-        super().__init__(comm, config, sink, timeline, table, make_comm)
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
+                 shares=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm, shares)
         self._comm = self.join_comm = self.make_comm()
 
     def _submit(self, reqs, priority):

@@ -57,8 +57,9 @@ class Chained(Design):
     name = 'chained'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
-        super().__init__(comm, config, sink, timeline, table, make_comm)
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
+                 shares=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm, shares)
         self._comm = self.join_comm = self.make_comm()
         self._chain = mx.nd.zeros((1,))
         # The native op calls MPI_Allreduce on the flat handle: a hierarchy needs the Python op.

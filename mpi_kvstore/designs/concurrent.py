@@ -29,7 +29,8 @@ class Concurrent(Negotiated):
     name = 'concurrent'
     thread_level = MPI.THREAD_MULTIPLE
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
+                 shares=None):
         self._lanes = []
         make_comm = comm_factory(comm, config, table, make_comm)
         for i in range(config.lanes):
@@ -41,7 +42,7 @@ class Concurrent(Negotiated):
         self._bucket = 0
         self._held = 0                      # bytes dispatched to lanes, not yet run
         self._room = threading.Condition()
-        super().__init__(comm, config, sink, timeline, table, make_comm)
+        super().__init__(comm, config, sink, timeline, table, make_comm, shares)
 
     def dispatch(self, agreed):
         # The credit bounds the bytes the lanes hold, not only one dispatch: wait (here,

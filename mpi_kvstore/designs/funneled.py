@@ -21,8 +21,9 @@ class Funneled(Negotiated):
     name = 'funneled'
     thread_level = MPI.THREAD_SERIALIZED
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
-        super().__init__(comm, config, sink, timeline, table, make_comm)
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
+                 shares=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm, shares)
         self._data = self._control  # one thread, one order: one communicator suffices
 
     def dispatch(self, agreed):

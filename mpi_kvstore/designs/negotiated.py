@@ -64,8 +64,9 @@ def tighten_timer_slack(nanoseconds=TIMER_SLACK_NS):
 class Negotiated(Design):
     """Engine ops mark requests ready; one negotiation thread decides what runs."""
 
-    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None):
-        super().__init__(comm, config, sink, timeline, table, make_comm)
+    def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
+                 shares=None):
+        super().__init__(comm, config, sink, timeline, table, make_comm, shares)
         self._control = self.make_comm()
         self._lock = threading.Lock()
         self._waker = records.Waker()      # engine ops, calls and close() wake the thread

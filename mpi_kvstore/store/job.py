@@ -22,16 +22,16 @@ __all__ = ['Job']
 class Job:
     """The design of one store, its pending requests and its deferred errors.
 
-    ``design(comm, config, sink, timeline, table)`` is built here, with this job's error
-    queue as its sink.
+    ``design(comm, config, sink, timeline, table, shares=shares)`` is built here, with this
+    job's error queue as its sink and the store's shards.JoinedShares (or None).
     """
 
-    def __init__(self, comm, config, design, timeline, table):
+    def __init__(self, comm, config, design, timeline, table, shares=None):
         self.errors = DeferredErrors()
         self.pending = collections.deque()
         self.closed = False
         self.timeline = timeline
-        self.design = design(comm, config, self.errors.record, timeline, table)
+        self.design = design(comm, config, self.errors.record, timeline, table, shares=shares)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
 

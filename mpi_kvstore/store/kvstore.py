@@ -86,7 +86,9 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         """The store's :class:`~mpi_kvstore.comm.timeline.Timeline` (the ``timeline``
         option), or None. An attribute, not a property: it is made here, once, and the
         designs record into the same object."""
-        self._job = Job(comm, config, design, self.timeline, table)
+        # a joined rank goes on updating its shares (handed to the design here, once)
+        shares = shards.JoinedShares(self._joined_share) if config.shard_optimizer else None
+        self._job = Job(comm, config, design, self.timeline, table, shares)
         self.collectives = Collectives(self._job, config, self._size)
         """Collectives by name outside the key/value contract, in collective order with the
         store's own (:class:`~mpi_kvstore.store.collectives.Collectives`): ``array`` on an
@@ -94,11 +96,14 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         mpi_kvstore.horovod go through it."""
         self._optimizer = StoreOptimizer(self._keys, config, self._rank, self._size,
                                          self._job, self.collectives.run)
-        if config.shard_optimizer:   # a joined rank goes on updating its shares
-            self._job.design.shares = shards.JoinedShares(self._optimizer.joined_share)
         self._exchange = Exchange(self._keys, config, self._job, self._optimizer,
                                   self.collectives.run)
         shutdown.LIVE.add(self)
+
+    def _joined_share(self, key):
+        # The optimizer is made after the job (it submits through it); a join comes only
+        # after construction, so it is there when a joined rank's mirror asks.
+        return self._optimizer.joined_share(key)
 
     # -- identity -------------------------------------------------------------
     @property
