@@ -776,3 +776,24 @@ def test_a_transport_that_leaves_a_collective_out_cannot_be_made():
     with pytest.raises(TypeError, match='abstract') as info:
         HalfDone()
     assert all(name in str(info.value) for name in ('alltoall', 'allgather', 'bcast'))
+
+
+def test_the_key_table_owns_the_updater_that_set_optimizer_makes():
+    """StoreOptimizer.set hands its updater to the key table's set_updater; nobody writes
+    the table's field, and the updater both read is the one that applies SGD."""
+    import mxnet as mx
+
+    from mpi_kvstore.store.keys import KeyTable
+    from mpi_kvstore.store.optimizer import StoreOptimizer
+    config = cfg.Config(environ={})
+    keys = KeyTable(config)
+    optimizer = StoreOptimizer(keys, config, 0, 1, job=None, run=None)
+    assert keys.updater is None and optimizer.updater is None
+    with pytest.raises(AttributeError):
+        keys.updater = None
+    optimizer.set(mx.optimizer.SGD(learning_rate=0.5, wd=0.0, rescale_grad=1.0))
+    assert optimizer.updater is keys.updater is not None
+    weight, grad = np.array([1.0, -2.0, 3.0], np.float32), np.array([0.5, 1.0, -4.0], np.float32)
+    out = mx.nd.array(weight)
+    keys.updater(0, mx.nd.array(grad), out)
+    np.testing.assert_allclose(out.asnumpy(), weight - 0.5 * grad, rtol=1e-6)

@@ -111,7 +111,17 @@ class KeyTable:
         self._config = config
         self._rank, self._size = rank, size
         self._keys = {}
-        self.updater = None
+        self._updater = None
+
+    @property
+    def updater(self):
+        """The store's optimizer updater (mx.optimizer.Updater), or None: push and pushpull
+        apply it to the sums. Set only by :meth:`set_updater` (set_optimizer)."""
+        return self._updater
+
+    def set_updater(self, updater):
+        """set_optimizer's updater, from the next push on."""
+        self._updater = updater
 
     def __iter__(self):
         return iter(self._keys.values())

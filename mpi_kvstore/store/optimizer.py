@@ -3,10 +3,10 @@ sums, or with shard_optimizer each rank to its share of every key (optim.shards)
 global-norm clipped step (optim.shards.ClipStep); and the states, saved, loaded and
 synced after a join.
 
-:class:`StoreOptimizer` is handed the store's key table (which holds the updater, as
-Trainer reads it), its job (to submit the norms' and the weights' collectives) and
-``run`` (a Python-object collective, collectives.Collectives.run). It never calls the
-store.
+:class:`StoreOptimizer` is handed the store's key table (which owns the updater: set
+through its set_updater, read there by Trainer and by push), its job (to submit the
+norms' and the weights' collectives) and ``run`` (a Python-object collective,
+collectives.Collectives.run). It never calls the store.
 """
 import os
 import pickle
@@ -43,7 +43,7 @@ class StoreOptimizer:
             why = shards.refuse(optimizer)
             if why is not None:
                 raise ValueError(why)
-        self._keys.updater = mx.optimizer.get_updater(optimizer)
+        self._keys.set_updater(mx.optimizer.get_updater(optimizer))
         self._fitted.clear()
 
     def require(self):
