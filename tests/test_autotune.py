@@ -359,6 +359,7 @@ def test_a_store_tunes_itself_while_its_sums_stay_exact(design):
     state.values.clear()
     assert kv.autotune_state.values == {k: getattr(kv.config, k) for k in KNOBS}
     assert kv._job.design._queue.partition_bytes == kv.config.partition_bytes   # the cutter too
+    assert kv._job.design._queue.credit_bytes == kv.config.credit_bytes   # read from the knobs
     kv.close()
 
 

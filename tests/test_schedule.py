@@ -16,7 +16,7 @@ from mpi_kvstore import debug
 from mpi_kvstore.comm.collective import Collective
 from mpi_kvstore.comm.fusion import Shares, pieces
 from mpi_kvstore.comm.poison import poison_value
-from mpi_kvstore.designs.schedule import Piece, Queue, SharePiece, cut, wire_bytes
+from mpi_kvstore.designs.schedule import Knobs, Piece, Queue, SharePiece, cut, wire_bytes
 
 DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64')
 
@@ -172,7 +172,7 @@ def test_share_pieces_only_of_host_memory_whole_elements_and_several_ranks():
 def test_partition_zero_cuts_nothing():
     req = request(0, 1 << 20, 'float64')
     assert cut(req, 0) == [req]
-    queue = Queue(0, 0)
+    queue = Queue(Knobs(0, 0))
     queue.add([req])
     assert queue.take() == [req] and len(queue) == 0
 
@@ -253,7 +253,7 @@ def test_every_rank_takes_the_same_units_round_after_round(schedule):
     mine = [[request(seqs[i], count, dtype, priority, kind, key='key%d' % i, fill=10 * r)
              for i, (count, dtype, priority, kind) in enumerate(specs_)]
             for r in range(ranks)]
-    queues = [Queue(partition, credit) for _ in range(ranks)]
+    queues = [Queue(Knobs(partition, credit)) for _ in range(ranks)]
     waiting = {}     # the model of rank 0's queue: order key -> bytes
     seen = set()
     cut_requests = held_back = 0
@@ -297,10 +297,10 @@ def test_every_rank_takes_the_same_units_round_after_round(schedule):
 
 def test_credit_zero_takes_all_and_a_large_unit_goes_alone():
     reqs = [request(s, n) for s, n in enumerate([10, 5000, 20, 30])]   # 40, 20000, 80, 120 B
-    everything = Queue(0, 0)
+    everything = Queue(Knobs(0, 0))
     everything.add(reqs)
     assert everything.take() == reqs and everything.take() == []
-    tight = Queue(0, 100)
+    tight = Queue(Knobs(0, 100))
     tight.add(reqs)
     before = debug.snapshot()
     assert [r.seq for r in tight.take()] == [0]       # 40 + 20000 > 100
@@ -333,7 +333,7 @@ def test_pieces_and_credit_count_the_bytes_on_the_wire(codec, dtype, per_value):
         assert sum(u.extent for u in units) == count
         assert all(wire_bytes(u) <= partition for u in units)
     # the credit: as many pieces as fit on the wire, counted in the same bytes
-    queue = Queue(partition, 2 * partition)
+    queue = Queue(Knobs(partition, 2 * partition))
     queue.add([req])
     taken = queue.take()
     assert sum(wire_bytes(u) for u in taken) <= 2 * partition
@@ -341,7 +341,7 @@ def test_pieces_and_credit_count_the_bytes_on_the_wire(codec, dtype, per_value):
 
 
 def test_a_late_high_priority_request_overtakes_the_pieces_left():
-    queue = Queue(partition_bytes=4096, credit_bytes=8192)
+    queue = Queue(Knobs(partition_bytes=4096, credit_bytes=8192))
     big = request(0, 10000, 'float32', priority=-10)     # 40000 B: 10 pieces
     queue.add([big])
     first = queue.take()
@@ -443,3 +443,26 @@ def test_timeline_keeps_a_requests_marks_for_pieces_that_finish_out_of_order(tmp
     assert sorted(queued) == [0, 1]
     assert queued[0]['ts'] == queued[1]['ts'] and queued[0]['dur'] > 0
     assert timeline._marks == {} and timeline._pieces_done == {}
+
+
+def test_the_queue_cuts_and_credits_by_its_knobs_as_they_stand_after_a_switch():
+    """autotune switches the design's knobs, not the queue: the next add cuts by the new
+    partition_bytes, the next take credits by the new credit_bytes, and the queue's own
+    sizes cannot be written."""
+    knobs = Knobs(partition_bytes=0, credit_bytes=0)
+    queue = Queue(knobs)
+    first = request(0, 10000)                            # 40000 B
+    queue.add([first])
+    assert queue.take() == [first]                       # not cut, all taken
+    knobs.switch(4096, 8192)
+    assert (queue.partition_bytes, queue.credit_bytes) == (4096, 8192)
+    with pytest.raises(AttributeError):
+        queue.partition_bytes = 0
+    second = request(1, 10000)
+    queue.add([second])
+    # 4096 B of float32: pieces of 1024 values; two of them fit in 8192 B
+    assert [(u.seq, u.index, u.extent) for u in queue.take()] == [(1, 0, 1024), (1, 1, 1024)]
+    knobs.switch(0, 0)                                   # credit 0: the rest at once
+    rest = queue.take()
+    assert [u.index for u in rest] == list(range(2, 10))
+    assert sum(u.extent for u in rest) == 10000 - 2 * 1024

@@ -80,9 +80,10 @@ class Negotiated(Design):
         self._stop = False
         self._window = window_of(config)
         self._msg = np.zeros(agreement.HEADER + 2 * self._window, dtype=np.int32)
-        # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit
-        self._queue = schedule.Queue(config.partition_bytes, config.credit_bytes,
-                                     self.size)
+        # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit;
+        # the sizes are this design's knobs, which autotune switches (_retune)
+        self._knobs = schedule.Knobs(config.partition_bytes, config.credit_bytes)
+        self._queue = schedule.Queue(self._knobs, self.size)
         # autotune: searches the schedule on this job's steps, switching between rounds
         self.tuner = autotune.Tuner(self.config, self.rank, self.size, table,
                                     config.poll_us) if config.autotune else None
@@ -246,8 +247,7 @@ class Negotiated(Design):
         if not values:
             return
         self.config = self.config.replace(origin='autotune', **values)
-        self._queue.partition_bytes = self.config.partition_bytes
-        self._queue.credit_bytes = self.config.credit_bytes
+        self._knobs.switch(self.config.partition_bytes, self.config.credit_bytes)
         if 'progress_sleep_us' in values:
             self.set_progress(self.config.progress_sleep_us)
 

@@ -27,7 +27,7 @@ import threading
 from .. import debug
 from ..comm.fusion import order, pieces, share
 
-__all__ = ['Piece', 'SharePiece', 'cut', 'Queue', 'wire_bytes']
+__all__ = ['Piece', 'SharePiece', 'cut', 'Knobs', 'Queue', 'wire_bytes']
 
 
 def wire_bytes(req):
@@ -173,14 +173,44 @@ def cut(req, partition_bytes, size=1):
     return [Piece(req, i, bounds[i], bounds[i + 1], shared) for i in range(len(bounds) - 1)]
 
 
-class Queue:
-    """The agreed units not yet run; identical on every rank."""
+class Knobs:
+    """The ``partition_bytes`` and ``credit_bytes`` in use. Its owner changes them with
+    :meth:`switch` (autotune's switch, at the same round on every rank); a :class:`Queue`
+    reads them at each add and take, so nobody writes the queue's fields."""
 
-    def __init__(self, partition_bytes=0, credit_bytes=0, size=1):
-        self.partition_bytes = partition_bytes
-        self.credit_bytes = credit_bytes
+    def __init__(self, partition_bytes=0, credit_bytes=0):
+        self._partition_bytes = partition_bytes
+        self._credit_bytes = credit_bytes
+
+    @property
+    def partition_bytes(self):
+        return self._partition_bytes
+
+    @property
+    def credit_bytes(self):
+        return self._credit_bytes
+
+    def switch(self, partition_bytes, credit_bytes):
+        self._partition_bytes = partition_bytes
+        self._credit_bytes = credit_bytes
+
+
+class Queue:
+    """The agreed units not yet run; identical on every rank. ``knobs``: the
+    :class:`Knobs` it cuts and credits by, read as they stand at each add and take."""
+
+    def __init__(self, knobs, size=1):
+        self._knobs = knobs
         self.size = size
         self._units = []
+
+    @property
+    def partition_bytes(self):
+        return self._knobs.partition_bytes
+
+    @property
+    def credit_bytes(self):
+        return self._knobs.credit_bytes
 
     def __len__(self):
         return len(self._units)
