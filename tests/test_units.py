@@ -797,3 +797,15 @@ def test_the_key_table_owns_the_updater_that_set_optimizer_makes():
     out = mx.nd.array(weight)
     keys.updater(0, mx.nd.array(grad), out)
     np.testing.assert_allclose(out.asnumpy(), weight - 0.5 * grad, rtol=1e-6)
+
+
+def test_designs_and_elastic_states_name_what_a_subclass_must_define():
+    from mpi_kvstore.designs.base import Design
+    from mpi_kvstore.designs.negotiated import Negotiated
+    from mpi_kvstore.elastic.base import BaseState
+
+    assert Design.__abstractmethods__ == {'_submit'}
+    assert Negotiated.__abstractmethods__ == {'dispatch', 'set_progress'}
+    assert BaseState.__abstractmethods__ == {'save', 'restore', 'sync'}
+    from mpi_kvstore.designs import REGISTRY
+    assert all(not cls.__abstractmethods__ for cls in REGISTRY.values()), REGISTRY

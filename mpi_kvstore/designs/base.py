@@ -1,4 +1,5 @@
 """What every design shares: sequence numbers, execution of buckets, errors, join."""
+import abc
 import functools
 import itertools
 import logging
@@ -20,9 +21,10 @@ __all__ = ['Design', 'native_view', 'progress', 'new_comm', 'comm_factory']
 log = logging.getLogger(__name__)
 
 
-class Design:
+class Design(abc.ABC):
     """Base of the designs. Subclasses define ``_submit`` and say in their docstring
-    which MPI thread level they need and how they keep one collective order."""
+    which MPI thread level they need and how they keep one collective order (a design
+    without ``_submit`` cannot be made: abc)."""
 
     name = ''
     thread_level = MPI.THREAD_SERIALIZED
@@ -62,8 +64,9 @@ class Design:
                 self.timeline.pushed(req)
         self._submit(reqs, priority)
 
+    @abc.abstractmethod
     def _submit(self, reqs, priority):
-        raise NotImplementedError
+        """Hand the numbered requests to the design's own scheduling."""
 
     @property
     def synchronous(self):
@@ -72,10 +75,13 @@ class Design:
 
     def reap(self):
         """Mark done the requests whose collectives finished where nobody said so (the
-        chained design's native ops). Any thread may call it."""
+        chained design's native ops). Any thread may call it. Optional: only chained has any."""
+        return None
 
     def close(self):
-        """Stop threads; the caller has already waited for every request."""
+        """Stop threads; the caller has already waited for every request. Optional: a
+        design without threads of its own has nothing to stop."""
+        return None
 
     # -- called where the collective runs ----------------------------------
     def attach(self, req, view=None):

@@ -22,6 +22,7 @@ at ``base`` depends only on work pushed before it, so it becomes ready on every
 rank and the next round that sees it agrees on it; ``base`` is the lowest
 sequence number not yet executed, identical everywhere because rounds agree.
 """
+import abc
 import ctypes
 import functools
 import logging
@@ -238,8 +239,9 @@ class Negotiated(Design):
                 self._executed.discard(self._base)
                 self._base += 1
 
+    @abc.abstractmethod
     def dispatch(self, agreed):
-        raise NotImplementedError
+        """Run the agreed requests the queue released, in the order given (every rank alike)."""
 
     def _retune(self, values):
         """Run with autotune's ``values`` from this round on: every rank calls it at the same
@@ -251,9 +253,9 @@ class Negotiated(Design):
         if 'progress_sleep_us' in values:
             self.set_progress(self.config.progress_sleep_us)
 
+    @abc.abstractmethod
     def set_progress(self, sleep_us):
         """progress_sleep_us of the data communicators, from their next collective on."""
-        raise NotImplementedError
 
     def close(self):
         with self._lock:

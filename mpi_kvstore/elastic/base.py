@@ -9,6 +9,7 @@ reset is the caller's (mpi_kvstore.horovod.elastic passes one).
 """
 from __future__ import annotations
 
+import abc
 import functools
 import logging
 import os
@@ -37,7 +38,7 @@ def notify_hosts_updated(timestamp: float, removed_only: bool = False) -> None:
         state.on_hosts_updated(timestamp, removed_only)
 
 
-class BaseState:
+class BaseState(abc.ABC):
     """The state Horovod's elastic mode tracks across resets (``hvd.elastic.State``).
 
     ``bcast_object(obj)``: rank 0's ``obj`` on every rank; ``get_rank()``: this rank.
@@ -91,17 +92,17 @@ class BaseState:
         if latest > previous:
             raise HostsUpdatedInterrupt(skip_sync=removed_only)
 
+    @abc.abstractmethod
     def save(self) -> None:
         """Copy the state in memory (the commit's copy)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def restore(self) -> None:
         """Go back to the last commit, undoing what changed since."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sync(self) -> None:
         """Give every rank rank 0's state."""
-        raise NotImplementedError
 
 
 class ObjectState(BaseState):
