@@ -23,7 +23,8 @@ from numba import types
 from . import ccall
 from .mpiabi import MPI, c_api
 
-__all__ = ['wait_polling', 'prepare', 'poll', 'PROGRESS_TESTS', 'SPIN_TESTS', 'AGREEMENT_POLL_US']
+__all__ = ['wait_polling', 'prepare', 'poll', 'set_abort_check', 'PROGRESS_TESTS', 'SPIN_TESTS',
+           'AGREEMENT_POLL_US']
 
 # MPI_Test calls per wake-up: MPICH moves a bounded amount of data per Test, so one Test
 # per sleep throttles a large allreduce; a few in a row drain what arrived meanwhile.
@@ -35,6 +36,10 @@ SPIN_TESTS = 32
 AGREEMENT_POLL_US = 50.0
 _SLICE_US = 100_000     # back in Python (signals) at least this often while waiting
 _PENDING = 1            # poll's answer when the slice ended first (MPI's codes are >= 0)
+# set_abort_check: called between slices (then every _ABORT_SLICE_US), it may raise to end a
+# wait whose peer is gone (an elastic world: MPI never completes such a request)
+_abort = [None, _SLICE_US]
+_ABORT_SLICE_US = 10_000
 
 _call_test = ccall.caller(32, (64, 64, 64))         # MPI_Test(request*, flag*, status*)
 _call_usleep = ccall.caller(32, (32,))              # usleep(us)
@@ -102,6 +107,12 @@ def prepare():
     _waiter()
 
 
+def set_abort_check(check):
+    """``check()`` runs between slices of every wait from now on and may raise to end it
+    (None: no check). Waits then slice every 10 ms instead of 100 ms."""
+    _abort[:] = [check, _SLICE_US if check is None else _ABORT_SLICE_US]
+
+
 def wait_polling(request, poll_us, tests=1):
     """Wait for the mpi4py ``request`` without the GIL: MPI_Test in compiled code,
     SPIN_TESTS times, then after sleeps of at most ``poll_us`` microseconds, ``tests``
@@ -110,8 +121,10 @@ def wait_polling(request, poll_us, tests=1):
     address = MPI._addressof(request)
     poll_us = max(1, int(poll_us))
     while True:
-        err = fn(test, usleep, address, poll_us, tests, _SLICE_US)
+        err = fn(test, usleep, address, poll_us, tests, _abort[1])
         if err == 0:
             return
         if err != -_PENDING:
             raise MPI.Exception(err)
+        if _abort[0] is not None:
+            _abort[0]()

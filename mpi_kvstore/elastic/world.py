@@ -189,6 +189,14 @@ class World:
             if found and found.get('lost') == worker:
                 self.lost_ids.add(worker)
 
+    def check(self, what: str = 'collective') -> None:
+        """Raise HorovodInternalError if the launcher announced a lost worker (any thread
+        may call it: the store's threads do, while their collectives wait)."""
+        self._look()
+        if self.lost_ids:
+            raise HorovodInternalError('%s: worker(s) %s lost (the launcher says so)'
+                                       % (what, sorted(self.lost_ids)))
+
     def _wait(self, request, what):
         ends = time.monotonic() + self.deadline
         while not request.Test():
