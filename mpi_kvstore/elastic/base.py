@@ -86,8 +86,9 @@ class BaseState(abc.ABC):
             if timestamp > latest:
                 latest = timestamp
                 removed_only = removed_only and removed
-        previous = self._last_updated_timestamp
-        latest, removed_only = self._bcast_object((latest, removed_only))
+        # rank 0's previous timestamp too: a rank that joined later has none of its own
+        previous, latest, removed_only = self._bcast_object(
+            (self._last_updated_timestamp, latest, removed_only))
         self._last_updated_timestamp = latest
         if latest > previous:
             raise HostsUpdatedInterrupt(skip_sync=removed_only)
