@@ -11,8 +11,6 @@ optional: without it the line says so).
 import json
 import os
 
-from tabulate import tabulate
-
 from benchmarks import schema
 
 NO_MATPLOTLIB = 'matplotlib is not installed: no plot (pip install matplotlib)'
@@ -21,6 +19,7 @@ NO_MATPLOTLIB = 'matplotlib is not installed: no plot (pip install matplotlib)'
 def markdown(headers, rows):
     """A GitHub table of rows (lists of cells, shorter rows filled with empty cells), its
     rule line short: '|---|---|'."""
+    from tabulate import tabulate  # here, not on import: Horovod's environment may lack it
     lines = tabulate(rows, headers, tablefmt='pipe', disable_numparse=True, stralign=None,
                      numalign=None, missingval='').splitlines()
     lines[1] = '|' + '---|' * len(headers)
@@ -30,6 +29,7 @@ def markdown(headers, rows):
 def text(headers, rows, align=None, indent=''):
     """A console table: columns two spaces apart, numbers and ``align``'s 'right' columns to
     the right, every line after ``indent``."""
+    from tabulate import tabulate
     table = tabulate(rows, headers, tablefmt='plain', disable_numparse=True,
                      colalign=align, missingval='-')
     return '\n'.join(indent + line for line in table.splitlines())
