@@ -18,6 +18,7 @@ from benchmarks.cost_model.fit import (
     what_reads_50s,
 )
 from benchmarks.cost_model.model import (
+    GPUS_AXIS,
     HEADLINE,
     IMAGENET_TRAIN,
     VARIANTS,
@@ -146,9 +147,8 @@ def main(argv=None):
                validation_table(points), '', validation_summary(points), '']
     sizes = resnet50_sizes()
     rows = [(name, predict(args, sizes, args.gpus, h, thr, hier)) for name, h, thr, hier in VARIANTS]
-    gpus_axis = [g for g in (4, 8, 16, 32, 64, 128, 256, 512, 1024)]
     scale = {'gpus': args.gpus, 'net_gbit': args.net_gbit,
-             'by_gpus': {name: [predict(args, sizes, g, h, thr, hier) for g in gpus_axis]
+             'by_gpus': {name: [predict(args, sizes, g, h, thr, hier) for g in GPUS_AXIS]
                          for name, h, thr, hier in VARIANTS},
              'by_net': {name: [dict(predict(args, sizes, args.gpus, h, thr, hier, net_gbit=bw), net_gbit=bw)
                                for bw in (1, 3, 10, 25, 56, 100, 200)]

@@ -184,6 +184,7 @@ VARIANTS = [
     ('overlap, fusion, hierarchical', 1.0, FUSION_THRESHOLD, True),
 ]
 HEADLINE = 'overlap, fusion, flat (funneled today)'
+GPUS_AXIS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)     # the scaling sweep's cluster sizes
 
 
 def predict(args, sizes, gpus, overlap, threshold, hierarchical, gpu_rate=None, net_gbit=None):

@@ -5,8 +5,8 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.cost_model.fit import TARGET_ERROR, _bed_order, _rate_bits
-from benchmarks.cost_model.model import FUSION_THRESHOLD, GBIT, HEADLINE
-from benchmarks.report import NO_MATPLOTLIB, cell, markdown, pyplot, save_figure
+from benchmarks.cost_model.model import FUSION_THRESHOLD, GBIT, GPUS_AXIS
+from benchmarks.report import cell, markdown, plot_bars
 
 
 def overlap_tables(points, fitted, predictions):
@@ -149,56 +149,15 @@ def sensitivity_table(by, key, label, fmt):
 
 
 def plot(points, scale, path):
-    plt = pyplot()
-    if plt is None:
-        return NO_MATPLOTLIB
-    fig, axes = plt.subplots(2, 2, figsize=(14, 10.5))
-    axes = axes.ravel()
-    ok = [p for p in points if 'skipped' not in p]
-    ax = axes[0]
-    if ok:
-        for what, marker in (('alone', 's'), ('step', 'o')):
-            xs = [p[f'{what}_ms'] for p in ok]
-            ys = [p[f'{what}_model_ms'] for p in ok]
-            ax.scatter(xs, ys, marker=marker, label='exchange alone' if what == 'alone' else 'step')
-        top = max(max(p['step_ms'], p['step_model_ms']) for p in ok) * 1.1
-        low = max(1.0, min(min(p['alone_ms'], p['alone_model_ms']) for p in ok) * 0.8)
-        grid = np.geomspace(low, top, 50)
-        ax.plot(grid, grid, color='black', linewidth=0.8, label='model = measured')
-        ax.fill_between(grid, grid * (1 - TARGET_ERROR), grid * (1 + TARGET_ERROR), color='grey',
-                        alpha=0.2, label=f'within {TARGET_ERROR:.0%}')
-        ax.set(xscale='log', yscale='log')
-    ax.set(xlabel='measured (ms)', ylabel='model (ms)', title='validation on the test bed')
-    ax.grid(True, which='both', alpha=0.3)
-    if ok:
-        ax.legend(fontsize=8)
-    ax = axes[1]
-    for name, series in scale['by_gpus'].items():
-        ax.plot([r['gpus'] for r in series], [r['efficiency'] for r in series], marker='.', label=name)
-    ax.axvline(scale['gpus'], color='grey', linewidth=0.8, linestyle=':')
-    ax.set(xscale='log', xlabel='GPUs', ylabel='compute-only step / step', ylim=(0, 1.05),
-           title='ResNet-50 / ImageNet: scaling efficiency, assumed cluster')
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=7)
-    ax = axes[2]
-    for name, series in scale['by_net'].items():
-        ax.plot([r['net_gbit'] for r in series], [r['epoch_s'] for r in series], marker='.', label=name)
-    ax.axhline(scale['by_net'][HEADLINE][0]['epoch_compute_only_s'], color='black', linestyle='--',
-               label='compute only')
-    ax.axhline(50, color='red', linewidth=0.8, linestyle=':', label='paper: about 50 s at 256 GPUs')
-    ax.axvline(scale['net_gbit'], color='grey', linewidth=0.8, linestyle=':')
-    ax.set(xscale='log', yscale='log', xlabel='network Gbit/s a node', ylabel='seconds per epoch',
-           title=f'{scale["gpus"]} GPUs: epoch against network bandwidth')
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=7)
-    ax = axes[3]
-    for name, series in scale['by_gpu_speed'].items():
-        ax.plot([r['gpu_images_per_s'] for r in series], [r['efficiency'] for r in series],
-                marker='.', label=name)
-    ax.set(xscale='log', xlabel='images/s of one GPU', ylabel='compute-only step / step',
-           title=f'{scale["gpus"]} GPUs: scaling efficiency against GPU speed', ylim=(0, 1.05))
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=7)
-    return save_figure(plt, fig, path, dpi=110)
-
-
+    """report.plot_bars of the model: each validation point's step, model over measured (1 is
+    exact), and each variant's efficiency and epoch at the assumed cluster."""
+    at = {name: next(r for r, g in zip(series, GPUS_AXIS) if g == scale['gpus'])
+          for name, series in scale['by_gpus'].items()} if scale['gpus'] in GPUS_AXIS else {}
+    panels = {'validation: step, model / measured': {
+        f'{p["layout"]} {p["config"]}': p['step_model_ms'] / p['step_ms']
+        for p in points if 'skipped' not in p}}
+    panels[f'{scale["gpus"]} GPUs: compute-only step / step'] = {n: r['efficiency'] for n, r in at.items()}
+    panels[f'{scale["gpus"]} GPUs: seconds per epoch'] = {n: r['epoch_s'] for n, r in at.items()}
+    return plot_bars(path, {k: v for k, v in panels.items() if v}, '', 'cost model: ResNet-50 on '
+                     'ImageNet, assumed cluster',
+                     {'validation: step, model / measured': ('model = measured', 1.0)}, dpi=110)
