@@ -64,17 +64,13 @@ def reducer_pushpull(comm, bufs, threshold, codec=None):
     def failed(*args):
         raise RuntimeError(f'bench: a collective failed: {args}')
     reducer = Reducer(SIZE, failed, failed)
-    reqs = []
-    for i, buf in enumerate(bufs):
-        # averaged, so that repeated rounds keep the values (and fp16 never overflows)
-        req = Collective('allreduce', i, np.dtype(buf.dtype), buf.shape, place='gpu',
-                         average=True)
-        req.view, req.codec = buf, codec
-        reqs.append(req)
 
     def run():
-        for req in reqs:
-            req.seq = next(seq)
+        # averaged, so that repeated rounds keep the values (and fp16 never overflows);
+        # a collective is numbered once, so each round makes its own
+        reqs = [Collective('allreduce', i, np.dtype(buf.dtype), buf.shape, place='gpu',
+                           average=True, seq=next(seq), view=buf, codec=codec)
+                for i, buf in enumerate(bufs)]
         for bucket in plan(reqs, 1 << 20, threshold):
             on_thread(lambda b=bucket: reducer.allreduce(b, comm))
     return run

@@ -27,13 +27,11 @@ CODECS = {'none': None, 'fp16': compression.wire_cast('fp16'),
 
 
 def _bucket(place, codec, sizes=(5, 3)):
-    reqs = []
-    for i, n in enumerate(sizes):
-        req = Collective('reducescatter', 'k%d' % i, np.dtype('float32'), (n,), place=place,
-                         average=True)
-        req.seq, req.view, req.codec = i, np.arange(n, dtype=np.float32), CODECS[codec]
-        reqs.append(req)
-    return reqs
+    """``codec``: a name in CODECS, or the codec itself."""
+    codec = CODECS[codec] if isinstance(codec, str) else codec
+    return [Collective('reducescatter', 'k%d' % i, np.dtype('float32'), (n,), place=place,
+                       average=True, seq=i, view=np.arange(n, dtype=np.float32), codec=codec)
+            for i, n in enumerate(sizes)]
 
 
 @pytest.mark.parametrize('place, codec, route', [
@@ -75,9 +73,7 @@ def test_the_reducer_takes_the_route(monkeypatch, place, device_shares, codec, c
     stream) is replaced by the host's, which is all a GPU-less machine can run."""
     monkeypatch.setattr(reduce_mod, '_scope', lambda bucket, comm, op='allreduce': contextlib.nullcontext())
     fake = _Recorder(device_shares)
-    reqs = _bucket(place, 'none')
-    for req in reqs:
-        req.codec = fake if codec else None
+    reqs = _bucket(place, fake if codec else 'none')
     Reducer(2, None, None).reduce_scatter(reqs, fake)
     assert fake.calls == calls
 

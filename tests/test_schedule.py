@@ -21,14 +21,13 @@ from mpi_kvstore.designs.schedule import Knobs, Piece, Queue, SharePiece, cut, w
 DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64')
 
 
-def request(seq, count, dtype='float32', priority=0, kind='allreduce', key=None, fill=0):
+def request(seq, count, dtype='float32', priority=0, kind='allreduce', key=None, fill=0,
+            codec=None):
     """An agreed request of ``count`` elements whose view holds fill, fill + 1, ..."""
     dtype = np.dtype(dtype)
-    req = Collective(kind, 'k%d' % seq if key is None else key, dtype, (count,),
-                     priority=priority)
-    req.seq = seq
-    req.view = (np.arange(count) % 1000 + fill).astype(dtype)
-    return req
+    return Collective(kind, 'k%d' % seq if key is None else key, dtype, (count,),
+                      priority=priority, seq=seq, codec=codec,
+                      view=(np.arange(count) % 1000 + fill).astype(dtype))
 
 
 def unit_id(unit):
@@ -119,8 +118,7 @@ def test_only_allreduces_are_cut(kind):
     if kind == 'bcast':
         req = request(0, 100000, 'float32', kind='bcast')
     else:
-        req = Collective(kind, '__%s__' % kind, fn=len if kind == 'custom' else None)
-        req.seq = 0
+        req = Collective(kind, '__%s__' % kind, fn=len if kind == 'custom' else None, seq=0)
     assert cut(req, 16) == [req]
 
 
@@ -181,7 +179,7 @@ def test_pieces_of_a_failed_read_cut_its_scratch():
     """A rank that could not read its array sends zeros (base.fail_all's scratch): its
     pieces send slices of them, and keep the view for the poison."""
     req = request(0, 10, 'int32')
-    req.scratch = np.zeros(10, np.int32)
+    req.use_scratch(np.zeros(10, np.int32))
     pieces = cut(req, 12)
     assert [p.stop - p.start for p in pieces] == [3, 3, 3, 1]
     for piece in pieces:
@@ -320,9 +318,9 @@ def test_pieces_and_credit_count_the_bytes_on_the_wire(codec, dtype, per_value):
     not apply to the dtype (int32) counts the values' own bytes."""
     from mpi_kvstore import compression
     count, partition = 100_000, 40_000
-    req = request(0, count, dtype)
-    req.codec = (compression.from_params({'type': '2bit', 'threshold': 0.5}) if codec == '2bit'
-                 else compression.wire_cast(codec) if codec else None)
+    req = request(0, count, dtype,
+                  codec=(compression.from_params({'type': '2bit', 'threshold': 0.5})
+                         if codec == '2bit' else compression.wire_cast(codec) if codec else None))
     assert wire_bytes(req) == -(-count * per_value // 1)
     units = cut(req, partition)
     per_piece = int(partition // per_value)          # values of every piece but the last
@@ -363,7 +361,7 @@ def test_a_late_high_priority_request_overtakes_the_pieces_left():
 
 def pieces_of(dtype='float32', count=1000, per_piece=100):
     req = request(7, count, dtype)
-    req.completion = Recorder()
+    req.complete_with(Recorder())
     return req, cut(req, per_piece * req.dtype.itemsize)
 
 
@@ -427,8 +425,8 @@ def test_timeline_keeps_a_requests_marks_for_pieces_that_finish_out_of_order(tmp
     import json
 
     from mpi_kvstore.comm.timeline import Timeline
-    req = Collective('allreduce', 'w', np.dtype('float32'), (8,))
-    req.seq, req.view = 0, np.zeros(8, np.float32)
+    req = Collective('allreduce', 'w', np.dtype('float32'), (8,), seq=0,
+                     view=np.zeros(8, np.float32))
     timeline = Timeline(str(tmp_path / 't.json'), 0, 1)
     timeline.pushed(req)
     timeline.ready(req)

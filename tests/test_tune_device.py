@@ -309,9 +309,8 @@ def test_rows_naming_nccl_where_ranks_share_a_gpu_give_way_to_staged(stand_ins, 
 
 
 def _request(kind, host, root=0):
-    req = Collective(kind, kind, np.dtype(host.dtype), host.shape, root=root, place='gpu')
-    req.view = DeviceArray(host)
-    return req
+    return Collective(kind, kind, np.dtype(host.dtype), host.shape, root=root, place='gpu',
+                      view=DeviceArray(host))
 
 
 @pytest.mark.parametrize('nbytes', [SMALL, LARGE])

@@ -48,9 +48,7 @@ def test_options_table_lists_every_knob():
 
 def _req(seq, nbytes, dtype='float32', kind='allreduce'):
     dt = np.dtype(dtype)
-    req = Collective(kind, 'k%d' % seq, dt, (nbytes // dt.itemsize,))
-    req.seq = seq
-    return req
+    return Collective(kind, 'k%d' % seq, dt, (nbytes // dt.itemsize,), seq=seq)
 
 
 def _seqs(buckets):
@@ -74,9 +72,8 @@ def test_plan_splits_on_dtype_and_threshold_zero_disables():
 
 
 def test_plan_runs_higher_priority_first_then_push_order():
-    reqs = [_req(s, 400) for s in range(4)]
-    for req, prio in zip(reqs, (0, -5, 3, 0)):
-        req.priority = prio
+    reqs = [Collective('allreduce', 'k%d' % s, np.dtype('float32'), (100,), seq=s,
+                       priority=prio) for s, prio in enumerate((0, -5, 3, 0))]
     assert _seqs(plan(reqs, 1000)) == [[2, 0], [3, 1]]
 
 
@@ -159,7 +156,7 @@ def test_the_transports_import_without_mxnet():
             "from mpi_kvstore.comm.mpiabi import MPI\n"
             "c = comm.Comm(MPI.COMM_WORLD, 'off')\n"
             "req = Collective('allreduce', 'k', np.dtype('f4'), (3,), place='cpu')\n"
-            "req.view = np.arange(3, dtype='f4')\n"
+            "req.attach(np.arange(3, dtype='f4'))\n"
             "reduce.Reducer(c.size, None, None).allreduce([req], c)\n"
             "print(sorted(transports.REGISTRY), req.view.tolist(), 'mxnet' in sys.modules\n"
             "      and sys.modules['mxnet'] is not None)\n")
@@ -215,16 +212,14 @@ def test_fusion_plans_from_agreed_metadata_only():
     def reqs(read):
         out = []
         for i in range(4):
-            req = Collective('allreduce', i, np.dtype(np.float32), (8,), place='gpu')
-            req.seq = i
+            req = Collective('allreduce', i, np.dtype(np.float32), (8,), place='gpu', seq=i)
             if read or i != 2:
-                req.view = np.zeros(8, np.float32).view(DeviceBuffer)
+                req.attach(np.zeros(8, np.float32).view(DeviceBuffer))
             out.append(req)
         return out
     shape = lambda buckets: [[r.seq for r in b] for b in buckets]  # noqa: E731
     assert shape(plan(reqs(True), 1 << 20)) == shape(plan(reqs(False), 1 << 20)) == [[0, 1, 2, 3]]
-    cpu = Collective('allreduce', 9, np.dtype(np.float32), (8,), place='cpu')
-    cpu.seq = 9
+    cpu = Collective('allreduce', 9, np.dtype(np.float32), (8,), place='cpu', seq=9)
     assert len(plan(reqs(True) + [cpu], 1 << 20)) == 2     # never fused across places
     assert signature('allreduce', 1, 'float32', (8,), 0, 'gpu') != signature(
         'allreduce', 1, 'float32', (8,), 0)
@@ -305,10 +300,8 @@ def test_cuda_aware_mpi_is_never_chosen_for_an_mpi_that_says_no():
 def test_device_buckets_have_their_own_fusion_threshold():
     reqs = []
     for i in range(6):
-        req = Collective('allreduce', i, np.dtype('f4'), (1000,),
-                         place='gpu' if i < 3 else 'cpu')
-        req.seq = i
-        reqs.append(req)
+        reqs.append(Collective('allreduce', i, np.dtype('f4'), (1000,),
+                               place='gpu' if i < 3 else 'cpu', seq=i))
     buckets = plan(reqs, 4000, device_threshold=12000)
     assert [[r.key for r in b] for b in buckets] == [[0, 1, 2], [3], [4], [5]]
     buckets = plan(reqs, 8000)
@@ -392,10 +385,9 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
             buf.data += 1
 
     def request(key, buf, device):
-        req = Collective('allreduce', key, np.dtype('f4'), (4,), place='gpu', average=True)
-        req.view = buf
-        req.array = type('NDArray', (), {'context': type('ctx', (), {'device_id': device})()})()
-        return req
+        array = type('NDArray', (), {'context': type('ctx', (), {'device_id': device})()})()
+        return Collective('allreduce', key, np.dtype('f4'), (4,), place='gpu', average=True,
+                          array=array, view=buf)
 
     reducer = reduce_mod.Reducer(2, fail=None, fail_all=None)
     on_one = _DeviceArray(np.ones(4, np.float32), 1)
@@ -411,7 +403,7 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
 
     fake.events.clear()
     unread = request('c', None, 1)                           # its read failed: host zeros
-    unread.view, unread.scratch = None, np.zeros(4, np.float32)
+    unread.use_scratch(np.zeros(4, np.float32))
     reducer.allreduce([unread], Comm())
     assert isinstance(unread.scratch, _DeviceArray) and unread.scratch.device.id == 1
     assert fake.events == [('stream of 1', 1), ('allreduce on 1', 1), ('synchronize 1', 1)]
@@ -724,9 +716,7 @@ def test_sharded_and_plain_requests_never_share_a_bucket():
     reqs = []
     for seq, kind in enumerate(['allreduce', 'reducescatter', 'reducescatter', 'allgather',
                                 'allreduce']):
-        req = Collective(kind, 'k%d' % seq, np.dtype('float32'), (4,))
-        req.seq = seq
-        reqs.append(req)
+        reqs.append(Collective(kind, 'k%d' % seq, np.dtype('float32'), (4,), seq=seq))
     assert [[r.key for r in bucket] for bucket in plan(reqs, 1 << 20)] == [
         ['k0'], ['k1', 'k2'], ['k3'], ['k4']]
 

@@ -1,6 +1,9 @@
 """One collective as the designs see it: what it is, and where it is in the sequence."""
+import operator
 import threading
 import zlib
+
+import numpy as np
 
 from .poison import poison
 
@@ -41,102 +44,185 @@ def place_of(array):
     return 'gpu' if context is not None and context.device_type == 'gpu' else 'cpu'
 
 
+def _read_only(name, doc):
+    """A public name for the private slot ``_name`` that outside code can read, not write.
+    The getter is operator.attrgetter, in C: about half the cost of a Python one on the
+    hot path, where a small pushpull reads some thirty of these."""
+    return property(operator.attrgetter('_' + name), doc=doc)
+
+
 class Collective:
     """A collective with its place in the push sequence.
 
     What it is (kind, key, dtype, shape, array, root, average, unit, place, codec, shard,
     in_place, mirror) is decided before it is built, by whoever builds it (store.keys.request,
-    the store's units, designs.join.mirror), and never changed afterwards.
+    the store's units, designs.join.mirror), given to the constructor, and never changed
+    afterwards: every attribute is read-only, and only the methods below change it.
 
-    What happens to it is recorded as it runs, by the design that runs it and by nobody
-    else: ``seq`` (a mirror's is the active rank's, given when it is built), ``priority``
-    and the signature's marks (Design.submit, fail_all), the ``view`` or ``scratch``
-    memory it reads and writes (Design.attach, the reducer, shards.JoinedShares for a
-    joined rank's mirror), its engine op's ``completion`` and ``waiter``, its ``result``,
-    ``error`` and ``done``.
-
+    Its place in the sequence is given once: by the design's submit (:meth:`number`), or
+    to the constructor for a mirror (the active rank's ``seq``, ``priority`` and ``sig``).
     ``seq`` is assigned on the user's thread in call order, so it is the same on
     every rank; designs derive the collective order from it, never from the
     order in which the engine finds data ready.
+
+    What happens to it is recorded through its methods as it runs, by the design that runs
+    it: the memory it reads and writes (:meth:`attach`, :meth:`withdraw`,
+    :meth:`use_scratch`), how its engine op completes and how to wait for it
+    (:meth:`complete_with`, :meth:`wait_with`), its ``result`` (:meth:`run_custom`), its
+    ``error`` (:meth:`fail`) and ``done`` (:meth:`complete`, :meth:`finish`).
     """
 
-    __slots__ = ('seq', 'kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'sig', 'place',
-                 'array', 'view', 'scratch', 'completion', 'fn', 'result', 'error',
-                 'average', 'done', 'priority', 'in_place', 'mirror', 'waiter', 'codec',
-                 'unit', 'shard')
+    __slots__ = ('_seq', '_kind', '_key', '_dtype', '_shape', '_nbytes', '_root', '_sig',
+                 '_place', '_array', '_view', '_scratch', '_completion', '_fn', '_result',
+                 '_error', '_average', '_done', '_priority', '_in_place', '_mirror',
+                 '_waiter', '_codec', '_unit', '_shard')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None, place=None, unit=1,
                  codec=None, shard=False, in_place=False, mirror=False, seq=-1, view=None):
         """``sig``: a signature decided by the caller (a codec's mark or the active rank's
         own, for a mirror), which then already holds ``unit``; by default it is computed
-        here from what the collective is."""
+        here from what the collective is. ``seq`` and ``priority``: a mirror's, given by
+        the active rank (others get theirs from :meth:`number`)."""
         assert kind in KINDS
-        self.seq = seq
-        self.kind, self.key, self.fn = kind, key, fn
-        self.dtype, self.shape, self.array = dtype, tuple(shape), array
+        self._seq = seq
+        self._kind, self._key, self._fn = kind, key, fn
+        self._dtype, self._shape, self._array = dtype, tuple(shape), array
         if nbytes is None:
             size = 1
-            for d in self.shape:
+            for d in self._shape:
                 size *= d
             nbytes = size * dtype.itemsize if dtype is not None else 0
-        self.nbytes = nbytes
-        self.root = root
-        self.place = place_of(array) if place is None else place
-        # reducescatter and allgather: elements that stay in one share (fusion.pieces); part
-        # of the signature, since it decides how many elements each rank's share holds
-        self.unit = unit
+        self._nbytes = nbytes
+        self._root = root
+        self._place = place_of(array) if place is None else place
+        self._unit = unit
         if sig is None:
-            sig = signature(kind, key, dtype, self.shape, root, self.place)
+            sig = signature(kind, key, dtype, self._shape, root, self._place)
             if unit != 1:
                 sig = (sig * 31 + unit) % SIG_LIMIT
-        self.sig = sig
-        self.scratch = self.completion = self.result = self.error = None
-        self.view = view       # a mirror's zeros; else set where it runs (Design.attach)
-        self.average = average
-        self.priority = priority
-        self.in_place = in_place  # the array is the user's output: a failure may raise on its read
-        self.mirror = mirror      # a joined rank's stand-in for another rank's collective
-        self.done = False
-        self.waiter = None     # waiter(req, timeout): how to wait when nobody calls finish()
-        self.codec = codec     # compression.WireCast or TwoBit that runs it, if compressed
-        # the sharded optimizer's reduce-scatter or allgather of a store key: a joined rank
-        # still owns a share of it (shards.JoinedShares), so it is not refused under join
-        self.shard = shard
+        self._sig = sig
+        self._scratch = self._completion = self._result = self._error = None
+        self._view = view
+        self._average = average
+        self._priority = priority
+        self._in_place = in_place
+        self._mirror = mirror
+        self._done = False
+        self._waiter = None
+        self._codec = codec
+        self._shard = shard
+
+    kind = _read_only('kind', "one of KINDS")
+    key = _read_only('key', "the store key or the collective's name")
+    dtype = _read_only('dtype', 'numpy dtype of its elements (None for barrier and custom)')
+    shape = _read_only('shape', 'shape of its array, a tuple')
+    nbytes = _read_only('nbytes', 'bytes of its flat buffer')
+    root = _read_only('root', "bcast's root rank")
+    place = _read_only('place', "'cpu' or 'gpu': where its array lives (place_of)")
+    array = _read_only('array', 'the NDArray it reads and writes, or None')
+    fn = _read_only('fn', "a custom collective's function of the MPI communicator")
+    average = _read_only('average', 'divide the sum by the rank count')
+    unit = _read_only('unit', 'reducescatter and allgather: elements that stay in one share '
+                      "(fusion.pieces); part of the signature, since it decides how many "
+                      "elements each rank's share holds")
+    codec = _read_only('codec', 'compression.WireCast or TwoBit that runs it, if compressed')
+    shard = _read_only('shard', "the sharded optimizer's reduce-scatter or allgather of a "
+                       'store key: a joined rank still owns a share of it '
+                       '(shards.JoinedShares), so it is not refused under join')
+    in_place = _read_only('in_place', "the array is the user's output: a failure may raise "
+                          'on its read')
+    mirror = _read_only('mirror', "a joined rank's stand-in for another rank's collective")
+    seq = _read_only('seq', 'place in the push sequence, the same on every rank (-1: not '
+                     'yet numbered)')
+    priority = _read_only('priority', 'within a round, collectives run by priority')
+    sig = _read_only('sig', 'rank-independent fingerprint the ranks agree on (signature), '
+                     'with its marks')
+    view = _read_only('view', 'flat view of the memory of its array, once attached')
+    scratch = _read_only('scratch', 'memory it sends instead of its view after a failure')
+    completion = _read_only('completion', "its engine op's completion (done(err) once)")
+    waiter = _read_only('waiter', 'waiter(req, timeout): how to wait when nobody calls finish()')
+    result = _read_only('result', "a custom collective's result")
+    error = _read_only('error', 'the first error it failed with, or None')
+    done = _read_only('done', 'it ran (or failed) and its engine op is complete')
 
     def describe(self):
         return ('collective #%d (%s of key %r, shape %s, dtype %s)'
-                % (self.seq, self.kind, self.key, self.shape, self.dtype))
+                % (self._seq, self._kind, self._key, self._shape, self._dtype))
 
     @property
     def extent(self):
         """Elements of the flat buffer it reads and writes."""
-        return self.nbytes // self.dtype.itemsize
+        return self._nbytes // self._dtype.itemsize
+
+    # -- set once, on the user's thread --------------------------------------
+    def number(self, seq, priority):
+        """Its place in the sequence (Design.submit, in call order). The priority joins the
+        signature: every rank must pass the same."""
+        if self._seq >= 0:
+            raise RuntimeError('%s is already numbered' % self.describe())
+        self._seq = seq
+        self._priority = priority
+        self._sig = (self._sig * 31 + priority) % SIG_LIMIT
+
+    # -- where it runs --------------------------------------------------------
+    def attach(self, view):
+        """The flat memory it reads and writes, read where that is allowed (inside its
+        engine op, or by the design that runs it)."""
+        self._view = view
+
+    def complete_with(self, completion):
+        """What :meth:`complete` tells: its engine op's completion (``done(err)``)."""
+        self._completion = completion
+
+    def wait_with(self, waiter):
+        """How :meth:`wait` waits while nobody calls finish(): ``waiter(req, timeout)``."""
+        self._waiter = waiter
+
+    def run_custom(self, mpi):
+        """A custom collective: call its function on the MPI communicator, keep the result."""
+        self._result = self._fn(mpi)
+
+    def fail(self, error):
+        """Record why it failed (the design reports it)."""
+        self._error = error
+
+    def withdraw(self):
+        """This rank cannot take part as asked: without memory read it sends zeros, and its
+        signature changes, so that before the agreement every rank sees a mismatch."""
+        if self._view is None and self._array is not None:
+            self._scratch = np.zeros(self.extent, dtype=self._dtype)
+        self._sig = (self._sig + SIG_LIMIT // 2) % SIG_LIMIT
+
+    def use_scratch(self, scratch):
+        """Send ``scratch`` instead (the reducer moves a device bucket's zeros to the device)."""
+        self._scratch = scratch
 
     def buffer(self):
         """The memory MPI reads and writes: the array's view, or scratch after a failure."""
-        return self.scratch if self.scratch is not None else self.view
+        return self._scratch if self._scratch is not None else self._view
 
     def complete(self):
         """Poison the output of a failed collective, then complete its engine op."""
-        if self.error is not None:
-            poison(self.view)
-        if self.completion is not None:
-            self.completion.done(None if self.error is None
-                                 else 'mpi_kvstore: %s failed: %s' % (self.describe(), self.error))
+        if self._error is not None:
+            poison(self._view)
+        if self._completion is not None:
+            self._completion.done(None if self._error is None
+                                  else 'mpi_kvstore: %s failed: %s'
+                                  % (self.describe(), self._error))
         self.finish()
 
     def finish(self):
         with _FINISHED:
-            self.done = True
+            self._done = True
             _FINISHED.notify_all()
 
     def wait(self, timeout=None):
         """Block until the collective ran (or failed); False if ``timeout`` passed first."""
-        if self.waiter is not None and not self.done:
-            return self.waiter(self, timeout)
+        if self._waiter is not None and not self._done:
+            return self._waiter(self, timeout)
         with _FINISHED:
-            return _FINISHED.wait_for(lambda: self.done, timeout)
+            return _FINISHED.wait_for(lambda: self._done, timeout)
 
 
 # One condition for every request: an Event per request (a Condition and its

@@ -233,7 +233,7 @@ def _zeros_in_place(bucket, device):
         return
     for req in bucket:
         if isinstance(req.scratch, np.ndarray):
-            req.scratch = _zeros(req.scratch.size, req.scratch.dtype, device)
+            req.use_scratch(_zeros(req.scratch.size, req.scratch.dtype, device))
 
 
 def device_of(bucket):

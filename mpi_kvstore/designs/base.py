@@ -4,10 +4,7 @@ import functools
 import itertools
 import logging
 
-import numpy as np
-
 from ..comm import agreement
-from ..comm.collective import SIG_LIMIT
 from ..comm.fusion import plan
 from ..comm.host import Comm
 from ..comm.mpiabi import MPI
@@ -55,11 +52,9 @@ class Design(abc.ABC):
     def submit(self, reqs, priority=0):
         """Number the requests in call order, then hand them to the design."""
         for req in reqs:
-            req.seq = next(self._seq)
-            self.pushed = req.seq + 1
             # Within a round, collectives run by priority: every rank must pass the same.
-            req.priority = priority
-            req.sig = (req.sig * 31 + priority) % SIG_LIMIT
+            req.number(next(self._seq), priority)
+            self.pushed = req.seq + 1
             if self.timeline:
                 self.timeline.pushed(req)
         self._submit(reqs, priority)
@@ -90,7 +85,7 @@ class Design(abc.ABC):
         if req.array is None:
             return
         try:
-            req.view = view() if view else flat_view(req.array, req.nbytes, req.dtype)
+            req.attach(view() if view else flat_view(req.array, req.nbytes, req.dtype))
         except Exception as err:  # keep this rank in step with the others (fail_all)
             self.fail_all([req], err)
 
@@ -103,7 +98,7 @@ class Design(abc.ABC):
                 index += 1
 
     def fail(self, req, err):
-        req.error = err
+        req.fail(err)
         if not req.mirror:  # a mirror's failure is the active ranks' to report
             self._sink(req, err)
 
@@ -116,9 +111,7 @@ class Design(abc.ABC):
         this rank's zeros, since the other ranks are already in it.
         """
         for req in reqs:
-            if req.view is None and req.array is not None:
-                req.scratch = np.zeros(req.extent, dtype=req.dtype)
-            req.sig = (req.sig + SIG_LIMIT // 2) % SIG_LIMIT
+            req.withdraw()
             if req.error is None:
                 self.fail(req, err)
 
@@ -257,7 +250,7 @@ class Design(abc.ABC):
         elif kind == 'barrier':
             comm.barrier()
         else:
-            bucket[0].result = bucket[0].fn(comm.mpi)
+            bucket[0].run_custom(comm.mpi)
 
 def native_view(req, pointer):
     """The request's view from the pointer its native op took (None: it was refused)."""

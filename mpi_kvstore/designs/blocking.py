@@ -31,7 +31,7 @@ class Blocking(Design):
     def _submit(self, reqs, priority):
         for req in reqs:
             if req.array is not None:
-                req.view = req.array.asnumpy().reshape(-1)
+                req.attach(req.array.asnumpy().reshape(-1))
             if self.timeline:
                 self.timeline.ready(req)
         self.agree_and_execute(reqs, self._comm)

@@ -83,7 +83,7 @@ class Chained(Design):
         if plan_ is not None:
             op = records.ChainedOp(plan_, reqs, arrays, self._in_python)
             for req in reqs:
-                req.waiter = self._wait
+                req.wait_with(self._wait)
             self._inflight.append(op)
             # Offered inline only when no earlier op is pending: one that is would hold this
             # one back, and an op offered inline whose data is not ready takes a detour

@@ -119,7 +119,7 @@ class Negotiated(Design):
     def _on_engine(self, reqs, completion):
         countdown = _countdown(reqs, completion)
         for req in reqs:
-            req.completion = countdown
+            req.complete_with(countdown)
             self.attach(req)
         self._mark_ready(reqs)
 
@@ -135,7 +135,7 @@ class Negotiated(Design):
         for op in ran:
             countdown = _countdown(op.reqs, engine.Completion.native(*op.callback(), op.arrays))
             for req in op.reqs:
-                req.completion = countdown
+                req.complete_with(countdown)
             self.attach_native(op)
             self._mark_ready(op.reqs, notify=False)
 

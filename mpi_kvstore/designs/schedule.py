@@ -24,7 +24,10 @@ order without a coordinator. docs/scheduling.md has the deadlock argument.
 """
 import threading
 
+import numpy as np
+
 from .. import debug
+from ..comm.collective import SIG_LIMIT
 from ..comm.fusion import order, pieces, share
 
 __all__ = ['Piece', 'SharePiece', 'cut', 'Knobs', 'Queue', 'wire_bytes']
@@ -95,11 +98,23 @@ class Piece:
     def buffer(self):
         return self.scratch if self.scratch is not None else self.view
 
+    # what the designs and the reducer do to a request, as collective.Collective does it
+    def fail(self, error):
+        self.error = error
+
+    def withdraw(self):
+        if self.view is None and self.array is not None:
+            self.scratch = np.zeros(self.extent, dtype=self.dtype)
+        self.sig = (self.sig + SIG_LIMIT // 2) % SIG_LIMIT
+
+    def use_scratch(self, scratch):
+        self.scratch = scratch
+
     def complete(self):
         parent = self.parent
         with self._cut.lock:
             if self.error is not None and parent.error is None:
-                parent.error = self.error
+                parent.fail(self.error)
             self._cut.left -= 1
             last = self._cut.left == 0
         if last:

@@ -311,7 +311,7 @@ class _Done:
 
     def __init__(self, req):
         self.req, self.error, self.event = req, None, threading.Event()
-        req.completion = self
+        req.complete_with(self)
 
     def done(self, err):
         self.error = err
@@ -341,5 +341,5 @@ class _KeyOrder:
                 grad = mx.nd.array(rs.req.view[start:stop], dtype=rs.req.dtype)
                 self.updater(rs.req.key, grad, weight)
         self.weights.wait_to_read()
-        req.view = flat_view(self.weights, req.nbytes, req.dtype)
+        req.attach(flat_view(self.weights, req.nbytes, req.dtype))
         self.gathered = _Done(req)

@@ -51,14 +51,10 @@ def reference(kind, every_rank, dtype, average):
     return want
 
 
-def requests(arrays, place, average, key):
-    reqs = []
-    for i, array in enumerate(arrays):
-        req = Collective('reducescatter', '%s%d' % (key, i), np.dtype(array.dtype),
-                         array.shape, average=average, place=place)
-        req.seq, req.view = i, array
-        reqs.append(req)
-    return reqs
+def requests(arrays, place, average, key, codec=None):
+    return [Collective('reducescatter', '%s%d' % (key, i), np.dtype(array.dtype), array.shape,
+                       average=average, place=place, seq=i, view=array, codec=codec)
+            for i, array in enumerate(arrays)]
 
 
 def check_share(got, before, want, rank, size, what):
@@ -96,9 +92,7 @@ def run_all(world):
                                                                 average)
                     every = [gradients(r, sizes, dtype) for r in range(size)]
                     mine = [a.copy() for a in every[rank]]
-                    reqs = requests(mine, 'cpu', average, what)
-                    for req in reqs:
-                        req.codec = codec
+                    reqs = requests(mine, 'cpu', average, what, codec)
                     reducer.reduce_scatter(reqs, comm)
                     assert not failed, (what, failed)
                     for i, got in enumerate(mine):
@@ -109,8 +103,7 @@ def run_all(world):
     # An fp16 sum out of range in one rank's share fails the bucket on every rank, alike.
     huge = [np.full(4 * size + 1, 1.0, np.float32)]
     huge[0][-1] = 70000.0 * size   # in the last rank's share only
-    reqs = requests(huge, 'cpu', False, 'overflow')
-    reqs[0].codec = compression.wire_cast('fp16')
+    reqs = requests(huge, 'cpu', False, 'overflow', compression.wire_cast('fp16'))
     reducer.reduce_scatter(reqs, comm)
     assert len(failed) == 1 and isinstance(failed[0][1], OverflowError), failed
     comm.free()

@@ -76,9 +76,7 @@ for spec in ('fp16', 'bf16', 'fp16-ring'):
                 on_cpu = [a.copy() for a in every[RANK]]
                 del moved[:]
                 for place, arrays in (('gpu', on_gpu), ('cpu', on_cpu)):
-                    reqs = requests(arrays, place, average, place + what)
-                    for req in reqs:
-                        req.codec = codec
+                    reqs = requests(arrays, place, average, place + what, codec)
                     reduce_scatter(reqs)
                     assert not failed, (what, failed)
                 cupy.cuda.Device().synchronize()
@@ -101,8 +99,7 @@ assert kernels == {'encode16', 'decode16', 'sum_rows16'}, kernels
 # An fp16 sum out of range in one rank's share fails the bucket on every rank, alike.
 huge = np.full(4 * SIZE + 1, 1.0, np.float32)
 huge[-1] = 70000.0 * SIZE
-reqs = requests([cupy.asarray(huge)], 'gpu', False, 'overflow')
-reqs[0].codec = compression.wire_cast('fp16')
+reqs = requests([cupy.asarray(huge)], 'gpu', False, 'overflow', compression.wire_cast('fp16'))
 reduce_scatter(reqs)
 assert len(failed) == 1 and isinstance(failed[0][1], OverflowError), failed
 

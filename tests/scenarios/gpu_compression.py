@@ -39,11 +39,8 @@ def gradients(step, dtype):
 
 
 def run(codec, arrays, place):
-    reqs = []
-    for i, array in enumerate(arrays):
-        req = Collective('allreduce', 'g%d' % i, array.dtype, array.shape, place=place)
-        req.seq, req.view, req.codec = i, array, codec
-        reqs.append(req)
+    reqs = [Collective('allreduce', 'g%d' % i, array.dtype, array.shape, place=place, seq=i,
+                       view=array, codec=codec) for i, array in enumerate(arrays)]
     reducer.allreduce(reqs, comm)
     cupy.cuda.Device().synchronize()
     return [cupy.asnumpy(a) if place == 'gpu' else a for a in arrays]

@@ -52,7 +52,7 @@ failed = []                                   # (key, error) this rank's request
 
 
 def fail(req, err):
-    req.error = err
+    req.fail(err)
     failed.append((req.key, err))
 
 
@@ -60,8 +60,7 @@ def fail_all(reqs, err):
     """As Design.fail_all: host zeros for what could not be read (the reducer moves them
     to the device), and the failure recorded."""
     for req in reqs:
-        if req.view is None and req.array is not None:
-            req.scratch = np.zeros(req.nbytes // req.dtype.itemsize, dtype=req.dtype)
+        req.withdraw()
         if req.error is None:
             fail(req, err)
 
@@ -87,12 +86,12 @@ def on_fresh_thread(fn, *args):
     return box.get('value')
 
 
-def request(key, buf, average=False, kind='allreduce', root=0):
+def request(key, buf, average=False, kind='allreduce', root=0, place='gpu', array=None,
+            read=True):
+    """A numbered request on ``buf``; ``read=False``: its array could not be read."""
     req = Collective(kind, key, np.dtype(buf.dtype), buf.shape, root=root, average=average,
-                     place='gpu')
-    req.seq = seq[0]
+                     place=place, array=array, seq=seq[0], view=buf if read else None)
     seq[0] += 1
-    req.view = buf
     return req
 
 
@@ -186,10 +185,8 @@ def check_shares():
                                 kind='reducescatter') for i, b in enumerate(bufs)]
                 run_on_fresh_thread('reduce_scatter', reqs)
                 host = [b.copy() for b in before]   # the host path, the same bucket
-                host_reqs = [request('h' + r.key, h, average, kind='reducescatter')
-                             for r, h in zip(reqs, host)]
-                for r in host_reqs:
-                    r.place = 'cpu'
+                host_reqs = [request('h' + r.key, h, average, kind='reducescatter',
+                                     place='cpu') for r, h in zip(reqs, host)]
                 run_on_fresh_thread('reduce_scatter', host_reqs)
                 for i, b in enumerate(bufs):
                     counts, displs = pieces(b.size, SIZE)
@@ -241,9 +238,9 @@ def check_local_failures():
         for b in bufs:
             close(read(b), expected(b.size, 1) - (np.arange(b.size) % 3 + bad + 1),
                   'a fused sum without rank %d' % bad)
-    unreadable = request('unreadable', filled(300, 'float32', 1))
+    unreadable = request('unreadable', filled(300, 'float32', 1),
+                         array=_Unreadable() if RANK == 0 else None, read=RANK != 0)
     if RANK == 0:
-        unreadable.view, unreadable.array = None, _Unreadable()
         fail_all([unreadable], RuntimeError('rank 0: injected unreadable array'))
     run_buckets([unreadable])
     if RANK != 0:

@@ -123,9 +123,8 @@ def one_rank(comm, count):
 
 
 def request(kind, buf, root=0):
-    req = Collective(kind, kind, np.dtype(buf.dtype), buf.shape, root=root, place='gpu')
-    req.view = buf
-    return req
+    return Collective(kind, kind, np.dtype(buf.dtype), buf.shape, root=root, place='gpu',
+                      view=buf)
 
 
 def many_ranks(comm, count):
