@@ -16,7 +16,7 @@ from mxnet.gluon.model_zoo import vision
 
 from benchmarks import gpu_like, overlap
 
-from mpi_harness import run_mpi
+from mpi_harness import result, run_mpi
 
 BATCH = 32
 
@@ -257,6 +257,37 @@ def test_custom_layers_train_as_the_compiled_ones_and_numpy():
     mx.nd.waitall()
 
 
+def _trained(plan, scales, lr=0.5, batch=4):
+    """Each parameter's value (all its elements alike) after SGD steps whose per-rank
+    gradient scales are scales[step], in float32 as the trainers compute it."""
+    values = []
+    for index, spec in enumerate(plan.params):
+        w = np.float32(gpu_like.initial_value(index))
+        for ranks in scales if spec.grad_req != 'null' else []:
+            summed = np.float32(sum(np.float32(gpu_like.grad_unit(index) * s) for s in ranks))
+            w = np.float32(w - np.float32(lr) * summed / np.float32(batch * len(ranks)))
+        values.append(float(w))
+    return values
+
+
 def test_training_under_mpi_equals_numpy(mpi_available):
+    """Two steps of resnet50_v1's GPU-like model at 2 ranks: every trainer (gluon.Trainer
+    updating on the rank and on the store, DistributedTrainer, Module, the same gradients
+    through plain CPU ops, partitioned) reaches numpy's value of each of its parameters; the
+    scenario's own checks of weights and gradients saw numpy's shapes and sums."""
     out = run_mpi(2, 'gpu_like_train.py', 'resnet50_v1', timeout=180)
-    assert 'gpu_like_train[resnet50_v1, default design]: OK at 2 ranks' in out, out[-3000:]
+    plan = gpu_like.plan('resnet50_v1', images_per_s=4 / 0.01, batch=4)
+    by_step = _trained(plan, [[gpu_like.step_scale(step, r) for r in range(2)] for step in range(2)])
+    want = {kind: by_step for kind in ('gluon', 'gluon_uok', 'distributed', 'cpu',
+                                       'gluon, partitioned')}
+    want['module'] = _trained(plan, [[1, 2]] * 2)      # Module's symbol: rank r scales by r + 1
+    ranks = result(out, 'gpu_like_train[resnet50_v1, default design]')['ranks']
+    assert len(ranks) == 2
+    for rank in ranks:
+        assert set(rank['trained']) == set(want)
+        for kind, values in rank['trained'].items():
+            np.testing.assert_allclose(values, want[kind], rtol=1e-5, atol=1e-7, err_msg=kind)
+        assert len(rank['checked']) == 400 and rank['raised'] == []     # the first 400 checks
+        for what, (shape, total) in rank['checked'].items():
+            want_shape, want_total = rank['expected'][what]
+            assert shape == want_shape and total == pytest.approx(want_total, rel=1e-5, abs=1e-3), what
