@@ -6,9 +6,12 @@ missing GPU fails. The lent GPU machines have one GPU, so 2 and 4 ranks share it
 """
 import os
 
+import numpy as np
 import pytest
 
-from mpi_harness import run_mpi
+from mpi_harness import result, run_mpi
+
+DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64', 'uint8')   # gpu_transport's
 
 
 def _gpus():
@@ -27,10 +30,63 @@ def _require_gpu():
     pytest.skip('no GPU (CuPy with a device) on this machine')
 
 
+def _sum(n, scale, nprocs, average=False, dtype='float64'):
+    """numpy's sum of the sum over ranks gpu_transport reduces: rank r's array j holds
+    (r + 1) * scale + j mod 3 (averaged: divided by the ranks, whole for integers)."""
+    total = np.arange(n) % 3 * nprocs + scale * nprocs * (nprocs + 1) // 2
+    if average:
+        total = total / nprocs if np.dtype(dtype).kind == 'f' else total // nprocs
+    return float(total.sum())
+
+
 def _run(nprocs, transport, expect, *more, env=None):
+    """gpu_transport's report at every rank: refused with ConfigError, or every fused
+    allreduce of the six dtypes, the 64 MB one and the last rank's broadcasts equal to numpy
+    (shape and sum), each check equal to what the scenario expected, and the transports that
+    ran exactly EXPECT's ('a+b'), host MPI calls only where a staged or CUDA-aware MPI ran."""
     out = run_mpi(nprocs, 'gpu_transport.py', transport, expect, *more, timeout=300, env=env)
-    assert 'gpu_transport[%s' % transport in out and 'OK at %d ranks' % nprocs in out, out[-3000:]
+    refused = expect == 'refused'
+    _check_transport(result(out, 'gpu_transport[%s]' % transport if refused else
+                            'gpu_transport[%s->%s]' % (transport, expect))['ranks'], nprocs, expect)
     return out
+
+
+def _check_transport(ranks, nprocs, expect):
+    refused = expect == 'refused'
+    assert len(ranks) == nprocs
+    for index, rank in enumerate(ranks):
+        if refused:
+            assert rank['raised'] == ['ConfigError'] and rank['chosen'] is None, rank
+            continue
+        checked = rank['checked']
+        assert set(checked) == set(rank['expected'])
+        for what, (shape, total) in checked.items():
+            assert shape == rank['expected'][what][0], what
+            assert total == pytest.approx(rank['expected'][what][1], rel=1e-5), what
+        for dtype in DTYPES:
+            for average in (False, True):
+                for i in range(12):
+                    n = 1000 + 37 * i
+                    assert checked['%s allreduce (average=%s) of array %d' % (dtype, average, i)] \
+                        == [[n], pytest.approx(_sum(n, i + 1, nprocs, average, dtype))]
+            root = nprocs - 1
+            values = (np.arange(5000) % 3 + (root + 1) * (10 + root)).astype(dtype)
+            assert checked['%s broadcast from rank %d' % (dtype, root)] == [
+                [5000], pytest.approx(float(values.astype(np.float64).sum()))]
+        large = np.arange(0, 16 << 20, 4099)
+        assert checked['a 64 MB allreduce'] == [
+            [large.size], pytest.approx(float((large % 3 * nprocs + nprocs * (nprocs + 1) // 2).sum()))]
+        ran = set(expect.split('+'))
+        if nprocs == 1:     # the store reduces nothing; the transport ran directly
+            assert checked['%s at one rank' % expect] == [[3000], _sum(3000, 3, 1)]
+            continue
+        assert rank['chosen'] in ran and set(rank['ran']) == ran, rank['ran']
+        assert all(count > 0 for count in rank['ran'].values()), rank['ran']
+        assert (rank['mpi_calls'] > 0) == bool(ran & {'staged', 'cuda_mpi'}), rank['mpi_calls']
+        # check_local_failures: rank 1's fusion fails (its bucket's requests), rank 0 cannot
+        # read one array; every other rank's requests all succeed
+        want_failed = {0: {'unreadable'}, 1: {'fail0', 'fail1', 'fail2'}}.get(index, set())
+        assert set(rank['failed']) <= want_failed and bool(rank['failed']) == bool(want_failed)
 
 
 @pytest.mark.parametrize('nprocs', [1, 2, 4])
@@ -72,7 +128,22 @@ def test_auto_picks_nccl_unless_ranks_share_a_gpu(nprocs):
 def test_compression_on_device_matches_the_host_bit_for_bit(nprocs):
     _require_gpu()
     out = run_mpi(nprocs, 'gpu_compression.py', timeout=300)
-    assert 'gpu_compression: OK at %d ranks' % nprocs in out, out[-3000:]
+    ranks = result(out, 'gpu_compression')['ranks']
+    assert len(ranks) == nprocs
+    steps = ['2bit (two_phase_min_ranks=%d) step %d' % (phases, step)
+             for phases in (32, 2) for step in range(4)]
+    names = ['%s of %s' % (kind, dtype) for kind in ('fp16', 'bf16', 'fp16-ring', 'bf16-ring')
+             for dtype in ('float32', 'float64')] + steps + [
+        '%s residual %d' % (step, i) for step in steps for i in range(5)]
+    for rank in ranks:
+        # every array the GPU path made: bit for bit the host path's, so the same shape and sum
+        assert rank['checked'] == rank['expected']
+        assert set(rank['checked']) == {'%s, array %d' % (name, i) for name in names
+                                        for i in range(5 if ' residual ' not in name else 1)}
+        assert [shape for shape, _ in (rank['checked']['fp16 of float32, array %d' % i]
+                                       for i in range(5))] == [[1], [7], [1000], [4099], [33]]
+        kernels = {'quantize_pack', 'count_sum'} | ({'encode16', 'decode16'} if nprocs > 1 else set())
+        assert kernels <= set(rank['device_calls']), rank['device_calls']
 
 
 def test_a_tune_table_mixes_transports_by_size():

@@ -17,7 +17,7 @@ from mpi_kvstore.comm.collective import Collective
 from mpi_kvstore.comm.reduce import Reducer
 from mpi_kvstore.compression import device as device_codecs
 
-from common import RANK, SIZE, WORLD, done, same_on_all_ranks
+from common import RANK, SIZE, WORLD, done, record, same_on_all_ranks
 
 DEVICE = RANK % cupy.cuda.runtime.getDeviceCount()
 cupy.cuda.Device(DEVICE).use()
@@ -48,6 +48,7 @@ def run(codec, arrays, place):
 
 def check(what, on_device, on_host, across_ranks=True):
     for i, (d, h) in enumerate(zip(on_device, on_host)):
+        record(d, h, '%s, array %d' % (what, i))
         if not np.array_equal(d.view(np.uint8), h.view(np.uint8)):
             bad = np.flatnonzero(d != h)
             raise AssertionError('rank %d: %s, array %d: the GPU path differs from the host '
@@ -92,4 +93,4 @@ assert {'encode16', 'decode16', 'quantize_pack', 'count_sum'} <= set(device_call
 if RANK == 0:
     print('device codec calls: %d' % len(device_calls))
 comm.free()
-done('gpu_compression')
+done('gpu_compression', device_calls=sorted(set(device_calls)))

@@ -272,7 +272,7 @@ if EXPECT == 'refused':
     assert comm.router.chosen is None
     if RANK == 0:
         print('%s refused on every rank: two ranks share one GPU' % TRANSPORT)
-    done('gpu_transport[%s]' % TRANSPORT)
+    done('gpu_transport[%s]' % TRANSPORT, chosen=comm.router.chosen)
     comm.free()
     sys.exit(0)
 
@@ -285,13 +285,15 @@ check_broadcast()
 check_shares()
 if SIZE > 1:   # at one rank the store reduces nothing, so nothing can fail
     check_local_failures()
+ran = debug.since(START, 'transport')
+mpi_calls = debug.since(START, 'algorithm').get('mpi', 0)   # host MPI_Allreduce calls
 if SIZE > 1:
-    ran = debug.since(START, 'transport')
     assert comm.router.chosen in RAN and set(ran) == RAN, (comm.router.chosen, ran)
-    mpi_calls = debug.since(START, 'algorithm').get('mpi', 0)   # host MPI_Allreduce calls
     assert mpi_calls > 0 if RAN & {'staged', 'cuda_mpi'} else mpi_calls == 0, mpi_calls
     if RANK == 0:
         for name in sorted(RAN):
             print('transport %s ran %d collectives' % (name, ran[name]))
+chosen = comm.router.chosen
 comm.free()
-done('gpu_transport[%s->%s]' % (TRANSPORT, EXPECT))
+done('gpu_transport[%s->%s]' % (TRANSPORT, EXPECT), chosen=chosen, ran=dict(ran),
+     mpi_calls=mpi_calls, failed=[key for key, _ in failed])
