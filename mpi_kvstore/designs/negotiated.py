@@ -38,6 +38,7 @@ from ..engine import core as engine
 from ..engine import records
 from . import autotune, schedule
 from .base import Design
+from .repeat import Repeat
 
 __all__ = ['Negotiated', 'tighten_timer_slack', 'TIMER_SLACK_NS']
 
@@ -88,6 +89,10 @@ class Negotiated(Design):
         # autotune: searches the schedule on this job's steps, switching between rounds
         self.tuner = autotune.Tuner(self.config, self.rank, self.size, table,
                                     config.poll_us) if config.autotune else None
+        # a repeated small round's data beside its agreement (repeat.py); not under autotune,
+        # whose switches between rounds it would have to follow, nor the timeline's events
+        self.repeat = (Repeat(self.size, config.poll_us)
+                       if self.size > 1 and self.tuner is None and not timeline else None)
         self._join_done = threading.Event()
         self._last_joined = None
         self._thread = threading.Thread(target=self._loop, name='mpi_kvstore-' + self.name,
@@ -192,7 +197,7 @@ class Negotiated(Design):
                     return
                 self._waker.wait()
                 continue
-            agreed, bad = self._negotiate(offer)
+            agreed, bad, delivered = self._negotiate(offer, queued)
             if agreed is None:  # every rank has joined (so none has anything queued)
                 self._last_joined = self.finish_join(self._control)
                 self._join_done.set()
@@ -206,29 +211,41 @@ class Negotiated(Design):
             self._retire(agreed + bad)
             if bad:   # the same on every rank: all of them reject, and say what they issued
                 self.reject(bad, self._control)
-            self._queue.add(agreed)
-            self.dispatch(self._queue.take())
+            if not delivered:   # the bet of repeat.py ran them with the agreement
+                self._queue.add(agreed)
+                self.dispatch(self._queue.take())
 
-    def _negotiate(self, offer):
-        """One round -> (agreed, mismatched) requests, or (None, None) once all ranks joined."""
+    def _negotiate(self, offer, queued=False):
+        """One round -> (agreed, mismatched, delivered) requests, or (None, None, False) once all
+        ranks joined; ``delivered``: the agreed ones already ran (repeat.py)."""
         if self.size == 1:
-            return sorted(offer.values(), key=lambda r: r.seq), []
-        msg, base = self._msg, self._base
+            return sorted(offer.values(), key=lambda r: r.seq), [], False
+        msg, base, repeat = self._msg, self._base, self.repeat
         agreement.window_message(msg, {s: r.sig for s, r in offer.items()}, base,
                                  self.joined, self.rank)
-        wait_polling(self._control.start_min(msg), self.config.poll_us)
+        started = self._control.start_min(msg)
+        if repeat is not None:
+            repeat.start(self._control.mpi, offer, base)
+        wait_polling(started, self.config.poll_us)
+        if repeat is not None:
+            repeat.wait()
         head = agreement.read_header(msg)
         if head.all_joined:
-            return None, None
+            if repeat is not None:
+                repeat.forget()
+            return None, None, False
         agreed, bad = agreement.window_result(msg)
+        if repeat is not None and repeat.settle(msg, agreed, bad, offer, base, queued):
+            return [offer[base + i] for i in agreed], [], True
         seqs = [base + i for i in agreed + bad]
         if not head.someone_joined:
-            return [offer[s] for s in seqs[:len(agreed)]], [offer[s] for s in seqs[len(agreed):]]
+            return ([offer[s] for s in seqs[:len(agreed)]],
+                    [offer[s] for s in seqs[len(agreed):]], False)
         mine = None if self.joined else [offer[s] for s in seqs]
         reqs, joined = self.exchange_with_joined(self._control, head, mine)
         runnable = self.refuse(reqs[:len(agreed)], joined)
         self._retire([r for r in reqs[:len(agreed)] if r not in runnable])
-        return runnable, reqs[len(agreed):]
+        return runnable, reqs[len(agreed):], False
 
     def _retire(self, reqs):
         with self._lock:
