@@ -18,8 +18,10 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # schedule: requests cut into pieces ('pieces_cut') and dispatches that the credit
 # stopped short of the queue ('held_back'); named: named allreduces (collectives.allreduce)
 # in place whose name's signature was reused ('hit') or made ('miss'), and those staged
-# through a copy ('staged').
-KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named')
+# through a copy ('staged'); optimizer: the store's optimizer run on one key ('key') or on a
+# batch of keys in one updater call ('batch').
+KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
+         'optimizer')
 
 _counts = collections.Counter()
 

@@ -112,6 +112,7 @@ class KeyTable:
         self._rank, self._size = rank, size
         self._keys = {}
         self._updater = None
+        self._held = []   # plans whose update waits for a batch (hold, flush)
 
     @property
     def updater(self):
@@ -124,6 +125,7 @@ class KeyTable:
         self._updater = updater
 
     def __iter__(self):
+        self.flush()
         return iter(self._keys.values())
 
     def get(self, key):
@@ -131,6 +133,7 @@ class KeyTable:
 
     def with_value(self, key, call='pull'):
         """The state of a key that holds a value (for pull)."""
+        self.flush()
         state = self._keys.get(key)
         if state is None or state.value is None:
             raise _no_value(call, key)
@@ -166,6 +169,10 @@ class KeyTable:
 
     # -- the data path (after validation) ----------------------------------------
     def register(self, entry):
+        self.flush()
+        return self._register(entry)
+
+    def _register(self, entry):
         state = self._keys.get(entry.key)
         if state is None:
             state = self._keys[entry.key] = KeyState(entry)
@@ -173,8 +180,10 @@ class KeyTable:
 
     def plan(self, entry, in_place_ok):
         """How one key of a push or pushpull runs (a :class:`Plan`), decided once per call
-        shape: :class:`CallCache` keeps it for the next call on the same arrays."""
-        state = self.register(entry)
+        shape: :class:`CallCache` keeps it for the next call on the same arrays. Held
+        updates stay held: the optimizer delivers them before the plan stages anything
+        (StoreOptimizer.before)."""
+        state = self._register(entry)
         values = tuple(entry.values)
         targets = values if entry.outs is None else tuple(entry.outs)
         in_place = (in_place_ok and self._config.zero_copy and self.updater is None
@@ -205,6 +214,7 @@ class KeyTable:
         :meth:`fill` after the weights' allgather."""
         state = plan.state
         if self.updater is not None:
+            debug.count('optimizer', 'key')
             self.updater(state.key, *plan.views)
             note_weights(plan)
             if plan.share is None:
@@ -213,6 +223,39 @@ class KeyTable:
             fill(plan, plan.work)
         else:
             plan.work.copyto(state.stored())
+
+
+    # -- a step's updates, batched ----------------------------------------------------
+    def hold(self, plans):
+        """Keep plans whose collectives were submitted, to :meth:`deliver` them later in
+        one batch (:meth:`flush`). Every method that reads or writes a key's value flushes
+        first, so no caller of the table sees a held key's old weights."""
+        self._held.extend(plans)
+
+    def holds(self, plans):
+        """Whether a key of ``plans`` is held (its update must come before their staging)."""
+        if not self._held:
+            return False
+        held = {plan.state.key for plan in self._held}
+        return any(plan.state.key in held for plan in plans)
+
+    @property
+    def held(self):
+        return len(self._held)
+
+    def flush(self):
+        """Deliver the held plans: one updater call with the lists of keys, sums and
+        weights, which the optimizer runs as MXNet's multi-tensor updates (aggregate_num
+        keys an operator, as gluon.Trainer's own updates), then fill the outputs."""
+        if not self._held:
+            return
+        plans, self._held = self._held, []
+        debug.count('optimizer', 'batch')
+        self._updater([plan.state.key for plan in plans], [plan.views[0] for plan in plans],
+                      [plan.views[1] for plan in plans])
+        for plan in plans:
+            note_weights(plan)
+            fill(plan, plan.state.value)
 
 
 def note_weights(plan):

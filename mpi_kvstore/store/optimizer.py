@@ -10,9 +10,12 @@ collectives.Collectives.run). It never calls the store.
 """
 import os
 import pickle
+import sys
 
 import mxnet as mx
 import numpy as np
+from mxnet import gluon
+from mxnet import model as mx_model
 
 from ..comm.collective import CLIP_NORM, LAMB_NORMS, Collective
 from ..errors import MPIKVStoreError
@@ -20,6 +23,56 @@ from ..optim import shards
 from .keys import fill, note_weights, request
 
 __all__ = ['StoreOptimizer']
+
+
+# MXNet's own loops that push one key a call, in order, and read no weights until the
+# loop ends: gluon.Trainer._allreduce_grads (update_on_kvstore) and Module's
+# model._update_params_on_kvstore. For each, the last key the loop pushes this time,
+# read from the loop's frame.
+def _trainer_last(frame):
+    params = frame.f_locals['self']._params
+    for i in range(len(params) - 1, -1, -1):
+        if params[i].grad_req != 'null':
+            return i
+    return None
+
+
+def _module_last(frame):
+    local = frame.f_locals
+    grads = local['grad_arrays']
+    for i in range(len(grads) - 1, -1, -1):
+        if grads[i][0] is not None:
+            return local['param_names'][i]
+    return None
+
+
+_LOOPS = {gluon.Trainer._allreduce_grads.__code__: _trainer_last,
+          mx_model._update_params_on_kvstore.__code__: _module_last}
+_DEPTH = 6   # frames from StoreOptimizer.before up to the store's caller, and a margin
+
+
+def _loop_last():
+    """The last key of the MXNet loop this push or pushpull comes from, or None (any other
+    caller; each of its calls is then delivered at once)."""
+    frame = sys._getframe(2)
+    for _ in range(_DEPTH):
+        if frame is None:
+            return None
+        last = _LOOPS.get(frame.f_code)
+        if last is not None:
+            return last(frame)
+        frame = frame.f_back
+    return None
+
+
+def _batch_size(updater):
+    """Keys a batch of updates holds: the optimizer's aggregate_num, for MXNet's SGD (whose
+    multi-tensor update is elementwise, so a batch gives the very same weights as one key
+    at a time); 0 for any other optimizer, which gains nothing or could round otherwise."""
+    optimizer = updater.optimizer
+    if isinstance(optimizer, mx.optimizer.SGD) and optimizer.aggregate_num > 1:
+        return optimizer.aggregate_num
+    return 0
 
 
 class StoreOptimizer:
@@ -32,6 +85,7 @@ class StoreOptimizer:
         self._job, self._run = job, run
         self._fitted = set()   # keys whose optimizer state is cut to this rank's share
         self.clip = None       # the clipped step under way (shards.ClipStep)
+        self._last = None      # before() -> after(): the batching loop's last key, or None
 
     @property
     def updater(self):
@@ -39,6 +93,7 @@ class StoreOptimizer:
 
     def set(self, optimizer):
         """MPIKVStore.set_optimizer."""
+        self._keys.flush()
         if self._config.shard_optimizer:
             why = shards.refuse(optimizer)
             if why is not None:
@@ -54,6 +109,7 @@ class StoreOptimizer:
     def clip_next_step(self, max_norm, keys):
         """MPIKVStore.clip_global_norm: check, then clip the step that pushes ``keys``."""
         self.require()
+        self._keys.flush()
         shards.check_max_norm(max_norm)
         if isinstance(keys, (str, bytes, int)) or not hasattr(keys, '__iter__'):
             raise ValueError('clip_global_norm: keys must be a list of the step\'s keys, not %r'
@@ -70,8 +126,20 @@ class StoreOptimizer:
     # -- push and pushpull --------------------------------------------------------
     def before(self, plans):
         """Raise, before anything is sent, for a key the clipped step does not take, or a
-        loaded state of another size; cut loaded whole states to this rank's share."""
-        if self.clip is not None and self.updater is not None:
+        loaded state of another size; cut loaded whole states to this rank's share.
+
+        Decide whether the call's updates wait for a batch: only in MXNet's own loops
+        (_LOOPS), with no clipped step and no shard, and never past the loop's last key.
+        Held updates of other calls are delivered first, before this call stages its
+        gradients, unless this call joins their batch."""
+        self._last = None
+        updater = self.updater
+        if (updater is not None and self.clip is None and _batch_size(updater)
+                and all(plan.share is None for plan in plans)):
+            self._last = _loop_last()
+        if self._last is None or self._keys.holds(plans):
+            self._keys.flush()
+        if self.clip is not None and updater is not None:
             self.clip.check([plan.state.key for plan in plans])
         for plan in plans:
             if plan.share is not None:
@@ -81,7 +149,12 @@ class StoreOptimizer:
         """After a call's collectives: deliver it, or with a clipped step under way add it,
         and deliver the whole step once its last key came."""
         step = self.clip if self.updater is not None else None
-        if step is None:
+        if self._last is not None:
+            self._keys.hold(plans)
+            if (self._keys.held >= _batch_size(self.updater)
+                    or any(plan.state.key == self._last for plan in plans)):
+                self._keys.flush()
+        elif step is None:
             self._deliver(plans, priority)
         elif step.add(plans, priority):
             self.clip = None
@@ -152,6 +225,7 @@ class StoreOptimizer:
     def save(self, fname, dump_optimizer):
         """MPIKVStore.save_optimizer_states (with shard_optimizer a collective)."""
         updater = self.require()
+        self._keys.flush()
         if self._config.shard_optimizer and self._size > 1:
             self._job.wait()
             whole = mx.optimizer.Updater(updater.optimizer)
@@ -169,6 +243,7 @@ class StoreOptimizer:
     def load(self, fname):
         """MPIKVStore.load_optimizer_states."""
         updater = self.require()
+        self._keys.flush()
         with open(fname, 'rb') as fh:
             data = fh.read()
         loaded = mx.optimizer.Updater(updater.optimizer)
