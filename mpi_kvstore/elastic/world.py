@@ -1,4 +1,4 @@
-"""A world of separately launched workers that loses members and re-forms in memory.
+"""A world of separately launched workers that loses and gains members in memory.
 
 Each worker is its own ``mpiexec -n 1`` launch, so the death of one does not end the others.
 They meet through an MPI port (``Open_port`` / ``Accept`` / ``Connect``, then ``Merge``): the
@@ -11,6 +11,14 @@ collective here is nonblocking, and its wait ends with :class:`HorovodInternalEr
 launcher announces a lost worker (a signed ``lost-<id>`` file) or when ``deadline`` seconds
 pass. :meth:`World.reform` then re-forms the world from the survivors: the oldest (the lowest
 rank of the old world) becomes rank 0, the others keep their order.
+
+The launcher's host discovery adds and removes workers: it starts a newcomer, which says it
+is ready and waits to be admitted, then writes a signed notice of the world's members. Rank 0
+hands it to the listeners (the state), so the next commit raises HostsUpdatedInterrupt on
+every rank; :meth:`World.reform` then admits the newcomers after the old members, and a
+worker left out leaves. A worker that dies while the root waits for it in ``Accept`` cannot
+be waited out (MPI's accept has no deadline): the launcher connects a stand-in in its place
+(standin.py), signed with the secret, and the world forms without it.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ import logging
 import os
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,19 +44,31 @@ NOTICE_EVERY = 0.01    # seconds between looks for the launcher's notices
 HANDSHAKE_TIMEOUT = 10.0
 
 
+ADMIT, SKIP, REFUSED = 'admit', 'skip', 'refused'   # the root's verdicts on a connection
+
+
 class World:
     """This worker's view of the elastic world: ``comm`` (an intracommunicator), ``rank``,
     ``size`` and ``ids`` (the workers' ids by rank). Build it with :meth:`from_environment`
-    (the launcher's variables), then :meth:`form`."""
+    (the launcher's variables), then :meth:`form`.
+
+    ``listeners``: functions ``f(timestamp, removed_only)`` called on rank 0 when the
+    launcher announces new members (``state.on_hosts_updated``: the state's next commit then
+    raises HostsUpdatedInterrupt on every rank)."""
 
     def __init__(self, directory: str, secret: str, worker: int, expected: int,
-                 deadline: float = 30.0, timeout: float = 120.0) -> None:
+                 deadline: float = 30.0, timeout: float = 120.0, joining: bool = False,
+                 min_np: int = 1) -> None:
         self.directory, self.secret, self.id = directory, secret, int(worker)
         self.expected, self.deadline, self.timeout = int(expected), deadline, timeout
-        self.generation = 0
+        self.joining, self.min_np = bool(joining), max(1, int(min_np))
+        self.generation = -1 if self.joining else 0
         self.comm: Any = None
         self.ids: list[int] = []
         self.lost_ids: set[int] = set()
+        self.hosts_seen = 0   # the number of the launcher's notice this world formed on
+        self.listeners: list[Callable[[float, bool], Any]] = []
+        self._reported = 0    # the newest notice handed to the listeners
         self._refused: set[str] = set()
         self._next_look = 0.0
 
@@ -60,6 +81,10 @@ class World:
         if missing:
             raise RuntimeError('mpi_kvstore elastic: not started by an elastic launcher (%s '
                                'unset)' % ', '.join(missing))
+        kwargs.setdefault('joining', env.get(rendezvous.JOIN_ENV) == '1')
+        kwargs.setdefault('min_np', int(env.get(rendezvous.MIN_NP_ENV) or 1))
+        if env.get(rendezvous.TIMEOUT_ENV):   # the launcher's wait, and a margin for its end
+            kwargs.setdefault('timeout', float(env[rendezvous.TIMEOUT_ENV]) + 30.0)
         return cls(env[rendezvous.DIR_ENV], env[rendezvous.SECRET_ENV],
                    int(env[rendezvous.ID_ENV]), int(env[rendezvous.NP_ENV]), **kwargs)
 
@@ -75,79 +100,177 @@ class World:
 
     # -- forming ---------------------------------------------------------------------------
     def form(self) -> None:
-        """Form the first world: worker 0 accepts workers 1, 2, ... one at a time."""
-        self._form(list(range(self.expected)), key=self.id)
+        """Form the first world (worker 0 accepts workers 1, 2, ... one at a time), or, for a
+        worker the launcher started later, join the running world when it re-forms."""
+        if self.joining:
+            rendezvous.write_signed(rendezvous.ready_path(self.directory, self.id),
+                                    self.secret, {'ready': self.id})
+            self._form(None)
+        else:
+            self._form(list(range(self.expected)))
+        self._wait_for_min_np()
 
     def reform(self, wait_for_loss: bool = True) -> None:
-        """Re-form the world from the survivors (every worker of the old world whose loss
-        the launcher did not announce): the oldest becomes rank 0. ``wait_for_loss=False``
-        (a host update, not a loss) re-forms at once with the workers not announced lost."""
+        """Re-form the world. After a lost worker (announced by the launcher): from the
+        survivors, the oldest as rank 0. Otherwise from the members of the launcher's newest
+        notice, as rank 0 read it: the old members in their order, then the newcomers; a
+        worker left out leaves the job (SystemExit(0)). ``wait_for_loss``: whether a world
+        that cannot agree waits for the launcher to name the lost worker (False: re-form at
+        once with the workers not announced lost)."""
         ends = time.monotonic() + self.timeout
         self._look(force=True)
-        while wait_for_loss and not self.lost_ids:   # which worker is gone, the launcher says
+        notice = None
+        if not self.lost_ids:
+            try:
+                notice = self._bcast(self._notice() if self.rank == 0 else None, self.deadline)
+            except HorovodInternalError:
+                self._await_loss(ends, wait_for_loss)
+        if self.lost_ids:
+            order = [worker for worker in self.ids if worker not in self.lost_ids]
+            if self.id not in order:
+                raise RuntimeError('mpi_kvstore elastic: this worker was announced lost')
+            why = 'the loss of worker(s) %s' % sorted(self.lost_ids)
+        else:
+            order, why = list(self.ids), 'a reset'
+            if notice is not None and notice['number'] > self.hosts_seen:
+                self.hosts_seen = notice['number']
+                order = self._order(notice['members'])
+                why = "the launcher's notice %d" % notice['number']
+            if self.id not in order:
+                log.info('mpi_kvstore elastic: worker %d left out by the host discovery '
+                         '(notice %d): leaving the job', self.id, self.hosts_seen)
+                raise SystemExit(0)
+        self.generation += 1
+        log.info('mpi_kvstore elastic: re-forming the world after %s: %d worker(s) of %d '
+                 '(generation %d)', why, len(order), len(self.ids), self.generation)
+        # the old communicator is abandoned, not freed: a collective with the lost peer may
+        # still be pending on it, and freeing it could wait for that peer
+        self._form(order)
+        self._wait_for_min_np()
+
+    def _order(self, members):
+        """The old members among ``members`` in their order, then the newcomers."""
+        return ([worker for worker in self.ids if worker in members]
+                + sorted(worker for worker in members if worker not in self.ids))
+
+    def _await_loss(self, ends, wait):
+        while wait and not self.lost_ids:   # which worker is gone, the launcher says
             if time.monotonic() > ends:
                 raise RuntimeError('mpi_kvstore elastic: a collective stalled, and the '
                                    'launcher announced no lost worker in %g s' % self.timeout)
             time.sleep(NOTICE_EVERY)
             self._look(force=True)
-        survivors = [worker for worker in self.ids if worker not in self.lost_ids]
-        if self.id not in survivors:
-            raise RuntimeError('mpi_kvstore elastic: this worker was announced lost')
-        self.generation += 1
-        log.info('mpi_kvstore elastic: re-forming the world from %d survivor(s) of %d '
-                 '(generation %d)', len(survivors), len(self.ids), self.generation)
-        # the old communicator is abandoned, not freed: a collective with the lost peer may
-        # still be pending on it, and freeing it could wait for that peer
-        self._form(survivors, key=survivors.index(self.id))
 
-    def _form(self, order, key):
-        """The world of the workers ``order`` (its first accepts the others, in turn: two
-        processes connecting to one port at once crashed MPICH's accept), ranked by ``key``."""
+    def _wait_for_min_np(self):
+        """Below the launcher's --min-np, wait for a notice that brings workers in."""
+        ends = time.monotonic() + self.timeout
+        while self.size < self.min_np:
+            log.warning('mpi_kvstore elastic: %d worker(s), fewer than --min-np %d: waiting '
+                        'for the launcher to add workers', self.size, self.min_np)
+            notice = None
+            if self.rank == 0:
+                while notice is None and time.monotonic() < ends:
+                    found = self._notice()
+                    if found is not None and found['number'] > self.hosts_seen:
+                        notice = found
+                    else:
+                        time.sleep(NOTICE_EVERY)
+            notice = self._bcast(notice, max(ends - time.monotonic(), 0.0) + self.deadline)
+            if notice is None:
+                raise RuntimeError('mpi_kvstore elastic: %d worker(s), fewer than --min-np %d, '
+                                   'and none came in %g s' % (self.size, self.min_np,
+                                                              self.timeout))
+            self.hosts_seen = notice['number']
+            order = self._order(notice['members'])
+            if self.id not in order:
+                raise SystemExit(0)
+            self.generation += 1
+            self._form(order)
+
+    def _form(self, order):
+        """The world of the workers ``order``, in that rank order: its first (the root)
+        accepts the others one at a time (two processes connecting to one port at once
+        crashed MPICH's accept). ``order`` None: this worker connects when the root admits
+        it. A worker announced lost, or one for which the launcher's stand-in connects (it
+        died while the root waited for it), is left out."""
         started = time.monotonic()
-        root = order[0]
-        path = rendezvous.port_path(self.directory, self.generation)
-        if self.id == root:
+        is_root = order is not None and order[0] == self.id
+        pending = list(order[1:]) if is_root else []
+        if is_root:
             world = MPI.COMM_SELF.Dup()
             port = MPI.Open_port()
         else:
-            port = self._published_port(path, root, started)
+            port = self._published_port(started)
             inter = MPI.COMM_SELF.Connect(port, root=0)
             if not self._answer(inter):
                 raise RuntimeError('mpi_kvstore elastic: the world refused this worker')
             world = inter.Merge(high=True)
-        while world.Get_size() < len(order):
-            if self.id == root:   # whose turn it is to connect
-                rendezvous.write_signed(path, self.secret, {
-                    'port': port, 'root': root, 'generation': self.generation,
-                    'admit': order[world.Get_size()]})
+        while True:   # the root says who comes next, or that the world is whole
+            admit = world.bcast(self._next(pending) if is_root else None, root=0)
+            if admit is None:
+                break
+            if is_root:
+                fields = {'port': port, 'root': self.id, 'generation': self.generation,
+                          'admit': admit}
+                rendezvous.write_signed(rendezvous.port_path(self.directory, self.generation),
+                                        self.secret, fields)
+                rendezvous.write_signed(rendezvous.current_port_path(self.directory),
+                                        self.secret, fields)
             inter = world.Accept(port, root=0)
-            admitted = self._challenge(inter) if world.Get_rank() == 0 else None
-            admitted = world.bcast(admitted, root=0)
-            if admitted:
+            verdict = self._challenge(inter, admit) if world.Get_rank() == 0 else None
+            verdict = world.bcast(verdict, root=0)
+            if verdict == ADMIT:
                 world = inter.Merge(high=False)
             else:
                 inter.Free()
-        if self.id == root:
+            if is_root and verdict != REFUSED:
+                pending.pop(0)
+        if is_root:
             MPI.Close_port(port)
-        self.comm = world.Split(0, key)
+        self.comm = world.Split(0, world.Get_rank())
+        self.generation, self.hosts_seen = self.comm.bcast((self.generation, self.hosts_seen),
+                                                           root=0)
         self.ids = self.comm.allgather(self.id)
         self.lost_ids = set()
+        self._reported = self.hosts_seen
+        if is_root:
+            rendezvous.write_signed(rendezvous.formed_path(self.directory), self.secret, {
+                'generation': self.generation, 'ids': ','.join(map(str, self.ids)),
+                'time': '%.6f' % time.time()})
         log.info('mpi_kvstore elastic: world %d formed: %d worker(s) %s in %.3f s',
                  self.generation, len(self.ids), self.ids, time.monotonic() - started)
 
-    def _published_port(self, path, root, started):
+    def _next(self, pending):
+        """The root's next worker to admit: the first of ``pending`` not announced lost."""
+        while pending and self._announced_lost(pending[0]):
+            log.warning('mpi_kvstore elastic: worker %d was lost before it joined; the world '
+                        'forms without it', pending.pop(0))
+        return pending[0] if pending else None
+
+    def _announced_lost(self, worker):
+        found = rendezvous.read_signed(rendezvous.lost_path(self.directory, worker),
+                                       self.secret, self._refused)
+        return bool(found) and found.get('lost') == worker
+
+    def _published_port(self, started):
+        path = rendezvous.current_port_path(self.directory)
         while True:
             found = rendezvous.read_signed(path, self.secret, self._refused)
-            if (found and found.get('root') == root and found.get('admit') == self.id
-                    and found.get('generation') == self.generation):
+            if found and found.get('admit') == self.id and (
+                    found.get('generation') > self.generation if self.joining
+                    else found.get('generation') == self.generation):
+                self.generation = found['generation']
+                self.joining = False
                 return found['port']
             if time.monotonic() - started > self.timeout:
-                raise RuntimeError('mpi_kvstore elastic: no port from worker %d in %g s'
-                                   % (root, self.timeout))
+                raise RuntimeError('mpi_kvstore elastic: worker %d was not admitted to the '
+                                   'world in %g s' % (self.id, self.timeout))
             time.sleep(0.002)
 
-    def _challenge(self, inter):
-        """The root's side: whether the process behind ``inter`` holds the job's secret."""
+    def _challenge(self, inter, admit):
+        """The root's side: ADMIT when the process behind ``inter`` holds the job's secret
+        and is worker ``admit``; SKIP when it is the launcher's stand-in for ``admit`` (which
+        died); REFUSED otherwise."""
         nonce = os.urandom(16).hex()
         inter.send(nonce, dest=0)
         request = inter.irecv(source=0)
@@ -156,17 +279,24 @@ class World:
         while not answered and time.monotonic() < ends:
             time.sleep(0.001)
             answered, reply = request.test()
-        good = (answered and isinstance(reply, dict)
-                and rendezvous.verify(self.secret, reply.get('mac'), 'join', nonce,
-                                      reply.get('id')))
         if not answered:
             request.Cancel()
-        if not good:
+        reply = reply if answered and isinstance(reply, dict) else {}
+        verdict = REFUSED
+        if reply.get('id') == admit and rendezvous.verify(self.secret, reply.get('mac'),
+                                                          'join', nonce, admit):
+            verdict = ADMIT
+        elif reply.get('skip') == admit and rendezvous.verify(self.secret, reply.get('mac'),
+                                                              'skip', nonce, admit):
+            verdict = SKIP
+            log.warning('mpi_kvstore elastic: worker %d died while the world waited for it '
+                        "(the launcher's stand-in says so); the world forms without it", admit)
+        else:
             log.warning('mpi_kvstore elastic: refused a process that connected to the port '
                         'without the job\'s secret (%s)',
                         'no answer' if not answered else 'a wrong signature')
-        inter.send(bool(good), dest=0)
-        return bool(good)
+        inter.send(verdict == ADMIT, dest=0)
+        return verdict
 
     def _answer(self, inter):
         nonce = inter.recv(source=0)
@@ -174,20 +304,37 @@ class World:
                    dest=0)
         return inter.recv(source=0)
 
-    # -- losses ----------------------------------------------------------------------------
+    # -- the launcher's notices --------------------------------------------------------------
+    def _notice(self):
+        """The launcher's newest notice: {'number', 'members'}, or None."""
+        found = rendezvous.read_signed(rendezvous.hosts_path(self.directory), self.secret,
+                                       self._refused)
+        if not found:
+            return None
+        try:
+            members = [int(word) for word in str(found['members']).split(',') if word]
+            return {'number': int(found['number']), 'members': members}
+        except (KeyError, ValueError):
+            return None
+
     def _look(self, force=False):
-        """Read the launcher's notices (at most every NOTICE_EVERY s unless ``force``)."""
+        """Read the launcher's notices (at most every NOTICE_EVERY s unless ``force``): the
+        lost workers, and on rank 0 new members, which the listeners hear of."""
         now = time.monotonic()
         if not force and now < self._next_look:
             return
         self._next_look = now + NOTICE_EVERY
         for worker in self.ids:
-            if worker in self.lost_ids or worker == self.id:
-                continue
-            found = rendezvous.read_signed(rendezvous.lost_path(self.directory, worker),
-                                           self.secret, self._refused)
-            if found and found.get('lost') == worker:
+            if worker not in self.lost_ids and worker != self.id \
+                    and self._announced_lost(worker):
                 self.lost_ids.add(worker)
+        if self.listeners and self.comm is not None and self.rank == 0:
+            notice = self._notice()
+            if notice is not None and notice['number'] > max(self.hosts_seen, self._reported):
+                self._reported = notice['number']
+                removed_only = set(notice['members']) <= set(self.ids)
+                for listener in self.listeners:
+                    listener(time.time(), removed_only)
 
     def check(self, what: str = 'collective') -> None:
         """Raise HorovodInternalError if the launcher announced a lost worker (any thread
@@ -199,6 +346,7 @@ class World:
 
     def _wait(self, request, what):
         ends = time.monotonic() + self.deadline
+        self._look()
         while not request.Test():
             self._look()
             if self.lost_ids:
@@ -207,6 +355,13 @@ class World:
             if time.monotonic() > ends:
                 raise HorovodInternalError('%s: no answer in %g s' % (what, self.deadline))
             time.sleep(POLL)
+
+    def _bcast(self, obj, deadline):
+        saved, self.deadline = self.deadline, deadline
+        try:
+            return self.bcast_object(obj)
+        finally:
+            self.deadline = saved
 
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, array: np.ndarray) -> np.ndarray:

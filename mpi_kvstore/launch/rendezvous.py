@@ -17,8 +17,10 @@ import logging
 import os
 import secrets
 
-__all__ = ['SECRET_ENV', 'DIR_ENV', 'ID_ENV', 'NP_ENV', 'new_secret', 'sign', 'verify',
-           'write_signed', 'read_signed', 'announce_lost', 'lost_path', 'port_path']
+__all__ = ['SECRET_ENV', 'DIR_ENV', 'ID_ENV', 'NP_ENV', 'JOIN_ENV', 'MIN_NP_ENV', 'TIMEOUT_ENV',
+           'new_secret', 'sign', 'verify', 'write_signed', 'read_signed', 'announce_lost',
+           'lost_path', 'port_path', 'current_port_path', 'hosts_path', 'formed_path',
+           'ready_path', 'announce_hosts']
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,9 @@ SECRET_ENV = 'MPI_KVSTORE_ELASTIC_SECRET'   # the job's secret, hex
 DIR_ENV = 'MPI_KVSTORE_ELASTIC_DIR'         # the rendezvous directory
 ID_ENV = 'MPI_KVSTORE_ELASTIC_ID'           # this worker's id: 0, 1, ... in launch order
 NP_ENV = 'MPI_KVSTORE_ELASTIC_NP'           # how many workers the first world waits for
+JOIN_ENV = 'MPI_KVSTORE_ELASTIC_JOIN'       # '1': this worker joins a running world
+MIN_NP_ENV = 'MPI_KVSTORE_ELASTIC_MIN_NP'   # below this many workers the world waits
+TIMEOUT_ENV = 'MPI_KVSTORE_ELASTIC_TIMEOUT'  # seconds the world waits for workers
 
 
 def new_secret():
@@ -81,6 +86,35 @@ def read_signed(path, secret, refused=None):
 
 def port_path(directory, generation):
     return os.path.join(directory, 'port-%d.json' % generation)
+
+
+def current_port_path(directory):
+    """The port of the forming now under way (the newest ``port-<generation>``): the workers
+    that join and the launcher's stand-in read it."""
+    return os.path.join(directory, 'port.json')
+
+
+def hosts_path(directory):
+    """The launcher's newest word on the world's members (the host discovery's result)."""
+    return os.path.join(directory, 'hosts.json')
+
+
+def formed_path(directory):
+    """The root's word that a world formed: its generation and its workers."""
+    return os.path.join(directory, 'formed.json')
+
+
+def ready_path(directory, worker):
+    """A started worker's word that it waits to join."""
+    return os.path.join(directory, 'ready-%d.json' % worker)
+
+
+def announce_hosts(directory, secret, number, members, removed_only, timestamp):
+    """The launcher's notice ``number``: the world's members are now ``members`` (worker
+    ids); ``removed_only`` when it only leaves workers out."""
+    write_signed(hosts_path(directory), secret, {
+        'number': int(number), 'members': ','.join(str(int(m)) for m in members),
+        'removed_only': int(bool(removed_only)), 'time': '%.6f' % timestamp})
 
 
 def lost_path(directory, worker):

@@ -20,10 +20,11 @@ The job resumes from what it committed (elastic.State reads ``--state-dir`` thro
 environment). Under the supervisor ``stall_abort`` defaults to 300 s, so that a cut link or
 a hung rank ends in a relaunch, not a hang. The supervisor itself starts no MPI.
 
-With ``--elastic`` each rank is its own launch instead (workers.py, one machine): a lost
-rank is announced to the survivors, which re-form their world in memory
-(mpi_kvstore.elastic.world) and go on; nothing is relaunched. ``--reset-limit`` bounds the
-resets of ``elastic.run`` in either mode.
+With ``--elastic`` (or ``--host-discovery-script S``) each rank is its own launch instead
+(driver.py, workers.py): a lost rank is announced to the survivors, which re-form their world
+in memory (mpi_kvstore.elastic.world) and go on; hosts the script adds join at the next
+commit, within ``--min-np``/``--max-np``. ``--reset-limit`` bounds the resets of
+``elastic.run`` in either mode.
 """
 import argparse
 import os
@@ -37,7 +38,7 @@ import time
 
 from . import processes, supervision
 from .console import console
-from .workers import Workers
+from .driver import Driver
 
 __all__ = ['main', 'parse_hostfile', 'diagnose', 'Outcome']
 
@@ -183,11 +184,18 @@ def _parser():
                              '%g; default %%(default)g)' % BACKOFF_MAX)
     parser.add_argument('--elastic', action='store_true',
                         help='each rank its own launch, in one world that the survivors of a '
-                             'lost rank re-form in memory (mpi_kvstore.elastic.world; one '
-                             'machine)')
-    parser.add_argument('--elastic-timeout', type=float, default=3600.0,
-                        help='with --elastic: seconds the job may run before it is stopped '
-                             '(default %(default)g)')
+                             'lost rank re-form in memory and new hosts join '
+                             '(mpi_kvstore.elastic.world)')
+    parser.add_argument('--host-discovery-script', metavar='S',
+                        help='elastic: a command that prints the hosts, host:slots a line '
+                             "(Horovod's format), run every second; implies --elastic")
+    parser.add_argument('--max-np', type=int, default=None,
+                        help='elastic: workers at most (default: every slot found)')
+    parser.add_argument('--slots', type=int, default=1,
+                        help='elastic: slots of a host listed without :slots (default 1)')
+    parser.add_argument('--elastic-timeout', type=float, default=600.0,
+                        help='elastic: seconds to wait for --min-np workers, at the start and '
+                             'after losses, before the job ends (default %(default)g)')
     parser.add_argument('--reset-limit', type=int, default=0,
                         help='resets elastic.run allows before it gives up (default 0: no '
                              'limit)')
@@ -289,34 +297,28 @@ def _run_once(argv, env, folder, signals):
         processes.kill(processes.marked(_MARK, mark))
 
 
-def _run_elastic(command, nprocs, launcher, env, root, timeout):
-    """Each rank its own launch (launch/workers.py): a lost worker is announced to the
-    survivors, which re-form their world in memory and go on; no relaunch."""
-    directory = os.path.join(root, '.elastic')
-    shutil.rmtree(directory, ignore_errors=True)
-    workers = Workers(command, nprocs, directory, env=env, launcher=launcher)
-    console.info('mpi_kvstore run: elastic: %d worker(s), each its own launch: %s', nprocs,
-                 shlex.join(command))
-    start = time.monotonic()
+def _run_elastic(command, launcher, env, root, args):
+    """Each rank its own launch, hosts from the discovery script (driver.py): a lost worker
+    is announced to the survivors, which re-form their world in memory and go on."""
+    if args.max_np is not None and args.max_np < args.min_np:
+        _parser().error('--max-np must be at least --min-np')
+    if args.slots < 1:
+        _parser().error('--slots must be at least 1')
+    driver = Driver(command, launcher, env, root, np=args.np, min_np=args.min_np,
+                    max_np=args.max_np if args.max_np is not None else (
+                        None if args.host_discovery_script else args.np),
+                    script=args.host_discovery_script, slots=args.slots,
+                    timeout=args.elastic_timeout, max_relaunches=args.max_restarts,
+                    state_dir=args.state_dir)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        workers.start()
-        statuses = workers.wait(timeout)
-    except KeyboardInterrupt:
-        workers.stop()
-        console.info('mpi_kvstore run: interrupted; stopped every worker')
-        return INTERRUPTED
-    took = time.monotonic() - start
-    for worker, status in sorted(statuses.items()):
-        if status is None:
-            console.info('mpi_kvstore run: worker %d was still running after %g s '
-                         '(--elastic-timeout): stopped', worker, timeout)
-        elif status != 0:
-            console.info('mpi_kvstore run: worker %d was lost (status %d); the survivors '
-                         'went on in memory', worker, status)
-    finished = [w for w, status in statuses.items() if status == 0]
-    console.info('mpi_kvstore run: elastic job ended after %.1f s: %d of %d worker(s) '
-                 'finished', took, len(finished), nprocs)
-    return 0 if finished and all(s is not None for s in statuses.values()) else 1
+        return driver.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(sig, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv=None):
@@ -337,10 +339,11 @@ def main(argv=None):
         env[supervision.STATE_ENV] = os.path.abspath(args.state_dir)
     if args.reset_limit:
         env[supervision.RESET_LIMIT_ENV] = str(args.reset_limit)
-    if args.elastic:
+    if args.elastic or args.host_discovery_script:
         if hosts is not None:
-            _parser().error('--elastic runs on this machine only: no --hostfile')
-        return _run_elastic(command, nprocs, launcher, env, root, args.elastic_timeout)
+            _parser().error('--elastic takes its hosts from --host-discovery-script, not '
+                            '--hostfile')
+        return _run_elastic(command, launcher, env, root, args)
     launch = 0
     with _Signals() as signals:
         while True:

@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 
-from . import processes, rendezvous
+from . import discovery, processes, rendezvous
 
 __all__ = ['Workers']
 
@@ -41,18 +41,27 @@ class Workers:
 
     def start(self, only=None):
         """Start the workers (``only``: just those ids, the others later)."""
-        os.makedirs(self.directory, exist_ok=True)
         for worker in range(self.count) if only is None else only:
-            env = dict(self.env, **{rendezvous.DIR_ENV: self.directory,
-                                    rendezvous.SECRET_ENV: self.secret,
-                                    rendezvous.ID_ENV: str(worker),
-                                    rendezvous.NP_ENV: str(self.count)})
-            self.procs[worker] = processes.start_group(
-                self.launcher + ['-n', '1'] + self.argv, env=env, stdin=subprocess.DEVNULL,
-                stdout=self.stdout, stderr=self.stderr)
+            self.start_one(worker)
+
+    def start_one(self, worker, host=None, join=False):
+        """Start worker ``worker`` (on ``host``: None or this machine's name for here);
+        ``join``: it joins the running world instead of forming the first one."""
+        os.makedirs(self.directory, exist_ok=True)
+        env = dict(self.env, **{rendezvous.DIR_ENV: self.directory,
+                                rendezvous.SECRET_ENV: self.secret,
+                                rendezvous.ID_ENV: str(worker),
+                                rendezvous.NP_ENV: str(self.count),
+                                rendezvous.JOIN_ENV: '1' if join else '0'})
+        where = [] if host is None or discovery.is_local(host) else ['-hosts', host]
+        self.procs[worker] = processes.start_group(
+            self.launcher + where + ['-n', '1'] + self.argv, env=env, stdin=subprocess.DEVNULL,
+            stdout=self.stdout, stderr=self.stderr)
 
     def poll(self):
-        """Record the workers that ended since the last look; announce the lost ones."""
+        """Record the workers that ended since the last look, and announce the lost ones
+        (a non-zero status); [(worker, status)] of those that ended."""
+        ended = []
         for worker, proc in self.procs.items():
             if worker in self.statuses:
                 continue
@@ -60,11 +69,17 @@ class Workers:
             if status is None:
                 continue
             self.statuses[worker] = status
+            ended.append((worker, status))
             if status != 0:
                 rendezvous.announce_lost(self.directory, self.secret, worker, status)
                 self.lost_at[worker] = time.time()
                 log.warning('mpi_kvstore elastic: worker %d ended with status %d; the '
                             'survivors go on in memory', worker, status)
+        return ended
+
+    def running(self, worker):
+        """Whether ``worker`` was started and has not ended."""
+        return worker in self.procs and worker not in self.statuses
 
     def wait(self, timeout):
         """Watch until every worker ended or ``timeout`` seconds passed (then stop them
@@ -78,10 +93,12 @@ class Workers:
             self.stop()
         return {worker: self.statuses.get(worker) for worker in self.procs}
 
-    def stop(self, grace=2.0):
-        """Stop every worker still running (its whole process group)."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
+    def stop(self, grace=2.0, only=None):
+        """Stop every worker still running (its whole process group); ``only``: those ids."""
+        for worker, proc in self.procs.items():
+            if (only is None or worker in only) and proc.poll() is None:
                 processes.stop_group(proc, grace)
+        if only is not None:
+            return
         # hydra starts each rank in a session of its own: the job's secret marks them all
         processes.kill_marked(rendezvous.SECRET_ENV, self.secret, grace)

@@ -1,0 +1,95 @@
+"""Hosts that come and go (tests/test_elastic_hosts.py): elastic_world.py's linear model under
+``python -m mpi_kvstore run --host-discovery-script S``, in a world that the launcher's
+notices grow and shrink, with the state told of them (``world.listeners``).
+
+usage: elastic_hosts_train.py OUT [--steps N] [--commit-every K] [--step-seconds T]
+                              [--kill-id I --kill-at S] [--die-in-form I]
+
+The global batch of step s is drawn from RandomState(700 + s) and split over the world's
+ranks; the gradient is summed and divided by the global batch, so the update does not depend
+on the number of workers. Worker I SIGKILLs itself in the middle of step S (--kill-at), or
+in a re-forming, once the root published the port it waits for it on (--die-in-form). A
+worker started later joins the world at a commit and prints 'joined'. Each worker prints,
+for each step, the time it completed, and writes its weights to OUT.<id>.npy at the end.
+"""
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+from mpi_kvstore import elastic
+from mpi_kvstore.elastic.world import World
+
+DIM, GLOBAL, LR = 16, 24, 0.1
+
+parser = argparse.ArgumentParser()
+parser.add_argument('out')
+parser.add_argument('--steps', type=int, default=60)
+parser.add_argument('--commit-every', type=int, default=5)
+parser.add_argument('--step-seconds', type=float, default=0.0)
+parser.add_argument('--kill-id', type=int, default=None)
+parser.add_argument('--kill-at', type=int, default=None)
+parser.add_argument('--die-in-form', type=int, default=None)
+args = parser.parse_args()
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')
+logging.getLogger('mpi_kvstore.elastic.world').setLevel(logging.INFO)
+
+
+def die():
+    with open(args.out + '.killed', 'w') as fh:
+        fh.write('%.6f' % time.time())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+world = World.from_environment(deadline=30.0)
+if args.die_in_form == world.id:
+    published = world._published_port
+
+    def published_then_die(started):
+        port = published(started)
+        if world.generation >= 1:   # a re-forming: the root now waits for this worker
+            die()
+        return port
+    world._published_port = published_then_die
+joining = world.joining
+world.form()
+if joining:
+    print('worker %d: joined at rank %d of %d' % (world.id, world.rank, world.size), flush=True)
+weights = {'w': mx.nd.zeros((DIM,))}
+state = elastic.State(weights, directory=False, comm=lambda: world.comm,
+                      bcast_object=world.bcast_object, step=0)
+world.listeners.append(state.on_hosts_updated)
+state.register_reset_callbacks([lambda: print(
+    'worker %d: reset at step %d, rank %d of %d' % (world.id, state.step, world.rank,
+                                                    world.size), flush=True)])
+
+
+def train(state):
+    for step in range(state.step, args.steps):
+        rng = np.random.RandomState(700 + step)
+        data = rng.uniform(-1, 1, (GLOBAL, DIM)).astype(np.float32)
+        target = data @ np.linspace(-1, 1, DIM).astype(np.float32) + 0.1
+        mine = np.array_split(np.arange(GLOBAL), world.size)[world.rank]
+        w = weights['w'].asnumpy()
+        local = data[mine].T @ (data[mine] @ w - target[mine])
+        if step == args.kill_at and world.id == args.kill_id:
+            die()
+        grad = world.allreduce(local.astype(np.float32)) / GLOBAL
+        weights['w'][:] = mx.nd.array(w - LR * grad)
+        state.step = step + 1
+        print('worker %d: step %d done at %.6f (%d of %d)' % (
+            world.id, state.step, time.time(), world.rank, world.size), flush=True)
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+        if state.step % args.commit_every == 0:
+            state.commit()
+
+
+elastic.run_fn(train, world.reform)(state)
+np.save('%s.%d.npy' % (args.out, world.id), weights['w'].asnumpy())
+print('worker %d: finished at rank %d of %d' % (world.id, world.rank, world.size), flush=True)

@@ -1,0 +1,179 @@
+"""Hosts that come and go under ``python -m mpi_kvstore run --host-discovery-script S``: the
+script is ``cat FILE``, a file the test rewrites while the job runs. Each worker is its own
+``mpiexec -n 1`` launch on this machine (127.0.0.x and localhost name it); every job runs
+under a timeout, and no process of it may outlive it.
+
+The model (scenarios/elastic_hosts_train.py) is the linear one of test_elastic_run.py, whose
+update does not depend on the number of workers: every run ends equal, within float32
+rounding, to a numpy run without losses or additions (test_elastic_run.world_reference).
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+from test_elastic_run import world_reference
+
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers
+
+SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_hosts_train.py')
+TIMEOUT = 240
+
+
+class Job:
+    """The supervisor in the background, its output in a file, its hosts in another."""
+
+    def __init__(self, tmp_path, hosts, *options, script_args=()):
+        self.tmp_path, self.hosts = tmp_path, tmp_path / 'hosts'
+        self.set_hosts(hosts)
+        self.run_id = uuid.uuid4().hex
+        env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=self.run_id,
+                   PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+        argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--host-discovery-script',
+                'cat %s' % self.hosts, *[str(o) for o in options], '--', sys.executable,
+                SCRIPT, str(tmp_path / 'w'), *[str(a) for a in script_args]]
+        self.log_path = tmp_path / 'log'
+        self.log = open(self.log_path, 'wb')
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=REPO_ROOT, start_new_session=True)
+
+    def output(self):
+        return self.log_path.read_text(errors='replace')
+
+    def set_hosts(self, text):
+        """Rewrite the hosts file whole; the time it was written."""
+        tmp = self.tmp_path / 'hosts.tmp'
+        tmp.write_text(text)
+        os.replace(tmp, self.hosts)
+        return time.time()
+
+    def wait_for(self, pattern):
+        while not re.search(pattern, self.output()):
+            if self.proc.poll() is not None or time.monotonic() - self.started > TIMEOUT:
+                self.finish()
+                pytest.fail('no %r in the output:\n%s' % (pattern, self.output()[-4000:]))
+            time.sleep(0.05)
+
+    def finish(self):
+        """Wait for the job (killing it past the timeout); (status, output)."""
+        try:
+            status = self.proc.wait(timeout=max(TIMEOUT - (time.monotonic() - self.started), 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            status = self.proc.wait()
+        finally:
+            self.log.close()
+        left = kill_leftovers(self.run_id)
+        out = self.output()
+        assert left == 0, 'processes outlived the job\n' + out[-3000:]
+        return status, out
+
+    def weights(self, worker):
+        return np.load(self.tmp_path / ('w.%d.npy' % worker))
+
+
+def steps_of(out, worker):
+    return [(int(step), float(at)) for step, at in
+            re.findall(r'worker %d: step (\d+) done at ([0-9.]+)' % worker, out)]
+
+
+def assert_equal_and_right(job, workers, steps):
+    got = [job.weights(worker) for worker in workers]
+    for other in got[1:]:
+        assert np.array_equal(got[0], other)
+    want = world_reference(steps)
+    assert np.allclose(got[0], want, rtol=1e-5, atol=1e-6), np.abs(got[0] - want).max()
+
+
+def test_a_host_the_script_adds_joins_at_a_commit_and_trains(tmp_path, mpi_available):
+    """2 hosts, then 3: the third host's worker joins at the next commit (no rollback), trains,
+    and all three end with equal weights, equal to numpy's."""
+    job = Job(tmp_path, '127.0.0.1:1\n127.0.0.2:1\n', '--min-np', 2, '--max-np', 3,
+              script_args=('--steps', 300, '--step-seconds', 0.04))
+    job.wait_for(r'worker 0: step 5 done')
+    listed = job.set_hosts('127.0.0.1:1\n127.0.0.2:1\n127.0.0.3:1\n')
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert 'worker 2: joined at rank 2 of 3' in out, out[-4000:]
+    assert re.search(r'worker 2 on 127\.0\.0\.3 joined: world \d+ of 3 worker\(s\)', out)
+    joined_at = steps_of(out, 2)[0]
+    reset = re.search(r'worker 0: reset at step (\d+), rank 0 of 3', out)
+    assert reset and int(reset.group(1)) % 5 == 0 and joined_at[0] == int(reset.group(1)) + 1
+    steps = [step for step, _ in steps_of(out, 0)]
+    assert steps == list(range(1, 301)), 'a step was redone: no rollback expected'
+    assert_equal_and_right(job, (0, 1, 2), 300)
+    print('host listed -> its first step: %.2f s' % (joined_at[1] - listed))
+
+
+def test_a_slot_the_script_drops_leaves_at_the_next_commit(tmp_path, mpi_available):
+    """localhost:3, then localhost:2: worker 2 leaves at the next commit; the others go on
+    from that step (no rollback) and end equal to numpy's."""
+    job = Job(tmp_path, 'localhost:3\n', '--min-np', 2,
+              script_args=('--steps', 80, '--step-seconds', 0.03))
+    job.wait_for(r'worker 0: step 7 done')
+    job.set_hosts('localhost:2\n')
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert 'localhost slot 2 is no longer listed: worker 2 leaves at the next commit' in out
+    assert 'worker 2 left out by the host discovery' in out, out[-4000:]
+    assert 'worker 2 on localhost left the job' in out, out[-4000:]
+    last = steps_of(out, 2)[-1][0]
+    assert last % 5 == 0
+    for worker in (0, 1):
+        assert 'worker %d: reset at step %d, rank %d of 2' % (worker, last, worker) in out
+        assert [s for s, _ in steps_of(out, worker)] == list(range(1, 81))
+    assert not (tmp_path / 'w.2.npy').exists()
+    assert_equal_and_right(job, (0, 1), 80)
+
+
+def test_below_min_np_the_job_waits_and_resumes_when_a_host_comes_back(tmp_path,
+                                                                       mpi_available):
+    """2 hosts, --min-np 2; the worker on 127.0.0.2 is SIGKILLed in step 12: its host is
+    blacklisted, the survivor restores step 10 and waits; the script then lists a third
+    host, whose worker joins, and training resumes to the end."""
+    job = Job(tmp_path, '127.0.0.1:1\n127.0.0.2:1\n', '--min-np', 2, '--elastic-timeout', 90,
+              script_args=('--steps', 40, '--kill-id', 1, '--kill-at', 12))
+    job.wait_for(r'fewer than --min-np 2: waiting up to 90 s')
+    job.set_hosts('127.0.0.1:1\n127.0.0.2:1\n127.0.0.3:1\n')
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert 'worker 1 on 127.0.0.2 was lost (status 9); host 127.0.0.2 blacklisted; recovery ' \
+           'in memory' in out, out[-4000:]
+    assert 'worker 2: joined at rank 1 of 2' in out, out[-4000:]
+    assert 'worker 0: reset at step 10, rank 0 of 2' in out, out[-4000:]
+    assert 'training resumes' in out
+    assert 'worker 3' not in out   # nothing started on the blacklisted host
+    assert_equal_and_right(job, (0, 2), 40)
+
+
+def test_below_min_np_the_job_ends_with_a_message_when_no_host_comes_back(tmp_path,
+                                                                          mpi_available):
+    job = Job(tmp_path, '127.0.0.1:1\n127.0.0.2:1\n', '--min-np', 2, '--elastic-timeout', 5,
+              script_args=('--steps', 400, '--step-seconds', 0.01, '--kill-id', 1,
+                           '--kill-at', 12))
+    status, out = job.finish()
+    assert status == 1, out[-4000:]
+    assert 'elastic job ended: 1 worker(s), fewer than --min-np 2, and the host discovery ' \
+           'brought no host back in 5 s (--elastic-timeout)' in out, out[-4000:]
+
+
+def test_a_worker_killed_while_the_world_reforms_is_stood_in_for(tmp_path, mpi_available):
+    """3 workers; worker 1 SIGKILLed in step 12; while the survivors re-form, worker 2 dies
+    once the root waits for it in Accept: the launcher's stand-in connects in its place, the
+    root forms a world of one and finishes."""
+    job = Job(tmp_path, 'localhost:3\n', script_args=(
+        '--steps', 30, '--kill-id', 1, '--kill-at', 12, '--die-in-form', 2))
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert 'worker 2 died while the world re-formed and worker 0 waited for it: a stand-in ' \
+           'connects in its place' in out, out[-4000:]
+    assert "worker 2 died while the world waited for it (the launcher's stand-in says so)" \
+        in out, out[-4000:]
+    assert 'worker 0: finished at rank 0 of 1' in out
+    assert_equal_and_right(job, (0,), 30)
