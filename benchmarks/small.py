@@ -1,33 +1,29 @@
-"""Small tensors: per-call latency, a burst of many small allreduces and a training step of many
-small parameters, through kv.pushpull and mpi_kvstore.horovod, beside raw MPI and Horovod.
+"""Small tensors: one call, a burst of calls and a training step of many small parameters,
+through kv.pushpull and mpi_kvstore.horovod, beside raw MPI and Horovod.
 
-    mpiexec -n 2 python -m benchmarks.small --quick
-    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.small [--sizes 4K,1M] [--design chained]
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.small [--quick] [--design chained]
     OMP_NUM_THREADS=1 python -m benchmarks.small --horovod-python /path/to/venv/bin/python
 
-Cases: 'single' times one synchronous call per size (the call, then wait_to_read); 'burst'
-issues --burst-keys tensors of --burst-size back to back, one call each (a step's gradients,
-as gluon.Trainer and a custom hvd.allreduce_ loop issue them), then waits for all; 'trainer'
-times a step (forward, backward, trainer.step, wait) of --layers Dense(64) layers on a batch of
-8: two parameters a layer (16 KB and 256 B), so the compute is small.
+Cases: 'single', one synchronous call per size (the call, then wait_to_read); 'burst',
+--burst-keys tensors of --burst-size, one call each back to back (a step's gradients, as
+gluon.Trainer and a hvd.allreduce_ loop issue them), then a wait for all; 'trainer', a step
+(forward, backward, trainer.step, wait) of --layers Dense(64) on a batch of 8: two parameters
+a layer (16 KB and 256 B), little compute.
 
-Methods, every one on float32 arrays of ones checked once (the sum over ranks) before timing:
-raw_mpi (mpi4py Allreduce(send, recv), one per tensor), raw_mpi:fused (the burst's bytes in
-one Allreduce: the reference of the burst), pushpull (kv.pushpull in place), hvd (the
-Horovod API of mpi_kvstore: hvd.allreduce_ with op=Sum), hvd:grouped (the burst as one
-hvd.grouped_allreduce_) and horovod (horovod.mxnet's allreduce_, when it imports). The step's
-trainers: no_exchange (gluon.Trainer without a store, the reference), gluon
-(gluon.Trainer(kvstore=mpi_kvstore.create('dist_mpi')), the store's defaults), hvd
-(mpi_kvstore.horovod.DistributedTrainer) and horovod (horovod.mxnet's DistributedTrainer).
+Methods, each checked once (float32 ones sum to the ranks; trainers: equal weights on every
+rank): raw_mpi (mpi4py Allreduce(send, recv) a tensor), raw_mpi:fused (the burst in one
+Allreduce, its reference), pushpull (kv.pushpull in place), hvd (mpi_kvstore.horovod's
+allreduce_, op=Sum), hvd:grouped (one grouped_allreduce_) and horovod (horovod.mxnet's, where
+it imports). Trainers: no_exchange (gluon.Trainer without a store, the reference), gluon
+(gluon.Trainer(kvstore=mpi_kvstore.create('dist_mpi')), the store's defaults), hvd and
+horovod (each one's DistributedTrainer). A case's methods run in interleaved rounds
+(harness.interleaved), a trial the slowest rank's; tables print median (min-max) in us and
+the median over the case's reference.
 
-Every method of a case runs in interleaved rounds (harness.interleaved), so drifting load on
-a shared machine hits all alike; a trial keeps the slowest rank's time. Tables print the
-median and (min-max) in us, and each method's median over its case's reference.
-
---horovod-python PY (not under mpiexec): horovod.mxnet lives in another environment, so this
-runs --jobs pairs of jobs of -n ranks, alternating: the store's methods under this python, then
-Horovod's (--horovod-only) under PY, each with the mpiexec beside its python; it writes the
-combined table `small` (report.table_record: every trial of every job of a method pooled).
+--horovod-python PY (no mpiexec), for a horovod.mxnet in another environment: --jobs pairs of
+jobs of -n ranks, alternating, the store's methods under this python and Horovod's
+(--horovod-only) under PY, each with the mpiexec beside its python; then the table `small`
+(report.table_record), every trial of a method in every job pooled.
 """
 import functools
 import gc
@@ -278,12 +274,10 @@ def combined(args, records, date, command):
         date, f'one machine, {first["cpu_count"]} cores, {args.n} ranks', 'us', list(COLUMNS), rows,
         f'{args.trials} interleaved rounds in each of {args.jobs} jobs a side, alternating',
         [('kv.pushpull', 'raw MPI'), ('mpi_kvstore.horovod', 'horovod.mxnet')],
-        notes=['raw MPI: one Allreduce a tensor, a burst in one Allreduce of all its bytes; '
-               'the train step: gluon.Trainer with no exchange at all',
-               "kv.pushpull: one call a key; the train step: gluon.Trainer(kvstore="
-               "mpi_kvstore.create('dist_mpi')), the store's defaults",
-               'mpi_kvstore.horovod, horovod.mxnet: allreduce_ a tensor (op=Sum); the train '
-               "step: each one's DistributedTrainer"])
+        notes=['raw MPI: an Allreduce a tensor, a burst in one; train step: no exchange',
+               "kv.pushpull: a call a key; train step: gluon.Trainer(kvstore=mpi_kvstore.create())",
+               'mpi_kvstore.horovod, horovod.mxnet: allreduce_ a tensor; train step: their '
+               'DistributedTrainer'])
 
 
 def main(argv=None):
