@@ -112,7 +112,7 @@ class Negotiated(Design):
             op = records.NativeOp(arrays, reqs, self._waker.fd)
             with self._lock:
                 self._inflight.append(op)
-            engine.push_native(records.mark_ready_address(), op.record.ctypes.data, arrays,
+            engine.push_native(records.mark_ready_address(), op.address, arrays,
                                priority=priority, name=op_name(reqs[0].kind),
                                inline_when_ready=True)
             return

@@ -25,10 +25,11 @@ KINDS = {'allreduce': L.ALLREDUCE, 'bcast': L.BCAST, 'barrier': L.BARRIER}
 class _State:
     """This process's table, and the chained ops that may hand over to Python."""
 
-    __slots__ = ('table', 'entry', 'fallbacks')
+    __slots__ = ('table', 'address', 'entry', 'fallbacks')
 
     def __init__(self):
         self.table = None      # layout.TABLE_DTYPE in an int64 array, built on first use
+        self.address = 0       # the table's address (a record's FNS word): .ctypes costs a few us a call
         self.entry = None      # the Python entry (core.python_entry) the table points to
         self.fallbacks = {}    # record address -> what finishes its op in Python
 
@@ -65,7 +66,7 @@ def function_table():
               pthread_self=_address(libc.pthread_self), push=address_of('MXEnginePushAsyncND'),
               madvise=_address(libc.madvise), cpu_context=cpu_context,
               prioritized=prioritized, name=name)
-        _state.table = table
+        _state.table, _state.address = table, table.ctypes.data
     return _state.table
 
 
@@ -96,7 +97,8 @@ class NativeOp:
     def __init__(self, arrays, reqs, eventfd, extra=0):
         rec = np.zeros(L.HEADER + L.SLOT * len(arrays) + extra, dtype=np.int64)
         rec[L.COUNT], rec[L.EVENTFD], rec[L.ONE] = len(arrays), eventfd, 1
-        rec[L.SELF], rec[L.FNS] = rec.ctypes.data, function_table().ctypes.data
+        rec[L.SELF] = rec.ctypes.data
+        rec[L.FNS] = _state.address or function_table().ctypes.data
         rec[L.HEADER + L.A_HANDLE:L.HEADER + L.SLOT * len(arrays):L.SLOT] = [
             a.handle.value for a in arrays]
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, ()
