@@ -105,9 +105,7 @@ def parse_args(argv=None):
                                    ('--wires', args.wires, ('none', 'fp16'))):
             if not given or set(given) - set(known):
                 parser.error(f'{name} {",".join(given)}: use some of {",".join(known)}')
-    python = args.horovod_python
-    if python and not (os.access(python, os.X_OK) and os.access(mpiexec_beside(python), os.X_OK)):
-        parser.error(f'--horovod-python {python}: not an executable with mpiexec beside it')
+    harness.check_python(parser, args.horovod_python)
     args.best = best_per_cell(parser, args.best_options, [c.name for c in grid(args)])
     if mode == 'overlap' and not args.ignore_memory:
         check_memory(parser, args, grid(args), psutil.virtual_memory().available)
@@ -128,10 +126,6 @@ def check_memory(parser, args, cells, available):
                          f'{need / 2**30:.1f} GiB on {cell.hosts} test hosts, and '
                          f'{available / 2**30:.1f} GiB is free; run at most {fits:.0f} '
                          f'columns a job (--columns), or --ignore-memory')
-
-
-def mpiexec_beside(python):
-    return os.path.join(os.path.dirname(python), 'mpiexec')
 
 
 def best_per_cell(parser, given, cells):
@@ -198,7 +192,7 @@ def launches(args, cell, index, out_dir):
                 '--out', os.path.join(out_dir, name), *extra, *more]
         if 'best' in columns:
             argv += ['--best-options', args.best[cell.name]]
-        return (name, argv, mpiexec_beside(python) if name == 'horovod' else None)
+        return (name, argv, harness.mpiexec_beside(python) if name == 'horovod' else None)
     jobs = [job('ours', args.columns)]
     if args.horovod_python:
         jobs.append(job('horovod', 'horovod', args.horovod_python))

@@ -424,6 +424,17 @@ def make_trainer(kind, params, optimizer, kv=None, compression='none', **extra):
 
 # ---------------------------------------------------------------- output
 
+def mpiexec_beside(python):
+    """The mpiexec of python's environment (a Horovod venv's, for its jobs)."""
+    return os.path.join(os.path.dirname(python), 'mpiexec')
+
+
+def check_python(parser, python):
+    """--horovod-python: an executable with mpiexec beside it (else parser.error), or None."""
+    if python and not (os.access(python, os.X_OK) and os.access(mpiexec_beside(python), os.X_OK)):
+        parser.error(f'--horovod-python {python}: not an executable with mpiexec beside it')
+
+
 def rank0_print(*args, comm=None, **kwargs):
     if (world() if comm is None else comm).rank == 0:
         print(*args, flush=True, **kwargs)

@@ -66,6 +66,7 @@ def parse_args(argv=None):
     parser.add_argument('-n', type=int, default=2, help='ranks a job (--horovod-python)')
     parser.add_argument('--label', default='', help='suffix of the result file names')
     args = harness.resolve_quick(parser.parse_args(argv), FULL, QUICK)
+    harness.check_python(parser, args.horovod_python)
     if args.burst_keys < 1 or args.burst_size < 4 or args.layers < 0 or args.jobs < 1:
         raise SystemExit('--burst-keys and --jobs must be >= 1, --layers >= 0 and '
                          '--burst-size >= 4 bytes')
@@ -242,9 +243,8 @@ def alternate(args, argv):
     for index in range(args.jobs):
         for side, python, extra in harness.rotation(sides, index):
             label = f'{args.label}{side}{index}'
-            mpiexec = os.path.join(os.path.dirname(python), 'mpiexec')
             print(f'job {index + 1}/{args.jobs}: {side}', flush=True)
-            subprocess.run([mpiexec, '-n', str(args.n), python, '-m', 'benchmarks.small',
+            subprocess.run([harness.mpiexec_beside(python), '-n', str(args.n), python, '-m', 'benchmarks.small',
                             *job_argv(argv), *extra, '--label', label], check=True,
                            cwd=harness.REPO_ROOT, timeout=args.timeout * (len(args.sizes) + 3))
             with open(os.path.join(args.out, f'small_n{args.n}_{label}.json')) as handle:
