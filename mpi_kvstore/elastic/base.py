@@ -18,7 +18,10 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mxnet.base import MXNetError
+
 from ..launch import supervision
+from ..store.job import lost_world, settle_engine
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 __all__ = ['BaseState', 'ObjectState', 'run_fn', 'notify_hosts_updated']
@@ -163,8 +166,14 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any],
                     if not skip_sync:
                         state.sync()
                     return func(state, *args, **kwargs)
-                except HorovodInternalError as err:
-                    log.warning('mpi_kvstore elastic: %s; restoring the last commit', err)
+                except (HorovodInternalError, MXNetError) as err:
+                    # a read of an output that a lost world's collective failed raises
+                    # MXNet's error: the loss is the store's to tell
+                    if not isinstance(err, HorovodInternalError) and lost_world() is None:
+                        raise
+                    log.warning('mpi_kvstore elastic: %s; restoring the last commit',
+                                lost_world() or err)
+                    settle_engine()   # the failed ops' errors off the arrays restored into
                     state.restore()
                     skip_sync = False
                 except HostsUpdatedInterrupt as err:

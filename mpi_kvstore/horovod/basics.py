@@ -15,6 +15,9 @@ import numpy as np
 from ..comm.mpiabi import MPI
 from ..comm.timeline import trace_path
 from ..config import launcher_local_rank
+from ..elastic.world import World
+from ..launch import rendezvous
+from ..store.job import lost_world
 from ..store.kvstore import MPIKVStore
 from .environment import HONOURED, apply_log_level, environment_options
 
@@ -115,8 +118,10 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
     with _lock:
         if _state.get('store') is not None:
             return
+        world = None
         if comm is None:
-            comm = MPI.COMM_WORLD
+            world = _elastic_world()
+            comm = MPI.COMM_WORLD if world is None else world.comm
         elif not isinstance(comm, MPI.Comm):
             ranks = sorted(int(r) for r in comm)
             world = MPI.COMM_WORLD
@@ -131,24 +136,15 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
         env_options, ignored = environment_options(environ)
         store_options = dict(env_options, **options)
         store_options['average'] = False   # the store sums; averaging happens here
-        kv = MPIKVStore('dist_mpi', comm=comm, **store_options)
+        kv = MPIKVStore('dist_mpi', comm=comm, world=world, **store_options)
         if kv.timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
             kv.timeline.record_into(None)   # nothing is kept until start_timeline
-        me, count = comm.Get_rank(), comm.Get_size()
-        found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
-        if found is None:
-            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
-            found = (node.Get_rank(), node.Get_size())
-            node.Free()
-        cross = comm.Split(found[0], me)
-        _state.update(store=kv, options=store_options, comm=comm, rank=me, size=count, local=found,
-                      cross=(cross.Get_rank(), cross.Get_size()), sets={0: global_process_set},
+        _state.update(store=kv, options=store_options, world=world, sets={0: global_process_set},
                       next_id=1)
-        cross.Free()
-        global_process_set.ranks = list(range(count))
+        _identify(comm)
         global_process_set._store = kv
         global_process_set._stores = {}
-        if me == 0:
+        if _state['rank'] == 0:
             honoured = sorted(var for var in HONOURED if var in environ)
             if honoured:
                 log.info('mpi_kvstore.horovod: honouring %s as store options %s',
@@ -165,6 +161,67 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
         process_sets = ()   # add_process_set works without it here
     for process_set in process_sets or ():
         add_process_set(process_set)
+
+
+def _identify(comm: MPI.Comm) -> None:
+    """This process's ranks and sizes in ``comm`` (global, local and cross), into the state."""
+    me, count = comm.Get_rank(), comm.Get_size()
+    found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
+    if found is None:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+        found = (node.Get_rank(), node.Get_size())
+        node.Free()
+    cross = comm.Split(found[0], me)
+    _state.update(comm=comm, rank=me, size=count, local=found,
+                  cross=(cross.Get_rank(), cross.Get_size()))
+    cross.Free()
+    global_process_set.ranks = list(range(count))
+
+
+def _elastic_world() -> Any:
+    """The world of ``python -m mpi_kvstore run --elastic``, formed (None outside it)."""
+    if not os.environ.get(rendezvous.DIR_ENV):
+        return None
+    world = World.from_environment()
+    world.form()
+    return world
+
+
+def elastic_world() -> Any:
+    """init's elastic world (mpi_kvstore.elastic.world.World), or None on a fixed MPI world."""
+    _require_init()
+    return _state.get('world')
+
+
+def reform_world() -> None:
+    """Re-form init's elastic world from its survivors (after a lost worker) or with every
+    worker (after a host update), and run every store of the global set on it: hvd.rank(),
+    hvd.size() and the stores' ranks follow the new world. The other process sets end:
+    their ranks meant the old world. Every process of the new world calls it at once."""
+    _require_init()
+    world = _state['world']
+    kv = _state['store']
+    lost = bool(world.lost_ids) or lost_world() is not None
+    world.reform(wait_for_loss=lost)
+    with _lock:
+        dropped = [p for i, p in _state['sets'].items() if i != 0]
+        _state['sets'] = {0: global_process_set}
+    for process_set in dropped:
+        log.warning('mpi_kvstore.horovod: %s ended with the world it was made in', process_set)
+        process_set._store, process_set._stores = None, {}
+        process_set.process_set_id = None
+    kv.reset(world.comm, lost)
+    for other in global_process_set._stores.values():
+        if other is not kv:
+            other.reset(world.comm, lost)
+    _identify(world.comm)
+
+
+def world_bcast_object() -> Any:
+    """The elastic world's broadcast of a Python object (polled, ended by a lost worker with
+    HorovodInternalError), or None on a fixed MPI world."""
+    world = _state.get('world')
+    return None if world is None else world.bcast_object
 
 
 def _require_init() -> None:

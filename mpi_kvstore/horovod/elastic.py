@@ -18,8 +18,10 @@ the state from rank 0 and calls the function again; a :class:`HostsUpdatedInterr
 the same without the restore. Under ``python -m mpi_kvstore run --state-dir D`` every commit
 is written to disk too, and a relaunched job restores it (mpi_kvstore.elastic).
 
-The world is re-formed by the function :func:`set_world_reset` registers; without one the
-job's world is the fixed MPI world, and a reset keeps it.
+The world is re-formed by the function :func:`set_world_reset` registers; without one, under
+``python -m mpi_kvstore run --elastic`` the survivors re-form their world in memory and the
+stores of ``hvd.init`` are rebuilt on it (basics.reform_world); else the job's world is the
+fixed MPI world, and a reset keeps it.
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ def set_world_reset(reset: Callable[[], Any] | None) -> None:
 def _reset() -> None:
     if _world_reset:
         _world_reset[0]()
+    elif basics.elastic_world() is not None:   # under run --elastic: the survivors re-form
+        basics.reform_world()
     else:
         log.info('mpi_kvstore elastic: a reset in a fixed MPI world keeps its %d rank(s)',
                  basics.size())
@@ -70,7 +74,14 @@ class ObjectState(_elastic.ObjectState):
 
     def __init__(self, bcast_object: Callable[[Any], Any] | None = None,
                  get_rank: Callable[[], int] | None = None, **kwargs: Any) -> None:
-        super().__init__(bcast_object or broadcast_object, get_rank or _rank, **kwargs)
+        super().__init__(bcast_object or _bcast_object, get_rank or _rank, **kwargs)
+
+
+def _bcast_object(obj: Any) -> Any:
+    """The elastic world's broadcast where there is one (a lost worker ends it), else the
+    store's."""
+    world_bcast = basics.world_bcast_object()
+    return broadcast_object(obj) if world_bcast is None else world_bcast(obj)
 
 
 class MXNetState(_elastic.State):
@@ -84,7 +95,8 @@ class MXNetState(_elastic.State):
         basics._require_init()
         directory = os.environ.get(supervision.STATE_ENV) or False
         super().__init__(params, trainer, directory=directory,
-                         comm=lambda: basics._state['comm'], **kwargs)
+                         comm=lambda: basics._state['comm'],
+                         bcast_object=basics.world_bcast_object(), **kwargs)
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -123,6 +123,7 @@ class DistributedTrainer(gluon.Trainer):
                          update_on_kvstore=False if kv.num_workers > 1 else None)
         self._predivide = float(gradient_predivide_factor)
         self._scale *= self._predivide / kv.num_workers
+        self._workers = kv.num_workers
         self._prefix = prefix or ''
         self._num_groups = num_groups
         self._hvd_store = kv
@@ -136,6 +137,11 @@ class DistributedTrainer(gluon.Trainer):
                     grad *= 1.0 / self._predivide
         if not self._kvstore:
             return
+        if self._hvd_store.num_workers != self._workers:   # hvd.elastic re-formed the world
+            ratio, self._workers = self._workers / self._hvd_store.num_workers, \
+                self._hvd_store.num_workers
+            self._scale *= ratio
+            self._optimizer.rescale_grad *= ratio
         if self._custom is not None:
             self._allreduce_custom(entries)
             return

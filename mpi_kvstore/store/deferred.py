@@ -31,6 +31,13 @@ class DeferredErrors:
 
     def __init__(self):
         self._queue = collections.deque()  # appended by other threads, drained by the user's
+        # errors raised as their own type, not as a CollectiveError (an elastic world's loss,
+        # which elastic.run answers)
+        self.keep_types = ()
+
+    def record_error(self, where, err):
+        """Keep ``err`` of ``where`` (a description) for the user's thread."""
+        self._queue.append((where, err))
 
     def record(self, req, err):
         # Its words come once, when raised (or at exit, never raised: shutdown.py); a log of
@@ -49,7 +56,8 @@ class DeferredErrors:
         engine.consume_raised()
         where, err = errors[0]
         more = ' (and %d more failed collectives)' % (len(errors) - 1) if len(errors) > 1 else ''
-        cls = type(err) if isinstance(err, MPIKVStoreError) else CollectiveError
+        keep = isinstance(err, MPIKVStoreError) or isinstance(err, self.keep_types)
+        cls = type(err) if keep else CollectiveError
         exc = cls('%s failed: %s%s' % (where, err, more))
         if err.__traceback__ is not None:   # raised in a thread: its traceback tells where
             exc.__cause__ = err

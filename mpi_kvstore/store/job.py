@@ -4,11 +4,26 @@ and the errors that wait for the user's thread.
 Every unit of the store (exchange, optimizer, collectives) submits through :class:`Job`,
 so that the error gate, the pending list the stall inspector reads and the order of
 submission are kept in one place.
+
+On an elastic world (``world``: an object whose ``check()`` raises once a peer is lost,
+mpi_kvstore.elastic.world.World) every wait of the store's collectives calls the check
+between its slices (progress.set_abort_check). The first check that raises ends the job's
+world: its design is swapped for one that fails every later call at once, its thread is
+stopped without an MPI call, and each request still pending completes with the error (its
+output poisoned, its engine op failed, the error raised as it was on the user's thread).
+:meth:`Job.reset` then builds the design on the new communicator; the old one's
+communicators are abandoned, not freed (freeing may wait for the lost peer).
 """
 import collections
+import logging
+import threading
+import time
+import weakref
 
 import mxnet as mx
+from mxnet.base import MXNetError
 
+from ..comm import progress
 from ..engine import core as engine
 from ..errors import MPIKVStoreError
 from ..faults.abort import install_abort_hook
@@ -16,7 +31,13 @@ from ..faults.stall import StallInspector
 from .contract import check_priority
 from .deferred import DeferredErrors
 
-__all__ = ['Job']
+__all__ = ['Job', 'lost_world']
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT = 120.0   # seconds a lost world's requests may take to reach their engine ops
+_ELASTIC: weakref.WeakSet = weakref.WeakSet()   # the jobs on an elastic world
+_MARK = '_mpi_kvstore_lost'   # on the exception that ends a lost world's waits
 
 
 class Job:
@@ -26,13 +47,22 @@ class Job:
     job's error queue as its sink and the store's shards.JoinedShares (or None).
     """
 
-    def __init__(self, comm, config, design, timeline, table, shares=None):
+    def __init__(self, comm, config, design, timeline, table, shares=None, world=None):
         self.errors = DeferredErrors()
         self.pending = collections.deque()
         self.closed = False
         self.timeline = timeline
-        self.design = design(comm, config, self.errors.record, timeline, table, shares=shares)
+        self.world = world
+        self.lost = None     # the error that ended this job's world (elastic), else None
+        self._drainer = None
+        self._build(comm, config, design, table, shares)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
+        if world is not None:
+            _watch(self)
+
+    def _build(self, comm, config, design, table, shares):
+        self.design = design(comm, config, self.errors.record, self.timeline, table,
+                             shares=shares)
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
 
     def check_open(self):
@@ -71,13 +101,200 @@ class Job:
     def shut(self):
         """Finish in-flight work and stop the threads; the caller then raises what failed
         (errors.raise_pending)."""
+        if self.lost is not None:   # nothing more to finish: the world is gone
+            self._join_drainer()
+            self.closed = True
+            _ELASTIC.discard(self)
+            return
         for req in list(self.pending):
             req.wait(timeout=60)
         engine.consume_raised()  # the engine's copy of an error must not fail waitall
         mx.nd.waitall()
         engine.quiesce()
         self.closed = True
+        _ELASTIC.discard(self)
         self._inspector.stop()
         self.design.close()
         if self.timeline:
             self.timeline.write()
+
+    # -- an elastic world ---------------------------------------------------------------
+    def check_world(self):
+        """Raise (and end this job's world) once the world says a peer is lost."""
+        try:
+            self.world.check("the store's collectives")
+        except Exception as err:
+            setattr(err, _MARK, True)
+            self.end_world(err)
+            raise
+
+    def end_world(self, err):
+        """The world is lost: fail every call from now on and every pending request with
+        ``err`` (from a thread of its own: a waiting thread may call this), once."""
+        with _watch_lock:
+            if self.lost is not None:
+                return
+            self.lost = err
+        log.warning('mpi_kvstore: the store ends its world: %s', err)
+        self.errors.keep_types = (type(err),)
+        self.errors.record_error("the store's collectives", err)
+        old, self.design = self.design, _Lost(self.design, err, self.errors)
+        self._drainer = threading.Thread(target=self._drain, args=(old, err),
+                                         name='mpi_kvstore-drain', daemon=True)
+        self._drainer.start()
+
+    def _drain(self, design, err):
+        self._inspector.stop()
+        _stop_without_mpi(design)
+        collect = getattr(design, '_collect', None)
+        ends = time.monotonic() + DRAIN_TIMEOUT
+        while time.monotonic() < ends:
+            if collect is not None:
+                with _quiet():
+                    collect()       # native ops that ran since: their requests get completions
+            left = 0
+            for req in list(self.pending):
+                if req.done:
+                    continue
+                if req.completion is None and req.array is not None:
+                    left += 1       # its engine op has not run yet: its inputs are computed
+                    continue
+                if req.error is None:
+                    req.fail(err)
+                req.complete()
+            if not left:
+                return
+            time.sleep(0.001)
+        log.error('mpi_kvstore: %d request(s) of a lost world never reached their engine op '
+                  'in %g s', left, DRAIN_TIMEOUT)
+
+    def _join_drainer(self):
+        if self._drainer is not None:
+            self._drainer.join(DRAIN_TIMEOUT)
+            self._drainer = None
+
+    def reset(self, comm, config, design, table, shares=None):
+        """Build the design on ``comm`` (every rank of the new world calls it at once): the
+        old design's requests are failed (if the world was lost) or finished, its threads
+        stopped without MPI calls and its communicators abandoned."""
+        if self.lost is None:
+            for req in list(self.pending):
+                req.wait(timeout=60)
+            self._inspector.stop()
+            _stop_without_mpi(self.design)
+        self._join_drainer()
+        settle_engine()
+        self.errors.take()
+        self.errors.keep_types = ()
+        self.pending.clear()
+        self.lost = None
+        self._build(comm, config, design, table, shares)
+
+
+class _Lost:
+    """The design of a lost world: every call fails at once with its error."""
+
+    synchronous = True
+    in_engine = False
+    tuner = None
+    pushed = 0
+
+    def __init__(self, design, err, errors):
+        self.name, self.config, self._err, self._errors = design.name, design.config, err, errors
+
+    def submit(self, reqs, priority=0):
+        for req in reqs:
+            req.fail(self._err)
+            req.finish()
+        self._errors.record_error("the store's collectives", self._err)
+
+    def reap(self):
+        return None
+
+    def close(self):
+        return None
+
+    def join(self):
+        raise self._err
+
+
+def _stop_without_mpi(design):
+    """Stop a design's thread without freeing its communicators (their peers may be gone:
+    a negotiated design ends its loop; a blocked wait ends at the abort check)."""
+    thread = getattr(design, '_thread', None)
+    if thread is None:
+        return
+    with design._lock:
+        design._stop = True
+    design._waker.notify()
+    thread.join(timeout=10)
+    if thread.is_alive():
+        log.warning("mpi_kvstore: the lost world's %s thread did not stop in 10 s",
+                    design.name)
+
+
+class _quiet:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None:
+            log.debug('mpi_kvstore: collecting a lost world\'s native ops failed',
+                      exc_info=exc)
+        return True
+
+
+def settle_engine():
+    """Clear the engine's errors of a lost world's failed ops (MXNet keeps each on every
+    array computed from them, so a restore into those arrays would fail too): wait for
+    every op, and read the errors off."""
+    engine.consume_raised()
+    for _ in range(3):
+        try:
+            mx.nd.waitall()
+            return
+        except MXNetError:
+            continue
+
+
+def lost_world():
+    """The error that ended an elastic store's world, or None."""
+    for job in list(_ELASTIC):
+        if job.lost is not None:
+            return job.lost
+    return None
+
+
+_watch_lock = threading.Lock()
+
+
+def _check_worlds():
+    first = None
+    for job in list(_ELASTIC):   # every job learns of the loss, not only the first
+        try:
+            job.check_world()
+        except Exception as err:
+            first = first or err
+    if first is not None:
+        raise first
+
+
+def _watch(job):
+    """Have every wait check ``job``'s world, and a thread ended by its error end quietly."""
+    with _watch_lock:
+        if not _ELASTIC:
+            progress.set_abort_check(_check_worlds)
+            if not getattr(threading.excepthook, _MARK, False):
+                threading.excepthook = _quiet_on_lost(threading.excepthook)
+        _ELASTIC.add(job)
+
+
+def _quiet_on_lost(previous):
+    def excepthook(args):
+        if getattr(args.exc_value, _MARK, False):
+            log.info('mpi_kvstore: thread %s ended: %s', getattr(args.thread, 'name', '?'),
+                     args.exc_value)
+            return
+        previous(args)
+    setattr(excepthook, _MARK, True)
+    return excepthook

@@ -20,7 +20,7 @@ from ..comm.timeline import Timeline
 from ..config import Config
 from ..designs import autotune, check_thread_level, get_design
 from ..engine import core as engine
-from ..errors import MPIKVStoreError
+from ..errors import ConfigError, MPIKVStoreError
 from ..optim import shards
 from . import shutdown
 from .collectives import Collectives
@@ -30,7 +30,7 @@ from .job import Job
 from .keys import CallCache, KeyTable
 from .optimizer import StoreOptimizer
 
-__all__ = ['MPIKVStore']
+__all__ = ['MPIKVStore', 'elastic_options', 'ELASTIC_DESIGNS']
 
 # MXNet ships no type information: an NDArray is Any to a type checker. A key is an int or a
 # str; a call takes one key or a list of them, and one value (or list of values per device)
@@ -41,6 +41,26 @@ Keys = Key | Sequence[Key]
 Values = NDArray | Sequence[Any]
 
 log = logging.getLogger(__name__)
+
+# The designs whose every wait is polled (progress.set_abort_check), so a lost peer ends it
+ELASTIC_DESIGNS = ('funneled', 'blocking')
+# On an elastic world every collective is a polled nonblocking MPI call, on the flat
+# communicator: the blocking forms (hierarchy, a table's algorithms, autotune's rounds, the
+# stall inspector's queries) would wait for a lost peer forever.
+_ELASTIC_FIXED = {'progress_min_bytes': 0, 'hierarchical': 'off', 'autotune': False,
+                  'tune_table': '', 'stall_warning': 0.0, 'stall_abort': 0.0}
+
+
+class WorldLost(MPIKVStoreError):
+    """What a store's pending calls fail with when told of a lost world at its reset."""
+
+
+def elastic_options(options: dict) -> dict:
+    """The store options on an elastic world: ``options`` with every wait polled."""
+    fixed = dict(options, **_ELASTIC_FIXED)
+    sleep = options.get('progress_sleep_us', 'auto')
+    fixed['progress_sleep_us'] = 200.0 if sleep == 'auto' or not float(sleep) else sleep
+    return fixed
 
 
 class MPIKVStore(KVStoreBase, AbstractContextManager):
@@ -53,7 +73,10 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
     name : str
         'dist_mpi' (alias 'dist_sync_mpi').
     comm : mpi4py communicator, optional
-        The processes to span; the store duplicates it. Default COMM_WORLD.
+        The processes to span; the store duplicates it. Default COMM_WORLD, or the world's.
+    world : mpi_kvstore.elastic.world.World, optional
+        An elastic world: the store's collectives end with HorovodInternalError once it
+        loses a peer, and :meth:`reset` rebuilds the store on its next communicator.
     **options
         See :mod:`mpi_kvstore.config` (design, fusion_threshold, ...).
     """
@@ -65,13 +88,27 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
     type = 'dist_sync_mpi'
     """MXNet's name for the kind of store (``dist`` and ``_sync``: distributed, synchronous)."""
 
-    def __init__(self, name: str = 'dist_mpi', comm: Any = None, **options: Any) -> None:
+    def __init__(self, name: str = 'dist_mpi', comm: Any = None, world: Any = None,
+                 **options: Any) -> None:
         if str(name).lower() not in self.NAMES:
             raise ValueError('unknown store name %r; mpi_kvstore provides %s'
                              % (name, ', '.join(self.NAMES)))
-        comm = MPI.COMM_WORLD if comm is None else comm
-        config, table = topology.agreed_config(comm, options)
+        if world is not None:
+            comm = world.comm if comm is None else comm
+            options = elastic_options(options)
+        self._options, self._world = options, world
+        self._build(MPI.COMM_WORLD if comm is None else comm, None)
+        shutdown.LIVE.add(self)
+
+    def _build(self, comm: Any, job: Job | None) -> None:
+        """Everything that depends on the communicator: the agreed options, the design, the
+        key table, the named buffers, the optimizer's shares. ``job``: the store's Job to
+        reset on ``comm`` (None: a new one)."""
+        config, table = topology.agreed_config(comm, self._options)
         design = get_design(config.design)
+        if self._world is not None and design.name not in ELASTIC_DESIGNS:
+            raise ConfigError('design %r cannot run on an elastic world: choose one of %s'
+                              % (design.name, ', '.join(ELASTIC_DESIGNS)))
         check_thread_level(design)
         engine.set_naive(config.naive_engine)
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
@@ -81,14 +118,18 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
             log.info('%s', chosen)
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
-        self.timeline: Timeline | None = (Timeline(config.timeline, self._rank, self._size)
-                         if config.timeline else None)
-        """The store's :class:`~mpi_kvstore.comm.timeline.Timeline` (the ``timeline``
-        option), or None. An attribute, not a property: it is made here, once, and the
-        designs record into the same object."""
+        if job is None:
+            self.timeline: Timeline | None = (Timeline(config.timeline, self._rank, self._size)
+                                              if config.timeline else None)
+            """The store's :class:`~mpi_kvstore.comm.timeline.Timeline` (the ``timeline``
+            option), or None. An attribute, not a property: it is made here, once, and the
+            designs record into the same object."""
         # a joined rank goes on updating its shares (handed to the design here, once)
         shares = shards.JoinedShares(self._joined_share) if config.shard_optimizer else None
-        self._job = Job(comm, config, design, self.timeline, table, shares)
+        if job is None:
+            self._job = Job(comm, config, design, self.timeline, table, shares, self._world)
+        else:
+            job.reset(comm, config, design, table, shares)
         self.collectives = Collectives(self._job, config, self._size)
         """Collectives by name outside the key/value contract, in collective order with the
         store's own (:class:`~mpi_kvstore.store.collectives.Collectives`): ``array`` on an
@@ -98,7 +139,28 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
                                          self._job, self.collectives.run)
         self._exchange = Exchange(self._keys, config, self._job, self._optimizer,
                                   self.collectives.run)
-        shutdown.LIVE.add(self)
+
+    def reset(self, comm: Any = None, lost: bool = False) -> None:
+        """Run on ``comm`` from now on (default: the elastic world's communicator of the
+        moment): every rank of it calls this at once, after an elastic world re-formed.
+        Rank, size, the design and its communicators, the hierarchy, the tune table, the
+        autotune state, the key table, the named buffers and the optimizer's shares are
+        built anew; what was in flight on the old world has failed (HorovodInternalError),
+        and the old communicators are abandoned, not freed. The store's optimizer, if one
+        was set, is set again (its states start anew: restore them from a commit).
+        ``lost``: the old world lost a peer (what is pending there fails, untouched by MPI)."""
+        self._job.check_open()
+        if self._job.lost is None and (lost or self._job.pending_now()):
+            self._job.end_world(WorldLost('a peer of the old world was lost'))
+        if comm is None:
+            if self._world is None:
+                raise ValueError('MPIKVStore.reset: give the new communicator (this store '
+                                 'is not on an elastic world)')
+            comm = self._world.comm
+        optimizer = self._keys.updater.optimizer if self._keys.updater is not None else None
+        self._build(comm, self._job)
+        if optimizer is not None:
+            self._optimizer.set(optimizer)
 
     def _joined_share(self, key):
         # The optimizer is made after the job (it submits through it); a join comes only

@@ -1,0 +1,115 @@
+"""The store on a world that loses a worker (tests/test_elastic_store.py): a small Gluon model
+trained by workers that ``python -m mpi_kvstore run --elastic`` starts, each its own launch.
+
+usage: elastic_store.py OUT --api hvd|kv [--steps N] [--commit-every K]
+                        [--kill-id I --kill-at S] [--step-seconds T]
+
+``--api hvd``: hvd.init() forms the world, hvd.DistributedTrainer averages the gradients,
+hvd.elastic.run with hvd.elastic.MXNetState. ``--api kv``: an elastic world of our own API
+(elastic.world.World), a store made with mpi_kvstore.create(world=...), gluon.Trainer on it
+(update_on_kvstore=False: kv.pushpull sums the gradients), elastic.run_fn with elastic.State.
+
+The global batch of step s is drawn from RandomState(900 + s) and split over the world's
+ranks; hvd averages and steps by the local batch, kv sums and steps by the global batch, so
+the update does not depend on the number of workers. Worker I SIGKILLs itself in the middle
+of step S (after its backward pass, while the others' gradient exchange is in flight),
+having written the time to OUT.killed. Each survivor prints each completed step, its rank and
+size after each reset, and writes its weights to OUT.<id>.npz.
+"""
+import argparse
+import os
+import signal
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import mpi_kvstore
+from mpi_kvstore import elastic
+from mpi_kvstore.elastic.world import World
+from mpi_kvstore.launch import rendezvous
+
+DIM, HIDDEN, GLOBAL, LR = 8, 6, 24, 0.2
+
+parser = argparse.ArgumentParser()
+parser.add_argument('out')
+parser.add_argument('--api', choices=('hvd', 'kv'), default='hvd')
+parser.add_argument('--steps', type=int, default=20)
+parser.add_argument('--commit-every', type=int, default=4)
+parser.add_argument('--kill-id', type=int, default=None)
+parser.add_argument('--kill-at', type=int, default=None)
+parser.add_argument('--step-seconds', type=float, default=0.0)
+args = parser.parse_args()
+worker = int(os.environ[rendezvous.ID_ENV])
+
+mx.random.seed(42)
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=DIM), gluon.nn.Dense(1, in_units=HIDDEN))
+net.initialize(mx.init.Uniform(0.5))
+params = net.collect_params()
+
+if args.api == 'hvd':
+    import mpi_kvstore.horovod as hvd
+    hvd.init()
+    trainer = hvd.DistributedTrainer(params, 'sgd', {'learning_rate': LR})
+    state = hvd.elastic.MXNetState(params, trainer, step=0)
+    kv = hvd.store()
+    rank, size = hvd.rank, hvd.size
+    wrap = hvd.elastic.run
+else:
+    world = World.from_environment()
+    world.form()
+    kv = mpi_kvstore.create('dist_mpi', world=world)
+    trainer = gluon.Trainer(params, 'sgd', {'learning_rate': LR}, kvstore=kv,
+                            update_on_kvstore=False)
+    state = elastic.State(params, trainer, directory=False, comm=lambda: world.comm,
+                          bcast_object=world.bcast_object, step=0)
+    rank, size = (lambda: kv.rank), (lambda: kv.num_workers)
+
+    def reset():
+        world.reform()
+        kv.reset()
+
+    def wrap(func):
+        return elastic.run_fn(func, reset)
+
+state.register_reset_callbacks([lambda: print(
+    'worker %d: reset at step %d, rank %d of %d, kv %d of %d'
+    % (worker, state.step, rank(), size(), kv.rank, kv.num_workers), flush=True)])
+loss_fn = gluon.loss.L2Loss()
+
+
+def batch(step):
+    rng = np.random.RandomState(900 + step)
+    data = rng.uniform(-1, 1, (GLOBAL, DIM)).astype(np.float32)
+    target = np.sin(data @ np.linspace(-1, 1, DIM)).astype(np.float32).reshape(-1, 1)
+    mine = np.array_split(np.arange(GLOBAL), size())[rank()]
+    return mx.nd.array(data[mine]), mx.nd.array(target[mine])
+
+
+@wrap
+def train(state):
+    for step in range(state.step, args.steps):
+        data, target = batch(step)
+        with autograd.record():
+            loss = loss_fn(net(data), target)
+        loss.backward()
+        if step == args.kill_at and worker == args.kill_id:
+            with open(args.out + '.killed', 'w') as fh:
+                fh.write('%.6f' % time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        trainer.step(data.shape[0] if args.api == 'hvd' else GLOBAL)
+        for param in params.values():
+            param.data().wait_to_read()
+        state.step = step + 1
+        print('worker %d: step %d done at %.6f' % (worker, state.step, time.time()), flush=True)
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+        if state.step % args.commit_every == 0:
+            state.commit()
+
+
+train(state)
+np.savez('%s.%d.npz' % (args.out, worker), *[p.data().asnumpy() for p in params.values()])
+print('worker %d: finished at rank %d of %d' % (worker, rank(), size()), flush=True)
