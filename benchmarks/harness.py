@@ -33,9 +33,7 @@ import traceback
 import numpy as np
 import psutil
 
-# pyplot and save_figure stay importable from here: docs/plots/make_plots.py uses them.
 from benchmarks import schema
-from benchmarks.report import NO_MATPLOTLIB, pyplot, save_figure  # noqa: F401
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Runs write below results/runs/ (git-ignored); results/ itself holds the documented tables.

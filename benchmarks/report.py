@@ -105,31 +105,16 @@ def write_table(folder, record):
     return base + '.md'
 
 
-def pyplot():
-    """matplotlib.pyplot drawing into files (the Agg backend), or None without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def save_figure(plt, fig, path, dpi=120):
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return f'plot written to {path}'
-
-
 def plot_bars(path, panels, ylabel, title, lines=None, dpi=120):
     """Bar charts, one per {panel: {label: value}} (each with its own scale: models differ by
     orders of magnitude), four to a row. A value may be a harness.spread: its median with
     min-max whiskers. lines: {panel: (label, y)}, a dashed line across that panel (compute
     alone). Returns a message saying what happened."""
-    plt = pyplot()
-    if plt is None:
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
         return NO_MATPLOTLIB
     ncols = min(4, max(1, len(panels)))
     nrows = -(-max(1, len(panels)) // ncols)
@@ -152,4 +137,7 @@ def plot_bars(path, panels, ylabel, title, lines=None, dpi=120):
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(True, axis='y', alpha=0.3)
     fig.suptitle(title, fontsize=10)
-    return save_figure(plt, fig, path, dpi)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return f'plot written to {path}'
