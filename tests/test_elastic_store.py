@@ -1,0 +1,79 @@
+"""The store on a world that loses a worker, in memory (tests/scenarios/elastic_store.py under
+``python -m mpi_kvstore run --elastic``, every job under a timeout, nothing left running):
+
+3 workers train a small Gluon model (the global batch of each step split over the ranks, the
+gradients averaged, so the update does not depend on the number of workers); worker 1 is
+SIGKILLed after its backward pass of step 6, while the others' gradient exchange is in
+flight. The store's collectives end with HorovodInternalError on both survivors, which
+restore the commit of step 4, re-form a world of 2 and rebuild their store on it: hvd.size()
+and kv.num_workers are 2, and both end bitwise equal to each other and equal to an
+uninterrupted 3-worker run within float32 rounding. Once through hvd.DistributedTrainer under
+hvd.elastic.run, once through gluon.Trainer on kv.pushpull under elastic.run_fn.
+"""
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers
+
+TIMEOUT = 150
+SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_store.py')
+STEPS = 14
+
+
+def run_elastic(out, *script_args, workers=3):
+    """``python -m mpi_kvstore run --elastic`` of the scenario -> its output (status 0)."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', str(workers),
+            '--elastic-timeout', str(TIMEOUT), '--', sys.executable, SCRIPT, str(out),
+            '--steps', str(STEPS)] + [str(a) for a in script_args]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
+    finally:
+        left = kill_leftovers(run_id)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert left == 0, 'processes outlived the job\n' + output[-3000:]
+    return output
+
+
+def weights(path):
+    with np.load(path) as got:
+        return [got['arr_%d' % i] for i in range(len(got.files))]
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, mpi_available):
+    """The weights of 3 workers trained without a loss (the same script, the same launcher)."""
+    out = tmp_path_factory.mktemp('ref') / 'w'
+    run_elastic(out, '--api', 'hvd')
+    got = [weights('%s.%d.npz' % (out, worker)) for worker in range(3)]
+    for other in got[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(got[0], other))
+    return got[0]
+
+
+@pytest.mark.parametrize('api', ['hvd', 'kv'])
+def test_the_store_survives_a_worker_killed_mid_step(tmp_path, api, uninterrupted):
+    out = run_elastic(tmp_path / 'w', '--api', api, '--kill-id', 1, '--kill-at', 6)
+    assert 'worker 1 on localhost was lost (status 9)' in out, out[-4000:]
+    # the store's own collectives saw the loss, not only the world's
+    assert "the store ends its world: the store's collectives: worker(s) [1] lost" in out, \
+        out[-4000:]
+    assert 'worker 0: reset at step 4, rank 0 of 2, kv 0 of 2' in out, out[-4000:]
+    assert 'worker 2: reset at step 4, rank 1 of 2, kv 1 of 2' in out, out[-4000:]
+    for worker, rank in ((0, 0), (2, 1)):
+        assert 'worker %d: finished at rank %d of 2' % (worker, rank) in out, out[-4000:]
+    assert not (tmp_path / 'w.1.npz').exists()
+    survivors = [weights(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 2)]
+    for mine, theirs, want in zip(*survivors, uninterrupted):
+        assert np.array_equal(mine, theirs)
+        assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
+        assert np.abs(want).max() > 1e-3   # weights that trained, not zeros
