@@ -28,7 +28,7 @@ from mxnet import autograd, gluon
 import mpi_kvstore
 from mpi_kvstore import elastic
 from mpi_kvstore.elastic.world import World
-from mpi_kvstore.launch import rendezvous
+from mpi_kvstore.launch import rendezvous, supervision
 
 DIM, HIDDEN, GLOBAL, LR = 8, 6, 24, 0.2
 
@@ -41,7 +41,12 @@ parser.add_argument('--kill-id', type=int, default=None)
 parser.add_argument('--kill-at', type=int, default=None)
 parser.add_argument('--step-seconds', type=float, default=0.0)
 args = parser.parse_args()
-worker = int(os.environ[rendezvous.ID_ENV])
+# Under run --elastic each worker has an id; under the supervisor's relaunch from disk
+# (run --state-dir D, for comparison: hvd only) the worker is the rank, the commits go to D,
+# and the kill happens on the first launch only.
+ELASTIC = bool(os.environ.get(rendezvous.DIR_ENV))
+if not ELASTIC and supervision.launch_index() > 0:
+    args.kill_at = None
 
 mx.random.seed(42)
 net = gluon.nn.HybridSequential()
@@ -56,10 +61,12 @@ if args.api == 'hvd':
     state = hvd.elastic.MXNetState(params, trainer, step=0)
     kv = hvd.store()
     rank, size = hvd.rank, hvd.size
+    worker = int(os.environ[rendezvous.ID_ENV]) if ELASTIC else hvd.rank()
     wrap = hvd.elastic.run
 else:
     world = World.from_environment()
     world.form()
+    worker = world.id
     kv = mpi_kvstore.create('dist_mpi', world=world)
     trainer = gluon.Trainer(params, 'sgd', {'learning_rate': LR}, kvstore=kv,
                             update_on_kvstore=False)
