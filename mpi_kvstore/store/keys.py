@@ -113,6 +113,7 @@ class KeyTable:
         self._keys = {}
         self._updater = None
         self._held = []   # plans whose update waits for a batch (hold, flush)
+        self._held_keys = set()
 
     @property
     def updater(self):
@@ -231,25 +232,21 @@ class KeyTable:
         one batch (:meth:`flush`). Every method that reads or writes a key's value flushes
         first, so no caller of the table sees a held key's old weights."""
         self._held.extend(plans)
+        self._held_keys.update(plan.state.key for plan in plans)
 
     def holds(self, plans):
         """Whether a key of ``plans`` is held (its update must come before their staging)."""
-        if not self._held:
-            return False
-        held = {plan.state.key for plan in self._held}
-        return any(plan.state.key in held for plan in plans)
-
-    @property
-    def held(self):
-        return len(self._held)
+        return bool(self._held_keys) and any(plan.state.key in self._held_keys
+                                             for plan in plans)
 
     def flush(self):
         """Deliver the held plans: one updater call with the lists of keys, sums and
         weights, which the optimizer runs as MXNet's multi-tensor updates (aggregate_num
-        keys an operator, as gluon.Trainer's own updates), then fill the outputs."""
+        keys an operator, as gluon.Trainer's own updates do), then fill the outputs."""
         if not self._held:
             return
         plans, self._held = self._held, []
+        self._held_keys.clear()
         debug.count('optimizer', 'batch')
         self._updater([plan.state.key for plan in plans], [plan.views[0] for plan in plans],
                       [plan.views[1] for plan in plans])

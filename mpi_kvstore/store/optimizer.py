@@ -65,14 +65,13 @@ def _loop_last():
     return None
 
 
-def _batch_size(updater):
-    """Keys a batch of updates holds: the optimizer's aggregate_num, for MXNet's SGD (whose
-    multi-tensor update is elementwise, so a batch gives the very same weights as one key
-    at a time); 0 for any other optimizer, which gains nothing or could round otherwise."""
+def _batches(updater):
+    """Whether the updater's optimizer runs a list of keys as MXNet's multi-tensor updates,
+    aggregate_num keys an operator: MXNet's SGD, whose multi-tensor update is elementwise,
+    so that a batch gives the very same weights as one key at a time. Any other optimizer
+    gains nothing from a batch, or could round otherwise."""
     optimizer = updater.optimizer
-    if isinstance(optimizer, mx.optimizer.SGD) and optimizer.aggregate_num > 1:
-        return optimizer.aggregate_num
-    return 0
+    return isinstance(optimizer, mx.optimizer.SGD) and optimizer.aggregate_num > 1
 
 
 class StoreOptimizer:
@@ -134,7 +133,7 @@ class StoreOptimizer:
         gradients, unless this call joins their batch."""
         self._last = None
         updater = self.updater
-        if (updater is not None and self.clip is None and _batch_size(updater)
+        if (updater is not None and self.clip is None and _batches(updater)
                 and all(plan.share is None for plan in plans)):
             self._last = _loop_last()
         if self._last is None or self._keys.holds(plans):
@@ -151,8 +150,7 @@ class StoreOptimizer:
         step = self.clip if self.updater is not None else None
         if self._last is not None:
             self._keys.hold(plans)
-            if (self._keys.held >= _batch_size(self.updater)
-                    or any(plan.state.key == self._last for plan in plans)):
+            if any(plan.state.key == self._last for plan in plans):
                 self._keys.flush()
         elif step is None:
             self._deliver(plans, priority)

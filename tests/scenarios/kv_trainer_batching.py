@@ -1,11 +1,10 @@
 """The store's optimizer batches the updates of gluon.Trainer's and Module's per-key loops
-(MXNet's multi-tensor updates, aggregate_num keys a batch), with the very same weights as
+(one updater call a step: MXNet's multi-tensor updates, aggregate_num keys an operator), with the very same weights as
 one key at a time, as the Trainer's own updates (update_on_kvstore=False), and, to float32
 tolerance, as one process trained on the whole batch.
 
 usage: kv_trainer_batching.py DESIGN
 """
-import math
 import os
 
 import mxnet as mx
@@ -83,9 +82,8 @@ def check_gluon(opt):
     ref, _ = gluon_run(opt)
     kv = mpi_kvstore.create('dist_mpi', design=DESIGN)
     batched, counts = gluon_run(opt, kv)
-    aggregate_num = 4 if opt.startswith('sgd') else 0
-    if aggregate_num:
-        want = {'batch': STEPS * math.ceil(trainable / aggregate_num)}
+    if opt.startswith('sgd'):   # one updater call a step, of every key
+        want = {'batch': STEPS}
     else:
         want = {'key': STEPS * trainable}
     assert counts == want, '%s: updates %s, expected %s' % (opt, counts, want)
@@ -147,7 +145,7 @@ def module_fit(kv, aggregate=None):
 def check_module():
     ref, _ = module_fit(None)
     batched, counts = module_fit(mpi_kvstore.create('dist_mpi', design=DESIGN))
-    assert counts == {'batch': STEPS * math.ceil(12 / 4)}, counts
+    assert counts == {'batch': STEPS}, counts
     COUNTS['module sgd'] = counts
     one_by_one, counts = module_fit(mpi_kvstore.create('dist_mpi', design=DESIGN), 1)
     assert counts == {'key': STEPS * 12}, counts
