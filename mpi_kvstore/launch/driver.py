@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from . import discovery, processes, rendezvous
+from . import discovery, processes, rendezvous, supervision
 from .console import console
 from .workers import Workers
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02           # seconds between looks at the workers and the rendezvous
 DISCOVERY_EVERY = 1.0   # seconds between runs of the discovery script (Horovod's default)
 READY_WAIT = 120.0      # seconds a new worker may take to start before it is given up
-STANDIN_TIMEOUT = 60.0  # seconds the stand-in's one-process job may take
+REFORM_LIMIT = 90.0     # seconds the survivors of a loss may take to re-form (their deadline 30)
 
 
 class Driver:
@@ -107,8 +107,9 @@ class Driver:
         """Start the first world (or, after a relaunch, a new one) on the slots ``wanted``."""
         directory = os.path.join(self.root, '.elastic', 'launch-%d' % self.relaunches)
         shutil.rmtree(directory, ignore_errors=True)
+        env = dict(self.env, **{supervision.LAUNCH_ENV: str(self.relaunches)})
         self.workers = Workers(self.command, len(wanted), directory, secret=self.secret,
-                               env=self.env, launcher=self.launcher)
+                               env=env, launcher=self.launcher)
         self.slot_of = {}          # worker -> (host, index)
         self.members = set()       # the workers meant to be in the world
         self.pending = {}          # newcomer -> (started at, discovery time of its slot)
@@ -120,6 +121,10 @@ class Driver:
         self.standins = {}
         self.below_since = None
         self.finished = 0
+        # the root of the re-forming under way (the first world's, or after a loss the
+        # oldest survivor's), and since when: its death leaves the others waiting on it
+        self.reform_root, self.reform_since, self.relaunch_why = 0, time.monotonic(), None
+        self.reform_limit = max(self.timeout, REFORM_LIMIT)   # the first world: every start
         self.next_discovery = time.monotonic() + self.interval
         for worker, slot in enumerate(wanted):
             self.slot_of[worker] = slot
@@ -131,8 +136,14 @@ class Driver:
 
     def _step(self):
         """One look at everything; the job's status once it ended, else None."""
+        self._read_formed()   # first: a root that formed its world and then died is no reason
         changed = self._reap()
         now = time.monotonic()
+        if self.relaunch_why is None and self.reform_root is not None \
+                and now - self.reform_since > self.reform_limit:
+            self.relaunch_why = 'the world did not form in %g s' % self.reform_limit
+        if self.relaunch_why is not None:
+            return self._relaunch(self.relaunch_why)
         if now >= self.next_discovery:
             self.next_discovery = now + self.interval
             if self._discover() or changed or self.pending or not self._full():
@@ -140,7 +151,6 @@ class Driver:
         changed |= self._check_ready()
         if changed:
             self._announce()
-        self._read_formed()
         relaunch = self._stand_in()
         if relaunch:
             return self._relaunch(relaunch)
@@ -167,7 +177,11 @@ class Driver:
                 continue
             self.hosts.blacklist(host)
             changed = True
-            if was_member and self.members:
+            self._reforming(worker)
+            if self.relaunch_why is not None:
+                console.info('mpi_kvstore run: worker %d on %s was lost (status %d); host %s '
+                             'blacklisted', worker, host, status, host)
+            elif was_member and self.members:
                 console.info('mpi_kvstore run: worker %d on %s was lost (status %d); host %s '
                              'blacklisted; recovery in memory: %d survivor(s) re-form the '
                              'world', worker, host, status, host, len(self.members))
@@ -175,6 +189,20 @@ class Driver:
                 console.info('mpi_kvstore run: worker %d on %s was lost (status %d) before '
                              'it joined; host %s blacklisted', worker, host, status, host)
         return changed
+
+    def _reforming(self, worker):
+        """After the loss of ``worker``: the survivors re-form, the oldest as the root; the
+        loss of the root of a re-forming under way cannot be recovered in memory."""
+        if worker == self.reform_root:
+            if self.members:
+                self.relaunch_why = ('worker %d, the root of the world being formed, was lost'
+                                     % worker)
+            return
+        if worker in self.formed[1]:
+            alive = [w for w in self.formed[1] if self.workers.running(w)]
+            if alive:
+                self.reform_root, self.reform_since = alive[0], time.monotonic()
+                self.reform_limit = REFORM_LIMIT
 
     def _alive(self):
         return self.members | set(self.ready) | set(self.pending)
@@ -220,6 +248,8 @@ class Driver:
                 self.pending.pop(worker)
                 self.ready[worker] = discovered_at
                 changed = True
+                console.info('mpi_kvstore run: worker %d is ready to join, %.2f s after it '
+                             'started', worker, time.monotonic() - started)
             elif time.monotonic() - started > READY_WAIT:
                 console.info('mpi_kvstore run: worker %d did not start in %g s: stopped',
                              worker, READY_WAIT)
@@ -242,6 +272,7 @@ class Driver:
             return
         ids = [int(word) for word in str(found.get('ids', '')).split(',') if word]
         self.formed = (found['generation'], ids)
+        self.reform_root = None
         for worker in ids:
             if worker in self.ready:
                 discovered_at = self.ready.pop(worker)

@@ -3,12 +3,17 @@
 notices grow and shrink, with the state told of them (``world.listeners``).
 
 usage: elastic_hosts_train.py OUT [--steps N] [--commit-every K] [--step-seconds T]
-                              [--kill-id I --kill-at S] [--die-in-form I]
+                              [--kill-id I --kill-at S] [--die-in-form I] [--root-dies I]
+                              [--disk] [--wait-at S --wait-for N]
 
 The global batch of step s is drawn from RandomState(700 + s) and split over the world's
 ranks; the gradient is summed and divided by the global batch, so the update does not depend
 on the number of workers. Worker I SIGKILLs itself in the middle of step S (--kill-at), or
-in a re-forming, once the root published the port it waits for it on (--die-in-form). A
+in a re-forming, once the root published the port it waits for it on (--die-in-form), or
+as the root of a re-forming, before it admits anyone (--root-dies); only in the supervisor's
+first launch. With --disk the state commits to the supervisor's --state-dir too. With
+--wait-at S --wait-for N the world checks for host updates after step S until it has N
+workers (a test then needs no race with the new worker's start). A
 worker started later joins the world at a commit and prints 'joined'. Each worker prints,
 for each step, the time it completed, and writes its weights to OUT.<id>.npy at the end.
 """
@@ -24,6 +29,7 @@ import numpy as np
 
 from mpi_kvstore import elastic
 from mpi_kvstore.elastic.world import World
+from mpi_kvstore.launch import supervision
 
 DIM, GLOBAL, LR = 16, 24, 0.1
 
@@ -35,6 +41,10 @@ parser.add_argument('--step-seconds', type=float, default=0.0)
 parser.add_argument('--kill-id', type=int, default=None)
 parser.add_argument('--kill-at', type=int, default=None)
 parser.add_argument('--die-in-form', type=int, default=None)
+parser.add_argument('--root-dies', type=int, default=None)
+parser.add_argument('--disk', action='store_true')
+parser.add_argument('--wait-at', type=int, default=None)
+parser.add_argument('--wait-for', type=int, default=None)
 args = parser.parse_args()
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')
 logging.getLogger('mpi_kvstore.elastic.world').setLevel(logging.INFO)
@@ -47,6 +57,16 @@ def die():
 
 
 world = World.from_environment(deadline=30.0)
+if supervision.launch_index() > 0:   # a relaunch from disk: no death this time
+    args.kill_id = args.die_in_form = args.root_dies = None
+if args.root_dies == world.id:
+    admitting = world._next
+
+    def die_before_admitting(pending):
+        if world.generation >= 1:
+            die()
+        return admitting(pending)
+    world._next = die_before_admitting
 if args.die_in_form == world.id:
     published = world._published_port
 
@@ -61,8 +81,11 @@ world.form()
 if joining:
     print('worker %d: joined at rank %d of %d' % (world.id, world.rank, world.size), flush=True)
 weights = {'w': mx.nd.zeros((DIM,))}
-state = elastic.State(weights, directory=False, comm=lambda: world.comm,
-                      bcast_object=world.bcast_object, step=0)
+state = elastic.State(weights, directory=os.environ[supervision.STATE_ENV] if args.disk else False,
+                      comm=lambda: world.comm, bcast_object=world.bcast_object, step=0)
+if state.restored:
+    print('worker %d: restored commit %d at step %d' % (world.id, state.number, state.step),
+          flush=True)
 world.listeners.append(state.on_hosts_updated)
 state.register_reset_callbacks([lambda: print(
     'worker %d: reset at step %d, rank %d of %d' % (world.id, state.step, world.rank,
@@ -88,6 +111,9 @@ def train(state):
             time.sleep(args.step_seconds)
         if state.step % args.commit_every == 0:
             state.commit()
+        while state.step == args.wait_at and world.size < args.wait_for:
+            time.sleep(0.05)
+            state.check_host_updates()   # every rank: it is collective
 
 
 elastic.run_fn(train, world.reform)(state)
