@@ -77,3 +77,33 @@ def test_the_store_survives_a_worker_killed_mid_step(tmp_path, api, uninterrupte
         assert np.array_equal(mine, theirs)
         assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
         assert np.abs(want).max() > 1e-3   # weights that trained, not zeros
+
+
+def test_a_survivor_reads_the_error_and_the_store_goes_on_after_the_reset(tmp_path,
+                                                                       mpi_available):
+    """2 workers; worker 1 dies after the first pushpull, while worker 0's second one waits
+    for it: worker 0's read of the output raises MXNet's error naming the loss (no hang), the
+    output holds NaN (not a plausible sum), the next pushpull raises HorovodInternalError,
+    the store's threads have ended; after world.reform() and kv.reset() the store is rank 0
+    of 1 and sums again."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', '2',
+            '--elastic-timeout', str(TIMEOUT), '--', sys.executable,
+            os.path.join(SCENARIOS_DIR, 'elastic_store_read.py')]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
+    finally:
+        left = kill_leftovers(run_id)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert left == 0
+    assert 'worker 1: first sum 3.0' in out and 'worker 0: first sum 3.0' in out, out[-4000:]
+    assert 'worker 0: the read raised MXNetError (True)' in out, out[-4000:]
+    assert 'worker 0: the output holds [nan nan]' in out, out[-4000:]
+    assert ('worker 0: the next pushpull raised HorovodInternalError: the world failed: '
+            "the store's collectives: worker(s) [1] lost") in out, out[-4000:]
+    assert 'worker 0: store threads alive []' in out, out[-4000:]
+    assert 'worker 0: after the reset rank 0 of 1, sum 5.0' in out, out[-4000:]

@@ -208,6 +208,12 @@ def reform_world() -> None:
         _state['sets'] = {0: global_process_set}
     for process_set in dropped:
         log.warning('mpi_kvstore.horovod: %s ended with the world it was made in', process_set)
+        for store in [process_set._store, *process_set._stores.values()]:
+            if store is not None:
+                try:
+                    store.close()
+                except Exception as err:   # the loss it raises is the one being answered
+                    log.info('mpi_kvstore.horovod: closing %r: %s', store, err)
         process_set._store, process_set._stores = None, {}
         process_set.process_set_id = None
     kv.reset(world.comm, lost)
@@ -280,8 +286,9 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 
 def _store_options():
     """The options of init's store (the environment's and init's keywords) for another store
-    on these processes: without the timeline, which init's store alone writes."""
-    return dict(_state['options'], timeline='')
+    on these processes: without the timeline, which init's store alone writes, and on init's
+    elastic world if there is one."""
+    return dict(_state['options'], timeline='', world=_state.get('world'))
 
 
 def shutdown() -> None:

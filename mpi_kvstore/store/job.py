@@ -137,7 +137,7 @@ class Job:
             self.lost = err
         log.warning('mpi_kvstore: the store ends its world: %s', err)
         self.errors.keep_types = (type(err),)
-        self.errors.record_error("the store's collectives", err)
+        self.errors.record_error('the world', err)
         old, self.design = self.design, _Lost(self.design, err, self.errors)
         self._drainer = threading.Thread(target=self._drain, args=(old, err),
                                          name='mpi_kvstore-drain', daemon=True)
@@ -206,7 +206,7 @@ class _Lost:
         for req in reqs:
             req.fail(self._err)
             req.finish()
-        self._errors.record_error("the store's collectives", self._err)
+        self._errors.record_error('the world', self._err)
 
     def reap(self):
         return None
