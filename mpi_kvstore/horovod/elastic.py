@@ -97,6 +97,9 @@ class MXNetState(_elastic.State):
         super().__init__(params, trainer, directory=directory,
                          comm=lambda: basics._state['comm'],
                          bcast_object=basics.world_bcast_object(), **kwargs)
+        world = basics._state.get('world')
+        if world is not None:   # the launcher's host notices: HostsUpdatedInterrupt at commit
+            world.listeners.append(self.on_hosts_updated)
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
