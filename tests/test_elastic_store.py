@@ -79,6 +79,19 @@ def test_the_store_survives_a_worker_killed_mid_step(tmp_path, api, uninterrupte
         assert np.abs(want).max() > 1e-3   # weights that trained, not zeros
 
 
+def test_the_store_survives_a_worker_killed_inside_a_commit(tmp_path, uninterrupted):
+    """Worker 2 dies inside the commit of step 8 (after its copy, before the commit's
+    broadcast): the world's broadcast sees the loss, the survivors restore step 8, rebuild the
+    store on a world of 2 and end equal to the uninterrupted run (float32)."""
+    out = run_elastic(tmp_path / 'w', '--api', 'hvd', '--kill-id', 2, '--kill-in-commit', 8)
+    assert 'worker 0: reset at step 8, rank 0 of 2, kv 0 of 2' in out, out[-4000:]
+    assert 'worker 1: reset at step 8, rank 1 of 2, kv 1 of 2' in out, out[-4000:]
+    survivors = [weights(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 1)]
+    for mine, theirs, want in zip(*survivors, uninterrupted):
+        assert np.array_equal(mine, theirs)
+        assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
+
+
 def test_a_survivor_reads_the_error_and_the_store_goes_on_after_the_reset(tmp_path,
                                                                        mpi_available):
     """2 workers; worker 1 dies after the first pushpull, while worker 0's second one waits

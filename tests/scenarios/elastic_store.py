@@ -2,7 +2,8 @@
 trained by workers that ``python -m mpi_kvstore run --elastic`` starts, each its own launch.
 
 usage: elastic_store.py OUT --api hvd|kv [--steps N] [--commit-every K]
-                        [--kill-id I --kill-at S] [--step-seconds T]
+                        [--kill-id I --kill-at S] [--kill-id I --kill-in-commit S]
+                        [--step-seconds T]
 
 ``--api hvd``: hvd.init() forms the world, hvd.DistributedTrainer averages the gradients,
 hvd.elastic.run with hvd.elastic.MXNetState. ``--api kv``: an elastic world of our own API
@@ -40,6 +41,9 @@ parser.add_argument('--commit-every', type=int, default=4)
 parser.add_argument('--kill-id', type=int, default=None)
 parser.add_argument('--kill-at', type=int, default=None)
 parser.add_argument('--step-seconds', type=float, default=0.0)
+parser.add_argument('--kill-in-commit', type=int, default=None,
+                    help="worker --kill-id dies inside the commit after this step: after its "
+                         "in-memory copy, before the commit's broadcast")
 args = parser.parse_args()
 # Under run --elastic each worker has an id; under the supervisor's relaunch from disk
 # (run --state-dir D, for comparison: hvd only) the worker is the rank, the commits go to D,
@@ -84,6 +88,14 @@ else:
 state.register_reset_callbacks([lambda: print(
     'worker %d: reset at step %d, rank %d of %d, kv %d of %d'
     % (worker, state.step, rank(), size(), kv.rank, kv.num_workers), flush=True)])
+if args.kill_in_commit is not None and worker == args.kill_id:
+    checking = state.check_host_updates
+
+    def dying_check():
+        if state.step == args.kill_in_commit:
+            os.kill(os.getpid(), signal.SIGKILL)
+        checking()
+    state.check_host_updates = dying_check
 loss_fn = gluon.loss.L2Loss()
 
 
