@@ -146,7 +146,8 @@ class Driver:
             return self._relaunch(self.relaunch_why)
         if now >= self.next_discovery:
             self.next_discovery = now + self.interval
-            if self._discover() or changed or self.pending or not self._full():
+            # once a worker finished its training the job is ending: no new worker then
+            if (self._discover() or changed or not self._full()) and not self.finished:
                 changed |= self._place(time.time())
         changed |= self._check_ready()
         if changed:
@@ -175,8 +176,7 @@ class Driver:
                 continue
             if worker in self.removed:
                 continue
-            self.hosts.blacklist(host)
-            changed = True
+            self.hosts.blacklist(host)   # no notice for a loss: the survivors hear of it
             self._reforming(worker)
             if self.relaunch_why is not None:
                 console.info('mpi_kvstore run: worker %d on %s was lost (status %d); host %s '
