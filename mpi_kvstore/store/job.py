@@ -55,15 +55,11 @@ class Job:
         self.world = world
         self.lost = None     # the error that ended this job's world (elastic), else None
         self._drainer = None
-        self._build(comm, config, design, table, shares)
+        self.design = design(comm, config, self.errors.record, timeline, table, shares=shares)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
+        self._inspector = StallInspector(comm, config, self.design, self.pending_now)
         if world is not None:
             _watch(self)
-
-    def _build(self, comm, config, design, table, shares):
-        self.design = design(comm, config, self.errors.record, self.timeline, table,
-                             shares=shares)
-        self._inspector = StallInspector(comm, config, self.design, self.pending_now)
 
     def check_open(self):
         if self.closed:
@@ -188,7 +184,9 @@ class Job:
         self.errors.keep_types = ()
         self.pending.clear()
         self.lost = None
-        self._build(comm, config, design, table, shares)
+        self.design = design(comm, config, self.errors.record, self.timeline, table,
+                             shares=shares)
+        self._inspector = StallInspector(comm, config, self.design, self.pending_now)
 
 
 class _Lost:
