@@ -19,9 +19,10 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # stopped short of the queue ('held_back'); named: named allreduces (collectives.allreduce)
 # in place whose name's signature was reused ('hit') or made ('miss'), and those staged
 # through a copy ('staged'); optimizer: the store's optimizer run on one key ('key') or on a
-# batch of keys in one updater call ('batch').
+# batch of keys in one updater call ('batch'); repeat: negotiated rounds whose data went
+# beside their agreement ('won') and bets the round did not repeat ('lost', designs/repeat.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
-         'optimizer')
+         'optimizer', 'repeat')
 
 _counts = collections.Counter()
 

@@ -6,6 +6,7 @@ and a mismatch in an armed round still fails on every rank naming each rank's sh
 import numpy as np
 import pytest
 
+from mpi_kvstore import debug
 from mpi_kvstore.comm import agreement
 from mpi_kvstore.comm.collective import SIG_LIMIT
 from mpi_kvstore.designs import NAMES, NEGOTIATED_NAMES
@@ -55,7 +56,9 @@ def test_a_round_repeated_twice_arms_the_bet_and_the_third_runs_with_the_agreeme
         assert _round(repeat, _offer(2 * step, [[1.0, 2.0], [3.0]]), base=2 * step) is None
     offer = _offer(4, [[5.0, 6.0], [7.0]], average=True)
     offer[5].average = False
+    before = debug.snapshot()
     done = _round(repeat, offer, base=4)
+    assert debug.since(before, 'repeat') == {'won': 1}
     assert [r.seq for r in done] == [4, 5] and all(r.completed == 1 for r in done)
     # one rank's sum (COMM_SELF); the averaged one divided by the 2 ranks the bet was made for
     np.testing.assert_array_equal(offer[4].view, [2.5, 3.0])
@@ -81,8 +84,9 @@ def test_a_round_that_does_not_repeat_is_left_to_the_ordinary_path(change):
         kw['queued'] = True
     else:
         offer.pop(5)
-    before = {s: r.view.copy() for s, r in offer.items()}
+    before, counted = {s: r.view.copy() for s, r in offer.items()}, debug.snapshot()
     assert _round(repeat, offer, base=4, **kw) is None
+    assert debug.since(counted, 'repeat') == {'lost': 1}
     assert repeat.stats == {'won': 0, 'lost': 1}
     for seq, req in offer.items():   # the user's data untouched, nothing completed
         np.testing.assert_array_equal(req.view, before[seq])

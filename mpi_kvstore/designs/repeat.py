@@ -20,6 +20,7 @@ priority and codec), and a rank whose offer lacks part of the set sends zeros.
 """
 import numpy as np
 
+from .. import debug
 from ..comm import agreement
 from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
@@ -88,8 +89,10 @@ class Repeat:
             return None
         if now is None or now[:2] != armed[:2]:
             self.stats['lost'] += 1
+            debug.count('repeat', 'lost')
             return None
         self.stats['won'] += 1
+        debug.count('repeat', 'won')
         reqs = [offer[base + slot] for slot in agreed]
         at = 0
         for req, count in zip(reqs, armed[3]):
