@@ -59,6 +59,7 @@ class Driver:
         self.secret = rendezvous.new_secret()
         self.relaunches = 0
         self.workers = None
+        self._discovery_error = None
 
     # -- the job -------------------------------------------------------------------------
     def run(self):
@@ -86,7 +87,9 @@ class Driver:
         try:
             return self.hosts.update()
         except (RuntimeError, ValueError, OSError) as err:
-            log.warning('mpi_kvstore elastic: %s; keeping the hosts found before', err)
+            if str(err) != self._discovery_error:   # once, not every second
+                log.warning('mpi_kvstore elastic: %s; keeping the hosts found before', err)
+            self._discovery_error = str(err)
             return False
 
     def _wait_for_hosts(self, ends):
