@@ -120,3 +120,66 @@ def test_a_survivor_reads_the_error_and_the_store_goes_on_after_the_reset(tmp_pa
             "the store's collectives: worker(s) [1] lost") in out, out[-4000:]
     assert 'worker 0: store threads alive []' in out, out[-4000:]
     assert 'worker 0: after the reset rank 0 of 1, sum 5.0' in out, out[-4000:]
+
+
+# -- one process: the options, the refusals and the reset ------------------------------------
+
+class _FakeWorld:
+    """A world of this one process whose check() raises once ``lost`` is set."""
+
+    def __init__(self):
+        from mpi_kvstore.comm.mpiabi import MPI
+        self.comm, self.lost = MPI.COMM_WORLD, None
+
+    def check(self, what='collective'):
+        if self.lost:
+            raise RuntimeError('%s: %s' % (what, self.lost))
+
+
+def test_an_elastic_store_polls_every_wait_on_the_flat_communicator():
+    from mpi_kvstore.store.kvstore import elastic_options
+    got = elastic_options({'progress_sleep_us': 0, 'hierarchical': 'on', 'fusion_threshold': 7})
+    assert got['progress_sleep_us'] == 200.0 and got['progress_min_bytes'] == 0
+    assert (got['hierarchical'], got['autotune'], got['tune_table']) == ('off', False, '')
+    assert (got['stall_warning'], got['stall_abort'], got['fusion_threshold']) == (0.0, 0.0, 7)
+    assert elastic_options({'progress_sleep_us': 50.0})['progress_sleep_us'] == 50.0
+
+
+def test_an_elastic_store_refuses_a_design_whose_waits_are_not_polled():
+    import mpi_kvstore
+    from mpi_kvstore.errors import ConfigError
+    with pytest.raises(ConfigError, match="design 'chained' cannot run on an elastic world"):
+        mpi_kvstore.create('dist_mpi', world=_FakeWorld(), design='chained')
+
+
+def test_a_lost_world_fails_every_call_until_the_reset_and_the_store_goes_on_after_it():
+    import mxnet as mx
+
+    import mpi_kvstore
+    world = _FakeWorld()
+    with mpi_kvstore.create('dist_mpi', world=world) as kv:
+        x = mx.nd.full((5,), 2.0)
+        kv.pushpull('g', x)
+        assert x.asnumpy().tolist() == [2.0] * 5
+        world.lost = 'worker 1 lost'
+        with pytest.raises(RuntimeError, match='worker 1 lost'):
+            kv._job.check_world()
+        for _ in range(2):   # every call fails, with the world's error type
+            with pytest.raises(RuntimeError, match=r'the world failed: .*worker 1 lost'):
+                kv.pushpull('g', x)
+        world.lost = None
+        kv.reset()
+        assert (kv.rank, kv.num_workers, kv.design) == (0, 1, 'funneled')
+        y = mx.nd.full((3,), 4.0)
+        kv.pushpull('h', y)
+        assert y.asnumpy().tolist() == [4.0] * 3
+
+
+def test_a_store_without_a_world_needs_the_communicator_to_reset_on():
+    import mpi_kvstore
+    from mpi_kvstore.comm.mpiabi import MPI
+    with mpi_kvstore.create('dist_mpi') as kv:
+        with pytest.raises(ValueError, match='give the new communicator'):
+            kv.reset()
+        kv.reset(MPI.COMM_WORLD)
+        assert (kv.rank, kv.num_workers) == (0, 1)
