@@ -5,6 +5,7 @@
 peers.png: overlap.json, a panel per job (only columns of one job ran interleaved): each
 trainer's step, median with min-max whiskers, and compute alone as a dashed line.
 grid.png: grid.json, a panel per cell: each column's step, median with min-max whiskers.
+small.png: small.json, a panel per case: each column's time, median with min-max whiskers.
 Both drawn by benchmarks.report.plot_bars, the plot every benchmark uses.
 """
 import json
@@ -35,6 +36,11 @@ def main():
     with open(os.path.join(RESULTS, 'grid.json')) as handle:
         grid = json.load(handle)
     print(report.plot_bars(os.path.join(IMG, 'grid.png'), panels(grid), 'step ms', grid['title'], dpi=60))
+    with open(os.path.join(RESULTS, 'small.json')) as handle:
+        small = json.load(handle)
+    print(report.plot_bars(os.path.join(IMG, 'small.png'), {row['label']: {
+        column: spread for column, spread in row['cells'].items() if spread} for row in small['rows']},
+        'us', small['title'], dpi=60))
 
 
 if __name__ == '__main__':
