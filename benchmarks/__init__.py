@@ -8,9 +8,8 @@ is an MPI program (``--help`` gives its options; runs write to benchmarks/result
 Scripts:
     scaling           images/s and efficiency of CIFAR and ImageNet models (resnet20,
                       resnet18_v1, resnet50_v1) with every peer against no exchange
-    overlap           gpu_like's model trained by every peer side by side in one job (FIFO,
-                      priority, autotuned, gluon, dist_sync or P3, Horovod): step, exchange
-                      alone, and how much of it hides
+    overlap           gpu_like's model trained by every peer side by side in one job: step,
+                      exchange alone, and how much of it hides
     grid              overlap (or --scaling: scaling) over test hosts, a test bed a cell of
                       (hosts, rate, model, wire); Horovod and P3 in jobs of their own (root)
     allreduce         kv.pushpull over a size sweep and many small keys (fusion): every
@@ -22,13 +21,11 @@ Scripts:
                       with the overlap learned on the committed overlap table (no mpiexec)
 
 What they share:
-    harness           arguments, timed runs with their CPU, interleaved rounds, the hidden
-                      share, the trainers compared, checks, stores, run records, deadlines
+    harness           arguments, timing with CPU, interleaved rounds, trainers, stores, records
     report            tables, the one median (min-max) format, documented tables, the plot
     schema            what a result file holds, and its check
     peers             raw MPI, the engine floor, ps-lite's dist_sync and P3, Horovod
-    gpu_like          the GPU-like model overlap trains: a model zoo net whose layers sleep
-                      on the engine (a library, no command line)
+    gpu_like          the GPU-like model overlap trains: layers that sleep on the engine
 
 tests/test_benchmarks.py runs every script briefly, so that none rots unnoticed.
 """

@@ -3,17 +3,13 @@
     mpiexec -n 2 python -m benchmarks.allreduce --quick
     mpiexec -n N python -m benchmarks.allreduce [--sizes 4K,1M,256M] [--designs funneled,chained]
 
-Methods, on the same float32 arrays: raw_mpi (Allreduce(send, recv): the reference for
-busbw/raw), raw_mpi:in_place (the ceiling for a store that sums in place), mpi_kvstore:D
-(kv.pushpull in place, then wait_to_read, per design D), dist_sync (MXNet's ps-lite store;
---p3: its P3 van) and engine_floor (one MXNet engine op per array that writes one element: an
-engine hand-off, no MPI; raw_mpi + engine_floor is the best a pushpull-then-wait can do,
-column 'vs floor'). The fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer
-does, against one raw Allreduce of the same bytes (fusion_reference).
-
-Every store is created first and stays alive; each case (each size, then fusion) times every
-method in interleaved rounds (harness.interleaved) under --timeout. A row keeps the slowest
-rank's seconds of each round (trials_us); the tables print median, min and max.
+Methods, on the same float32 arrays: raw_mpi (Allreduce(send, recv), the reference),
+raw_mpi:in_place, mpi_kvstore:D (kv.pushpull in place, then wait_to_read, per design D),
+dist_sync (ps-lite; --p3: its P3 van) and engine_floor (one engine op per array, no MPI;
+raw_mpi + engine_floor is the best a pushpull-then-wait can do, column 'vs floor'). The
+fusion case pushes 100 keys of 16 KB back to back, as gluon.Trainer does, against one raw
+Allreduce of the same bytes. Every store is created first and stays alive; each case times
+every method in interleaved rounds, a round the slowest rank's, under --timeout.
 """
 import functools
 import gc

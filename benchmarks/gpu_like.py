@@ -1,45 +1,36 @@
 """A GPU-like workload: a model zoo net's parameters, with compute that takes wall time but no CPU.
 
-A library, not a script: benchmarks.overlap trains this model with every trainer it compares
-(and benchmarks.grid over test hosts); its options come from overlap's options.
-
-On a GPU node the forward and backward passes leave the CPU to the gradient exchange. Here
-every layer's forward and backward is an engine op that sleeps, so a test bed of CPU ranks
-measures how the exchange is scheduled, not how it fights the model for cores.
+A library, not a script: benchmarks.overlap (and benchmarks.grid through it) trains this
+model with every trainer it compares; its options come from overlap's options. On a GPU node
+the passes leave the CPU to the gradient exchange; here every layer's forward and backward
+is an engine op that sleeps, so CPU ranks measure how the exchange is scheduled, not how it
+fights the model for cores.
 
 The model (:class:`GPULikeModel`, a gluon Block): one emulated layer per convolution or dense
-layer of ``mxnet.gluon.model_zoo.vision.get_model(name)``, owning that layer's weight and the
-parameters after it up to the next weight (its bias, the batch norm that follows), each with
-the zoo's name, shape, order and grad_req.
+layer of the zoo's ``get_model(name)``, owning that layer's weight and the parameters after
+it up to the next weight, each with the zoo's name, shape, order and grad_req.
 
-Times: a step's compute is batch / images_per_s, split over the layers in proportion to their
-forward FLOPs (a convolution's 2 * Cout * Cin/groups * kh * kw * Hout * Wout, a dense layer's
-2 * in * out, output sizes from MXNet's shape inference for one 224x224 image), a third to
-forward and two thirds to backward. ResNet-50 v1 runs at 125 images/s per GPU at batch 32 (or
-400); other models at the same FLOP throughput (VGG-16, 4.0x the FLOPs: 31.2 images/s), a
-stated rule, not a measurement.
+Times: a step's compute is batch / images_per_s, split over the layers by forward FLOPs
+(from MXNet's shape inference for one 224x224 image), a third to forward, two thirds to
+backward. ResNet-50 v1 runs at 125 images/s per GPU at batch 32 (or 400); other models at
+the same FLOP throughput: a stated rule, not a measurement.
 
-The emulated GPU: every layer op is compiled code (numba, no Python, no GIL) pushed to the
-engine's worker of cpu(1), one thread, as a GPU's stream; it does its small real work, then
-sleeps in clock_nanosleep until its time is up. Engine dependencies are the real model's:
-forward of layer i reads its parameters and the previous activation, backward writes its
-gradients when it ends, last layer first, so an exchange of layer i's gradients can start while
-the layers below are still in backward. Needs ThreadedEnginePerDevice (MXNet's default).
+The emulated GPU: every layer op is compiled code (numba, no GIL) on the engine's one worker
+thread of cpu(1), as a GPU's stream; it does its small real work, then sleeps in
+clock_nanosleep. Engine dependencies are the real model's, so layer i's gradients can be
+exchanged while the layers below are still in backward. Needs ThreadedEnginePerDevice.
 
-Gradients are deterministic: ``model(scale)`` (:func:`step_scale` gives each (step, rank) its
-own scale) makes parameter j's gradient ``grad_unit(j) * scale`` in every element, so sums over
-ranks and updates can be recomputed in numpy. Filling them (glibc's wmemset) is the compute's
-only real CPU work; :func:`measure_compute` measures the CPU share, under 5% of a core at
-ResNet-50's 125 images/s (tests/test_gpu_like.py). ``--optimizer gpulikesgd``
-(:class:`GPULikeSGD`) runs each weight's SGD update as an op on the emulated GPU instead of
-MXNet's CPU update. gpu_like_symbol builds the same layers as Python CustomOps for Module,
-which checks results, not timings.
+Gradients are deterministic: ``model(scale)`` (:func:`step_scale` per (step, rank)) makes
+parameter j's gradient ``grad_unit(j) * scale`` in every element, so sums and updates can be
+recomputed in numpy; filling them is the compute's only real CPU work
+(:func:`measure_compute`, tests/test_gpu_like.py). ``--optimizer gpulikesgd``
+(:class:`GPULikeSGD`) runs each SGD update on the emulated GPU. gpu_like_symbol builds the
+same layers as Python CustomOps for Module (results, not timings).
 
-What a training process adds on the host: ``--layers custom`` (:class:`CustomLayersModel`)
-runs every layer as that Python CustomOp under autograd, as users' custom layers are, so each
-layer's forward and backward takes the GIL on MXNet's custom-op threads; ``--host-load F``
-(:class:`HostLoad`) runs a Python thread in each rank that holds the GIL a share F of the
-time, as a data pipeline in the training process does.
+Host load: ``--layers custom`` (:class:`CustomLayersModel`) runs every layer as that Python
+CustomOp under autograd, taking the GIL on MXNet's custom-op threads; ``--host-load F``
+(:class:`HostLoad`) runs a thread that holds the GIL a share F of the time, as a data
+pipeline does.
 """
 import argparse
 import collections
@@ -554,12 +545,9 @@ def _spin(cpu_s):
 
 
 class HostLoad:
-    """A Python thread that holds the GIL `fraction` of the time, as a data pipeline in the
-    training process does: every period_s it runs fraction * period_s of CPU in pure Python,
-    then sleeps until the period is up. The work is CPU seconds, not wall seconds: a pipeline
-    has so much to do per batch, and takes longer where it shares a core, as the ranks on
-    the test bed's cores do. While it spins, other threads get the GIL only at the
-    interpreter's switch interval (sys.getswitchinterval, 5 ms).
+    """A Python thread that holds the GIL `fraction` of the time, as a data pipeline does: every
+    period_s it runs fraction * period_s of CPU seconds (not wall: a pipeline's work per batch
+    takes longer on a shared core) in pure Python, then sleeps until the period is up.
 
     A context manager; 0 starts no thread. After exit: `cycles` run, and `busy_share`, the
     thread's CPU seconds over the wall seconds it ran (`fraction` on an idle core)."""

@@ -5,32 +5,24 @@
     python -m benchmarks.grid --scaling [--ranks 1,2,4] [--models resnet18_v1]
     python -m benchmarks.grid --report-only [--out DIR]
 
-Runs as root, not under mpiexec. Per cell it brings a test bed up (testbed.Hosts: network
-namespaces of this machine, every link shaped at the cell's --rates), runs the cell's jobs
-across it in turn, each under --job-timeout, and takes it down whatever happens. Every job
-gets --job-args and a --timeout 30 s inside --job-timeout, unless --job-args gives one.
+Runs as root, not under mpiexec. Per cell it brings a test bed up (testbed.Hosts, every link
+shaped at the cell's --rates), runs the cell's jobs in turn, each under --job-timeout (and a
+--timeout 30 s inside it, unless --job-args gives one), and takes it down whatever happens.
 
-overlap, a cell per (model, wire, hosts, rate), 1 rank a host:
-- ours: overlap --columns (default fifo,autotuned,best,gluon,dist_sync);
-- horovod, with --horovod-python (a Python that imports horovod.mxnet, its mpiexec beside
-  it): --columns horovod, a job of its own, since Horovod's background thread polls and
-  would load the CPU of every other column;
-- p3: --p3 --columns dist_sync, a job of its own: ps-lite starts once a process.
-The jobs' order alternates from cell to cell, so that no job always runs on a machine
-another just left. A wire fp16 passes --compression fp16. best: --best-options
-'name=value,...' for every cell, or a JSON {cell name or 'default': 'name=value,...'}. A grid
-whose largest job would not fit in free memory is refused before any test bed is built
-(MEMORY_BASE, MEMORY_PER_COLUMN; --ignore-memory starts it anyway).
+overlap, a cell per (model, wire, hosts, rate), 1 rank a host: ours (overlap --columns);
+horovod (--horovod-python: a Python that imports horovod.mxnet, its mpiexec beside it) and
+p3 (--p3 --columns dist_sync), each a job of its own, as Horovod's thread polls and ps-lite
+starts once a process. The jobs' order alternates from cell to cell. best: --best-options
+'name=value,...', or a JSON {cell name or 'default': 'name=value,...'}. A grid whose largest
+job would not fit in free memory is refused up front (--ignore-memory starts it anyway).
 
---scaling, a cell per (ranks, rate): scaling --no-dist-sync with 1 rank on a host alone, or
-N ranks over 2 hosts, N/2 on each, timing raw MPI Allreduce of --raw-sizes in its
-exchange-alone rounds (the network's alpha and beta under the same load, on which
-cost_model calibrates: cost_model --measured OUT/grid.json).
+--scaling, a cell per (ranks, rate): scaling --no-dist-sync, 1 rank on a host alone or N
+ranks over 2 hosts, timing raw MPI Allreduce of --raw-sizes (the network's alpha and beta,
+for cost_model --measured OUT/grid.json).
 
 Writes into --out: runs/<cell>/ (each job's files, the cell's log.txt), grid.json (every
-cell, every job's record, how it ended), and the table of the steps (table.json, kind
-'table' of schema.py, and table.md: a row per cell and model, every column's step median
-(min-max), and FIFO's step over each) with its plot; --report-only rebuilds the last three.
+cell and job, how it ended), and the table of the steps (table.json, table.md) with its
+plot; --report-only rebuilds the last three.
 """
 import glob
 import json

@@ -4,16 +4,11 @@ Scripts run as modules from the repository root (``mpiexec -n 2 python -m benchm
 rank 0 prints and writes files. Sizes are in bytes of float32 data; bandwidths are in GB/s
 with GB = 1e9 bytes, as nccl-tests reports them.
 
-Timing: :func:`timed_run` times one run of an op with its CPU (each rank's, and the machine's
-where every rank is on it); :func:`measure` times one op again and again; :func:`interleaved`
-times several in rounds, each round running every op once in an order that rotates, so slow
-phases of a shared VM hit every op alike. A trial counts the slowest rank (a collective is
-done only when its last rank is), and :func:`spread` reports min, median and max;
-:func:`hidden_share` is the one definition of how much of an exchange a step hid.
-:func:`make_trainer` makes every trainer the scripts compare.
-
-mpi4py is imported on first use, not here: cost_model and grid.py use this
-module outside mpiexec, where importing it would start MPI for nothing.
+Timing: :func:`timed_run` (one run, with its CPU), :func:`measure` (one op again and again),
+:func:`interleaved` (several ops in rounds, in an order that rotates, so a shared VM's slow
+phases hit them alike); a trial counts the slowest rank. :func:`make_trainer` makes every
+trainer the scripts compare. mpi4py is imported on first use: cost_model and grid.py use
+this module outside mpiexec.
 """
 import argparse
 import contextlib
@@ -157,10 +152,8 @@ def spread(values):
 
 def hidden_share(compute, exchange, step):
     """How much of the exchange a step hid behind compute, as a share of the most it could
-    hide: (compute + exchange - step) / min(compute, exchange), from medians of each alone
-    and of the step. 1: the shorter of the two was hidden whole (step = the longer one);
-    0: none of it (step = their sum); below 0: together they took longer than their sum.
-    The one definition every table and the cost model use (docs/benchmarks.md)."""
+    hide, from the medians: the one definition every table and the cost model use
+    (docs/benchmarks.md)."""
     return (compute + exchange - step) / min(compute, exchange)
 
 
@@ -179,13 +172,11 @@ def process_cpu_s():
 
 
 def timed_run(op, comm=None, units=1, machine=False):
-    """Collective: one run of op() on every rank of comm (default: every rank), the ranks
-    released together by a barrier: (op's value, its sample). The sample: wall_s, the
-    slowest rank's seconds; units, what the run did (steps); cpu_s, this rank's CPU seconds
-    over it; rank_cpu_s, every rank's, on rank 0 (else None); busy_s, on rank 0 with
-    `machine`, the machine's busy CPU seconds over it (machine_busy: every core, the kernel's
-    network work too, which one_machine says is every rank's), else None. The one way the
-    scripts time a run with its CPU (cpu_summary sums samples up)."""
+    """Collective: one run of op() on every rank of comm (default: every rank), released
+    together by a barrier: (op's value, its sample): wall_s (the slowest rank's), units,
+    cpu_s (this rank's CPU seconds), rank_cpu_s (every rank's, on rank 0) and busy_s (on rank
+    0 with `machine`: machine_busy over the run). The one way the scripts time a run with its
+    CPU (cpu_summary sums samples up)."""
     comm = world() if comm is None else comm
     comm.Barrier()
     busy = machine_busy() if machine and comm.rank == 0 else None
@@ -305,26 +296,33 @@ def ranks_differ(arrays, comm=None):
     return None if len(set(digests)) == 1 else f'weights differ across ranks (digests {digests})'
 
 
+def checked_once(op, arrays, expected, what):
+    """op, after one run that must leave `expected` (the sum) in arrays, ones before it; then
+    zeroed, so that repeated in-place sums neither grow to inf nor change the work done."""
+    op()
+    numpy_arrays = isinstance(arrays[-1], np.ndarray)
+    check_sum(arrays[-1] if numpy_arrays else arrays[-1].asnumpy(), expected, what)
+    for array in arrays:
+        array[:] = 0
+    if not numpy_arrays:
+        import mxnet as mx
+        mx.nd.waitall()
+    return op
+
+
 def summed_op(reduce, nbytes, expected, what, count=1):
-    """An op that runs reduce(buf) on `count` float32 buffers of nbytes each. Checked once
-    (buffers of ones must sum to `expected`), then zeroed: repeated in-place sums of zeros
-    neither grow to inf nor change the work done."""
+    """An op that runs reduce(buf) on `count` float32 buffers of nbytes each (checked_once)."""
     buffers = [np.ones(nbytes // 4, np.float32) for _ in range(count)]
 
     def op():
         for buf in buffers:
             reduce(buf)
-    op()
-    check_sum(buffers[-1], expected, what)
-    for buf in buffers:
-        buf[:] = 0
-    return op
+    return checked_once(op, buffers, expected, what)
 
 
 def pushpull_op(kv, keys, nbytes, expected=None):
     """pushpull every key in place, one call per key (priority -i, as Trainer passes), then
-    wait for all. Arrays are zeroed after a checked first round (the sum over ranks, or
-    `expected`) so that repeated in-place sums neither grow to inf nor change the work done."""
+    wait for all; checked_once (the sum over ranks, or `expected`)."""
     import mxnet as mx
     arrays = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in keys]
     kv.init(list(keys), arrays)
@@ -334,17 +332,12 @@ def pushpull_op(kv, keys, nbytes, expected=None):
             kv.pushpull(key, array, priority=-i)
         for array in arrays:
             array.wait_to_read()
-    op()
     if expected is None:
         # 2-bit compression (a '+2bit=T' design) sends T for a value of 1 >= T, 0 below it.
         codec = getattr(getattr(kv, '_exchange', None), 'codec', None)   # MPIKVStore's
         sent = 1.0 if codec is None else (float(codec.threshold) if codec.threshold <= 1 else 0.0)
         expected = kv.num_workers * sent
-    check_sum(arrays[-1].asnumpy(), expected, f'{kv.type} pushpull')
-    for array in arrays:
-        array[:] = 0
-    mx.nd.waitall()
-    return op
+    return checked_once(op, arrays, expected, f'{kv.type} pushpull')
 
 
 # ---------------------------------------------------------------- mpi_kvstore's stores
@@ -356,12 +349,9 @@ def agree(error, comm=None):
 
 
 def designs(text):
-    """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has.
-
-    A design may carry store options after '+': 'funneled+native_ops=0' is the
-    funneled design with the Python engine op, for an A/B in one run; '+2bit=T' sets
-    2-bit gradient compression with threshold T (kv.set_gradient_compression).
-    """
+    """--designs 'funneled,chained' -> a list; None -> every design mpi_kvstore has. A design
+    may carry store options after '+' ('funneled+native_ops=0', for an A/B in one run);
+    '+2bit=T' sets 2-bit gradient compression with threshold T."""
     import mpi_kvstore
     return names(text) if text else list(mpi_kvstore.DESIGNS)
 

@@ -5,40 +5,24 @@
         python -m benchmarks.overlap --topology "2 hosts x 1 rank, 3gbit"
 
 gpu_like's model, trained by every column, each a trainer over a store of its own, all
-created before anything is timed: fifo (DistributedTrainer on funneled with no partitions
-or credits: every group starts when ready, Horovod's order), priority (DistributedTrainer on
-the default store, untuned: priority-partitioned across hosts), gluon (gluon.Trainer, one pushpull a
-key), dist_sync (gluon.Trainer on ps-lite; --p3: its P3 van, a job of its own) and horovod
-(when it imports; else skipped). --columns picks some of them: Horovod's background thread
-polls, so it loads the CPU for every other column of the job it is in. Two more, asked for by
-name: autotuned (priority with autotune=1, the default across hosts; every other column
-runs with autotune=0, harness.create_store) and best (priority with --best-options fixed, e.g.
-the fastest of an offline grid). --compression fp16: every mpi_kvstore column sends fp16,
-horovod takes hvd.Compression.fp16, dist_sync sends float32 (ps-lite has no such cast).
+created before anything is timed: fifo (DistributedTrainer on funneled, no partitions or
+credits: Horovod's order), priority (DistributedTrainer on the default store, untuned),
+gluon (gluon.Trainer, one pushpull a key), dist_sync (gluon.Trainer on ps-lite; --p3: its
+P3 van, a job of its own) and horovod (when it imports; its polling thread loads the CPU of
+every other column, hence --columns). By name only: autotuned (priority with autotune=1;
+the rest run with autotune=0) and best (priority with --best-options fixed).
+--compression fp16 applies to every column that has it (not dist_sync).
 
-autotuned settles before the rounds: its search measures one sample of autotune_steps steps
-per value it tries, so it needs more warm-up than the rest, up to its settle bound
-(docs/tuning.md: 3 + N x (S + 5) steps, at most 318 at the defaults), that is ceil(bound / --chain)
-+ 1 runs, untimed and weight-checked; the rounds then time the values it chose. The JSON
-and the table say after how many steps it settled, on what.
+autotuned settles in untimed, weight-checked warm-up runs, up to its settle bound
+(docs/tuning.md); the JSON and the table say after how many steps it settled, on what.
 
-Timing: rounds (--warmups untimed, then --rounds) in which every column makes one run of
---chain steps, in an order that rotates (harness.interleaved). A run resets the weights,
-trains with no waitall between steps (gpu_like.train), waits once, and checks every weight
-against numpy: a column that fails is reported failed and timed no more. Compute alone
-(forward and backward, no trainer, every store alive) is one more entry of the same rounds;
-then each column's exchange alone (trainer.allreduce_grads of ready gradients), interleaved.
-Each run is a harness.timed_run, with its CPU: the machine's busy share of every core (on
-the test bed the hosts are namespaces of one machine, so it holds every rank and the
-kernel's TCP) and each rank's user + system CPU ms a step.
-
-From the medians: hidden share (harness.hidden_share) = (compute + exchange - step) /
-min(compute, exchange); step / max(compute, exchange), 1.0 a perfect overlap; vs fifo =
-fifo's step / this step. The step also holds the optimizer's update, which neither alone
-measures.
-
---layers custom and --host-load (gpu_like's) apply to every entry alike; the load thread
-runs through the timed rounds, and the JSON records the CPU share it got.
+Timing: rounds (harness.interleaved) in which every column makes one run of --chain steps
+(gpu_like.train, one wait at the end, every weight checked against numpy; a failing column
+is reported failed and timed no more), beside compute alone and then each column's exchange
+alone (trainer.allreduce_grads of ready gradients). Each run is a harness.timed_run, with
+the machine's busy share of every core and each rank's CPU ms a step. From the medians: the
+hidden share (harness.hidden_share), step / max(compute, exchange) and vs fifo (fifo's step
+/ this step). --layers custom and --host-load (gpu_like's) apply to every entry alike.
 
 Rank 0 prints Markdown tables and writes them (.md), a JSON and a bar plot to --out.
 """

@@ -63,11 +63,9 @@ def raw_allreduce_op(nbytes, count=1, in_place=True, comm=COMM):
 def engine_floor_op(nbytes, count=1):
     """`count` MXNet engine hand-offs (one per key), then wait for all: no MPI at all.
 
-    Each is one op with the key's array as its mutable dependency that writes one element
-    (NDArray.slice_assign_scalar, which writes the array in place), so it costs what the
-    engine's scheduling and thread hand-off cost, whatever nbytes: a copy would grow with the
-    size and measure memcpy, not the engine. (arr[0:1] = 0 runs the same op but adds ~40 us of
-    Python index parsing.) Checked once: element 0 of an array of ones is 0 after."""
+    Each is one op writing one element of the key's array in place (slice_assign_scalar;
+    arr[0:1] = 0 adds ~40 us of index parsing), so it costs the engine's hand-off whatever
+    nbytes, not memcpy. Checked once: element 0 of an array of ones is 0 after."""
     targets = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in range(count)]
 
     def op():
@@ -123,11 +121,9 @@ def pslite_addresses(comm):
     """Collective: (root, own, error): the address ps-lite's scheduler and servers listen on
     (rank 0's host), the one this rank's worker announces, or why there is none.
 
-    ps-lite connects to DMLC_PS_ROOT_URI and tells the others to reach each process at its
-    DMLC_NODE_HOST (else at the address of an interface it guesses). All ranks on one host:
-    127.0.0.1 for both. Across hosts: rank 0's host name resolved (a test bed's /etc/hosts
-    maps h0 to its eth0 address), and on each rank the source address the kernel picks to
-    reach it (a UDP socket connected to it sends nothing)."""
+    ps-lite reaches each process at its DMLC_NODE_HOST (else an interface it guesses). One
+    host: 127.0.0.1 for both. Across hosts: rank 0's host name resolved, and on each rank the
+    source address the kernel picks to reach it (a connected UDP socket sends nothing)."""
     hosts = comm.allgather(MPI.Get_processor_name())
     if len(set(hosts)) == 1:
         return '127.0.0.1', '127.0.0.1', None

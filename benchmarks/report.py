@@ -1,12 +1,10 @@
 """Tables and plots, the same for every benchmark script.
 
-Tables go through tabulate: :func:`markdown` for GitHub tables (results files, and reports
-that tests read with ``^| name | figure``: cells are not padded), :func:`text` for the
-fixed-width tables printed on a console; :func:`spread_text` is the one way a table writes a
-median (min-max); :func:`table_record` and :func:`table_markdown` are a documented table
-(results/NAME.json) and its rendering. The one plot, :func:`plot_bars`, draws with
-matplotlib's Agg backend into a file and returns a line saying what happened (matplotlib is
-optional: without it the line says so).
+Tables go through tabulate: :func:`markdown` (GitHub tables, cells not padded, as tests read
+``^| name | figure``), :func:`text` (console); :func:`spread_text` is the one way to write a
+median (min-max); :func:`table_record` and :func:`table_markdown`, a documented table and its
+rendering. :func:`plot_bars` (matplotlib's Agg backend, optional) returns a line saying what
+happened.
 """
 import json
 import os

@@ -5,13 +5,11 @@
 
 Per model (resnet20 and resnet18_v1 on 32x32 batches, resnet50_v1 on 224x224), on one net
 whose weights every config shares: single (rank 0 alone, no store), none (N ranks, no
-exchange: the ceiling a perfectly hidden exchange reaches), mpi_kvstore:D (gluon.Trainer on a
-store of design D), DistributedTrainer:D, horovod (when it imports) and dist_sync (ps-lite;
---p3: its P3 van). A step is forward, backward, trainer.step, waitall, the slowest rank's;
---steps-per-round K times K steps with one waitall. Rounds interleave the configs; then each
-store's exchange is timed alone (allreduce_grads, waitall) to tell how much training hides,
-with --raw-allreduce SIZES of raw MPI Allreduce(IN_PLACE) in the same rounds (what cost_model
-calibrates on). DEFINITIONS says what each column means. One rank per core, OMP_NUM_THREADS=1.
+exchange: the ceiling), mpi_kvstore:D (gluon.Trainer on a store of design D),
+DistributedTrainer:D, horovod (when it imports) and dist_sync (ps-lite; --p3: its P3 van),
+in interleaved rounds of --steps-per-round steps (forward, backward, trainer.step), the
+slowest rank's; then each store's exchange alone, with --raw-allreduce SIZES of raw MPI in
+the same rounds (for cost_model). DEFINITIONS says what each column means.
 """
 import gc
 import os

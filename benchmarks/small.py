@@ -4,26 +4,22 @@ through kv.pushpull and mpi_kvstore.horovod, beside raw MPI and Horovod.
     OMP_NUM_THREADS=1 mpiexec -n 2 python -m benchmarks.small [--quick] [--design chained]
     OMP_NUM_THREADS=1 python -m benchmarks.small --horovod-python /path/to/venv/bin/python
 
-Cases: 'single', one synchronous call per size (the call, then wait_to_read); 'burst',
---burst-keys tensors of --burst-size, one call each back to back (a step's gradients, as
-gluon.Trainer and a hvd.allreduce_ loop issue them), then a wait for all; 'trainer', a step
-(forward, backward, trainer.step, wait) of --layers Dense(64) on a batch of 8: two parameters
-a layer (16 KB and 256 B), little compute.
+Cases: 'single', one synchronous call per size; 'burst', --burst-keys tensors of
+--burst-size, one call each back to back (as gluon.Trainer issues a step's gradients), then
+a wait for all; 'trainer', a step of --layers Dense(64) on a batch of 8 (two parameters a
+layer, 16 KB and 256 B, little compute).
 
-Methods, each checked once (float32 ones sum to the ranks; trainers: equal weights on every
-rank): raw_mpi (mpi4py Allreduce(send, recv) a tensor), raw_mpi:fused (the burst in one
+Methods, each checked once: raw_mpi (mpi4py Allreduce), raw_mpi:fused (the burst in one
 Allreduce, its reference), pushpull (kv.pushpull in place), hvd (mpi_kvstore.horovod's
-allreduce_, op=Sum), hvd:grouped (one grouped_allreduce_) and horovod (horovod.mxnet's, where
-it imports). Trainers: no_exchange (gluon.Trainer without a store, the reference), gluon
-(gluon.Trainer(kvstore=mpi_kvstore.create('dist_mpi')), the store's defaults), hvd and
-horovod (each one's DistributedTrainer). A case's methods run in interleaved rounds
+allreduce_), hvd:grouped (one grouped_allreduce_) and horovod (horovod.mxnet's, where it
+imports). Trainers: no_exchange (the reference), gluon (gluon.Trainer on the store's
+defaults), hvd and horovod (each one's DistributedTrainer). Interleaved rounds
 (harness.interleaved), a trial the slowest rank's; tables print median (min-max) in us and
 the median over the case's reference.
 
---horovod-python PY (no mpiexec), for a horovod.mxnet in another environment: --jobs pairs of
-jobs of -n ranks, alternating, the store's methods under this python and Horovod's
-(--horovod-only) under PY, each with the mpiexec beside its python; then the table `small`
-(report.table_record), every trial of a method in every job pooled.
+--horovod-python PY (no mpiexec): --jobs pairs of alternating jobs of -n ranks, the store's
+methods under this python and Horovod's (--horovod-only) under PY; then the table `small`,
+every trial of a method in every job pooled.
 """
 import functools
 import gc
@@ -77,8 +73,7 @@ def parse_args(argv=None):
 
 def hvd_op(hvd, nbytes, count, grouped=False, prefix='t'):
     """``count`` tensors of nbytes through ``hvd`` (mpi_kvstore.horovod or horovod.mxnet):
-    allreduce_ (op=Sum) of each, or one grouped_allreduce_, then wait for all. Checked once
-    (ones sum to the rank count), then zeroed, as harness.pushpull_op does."""
+    allreduce_ (op=Sum) of each, or one grouped_allreduce_, then wait for all (checked_once)."""
     import mxnet as mx
     arrays = [mx.nd.ones((nbytes // 4,), dtype='float32') for _ in range(count)]
     names = ['%s%d.%d' % (prefix, nbytes, i) for i in range(count)]
@@ -91,12 +86,7 @@ def hvd_op(hvd, nbytes, count, grouped=False, prefix='t'):
                 hvd.allreduce_(array, name=name, op=hvd.Sum)
         for array in arrays:
             array.wait_to_read()
-    op()
-    harness.check_sum(arrays[-1].asnumpy(), harness.world().size, f'{hvd.__name__} allreduce_')
-    for array in arrays:
-        array[:] = 0
-    mx.nd.waitall()
-    return op
+    return harness.checked_once(op, arrays, harness.world().size, f'{hvd.__name__} allreduce_')
 
 
 def step_op(kind, layers, kv=None, hvd=None):

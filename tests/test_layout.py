@@ -1,5 +1,6 @@
 """The package's shape: layers that point down (import-linter), lint (ruff), and the option
 vocabularies that config.py spells as literals, against the registries that implement them."""
+import glob
 import os
 import shutil
 import subprocess
@@ -93,6 +94,19 @@ def test_few_modules_at_the_top():
     root = os.path.join(REPO_ROOT, 'mpi_kvstore')
     top = sorted(name for name in os.listdir(root) if name.endswith('.py'))
     assert len(top) <= 12, top
+
+
+def test_benchmarks_stay_small():
+    """benchmarks/*.py and benchmarks/*/*.py total at most 4,800 lines: the scripts share
+    harness/peers/report rather than each growing its own copy, and the prose that explains
+    the figures lives once, in docs/benchmarks.md, not again in docstrings and --help."""
+    paths = glob.glob(os.path.join(REPO_ROOT, 'benchmarks', '*.py'))
+    paths += glob.glob(os.path.join(REPO_ROOT, 'benchmarks', '*', '*.py'))
+    total = 0
+    for path in paths:
+        with open(path) as handle:
+            total += sum(1 for _ in handle)
+    assert total <= 4800, f'benchmarks/ has {total} lines of Python (at most 4800)'
 
 
 def test_ruff_finds_nothing():

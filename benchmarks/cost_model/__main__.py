@@ -1,5 +1,4 @@
 """python -m benchmarks.cost_model: its modes (docs/cost-model.md shows them)."""
-import argparse
 import json
 import os
 import sys
@@ -49,15 +48,13 @@ DEFAULT_FIT_ON = '125/s 22:41,125/s 23:22'
 # ---------------------------------------------------------------- main
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=DOC.split('\n\n')[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = harness.parser(DOC)
     parser.add_argument('--measured',
                         help='a grid --scaling JSON with the training measurements to calibrate '
                              'and validate on (default: none, no calibration)')
     parser.add_argument('--calibration', default=None,
-                        help='comma-separated grid --scaling JSONs holding raw allreduce '
-                             'timings for every test bed checked (interleaved in training jobs) '
-                             'and a 1-rank training job (default: --measured)')
+                        help='comma-separated grid --scaling JSONs with raw allreduce timings of '
+                             'every test bed checked and a 1-rank training job (default: --measured)')
     parser.add_argument('--predict-only', action='store_true',
                         help='the prediction alone: no calibration, validation or learned overlap')
     parser.add_argument('--out', default=DEFAULT_DIR, help='folder for cost_model.{md,json,png}')
