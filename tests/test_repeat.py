@@ -1,8 +1,11 @@
 """A repeated round's data beside its agreement (designs/repeat.py): the rule in one process
-(MPI.COMM_SELF), and scenarios/kv_repeat.py on every design: repeated steps sum as numpy
-does, the bet is taken on a repeated lone call and falls back on another shape or dtype,
-and a mismatch in an armed round still fails on every rank naming each rank's shape.
+(MPI.COMM_SELF), and scenarios/kv_repeat.py on every design: repeated steps of several rounds
+sum as numpy does, the bet is taken on a repeated lone call and on a repeating pattern of
+bursts, and falls back on another shape, dtype or pattern, and a mismatch in an armed round
+still fails on every rank naming each rank's shape.
 """
+import time
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,7 @@ from mpi_kvstore import debug
 from mpi_kvstore.comm import agreement
 from mpi_kvstore.comm.collective import SIG_LIMIT
 from mpi_kvstore.designs import NAMES, NEGOTIATED_NAMES
-from mpi_kvstore.designs.repeat import MAX_BYTES, Repeat
+from mpi_kvstore.designs.repeat import GATHER_S, MAX_BYTES, Repeat
 
 from mpi_harness import result, run_designs, run_mpi
 
@@ -108,6 +111,82 @@ def test_no_bet_on_a_large_round_a_broadcast_or_an_unsupported_dtype():
     assert repeat.stats == {'won': 0, 'lost': 0}
 
 
+def test_a_pattern_of_rounds_is_predicted_from_what_followed_each_round_last_time():
+    repeat = Repeat(size=2, poll_us=50)
+    # round A: two requests at slots 0 and 1; round B: one of another key at slot 0
+    pattern = [((11, 12), [[1.0, 2.0], [3.0]]), ((21,), [[4.0, 5.0, 6.0]])]
+    seen, base = [], 0
+    for _ in range(4):
+        for sigs, values in pattern:
+            offer = _offer(base, values, sigs=sigs)
+            done = _round(repeat, offer, base=base)
+            seen.append(None if done is None else [r.seq - base for r in done])
+            if done is not None:   # one rank's sum (COMM_SELF): the values themselves
+                for req, want in zip(offer.values(), values):
+                    np.testing.assert_array_equal(req.view, want)
+            base += len(sigs)
+    # A, B learn B after A; the second A learns A after B and bets on B; then every round
+    assert seen == [None, None, None, [0], [0, 1], [0], [0, 1], [0]]
+    assert repeat.stats == {'won': 5, 'lost': 0}
+
+
+def test_a_bet_that_the_round_covers_delivers_its_part_the_rest_runs_as_before():
+    repeat = Repeat(size=2, poll_us=50)
+    for step in range(2):
+        _round(repeat, _offer(2 * step, [[1.0, 2.0], [3.0]]), base=2 * step)
+    offer = _offer(4, [[5.0, 6.0], [7.0], [8.0]], sigs=(11, 12, 13))   # one more agreed
+    done = _round(repeat, offer, base=4)
+    assert [r.seq for r in done] == [4, 5] and offer[6].completed == 0
+    np.testing.assert_array_equal(offer[6].view, [8.0])
+    assert repeat.stats == {'won': 1, 'lost': 0}
+
+
+def test_a_large_round_is_bet_on_up_to_the_bound_and_a_mixed_one_up_to_its_first_dtype():
+    big = np.arange(MAX_BYTES // 4 // 3, dtype=np.float32)       # 3 of them are 1 MB or more
+    assert 3 * big.nbytes > 64 * 1024
+    repeat = Repeat(size=2, poll_us=50)
+    for step in range(3):
+        offer = _offer(3 * step, [big + step, big, big * 2], sigs=(11, 12, 13))
+        done = _round(repeat, offer, base=3 * step)
+    assert [r.seq for r in done] == [6, 7, 8] and repeat.stats['won'] == 1
+    np.testing.assert_array_equal(offer[6].view, big + 2)
+    bounded = Repeat(size=2, poll_us=50, max_bytes=2 * big.nbytes)   # room for two only
+    for step in range(3):
+        offer = _offer(3 * step, [big, big, big], sigs=(11, 12, 13))
+        done = _round(bounded, offer, base=3 * step)
+    assert [r.seq for r in done] == [6, 7] and offer[8].completed == 0
+    mixed = Repeat(size=2, poll_us=50)
+    for step in range(3):
+        offer = _offer(2 * step, [[1.0], [2.0]], sigs=(11, 12))
+        offer[2 * step + 1] = _Req(2 * step + 1, 12, np.array([2.0]))   # float64 second
+        done = _round(mixed, offer, base=2 * step)
+    assert [r.seq for r in done] == [4] and mixed.stats == {'won': 1, 'lost': 0}
+
+
+def test_a_rank_holding_part_of_the_predicted_round_waits_for_the_rest_not_longer():
+    repeat = Repeat(size=2, poll_us=50)
+    for step in range(3):
+        _round(repeat, _offer(3 * step, [[1.0], [2.0], [3.0]], sigs=(11, 12, 13)), base=3 * step)
+    full = _offer(9, [[1.0], [2.0], [3.0]], sigs=(11, 12, 13))
+    part = {9: full[9]}
+    waits = []
+
+    def refresh():   # the rest turns ready after the first wait
+        return full if waits else part
+    assert repeat.missing(part, 9) and not repeat.missing(full, 9)
+    assert repeat.gather(part, 9, waits.append, refresh) is full and len(waits) == 1
+    assert 0 < waits[0] <= GATHER_S + 1e-9
+    waits.clear()
+
+    def wait(seconds):   # as the waker's: nothing comes within the time asked
+        waits.append(seconds)
+        time.sleep(seconds)
+    assert repeat.gather(part, 9, wait, lambda: part, budget=0.001) is part
+    assert waits and all(0 < w <= 0.001 + 1e-9 for w in waits)
+    other = _offer(9, [[1.0]], sigs=(99,))   # none of the predicted round: no wait
+    assert repeat.gather(other, 9, waits.append, refresh) is other
+
+
 def check(out, design, nprocs):
     assert 'kv_repeat[%s]: OK at %d ranks' % (design, nprocs) in out, out[-3000:]
     sums = result(out, 'kv_repeat[%s]' % design)['ranks']
@@ -123,12 +202,19 @@ def check(out, design, nprocs):
         for words in shapes:
             assert words in said['mismatch'], (rank, words, said['mismatch'])
         if design in NEGOTIATED_NAMES:
+            # 'again': lone_shape followed lone last time, so the first call back bets on it
             assert said['counters'] == {'repeated': {'won': 3, 'lost': 0},
                                         'shape': {'won': 0, 'lost': 1},
-                                        'again': {'won': 1, 'lost': 0},
+                                        'again': {'won': 1, 'lost': 1},
                                         'dtype': {'won': 0, 'lost': 1}}, said
+            # 3 rounds a step: from the third step on, each round was predicted and won; in a
+            # step whose middle round changed, the first wins, the changed one loses and the
+            # last is not bet on (nothing followed the changed round before)
+            assert said['bursts'] == {'warm': {'won': 12, 'lost': 0},
+                                      'changed': {'won': 1, 'lost': 1}}, said
         else:
             assert said['counters'] == {k: None for k in ('repeated', 'shape', 'again', 'dtype')}
+            assert said['bursts'] == {'warm': None, 'changed': None}
 
 
 @pytest.mark.parametrize('design', NAMES)

@@ -197,6 +197,8 @@ class Negotiated(Design):
                     return
                 self._waker.wait()
                 continue
+            if self.repeat is not None and offer and not queued and not self.joined:
+                offer = self.repeat.gather(offer, self._base, self._waker.wait, self._offer)
             agreed, bad, delivered = self._negotiate(offer, queued)
             if agreed is None:  # every rank has joined (so none has anything queued)
                 self._last_joined = self.finish_join(self._control)
@@ -211,15 +213,25 @@ class Negotiated(Design):
             self._retire(agreed + bad)
             if bad:   # the same on every rank: all of them reject, and say what they issued
                 self.reject(bad, self._control)
-            if not delivered:   # the bet of repeat.py ran them with the agreement
+            if delivered:   # the bet of repeat.py ran these with the agreement
+                ran = {r.seq for r in delivered}
+                agreed = [r for r in agreed if r.seq not in ran]
+            if agreed or not delivered:
                 self._queue.add(agreed)
                 self.dispatch(self._queue.take())
 
+    def _offer(self):
+        """The ready requests of the window, after taking up the native ops that ran."""
+        self._collect()
+        with self._lock:
+            limit = self._base + self._window
+            return {s: r for s, r in self._ready.items() if s < limit}
+
     def _negotiate(self, offer, queued=False):
-        """One round -> (agreed, mismatched, delivered) requests, or (None, None, False) once all
-        ranks joined; ``delivered``: the agreed ones already ran (repeat.py)."""
+        """One round -> (agreed, mismatched, delivered) requests, or (None, None, None) once all
+        ranks joined; ``delivered``: those of the agreed ones that already ran (repeat.py)."""
         if self.size == 1:
-            return sorted(offer.values(), key=lambda r: r.seq), [], False
+            return sorted(offer.values(), key=lambda r: r.seq), [], None
         msg, base, repeat = self._msg, self._base, self.repeat
         agreement.window_message(msg, {s: r.sig for s, r in offer.items()}, base,
                                  self.joined, self.rank)
@@ -233,19 +245,21 @@ class Negotiated(Design):
         if head.all_joined:
             if repeat is not None:
                 repeat.forget()
-            return None, None, False
+            return None, None, None
         agreed, bad = agreement.window_result(msg)
-        if repeat is not None and repeat.settle(msg, agreed, bad, offer, base, queued):
-            return [offer[base + i] for i in agreed], [], True
+        delivered = (None if repeat is None
+                     else repeat.settle(msg, agreed, bad, offer, base, queued))
+        if delivered:
+            return [offer[base + i] for i in agreed], [], delivered
         seqs = [base + i for i in agreed + bad]
         if not head.someone_joined:
             return ([offer[s] for s in seqs[:len(agreed)]],
-                    [offer[s] for s in seqs[len(agreed):]], False)
+                    [offer[s] for s in seqs[len(agreed):]], None)
         mine = None if self.joined else [offer[s] for s in seqs]
         reqs, joined = self.exchange_with_joined(self._control, head, mine)
         runnable = self.refuse(reqs[:len(agreed)], joined)
         self._retire([r for r in reqs[:len(agreed)] if r not in runnable])
-        return runnable, reqs[len(agreed):], False
+        return runnable, reqs[len(agreed):], None
 
     def _retire(self, reqs):
         with self._lock:

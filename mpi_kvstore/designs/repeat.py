@@ -1,23 +1,32 @@
 """A repeated round's data sent beside its agreement: one rendezvous instead of two.
 
-A training loop, or a loop of lone calls, issues the same small collectives again and
-again: the same keys, shapes and dtypes, ready together. Once two rounds in a row agreed
-on the same small set of requests (the same window slots, the same signatures), every
-rank bets that the next round agrees on that set again: it starts the set's data SUM right
-after the agreement's MIN, both in flight at once, instead of waiting for the MIN before
-starting the data.
+A training loop, or a loop of lone calls, issues the same collectives again and again:
+the same keys, shapes and dtypes in the same pattern of rounds. Every rank keeps a small
+history: for each round, the round that followed it last time. After a round, every rank
+looks up what followed that round before, and bets that the next round agrees on it
+again: it starts the bet's data SUM right after the next agreement's MIN, both in flight
+at once, instead of waiting for the MIN before starting the data.
 
-The agreement still decides. The bet pays only when the round agreed exactly that set,
-with no mismatch, nobody joined and nothing queued: then every rank had the whole set
-ready with those signatures, so every rank sent its data, and the sums go to the
-requests. Otherwise the sum is dropped (it was made in a buffer of its own: the user's
-arrays were not written) and the round goes on as any round, its mismatch raised on every
-rank as before.
+The agreement still decides. The bet pays when the round agreed every request of the bet,
+with the same signatures, no mismatch, nobody joined and nothing queued: then every rank
+had the whole bet ready with those signatures, so every rank sent its data, and the sums
+go to those requests; the round's other agreed requests run as any round's. Otherwise the
+sum is dropped (it was made in a buffer of its own: the user's arrays were not written) and
+the round goes on as any round, its mismatch raised on every rank as before.
 
-Every rank makes the same MPI calls: whether a bet is placed, and its count and dtype,
-follow from what earlier rounds agreed (a signature fixes kind, key, shape, dtype, place,
-priority and codec), and a rank whose offer lacks part of the set sends zeros.
+Every rank makes the same MPI calls: the history is fed only by agreed rounds (a
+signature fixes kind, key, shape, dtype, place, priority and codec), so whether a bet is
+placed, and its count and dtype, are the same everywhere; a rank whose offer lacks part of
+the bet sends zeros.
+
+A burst (a step's gradients, issued back to back) is agreed in rounds whose cut depends on
+timing. So a rank that holds part of the predicted round, not all of it, waits a little
+(``GATHER_S``, on its waker, not spinning) for the rest before it offers: the rounds then
+repeat from step to step, and the bets win. This wait is local and bounded: it changes
+when a rank offers, never what the ranks agree.
 """
+import time
+
 import numpy as np
 
 from .. import debug
@@ -25,29 +34,62 @@ from ..comm import agreement
 from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
 
-__all__ = ['Repeat', 'MAX_BYTES', 'DTYPES']
+__all__ = ['Repeat', 'MAX_BYTES', 'DTYPES', 'GATHER_S', 'HISTORY']
 
-# The largest set bet on: a lost bet costs an allreduce of this many bytes, beside the
-# agreement's; a round this small is the one whose latency the rendezvous decide.
-MAX_BYTES = 64 * 1024
+# The most bytes one bet carries (the first requests of the predicted round that fit):
+# a lost bet costs an allreduce of this size beside the agreement, and a buffer of it. A
+# few MB is a step of many small tensors (100 x 16 KB is 1.6 MB), where the rendezvous
+# decide the time; a larger round is bandwidth-bound, and its pieces, credit and fusion
+# buckets (schedule.py, fusion.py) do better than one allreduce ahead of the agreement.
+MAX_BYTES = 4 << 20
 DTYPES = frozenset(np.dtype(name) for name in ('float32', 'float64', 'int32', 'int64'))
+# How long a rank holding part of the predicted round waits for the rest before it offers:
+# about a burst's issue time in Python (100 calls at 10-20 us each). A pattern that changed
+# pays it once: the history then records the round that really followed.
+GATHER_S = 0.002
+# Rounds remembered: a step's distinct rounds; the oldest is forgotten first.
+HISTORY = 256
 
 
 class Repeat:
     """The bet of one negotiation thread (:class:`negotiated.Negotiated`), over ``size``
     ranks; ``poll_us``: how its waits poll (progress.wait_polling)."""
 
-    def __init__(self, size, poll_us):
-        self._size, self._poll_us = size, poll_us
-        self._last = None      # the last round's set, where it could be bet on
-        self._armed = None     # (slots, sigs, dtype, counts): the set this round bets on
+    def __init__(self, size, poll_us, max_bytes=MAX_BYTES):
+        self._size, self._poll_us, self._max_bytes = size, poll_us, max_bytes
+        self._history = {}     # (slots, sigs) of a round -> (slots, sigs, bet) of the next
+        self._last = None      # (slots, sigs) of the last round, where it was clean
+        self._expect = None    # (slots, sigs) of the round predicted next
+        self._armed = None     # (slots, sigs, dtype, counts): the bet of this round
         self._buffer = np.empty(0, dtype=np.float32)
         self._pending = None
         self.stats = {'won': 0, 'lost': 0}
 
+    def missing(self, offer, base):
+        """Whether ``offer`` ({seq: request}) holds part of the predicted round, not all."""
+        if self._expect is None:
+            return False
+        have = [getattr(offer.get(base + slot), 'sig', None) == sig
+                for slot, sig in zip(*self._expect)]
+        return any(have) and not all(have)
+
+    def gather(self, offer, base, wait, refresh, budget=GATHER_S):
+        """Wait (``wait(seconds)``, then ``refresh()`` -> a new offer) while ``offer`` holds
+        part of the predicted round, at most ``budget`` seconds -> the offer to make."""
+        deadline = None
+        while self.missing(offer, base):
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + budget
+            if now >= deadline:
+                break
+            wait(deadline - now)
+            offer = refresh()
+        return offer
+
     def start(self, comm, offer, base):
         """Right after the agreement's MIN started on the mpi4py ``comm``: start the bet's
-        SUM, with this rank's data of the set if ``offer`` ({seq: request}) holds all of it."""
+        SUM, with this rank's data of the bet if ``offer`` ({seq: request}) holds all of it."""
         if self._armed is None:
             return
         slots, sigs, dtype, counts = self._armed
@@ -60,7 +102,7 @@ class Repeat:
                for r, sig in zip(reqs, sigs)):
             at = 0
             for req, count in zip(reqs, counts):
-                buf[at:at + count] = req.buffer()
+                buf[at:at + count] = req.buffer().reshape(-1)
                 at += count
         else:
             buf[...] = 0
@@ -74,30 +116,29 @@ class Repeat:
 
     def settle(self, msg, agreed, bad, offer, base, queued):
         """After the round's MIN (``msg``) and the bet's SUM: -> the requests the bet
-        delivered and completed (the round's agreed ones), or None where it did not pay.
-        Then arm the next round's bet, where this round repeated the last one."""
+        delivered and completed (some or all of the round's agreed ones), or None where it
+        did not pay. Then arm the next round's bet from the history."""
         head = agreement.read_header(msg)
         clean = not bad and not head.someone_joined and not queued and bool(agreed)
         now = None
         if clean:
-            sigs = tuple(int(msg[agreement.HEADER + slot]) - 1 for slot in agreed)
-            now = _betting_set(tuple(agreed), sigs, [offer[base + slot] for slot in agreed])
-        armed, self._armed = self._armed, (now if now is not None and now == self._last
-                                           else None)
-        self._last = now
+            now = (tuple(agreed),
+                   tuple(int(msg[agreement.HEADER + slot]) - 1 for slot in agreed))
+        armed = self._armed
+        self._learn(now, offer, base)
         if armed is None:
             return None
-        if now is None or now[:2] != armed[:2]:
+        if now is None or not _covers(now, armed):
             self.stats['lost'] += 1
             debug.count('repeat', 'lost')
             return None
         self.stats['won'] += 1
         debug.count('repeat', 'won')
-        reqs = [offer[base + slot] for slot in agreed]
+        reqs = [offer[base + slot] for slot in armed[0]]
         at = 0
         for req, count in zip(reqs, armed[3]):
             view = req.buffer()
-            view[...] = self._buffer[at:at + count]
+            view[...] = self._buffer[at:at + count].reshape(view.shape)
             at += count
             if req.average:
                 if view.dtype.kind == 'f':
@@ -107,19 +148,44 @@ class Repeat:
             req.complete()
         return reqs
 
+    def _learn(self, now, offer, base):
+        """Record ``now`` as what followed the last round; predict and arm the next."""
+        if now is not None and self._last is not None:
+            history = self._history
+            if self._last not in history and len(history) >= HISTORY:
+                del history[next(iter(history))]
+            history[self._last] = now + (_bet(now, [offer[base + s] for s in now[0]],
+                                              self._max_bytes),)
+        self._last = now
+        follows = None if now is None else self._history.get(now)
+        self._expect = None if follows is None else follows[:2]
+        self._armed = None if follows is None else follows[2]
+
     def forget(self):
-        """No bet next round (every rank calls it at the same round)."""
-        self._armed = self._last = None
+        """No bet next round, and no history (every rank calls it at the same round)."""
+        self._armed = self._last = self._expect = None
+        self._history.clear()
 
 
-def _betting_set(slots, sigs, reqs):
-    """(slots, sigs, dtype, counts) of agreed requests a bet may carry, else None. Reads
-    only what the signatures fix, so every rank gets the same answer."""
-    dtype = reqs[0].dtype
-    if sum(r.nbytes for r in reqs) > MAX_BYTES or dtype not in DTYPES:
+def _covers(now, armed):
+    """Whether the round agreed ``now`` ((slots, sigs)) agreed every request of ``armed``."""
+    agreed = dict(zip(*now))
+    return all(agreed.get(slot) == sig for slot, sig in zip(armed[0], armed[1]))
+
+
+def _bet(round_, reqs, max_bytes):
+    """(slots, sigs, dtype, counts): the first agreed requests of ``round_`` a bet may carry
+    (allreduces on the CPU, no codec, of the first one's dtype, up to ``max_bytes``), else
+    None. Reads only what the signatures fix, so every rank gets the same answer."""
+    dtype, slots, sigs, counts, total = reqs[0].dtype, [], [], [], 0
+    if dtype not in DTYPES:
         return None
-    for req in reqs:
+    for slot, sig, req in zip(round_[0], round_[1], reqs):
+        total += req.nbytes
         if (req.kind != 'allreduce' or req.codec is not None or req.place != 'cpu'
-                or req.dtype != dtype or req.nbytes <= 0 or req.mirror):
-            return None
-    return slots, sigs, dtype, tuple(r.nbytes // dtype.itemsize for r in reqs)
+                or req.dtype != dtype or req.nbytes <= 0 or req.mirror or total > max_bytes):
+            break
+        slots.append(slot)
+        sigs.append(sig)
+        counts.append(req.nbytes // dtype.itemsize)
+    return (tuple(slots), tuple(sigs), dtype, tuple(counts)) if slots else None
