@@ -1,7 +1,8 @@
 """The store's optimizer batches gluon.Trainer's and Module's per-key updates
-(scenarios/kv_trainer_batching.py): the same weights as one key at a time and as the
-Trainer's own updates, bitwise, and as one process on the whole batch, to float32
-tolerance, at 2 ranks; a step's updates are one updater call (the 'optimizer' debug
+(scenarios/kv_trainer_batching.py): after every step the same weights as one key at a time
+and as the Trainer's own updates, bitwise, and as one process on the whole batch, to float32
+tolerance, at 2 ranks; the Trainer's gradients hold the sums (reduced in place), and a user's
+own pushpull leaves its input as it was; a step's updates are one updater call (the 'optimizer' debug
 counter), which MXNet's SGD runs aggregate_num keys an operator."""
 import pytest
 
@@ -30,7 +31,7 @@ def test_batched_updates_give_the_same_weights(design, designs):
         assert counts['module sgd, aggregate_num 1'] == {'key': STEPS * MODULE_KEYS}
         assert counts['own loop'] == {'key': 3}
         checked, expected = rank['checked'], rank['expected']
-        assert len(checked) == 4 * (2 * 12) + MODULE_KEYS + 3
+        assert len(checked) == 4 * STEPS * (2 * 12) + MODULE_KEYS + 3
         for what, (shape, total) in checked.items():
             assert shape == expected[what][0], what
             assert total == pytest.approx(expected[what][1], rel=1e-3, abs=1e-3), what

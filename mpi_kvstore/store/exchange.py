@@ -41,12 +41,15 @@ class Exchange:
         """Rank ``root``'s values into the store and every out (validated entries)."""
         states = [self._keys.register(entry) for entry in entries]
         for state, entry in zip(states, entries):
-            entry.values[0].copyto(state.stored())
+            # the stored value may be the Trainer's weights themselves (keys.KeyTable.aim)
+            if not same_array(entry.values[0], state.stored()):
+                entry.values[0].copyto(state.stored())
         self._job.submit([request('bcast', st, st.value, root=root) for st in states],
                          priority)
         for state, entry in zip(states, entries):
             for out in entry.outs or ():
-                state.value.copyto(out)
+                if not same_array(out, state.value):
+                    state.value.copyto(out)
             if entry.outs:
                 # Module broadcasts its cached _arg_params into the executors' arrays:
                 # a join must update both, the arrays in use first.
@@ -81,7 +84,7 @@ class Exchange:
             state = self._keys.get(key)
             if state is not None and (state.shape, state.dtype.str) == (shape, dtype):
                 buf, outs = state.stored(), state.weights
-                if outs:
+                if outs and not same_array(outs[0], buf):
                     outs[0].copyto(buf)
             else:  # a key this rank never held: take part, keep nothing
                 buf, outs = mx.nd.zeros(shape, dtype=dtype), ()
@@ -92,7 +95,8 @@ class Exchange:
             self._job.submit(reqs, 0)
         for buf, outs in deliveries:
             for out in outs:
-                buf.copyto(out)
+                if not same_array(out, buf):
+                    buf.copyto(out)
         if has_updater:
             self._optimizer.sync_from(root)
         self._job.wait()

@@ -197,7 +197,34 @@ class KeyTable:
             found.views = (_flat_slice(work, found.share), _flat_slice(state.value, found.share))
         elif self.updater is not None:
             found.views = (work, state.value)
+            if len(values) == 1 and len(found.targets) == 1:
+                weights = found.targets[0]
+                if (not same_array(weights, values[0]) and weights.stype == 'default'
+                        and values[0].stype == 'default'
+                        and (weights.shape, weights.dtype) == (state.shape, state.dtype)
+                        and weights.context == values[0].context):
+                    found.weights = weights
         return found
+
+    def aim(self, plan, direct):
+        """Where a non-sharded key's update runs this call (StoreOptimizer.before). Direct
+        (gluon.Trainer's loop, a single-device key): the gradient is reduced in place and
+        the optimizer updates the call's out, the Trainer's weights, which become the
+        key's value (so that no copy goes in or out, and a later read or update of the key
+        sees them). Otherwise: the gradient is copied into the staging buffer and the
+        optimizer updates the key's value, which is then copied into the outs. Held plans
+        are delivered before (a plan is aimed only when it is not held)."""
+        state = plan.state
+        weights = plan.weights if direct else None
+        if weights is not None:
+            if not same_array(state.value, weights):
+                state.value = weights
+            work = plan.values[0]
+        else:
+            work = state.staging()
+        if work is not plan.work:
+            plan.work, plan.in_place, plan.place = work, weights is not None, place_of(work)
+        plan.views = (work, state.value)
 
     def share_of(self, state):
         """[start, stop) of the flat key that this rank's sharded optimizer updates."""
@@ -274,7 +301,8 @@ class Plan:
     array the collective reduces (``work``: the value itself in place, else the key's
     staging buffer), where the sum goes (``targets``), and the work array's place."""
 
-    __slots__ = ('state', 'values', 'work', 'targets', 'in_place', 'place', 'share', 'views')
+    __slots__ = ('state', 'values', 'work', 'targets', 'in_place', 'place', 'share', 'views',
+                 'weights')
 
     def __init__(self, state, values, work, targets, in_place, place):
         self.state, self.values, self.work = state, values, work
@@ -283,6 +311,8 @@ class Plan:
         # and with shard_optimizer (KeyTable.sharded) this rank's [start, stop) of the flat
         # key (``share``), the views then being of that share of ``work`` and the value
         self.share = self.views = None
+        # the one out that a gluon.Trainer loop's update may write directly (KeyTable.aim)
+        self.weights = None
 
     def stage(self):
         """Sum the per-device values into the staging buffer (nothing to do in place)."""

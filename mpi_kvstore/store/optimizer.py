@@ -46,23 +46,25 @@ def _module_last(frame):
     return None
 
 
-_LOOPS = {gluon.Trainer._allreduce_grads.__code__: _trainer_last,
+_TRAINER = gluon.Trainer._allreduce_grads.__code__
+_LOOPS = {_TRAINER: _trainer_last,
           mx_model._update_params_on_kvstore.__code__: _module_last}
 _DEPTH = 6   # frames from StoreOptimizer.before up to the store's caller, and a margin
 
 
-def _loop_last():
-    """The last key of the MXNet loop this push or pushpull comes from, or None (any other
-    caller; each of its calls is then delivered at once)."""
+def _loop():
+    """(the code of the MXNet loop this push or pushpull comes from, the last key it pushes
+    this time), or (None, None) for any other caller (each of its calls is then delivered
+    at once, and its arrays are used as today)."""
     frame = sys._getframe(2)
     for _ in range(_DEPTH):
         if frame is None:
-            return None
+            break
         last = _LOOPS.get(frame.f_code)
         if last is not None:
-            return last(frame)
+            return frame.f_code, last(frame)
         frame = frame.f_back
-    return None
+    return None, None
 
 
 def _batches(updater):
@@ -130,14 +132,29 @@ class StoreOptimizer:
         Decide whether the call's updates wait for a batch: only in MXNet's own loops
         (_LOOPS), with no clipped step and no shard, and never past the loop's last key.
         Held updates of other calls are delivered first, before this call stages its
-        gradients, unless this call joins their batch."""
+        gradients, unless this call joins their batch.
+
+        In gluon.Trainer's loop (and only there: a user's own call never has its input
+        written) a single-device key is reduced in the gradient itself and updated in the
+        Trainer's weights, which become the store's value (keys.KeyTable.aim): two engine
+        copies a key less, and param.grad() then holds the sum over the ranks, as with
+        update_on_kvstore=False."""
         self._last = None
         updater = self.updater
-        if (updater is not None and self.clip is None and _batches(updater)
+        code = None
+        if (updater is not None and self.clip is None
                 and all(plan.share is None for plan in plans)):
-            self._last = _loop_last()
+            code, last = _loop()
+            if _batches(updater):
+                self._last = last
         if self._last is None or self._keys.holds(plans):
             self._keys.flush()
+        if updater is not None:
+            direct = (code is _TRAINER and self._config.zero_copy
+                      and not self._config.shard_optimizer)
+            for plan in plans:
+                if plan.share is None:
+                    self._keys.aim(plan, direct)
         if self.clip is not None and updater is not None:
             self.clip.check([plan.state.key for plan in plans])
         for plan in plans:

@@ -1,7 +1,10 @@
 """The store's optimizer batches the updates of gluon.Trainer's and Module's per-key loops
-(one updater call a step: MXNet's multi-tensor updates, aggregate_num keys an operator), with the very same weights as
-one key at a time, as the Trainer's own updates (update_on_kvstore=False), and, to float32
-tolerance, as one process trained on the whole batch.
+(one updater call a step: MXNet's multi-tensor updates, aggregate_num keys an operator), with
+the very same weights after every step as one key at a time, as the Trainer's own updates
+(update_on_kvstore=False), and, to float32 tolerance, as one process trained on the whole
+batch. In the Trainer's loop the gradients are reduced in place (they hold the sums, as with
+update_on_kvstore=False) and the weights updated where they are; a user's own pushpull
+leaves its input as it was.
 
 usage: kv_trainer_batching.py DESIGN
 """
@@ -67,14 +70,44 @@ def gluon_run(opt, kv=None, **trainer_kw):
                             **trainer_kw)
     loss_fn = gluon.loss.L2Loss()
     before = debug.snapshot()
+    params = [p for _, p in sorted(net.collect_params().items())]
+    weights, grads = [], []   # after each step: the Trainer's weights, the trained gradients
     for step in range(STEPS):
         data, label = batch(step, kv is not None)
         with autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
         trainer.step(PER_RANK * SIZE)
-    weights = [p.data().asnumpy() for _, p in sorted(net.collect_params().items())]
-    return weights, debug.since(before, 'optimizer')
+        weights.append([p.data().asnumpy() for p in params])
+        grads.append([p.grad().asnumpy() for p in params if p.grad_req != 'null'])
+    counts = debug.since(before, 'optimizer')
+    if kv is not None and trainer._update_on_kvstore:
+        own_pushpull(kv, trainer, params)
+    return (weights, grads), counts
+
+
+def own_pushpull(kv, trainer, params):
+    """The user's own kv.pushpull on the Trainer's very arrays, after the Trainer's steps
+    (whose loop reduced the gradients in place): its input is left as it was, and the
+    update reaches the Trainer's weights, which are the store's value."""
+    key = len(params) - 1
+    while params[key].grad_req == 'null':
+        key -= 1
+    param = params[key]
+    idx = trainer._param2idx[param.name]
+    grad, weight = param.grad(), param.data()
+    grad[:] = float(RANK + 1)
+    before = weight.asnumpy()
+    kv.pushpull(idx, grad, out=weight)
+    if not np.array_equal(grad.asnumpy(), np.full(grad.shape, RANK + 1, np.float32)):
+        raise AssertionError('rank %d: the user\'s own pushpull changed its input' % RANK)
+    pulled = mx.nd.zeros(weight.shape)
+    kv.pull(idx, out=pulled)
+    same_on_all_ranks(weight.asnumpy(), 'own pushpull on the Trainer\'s weights')
+    if np.array_equal(weight.asnumpy(), before) or not np.array_equal(weight.asnumpy(),
+                                                                       pulled.asnumpy()):
+        raise AssertionError('rank %d: the own pushpull\'s update is not in the Trainer\'s '
+                             'weights and the store\'s value' % RANK)
 
 
 def check_gluon(opt):
@@ -98,14 +131,23 @@ def check_gluon(opt):
     local, counts = gluon_run(opt, mpi_kvstore.create('dist_mpi', design=DESIGN),
                               update_on_kvstore=False)
     assert counts == {}, counts
-    for i, value in enumerate(batched):
-        what = 'gluon %s parameter %d' % (opt, i)
-        same_on_all_ranks(value, what)
-        close(value, ref[i], what + ' vs one process', rtol=1e-4, atol=1e-5)
-        for other, how in ((one_by_one, 'one key an update'), (local, 'the Trainer\'s')):
-            if not np.array_equal(value, other[i]):
-                raise AssertionError('rank %d: %s: batched updates differ from %s (max %g)'
-                                     % (RANK, what, how, np.abs(value - other[i]).max()))
+    for step in range(STEPS):
+        for i, value in enumerate(batched[0][step]):
+            what = 'gluon %s step %d parameter %d' % (opt, step, i)
+            same_on_all_ranks(value, what)
+            close(value, ref[0][step][i], what + ' vs one process', rtol=1e-4, atol=1e-5)
+            for other, how in ((one_by_one, 'one key an update'), (local, 'the Trainer\'s')):
+                if not np.array_equal(value, other[0][step][i]):
+                    raise AssertionError(
+                        'rank %d: %s: batched updates differ from %s (max %g)'
+                        % (RANK, what, how, np.abs(value - other[0][step][i]).max()))
+        # the store's updates reduced the gradients in place: the sums over the ranks, as
+        # the Trainer's own updates leave them
+        for i, grad in enumerate(batched[1][step]):
+            for other in (one_by_one, local):
+                if not np.array_equal(grad, other[1][step][i]):
+                    raise AssertionError('rank %d: gluon %s step %d: gradient %d is not the '
+                                         'sum over the ranks' % (RANK, opt, step, i))
 
 
 def module_symbol():
@@ -168,9 +210,12 @@ def check_own_loop():
         kv.broadcast(k, w, out=w)
     before = debug.snapshot()
     for k, w in enumerate(weights):
-        kv.pushpull(k, mx.nd.full((4,), float(RANK + 1)), out=w)
+        grad = mx.nd.full((4,), float(RANK + 1))
+        kv.pushpull(k, grad, out=w)
         # lr 0.5, first step: w - 0.5 * (sum over ranks of rank + 1)
         close(w.asnumpy(), k + 1 - 0.5 * SIZE * (SIZE + 1) / 2, 'own loop key %d' % k)
+        if not np.array_equal(grad.asnumpy(), np.full((4,), RANK + 1, np.float32)):
+            raise AssertionError('rank %d: own loop key %d: the input was changed' % (RANK, k))
     COUNTS['own loop'] = debug.since(before, 'optimizer')
     assert COUNTS['own loop'] == {'key': 3}, COUNTS['own loop']
 
