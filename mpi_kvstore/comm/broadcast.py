@@ -18,7 +18,9 @@ travels as its bytes, so any dtype goes, ml-dtypes' bfloat16 included):
                so chunk k crosses the network while chunk k-1 spreads inside the host.
 
 :class:`ByTable` is the entry point the store's broadcasts take (host.Comm.bcast_host):
-it picks one of these by the buffer's size from the tune table's broadcast rows.
+it picks one of these by the buffer's size from the tune table's broadcast rows. On an
+elastic world they take :class:`Polled` instead: one ``MPI_Ibcast`` whose wait can end when
+a peer is lost (progress.set_abort_check), where a blocking one would wait for it forever.
 
 Every rank must pass a buffer of the same number of bytes and the same root, chunk size
 and window (as MPI_Bcast requires): the chunks, and so the calls, follow from those alone.
@@ -39,8 +41,8 @@ from .hierarchy import Hierarchy
 from .mpiabi import MPI
 from .tuning import Choice
 
-__all__ = ['flat', 'pipelined', 'chain', 'Hierarchical', 'ByTable', 'DEFAULT_CHUNK_BYTES',
-           'DEFAULT_WINDOW', 'CHAIN_TAG']
+__all__ = ['flat', 'pipelined', 'chain', 'Hierarchical', 'ByTable', 'Polled', 'POLLED',
+           'DEFAULT_CHUNK_BYTES', 'DEFAULT_WINDOW', 'CHAIN_TAG']
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +255,27 @@ def table_choice(table, op, nbytes, default):
     there is no table or it has no rows for ``op`` (a table written before the rows)."""
     choice = None if table is None else table.choose_op(op, nbytes)
     return default if choice is None else choice
+
+
+POLLED = Choice('polled', None)
+
+
+class Polled:
+    """Broadcasts on ``comm`` as one MPI_Ibcast, finished by ``wait(request)`` (a polled
+    wait, which the abort check of an elastic world can end). Every rank of ``comm`` must
+    broadcast this way: a blocking MPI_Bcast never matches an MPI_Ibcast."""
+
+    def __init__(self, comm, wait):
+        self.comm, self._wait = comm, wait
+
+    def choose(self, nbytes):
+        """Always :data:`POLLED` (not 'flat': no compiled op may call MPI_Bcast instead)."""
+        return POLLED
+
+    def __call__(self, buf, root=0):
+        """``buf`` of ``root`` into every rank's ``buf``. Returns ``buf``."""
+        self._wait(self.comm.Ibcast(buf, root=root))
+        return buf
 
 
 class ByTable:

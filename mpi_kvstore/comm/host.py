@@ -5,13 +5,19 @@ mixes with the user's own messages. Host buffers go to MPI as they are, by the a
 the tune table gives their size (tuning.Table), through the hosts where the hierarchy
 applies (hierarchy.py), polled with sleeps under progress (progress.py). Device (CuPy)
 buffers go to the device transport that the ranks agreed on (routing.py).
+
+On an elastic world (:meth:`Comm.abortable`) the calls that block in MPI (the broadcast, the
+barrier) take polled nonblocking forms instead, whose waits the world's abort check can end
+when a peer is lost; :class:`PolledComm` does the same for a function of the communicator
+(the Python-object collectives).
 """
 import logging
 
 import numpy as np
+from mpi4py.MPI import pickle
 
 from .. import debug
-from .broadcast import ByTable, table_choice
+from .broadcast import ByTable, Polled, table_choice
 from .fusion import BufferPool, pieces
 from .hierarchy import Hierarchy, PairedCalls
 from .mpiabi import MPI, handle
@@ -19,7 +25,7 @@ from .progress import AGREEMENT_POLL_US, PROGRESS_TESTS, prepare, wait_polling
 from .routing import DeviceRouter
 from .tuning import Choice
 
-__all__ = ['Comm', 'MPI']
+__all__ = ['Comm', 'MPI', 'PolledComm']
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,21 @@ class Comm:
             self.mpi.Free()
             raise
         self._broadcast = ByTable(self.mpi, table, self.hierarchy)   # the table's broadcast rows
+        self._barrier = self.mpi.Barrier
+
+    def abortable(self):
+        """Make the broadcast and the barrier polled nonblocking calls (MPI_Ibcast,
+        MPI_Ibarrier under progress.wait_polling), whose wait an elastic world's abort check
+        ends when a peer is lost; the other calls are polled already where
+        progress_min_bytes is 0 and nothing is hierarchical or tabled (store.kvstore's
+        elastic options). Every rank calls it, right after construction: a blocking call
+        never matches a nonblocking one. Returns this communicator."""
+        self._broadcast = Polled(self.mpi, self._wait_abortable)
+        self._barrier = lambda: self._wait_abortable(self.mpi.Ibarrier())
+        return self
+
+    def _wait_abortable(self, request):
+        wait_polling(request, self._progress_us or AGREEMENT_POLL_US, PROGRESS_TESTS)
 
     # The hierarchy's state, as the compression and the tests read it.
     @property
@@ -155,7 +176,7 @@ class Comm:
         return choice.algorithm == 'hierarchical' and self.hierarchy.grid is not None
 
     def barrier(self):
-        self.mpi.Barrier()
+        self._barrier()
 
     def allgather(self, send, recv):
         """Every rank's ``send`` (host buffers, one size everywhere) into ``recv``, in rank
@@ -283,3 +304,69 @@ class Comm:
                 self.mpi.Free()
         except MPI.Exception:
             log.debug('communicator free failed', exc_info=True)
+
+
+class PolledComm:
+    """An mpi4py communicator whose collectives are polled nonblocking calls waited for by
+    progress.wait_polling (every ``poll_us`` at most), so that an elastic world's abort check
+    can end them: what store.collectives hands a function of the communicator on such a
+    world (broadcast_object, allgather_object, the optimizer's gathers). The Python-object
+    ``bcast``, ``allgather`` and ``alltoall`` send the pickles' lengths, then their bytes;
+    the buffer collectives (``Bcast``, ``Allreduce``, ``Allgather``, ``Allgatherv``,
+    ``Alltoall``, ``Alltoallv``, ``Reduce_scatter``, ``Barrier``) take their ``I`` forms;
+    the rest is the communicator's own."""
+
+    _BUFFER_CALLS = ('Bcast', 'Allreduce', 'Allgather', 'Allgatherv', 'Alltoall', 'Alltoallv',
+                     'Reduce_scatter', 'Barrier')
+
+    def __init__(self, mpi, poll_us):
+        self.mpi, self._poll_us = mpi, max(1.0, float(poll_us or AGREEMENT_POLL_US))
+
+    def __getattr__(self, name):
+        if name in PolledComm._BUFFER_CALLS:
+            start = getattr(self.mpi, 'I' + name[0].lower() + name[1:])
+            return lambda *args, **kwargs: self._wait(start(*args, **kwargs))
+        return getattr(self.mpi, name)
+
+    def _wait(self, request):
+        wait_polling(request, self._poll_us, PROGRESS_TESTS)
+
+    def barrier(self):
+        self.Barrier()
+
+    def bcast(self, obj, root=0):
+        """``root``'s picklable object on every rank."""
+        data = pickle.dumps(obj) if self.mpi.Get_rank() == root else b''
+        length = np.array([len(data)], np.int64)
+        self.Bcast(length, root=root)
+        buf = np.frombuffer(data, np.uint8).copy() if data else np.empty(int(length[0]), np.uint8)
+        self.Bcast(buf, root=root)
+        return obj if self.mpi.Get_rank() == root else pickle.loads(buf.tobytes())
+
+    def allgather(self, obj):
+        """Every rank's picklable object, in rank order."""
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        lengths = np.empty(self.mpi.Get_size(), np.int64)
+        self.Allgather(np.array([data.size], np.int64), lengths)
+        out = np.empty(int(lengths.sum()), np.uint8)
+        self.Allgatherv(data, (out, (lengths.tolist(), _starts(lengths))))
+        return [pickle.loads(out[lo:lo + n].tobytes())
+                for lo, n in zip(_starts(lengths), lengths)]
+
+    def alltoall(self, objs):
+        """Object j of ``objs`` to rank j; the list of what each rank sent here."""
+        size = self.mpi.Get_size()
+        if len(objs) != size:
+            raise ValueError('alltoall: %d objects for %d ranks' % (len(objs), size))
+        pieces = [np.frombuffer(pickle.dumps(obj), np.uint8) for obj in objs]
+        sent = np.array([p.size for p in pieces], np.int64)
+        got = np.empty(size, np.int64)
+        self.Alltoall(sent, got)
+        out = np.empty(int(got.sum()), np.uint8)
+        self.Alltoallv((np.concatenate(pieces), (sent.tolist(), _starts(sent))),
+                       (out, (got.tolist(), _starts(got))))
+        return [pickle.loads(out[lo:lo + n].tobytes()) for lo, n in zip(_starts(got), got)]
+
+
+def _starts(lengths):
+    return [0] + np.cumsum(lengths)[:-1].tolist()

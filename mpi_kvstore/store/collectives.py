@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import debug
 from ..comm.collective import Collective, signature
+from ..comm.host import PolledComm
 from ..engine.arrays import dense_meta
 from .contract import check_root
 from .namecache import NameCache
@@ -29,6 +30,9 @@ class Collectives:
         # allreduce in place where the array's memory is row-major (option zero_copy)
         self._in_place = config.zero_copy
         self._signed = {}   # name -> (shape, dtype, place, signature) of its last call
+        # On an elastic world a function of the communicator gets its polled form, whose
+        # waits end when a peer is lost (comm.host.PolledComm); chosen once, here.
+        self._polled_us = config.progress_sleep_us if job.world is not None else None
 
     def array(self, kind, name, tensor, root=0, average=False, unit=1):
         """Run one collective on ``tensor`` in place, in collective order: 'allreduce' (the
@@ -125,8 +129,11 @@ class Collectives:
                           nbytes=count * dtype.itemsize, sig=sig, place=place, in_place=True)
 
     def run(self, fn, name='custom'):
-        """``fn(mpi_comm)`` in collective order on the store's communicator; its result."""
+        """``fn(mpi_comm)`` in collective order on the store's communicator; its result. On
+        an elastic world ``mpi_comm`` is a comm.host.PolledComm of it."""
         self._job.begin()
+        if self._polled_us is not None:
+            fn = _polled(fn, self._polled_us)
         req = Collective('custom', '__%s__' % name, fn=fn)
         self._job.submit([req], 0)
         req.wait()
@@ -141,3 +148,7 @@ class Collectives:
         self._job.submit([req], 0)
         req.wait()
         self._job.errors.raise_pending()
+
+
+def _polled(fn, poll_us):
+    return lambda mpi: fn(PolledComm(mpi, poll_us))

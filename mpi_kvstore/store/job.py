@@ -24,6 +24,7 @@ import mxnet as mx
 from mxnet.base import MXNetError
 
 from ..comm import progress
+from ..designs.base import new_comm
 from ..engine import core as engine
 from ..errors import MPIKVStoreError
 from ..faults.abort import install_abort_hook
@@ -55,11 +56,23 @@ class Job:
         self.world = world
         self.lost = None     # the error that ended this job's world (elastic), else None
         self._drainer = None
-        self.design = design(comm, config, self.errors.record, timeline, table, shares=shares)
+        self._ended = None   # the design of a world that end_world ended
+        self.design = self._design(design, comm, config, table, shares)
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
         if world is not None:
             _watch(self)
+
+    def _design(self, design, comm, config, table, shares):
+        """The design on ``comm``; on an elastic world its communicators broadcast and wait
+        at barriers in polled form (comm.host.Comm.abortable)."""
+        if self.world is None:
+            return design(comm, config, self.errors.record, self.timeline, table, shares=shares)
+
+        def make_comm(concurrent=False):
+            return new_comm(comm, config, table, concurrent).abortable()
+        return design(comm, config, self.errors.record, self.timeline, table,
+                      make_comm=make_comm, shares=shares)
 
     def check_open(self):
         if self.closed:
@@ -135,6 +148,7 @@ class Job:
         self.errors.keep_types = (type(err),)
         self.errors.record_error('the world', err)
         old, self.design = self.design, _Lost(self.design, err, self.errors)
+        self._ended = old
         self._drainer = threading.Thread(target=self._drain, args=(old, err),
                                          name='mpi_kvstore-drain', daemon=True)
         self._drainer.start()
@@ -178,14 +192,15 @@ class Job:
                 req.wait(timeout=60)
             self._inspector.stop()
             _stop_without_mpi(self.design)
+        old = self.design if self.lost is None else self._ended
         self._join_drainer()
         settle_engine()
+        _close_waker(old)
         self.errors.take()
         self.errors.keep_types = ()
         self.pending.clear()
         self.lost = None
-        self.design = design(comm, config, self.errors.record, self.timeline, table,
-                             shares=shares)
+        self.design = self._design(design, comm, config, table, shares)
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
 
 
@@ -229,6 +244,14 @@ def _stop_without_mpi(design):
     if thread.is_alive():
         log.warning("mpi_kvstore: the lost world's %s thread did not stop in 10 s",
                     design.name)
+
+
+def _close_waker(design):
+    """Close the eventfd of a design whose thread has stopped and whose engine ops have all
+    run (else each reset keeps one open)."""
+    thread, waker = getattr(design, '_thread', None), getattr(design, '_waker', None)
+    if waker is not None and (thread is None or not thread.is_alive()):
+        waker.close()
 
 
 class _quiet:

@@ -1,0 +1,142 @@
+"""A worker lost inside the store's broadcast, barrier or object collective, in memory
+(tests/scenarios/elastic_bcast.py under ``python -m mpi_kvstore run --elastic``, every job
+under a timeout, nothing left running).
+
+3 workers train a small Gluon model; after each update every rank but rank 1 spoils its
+weights and the step's collective runs with rank 1 as its root (hvd.broadcast_parameters,
+kv.broadcast), or the step broadcasts and gathers objects, or waits at the store's barrier.
+Worker 1 is SIGKILLed in step 6 on the store's thread, as that collective's MPI call starts:
+the survivors are inside it (a blocking MPI_Bcast or MPI_Barrier would wait for worker 1
+forever). They get HorovodInternalError from that call, restore the commit of step 4,
+re-form a world of 2 and end bitwise equal to each other and equal, within float32
+rounding, to an uninterrupted 3-worker run (and to numpy's replay of its last update).
+"""
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers
+
+TIMEOUT = 150
+SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_bcast.py')
+STEPS = 10
+
+
+def run_elastic(out, *script_args, workers=3):
+    """``python -m mpi_kvstore run --elastic`` of the scenario -> its output (status 0)."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', str(workers),
+            '--elastic-timeout', str(TIMEOUT), '--', sys.executable, SCRIPT, str(out),
+            '--steps', str(STEPS)] + [str(a) for a in script_args]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
+    finally:
+        left = kill_leftovers(run_id)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert left == 0, 'processes outlived the job\n' + output[-3000:]
+    return output
+
+
+def weights(path):
+    with np.load(path) as got:
+        return [got['arr_%d' % i] for i in range(len(got.files))]
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, mpi_available):
+    """The weights of 3 workers trained without a loss, broadcasting the weights each step."""
+    out = tmp_path_factory.mktemp('ref') / 'w'
+    run_elastic(out, '--op', 'params')
+    got = [weights('%s.%d.npz' % (out, worker)) for worker in range(3)]
+    for other in got[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(got[0], other))
+    assert np.abs(got[0][0]).max() > 1e-3   # weights that trained, not zeros
+    return got[0]
+
+
+@pytest.mark.parametrize('op,where', [('params', 'bcast_host'), ('kv', 'bcast_host'),
+                                      ('object', 'run_custom'), ('barrier', 'barrier')])
+def test_survivors_of_a_worker_lost_inside_a_blocking_collective_go_on(tmp_path, op, where,
+                                                                       uninterrupted):
+    out = run_elastic(tmp_path / 'w', '--op', op, '--kill-id', 1, '--kill-at', 6)
+    assert 'worker 1: dies in step 6, in %s' % where in out, out[-4000:]
+    assert 'worker 1 on localhost was lost (status 9)' in out, out[-4000:]
+    for worker, rank in ((0, 0), (2, 1)):
+        # the call itself raised: the survivor was inside it when worker 1 died
+        assert ("worker %d: %s in step 6 raised HorovodInternalError: the world failed: the "
+                "store's collectives: worker(s) [1] lost" % (worker, op)) in out, out[-4000:]
+        assert 'worker %d: reset at step 4, rank %d of 2, kv %d of 2' % (worker, rank, rank) \
+            in out, out[-4000:]
+        assert 'worker %d: finished at rank %d of 2' % (worker, rank) in out, out[-4000:]
+    assert not (tmp_path / 'w.1.npz').exists()
+    survivors = [weights(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 2)]
+    for mine, theirs, want in zip(*survivors, uninterrupted):
+        assert np.array_equal(mine, theirs)
+        assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
+
+
+def test_the_polled_forms_match_mpi_on_a_world_of_one():
+    """One process: comm.host's abortable broadcast and barrier, and PolledComm's object and
+    buffer collectives, give what mpi4py's blocking calls give."""
+    from mpi_kvstore.comm.host import Comm, PolledComm
+    from mpi_kvstore.comm.mpiabi import MPI
+    comm = Comm(MPI.COMM_WORLD, 'off', (200.0, 0)).abortable()
+    try:
+        buf = np.arange(5.0)
+        comm.bcast_host(buf, 0)
+        comm.barrier()
+        assert buf.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert comm.broadcast_choice(40).algorithm == 'polled'
+        polled = PolledComm(comm.mpi, 200.0)
+        obj = {'a': [1, 2.5], 'b': 'x' * 5000}
+        assert polled.bcast(obj, root=0) == comm.mpi.bcast(obj, root=0)
+        assert polled.allgather(obj) == comm.mpi.allgather(obj) == [obj]
+        assert polled.alltoall([obj]) == comm.mpi.alltoall([obj])
+        with pytest.raises(ValueError, match='2 objects for 1 ranks'):
+            polled.alltoall([obj, obj])
+        send, got, want = np.arange(4.0), np.empty(4), np.empty(4)
+        polled.Allreduce(send, got, op=MPI.SUM)
+        comm.mpi.Allreduce(send, want, op=MPI.SUM)
+        assert got.tolist() == want.tolist()
+        polled.barrier()
+        assert polled.Get_size() == 1
+    finally:
+        comm.free()
+
+
+def test_twenty_store_resets_leave_memory_descriptors_and_threads_flat(tmp_path, mpi_available):
+    """3 workers re-form their world and rebuild their store 20 times (a host update at each
+    commit), each step a pushpull, a broadcast, an object broadcast and gather and a barrier:
+    from the first reset to the last each grows by at most 20 MB of RSS and 10 file
+    descriptors, keeps its thread count, and the sum trained is exact (22 steps of 6 x 1000)."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
+               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', '3',
+            '--elastic-timeout', str(TIMEOUT), '--', sys.executable,
+            os.path.join(SCENARIOS_DIR, 'elastic_bcast_soak.py'), '--resets', '20']
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=480,
+                              cwd=REPO_ROOT)
+    finally:
+        left = kill_leftovers(run_id)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert left == 0, 'processes outlived the job\n' + out[-3000:]
+    found = re.findall(r'worker (\d): resets (\d+), rss growth ([-0-9.]+) MB, fd growth '
+                       r'(-?\d+), threads (\d+) -> (\d+), sum ([0-9.e+]+)', out)
+    assert sorted(int(f[0]) for f in found) == [0, 1, 2], out[-3000:]
+    for worker, resets, rss, fds, before, after, total in found:
+        assert int(resets) == 20, (worker, resets)
+        assert float(rss) <= 20.0 and int(fds) <= 10, (worker, rss, fds)
+        assert before == after, (worker, before, after)
+        assert float(total) == 22 * 6 * 1000.0, (worker, total)
