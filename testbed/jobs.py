@@ -184,6 +184,19 @@ class HostJobs:
             argv += ['-n', str(nprocs)]
         return argv
 
+    def hydra_argv(self, tcp=True, mpiexec=None):
+        """mpiexec with the ssh stand-in (and TCP_ENV), without ``-hosts`` or ``-n``: for a
+        launcher that names each launch's host itself, such as ``python -m mpi_kvstore run
+        --elastic --launcher ...`` (``-hosts H`` for a host other than its own). Run it on a
+        host of the test bed (``exec_argv``): hydra's proxies connect back to its host."""
+        mpiexec = mpiexec or find_mpiexec()
+        if mpiexec is None or not is_hydra(mpiexec):
+            raise TestbedError('the test bed launches with MPICH hydra; mpiexec: %s' % mpiexec)
+        argv = [mpiexec, '-launcher', 'ssh', '-launcher-exec', self.launcher]
+        for name, value in TCP_ENV.items() if tcp else ():
+            argv += ['-genv', name, value]
+        return argv
+
     def launcher_for(self, ppn=None, **kwargs):
         """A function of nprocs giving mpiexec_argv (for tests/mpi_harness.run_mpi)."""
         return functools.partial(self.mpiexec_argv, ppn=ppn, **kwargs)
