@@ -109,10 +109,16 @@ class Negotiated(Design):
         # Priorities take effect where the order is decided: each round runs its agreed
         # requests by priority, then push order (fusion.order).
         if self._native:
-            op = records.NativeOp(arrays, reqs, self._waker.fd)
+            # a store's prepared call (keys.Replay): the same arrays again, whose handle
+            # array is built and whose record is taken again once its last op is done
+            prepared = getattr(reqs, 'prepared', None)
+            if prepared is None or prepared.owner is not self:
+                op, mutable = records.NativeOp(arrays, reqs, self._waker.fd), arrays
+            else:
+                op, mutable = prepared.op(reqs, self._waker.fd), prepared.handles
             with self._lock:
                 self._inflight.append(op)
-            engine.push_native(records.mark_ready_address(), op.address, arrays,
+            engine.push_native(records.mark_ready_address(), op.address, mutable,
                                priority=priority, name=op_name(reqs[0].kind),
                                inline_when_ready=True)
             return

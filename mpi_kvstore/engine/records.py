@@ -15,7 +15,7 @@ from . import native
 from .libmxnet import address_of
 
 __all__ = ['mark_ready_address', 'run_chained_address', 'function_table', 'NativeOp',
-           'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS']
+           'Prepared', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS']
 
 # The collective kinds the compiled op runs, and its code for each; the others (Python
 # collectives, the sharded optimizer's reduce-scatter and allgather) run in Python.
@@ -107,6 +107,24 @@ class NativeOp:
     def address(self):
         return int(self.record[L.SELF])
 
+    def reusable(self, eventfd):
+        """Whether a new op over the same arrays may take this record: every request of
+        this op is done (its op ran, was taken up and completed long before), and it
+        wakes the same eventfd."""
+        for req in self.reqs:
+            if not req.done:
+                return False
+        return self.record[L.EVENTFD] == eventfd
+
+    def renew(self, reqs):
+        """This record for a new op over the same arrays (see :meth:`reusable`): what the
+        previous op wrote into it is cleared (its state, the engine's completion, each
+        array's DLPack tensor, which a refused array leaves 0)."""
+        rec = self.record
+        rec[L.STATE:L.PARAM + 1] = 0
+        rec[L.HEADER + L.A_MANAGED::L.SLOT] = 0
+        self.reqs = reqs
+
     @property
     def ready(self):
         return self.record[L.STATE] == L.READY
@@ -129,6 +147,29 @@ class NativeOp:
         device = int(self.record[slot + L.A_DEVICE])
         address = int(self.record[slot + L.A_DATA]) + int(self.record[slot + L.A_OFFSET])
         return address, device & 0xffffffff, device >> 32
+
+
+class Prepared:
+    """What the repeated engine ops of one call over the very same arrays share (a store's
+    prepared call, keys.Replay): the engine's handle array, built once, and the record of
+    the last op, taken again once that op is done (:meth:`NativeOp.reusable`). ``owner``:
+    the design that made it; a design takes only its own."""
+
+    __slots__ = ('arrays', 'handles', 'owner', '_op')
+
+    def __init__(self, arrays, owner):
+        self.arrays, self.owner = list(arrays), owner
+        self.handles = engine.Handles(self.arrays)
+        self._op = None
+
+    def op(self, reqs, eventfd):
+        """The record of the next op over the arrays, for ``reqs``."""
+        op = self._op
+        if op is not None and op.reusable(eventfd):
+            op.renew(reqs)
+            return op
+        op = self._op = NativeOp(self.arrays, reqs, eventfd)
+        return op
 
 
 class ChainedPlan:
