@@ -20,9 +20,10 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # in place whose name's signature was reused ('hit') or made ('miss'), and those staged
 # through a copy ('staged'); optimizer: the store's optimizer run on one key ('key') or on a
 # batch of keys in one updater call ('batch'); repeat: negotiated rounds whose data went
-# beside their agreement ('won') and bets the round did not repeat ('lost', designs/repeat.py).
+# beside their agreement ('won') and bets the round did not repeat ('lost', designs/repeat.py);
+# fastpath: repeated calls that took their prepared path ('hit') or today's ('miss').
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
-         'optimizer', 'repeat')
+         'optimizer', 'repeat', 'fastpath')
 
 _counts = collections.Counter()
 
