@@ -74,6 +74,37 @@ def test_signature_limits_fit_the_encoding():
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.dictionaries(st.integers(0, 39), st.integers(0, 3),
+                                                      max_size=20)), min_size=1, max_size=4))
+def test_window_result_from_the_offered_slots_equals_the_whole_scan(offers):
+    """An active rank reads only the slots it offered (few one by one, many with numpy):
+    the same agreed and mismatched slots as a scan of the whole window, with the burst's
+    numpy-filled message equal to the one filled slot by slot. ``None``: a joined rank."""
+    base, window = 100, 40
+    msgs = []
+    for r, offer in enumerate(offers):
+        msg = np.zeros(ag.HEADER + 2 * window, dtype=np.int32)
+        ag.window_message(msg, {base + s: sig for s, sig in (offer or {}).items()}, base,
+                          joined=offer is None, rank=r)
+        if offer:
+            slow = np.zeros_like(msg)
+            slow[:ag.HEADER] = (1, r)
+            for s, sig in offer.items():
+                slow[ag.HEADER + s], slow[ag.HEADER + window + s] = sig + 1, SIG_LIMIT - sig
+            np.testing.assert_array_equal(msg, slow)
+        msgs.append(msg)
+    msg = _min(*msgs)
+    whole = ag.window_result(msg)
+    for offer in offers:
+        if offer is not None:
+            assert ag.window_result(msg, list(offer)) == whole
+    if all(offer is not None for offer in offers):   # agreed: offered everywhere, one sig
+        common = set.intersection(*(set(o) for o in offers))
+        assert sorted(whole[0] + whole[1]) == sorted(common)
+        assert whole[0] == sorted(s for s in common if len({o[s] for o in offers}) == 1)
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=3)), min_size=1,
                 max_size=4))
 def test_runs_as_offered_is_no_join_and_no_mismatch(offers):

@@ -13,7 +13,7 @@ from mpi_kvstore import debug
 from mpi_kvstore.comm import agreement
 from mpi_kvstore.comm.collective import SIG_LIMIT
 from mpi_kvstore.designs import NAMES, NEGOTIATED_NAMES
-from mpi_kvstore.designs.repeat import GATHER_S, MAX_BYTES, Repeat
+from mpi_kvstore.designs.repeat import GATHER_S, MAX_BYTES, REQUEST_BYTES, Repeat
 
 from mpi_harness import result, run_designs, run_mpi
 
@@ -144,13 +144,14 @@ def test_a_bet_that_the_round_covers_delivers_its_part_the_rest_runs_as_before()
 def test_a_large_round_is_bet_on_up_to_the_bound_and_a_mixed_one_up_to_its_first_dtype():
     big = np.arange(MAX_BYTES // 4 // 3, dtype=np.float32)       # 3 of them are 1 MB or more
     assert 3 * big.nbytes > 64 * 1024
-    repeat = Repeat(size=2, poll_us=50)
+    repeat = Repeat(size=2, poll_us=50, request_bytes=MAX_BYTES)
     for step in range(3):
         offer = _offer(3 * step, [big + step, big, big * 2], sigs=(11, 12, 13))
         done = _round(repeat, offer, base=3 * step)
     assert [r.seq for r in done] == [6, 7, 8] and repeat.stats['won'] == 1
     np.testing.assert_array_equal(offer[6].view, big + 2)
-    bounded = Repeat(size=2, poll_us=50, max_bytes=2 * big.nbytes)   # room for two only
+    bounded = Repeat(size=2, poll_us=50, max_bytes=2 * big.nbytes,   # room for two only
+                     request_bytes=MAX_BYTES)
     for step in range(3):
         offer = _offer(3 * step, [big, big, big], sigs=(11, 12, 13))
         done = _round(bounded, offer, base=3 * step)
@@ -161,6 +162,33 @@ def test_a_large_round_is_bet_on_up_to_the_bound_and_a_mixed_one_up_to_its_first
         offer[2 * step + 1] = _Req(2 * step + 1, 12, np.array([2.0]))   # float64 second
         done = _round(mixed, offer, base=2 * step)
     assert [r.seq for r in done] == [4] and mixed.stats == {'won': 1, 'lost': 0}
+
+
+def test_a_request_larger_than_request_bytes_runs_in_place_not_in_the_bet():
+    big = np.arange(REQUEST_BYTES // 4 + 1, dtype=np.float32)   # one element over the bound
+    repeat = Repeat(size=2, poll_us=50)
+    for step in range(3):
+        offer = _offer(2 * step, [[1.0, 2.0], big], sigs=(11, 12))
+        done = _round(repeat, offer, base=2 * step)
+    assert [r.seq for r in done] == [4] and offer[5].completed == 0   # the big one: as before
+    np.testing.assert_array_equal(offer[4].view, [1.0, 2.0])
+    alone = Repeat(size=2, poll_us=50)
+    for step in range(3):
+        assert _round(alone, _offer(step, [big], sigs=(12,)), base=step) is None
+    assert alone.stats == {'won': 0, 'lost': 0}
+
+
+def test_a_bet_of_many_requests_averages_and_copies_back_each_one():
+    repeat = Repeat(size=2, poll_us=50)
+    values = [np.arange(n, dtype=np.float64) + n for n in (1, 3, 7, 2, 5, 4, 6, 8, 9, 10)]
+    sigs = tuple(range(20, 30))
+    for step in range(3):
+        offer = _offer(10 * step, values, sigs=sigs, dtype='float64', average=True)
+        done = _round(repeat, offer, base=10 * step, window=16)
+    assert [r.seq for r in done] == list(range(20, 30)) and repeat.stats['won'] == 1
+    for req, v in zip(done, values):   # the MIN over one rank: the sum is the data, / 2
+        np.testing.assert_array_equal(req.view, v / 2)
+        assert req.completed == 1
 
 
 def test_a_rank_holding_part_of_the_predicted_round_waits_for_the_rest_not_longer():

@@ -35,14 +35,18 @@ from ..comm.progress import wait_polling
 from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
-from ..engine import records
+from ..engine import layout, records
 from . import autotune, schedule
-from .base import Design
+from .base import Design, native_view
 from .repeat import Repeat
 
 __all__ = ['Negotiated', 'tighten_timer_slack', 'TIMER_SLACK_NS']
 
 log = logging.getLogger(__name__)
+
+# a native op's record words that _collect reads (engine/layout.py)
+_STATE, _READY = layout.STATE, layout.READY
+_CALLBACK, _ENGINE, _PARAM = layout.CALLBACK, layout.ENGINE, layout.PARAM
 
 # The communication threads' timer slack. Linux lets a sleep of a normal thread overrun by
 # its slack, 50 us by default: each of a polled wait's short sleeps (progress.wait_polling's
@@ -141,14 +145,27 @@ class Negotiated(Design):
         ran, waiting = [], []
         with self._lock:
             for op in self._inflight:  # one look per op: it may turn ready meanwhile
-                (ran if op.ready else waiting).append(op)
+                (ran if op.record.item(_STATE) == _READY else waiting).append(op)
             self._inflight = waiting
+        if not ran:
+            return
+        reqs = []
         for op in ran:
-            countdown = _countdown(op.reqs, engine.Completion.native(*op.callback(), op.arrays))
+            rec = op.record
+            completion = engine.Completion.native(rec.item(_CALLBACK), rec.item(_ENGINE),
+                                                  rec.item(_PARAM), op.arrays)
+            countdown = _countdown(op.reqs, completion)
+            index = 0
             for req in op.reqs:
                 req.complete_with(countdown)
-            self.attach_native(op)
-            self._mark_ready(op.reqs, notify=False)
+                if req.array is not None:   # Design.attach_native, without its partials
+                    try:
+                        req.attach(native_view(req, op.pointer(index)))
+                    except Exception as err:  # keep this rank in step with the others
+                        self.fail_all([req], err)
+                    index += 1
+            reqs.extend(op.reqs)
+        self._mark_ready(reqs, notify=False)
 
     def _failed_in_engine(self, reqs, err):
         # Still offer them (on scratch memory): the other ranks wait for these.
@@ -252,7 +269,8 @@ class Negotiated(Design):
             if repeat is not None:
                 repeat.forget()
             return None, None, None
-        agreed, bad = agreement.window_result(msg)
+        agreed, bad = agreement.window_result(
+            msg, None if self.joined else [s - base for s in offer])
         delivered = (None if repeat is None
                      else repeat.settle(msg, agreed, bad, offer, base, queued))
         if delivered:
