@@ -185,3 +185,27 @@ def test_a_worker_killed_on_another_host_the_survivors_go_on_in_memory(hosts, tm
     assert 'worker 2: reset at step %s, rank 1 of 2' % resets[0] in out
     assert 'worker 3' not in out    # nothing new started on the blacklisted h1
     assert_equal_and_right(job, (0, 2), 50)
+
+
+def test_a_failed_host_comes_back_after_its_blacklist_cooldown(hosts, tmp_path, mpi_available):
+    """--blacklist-cooldown-range 3 30: worker 1 SIGKILLed on h1; h1 is out for 3 s, then the
+    script still lists it and a new worker starts there and joins; the job ends with workers
+    on h0, h2 and h1 again, equal to each other and to numpy's."""
+    cooldown = 3.0
+    job = Job(hosts, tmp_path, 'h0:1\nh1:1\nh2:1\n', '--blacklist-cooldown-range', cooldown, 30,
+              script_args=('--steps', 50, '--step-seconds', 0.03, '--wait-at', 30,
+                           '--wait-for', 3))
+    job.wait_for(r'worker 1: step 12 done')
+    killed = time.monotonic()
+    os.kill(job.worker_pid(1), signal.SIGKILL)
+    job.wait_for(r'worker 3 starts')
+    assert time.monotonic() - killed >= cooldown
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert where(out) == {0: 'h0', 1: 'h1', 2: 'h2', 3: 'h1'}, out[-4000:]
+    assert 'host h1 blacklisted for 3 s (failure 1)' in out, out[-4000:]
+    assert 'h1 slot 0 found: worker 3 starts and joins at the next commit (the host is back ' \
+           'after its blacklist cooldown)' in out, out[-4000:]
+    assert re.search(r'worker 3 on h1 joined: world \d+ of 3 worker\(s\)', out), out[-4000:]
+    assert 'relaunch' not in out
+    assert_equal_and_right(job, (0, 2, 3), 50)

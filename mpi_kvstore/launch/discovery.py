@@ -3,14 +3,18 @@
 A discovery script prints one host a line, ``host:slots`` or ``host`` (then ``--slots``
 slots), Horovod's format; it is run again every second or so, and its output is the job's
 hosts from then on. A host on which a worker failed is blacklisted: no new worker starts
-there (its other workers keep running). Hosts keep the order in which they first appeared,
-so that the oldest hosts hold the lowest ranks.
+there (its other workers keep running). As in Horovod, the blacklist is for good unless a
+cooldown range (low, high) is given: then a host is out for ``low`` seconds after its first
+failure, twice as long after each further one, at most ``high``, and takes workers again
+once its cooldown ended and the script lists it. Hosts keep the order in which they first
+appeared, so that the oldest hosts hold the lowest ranks.
 
 No MPI here.
 """
 import logging
 import socket
 import subprocess
+import time
 
 __all__ = ['parse', 'run_script', 'is_local', 'Hosts']
 
@@ -60,13 +64,26 @@ def is_local(host):
 
 
 class Hosts:
-    """The job's hosts: ``find()`` gives [(host, slots)] (a discovery script, or fixed)."""
+    """The job's hosts: ``find()`` gives [(host, slots)] (a discovery script, or fixed);
+    ``cooldown``: None (a failed host is out for good) or (low, high) seconds."""
 
-    def __init__(self, find):
-        self.find = find
+    def __init__(self, find, cooldown=None, clock=time.monotonic):
+        if cooldown is not None:
+            low, high = (float(x) for x in cooldown)
+            if not 0 < low <= high:
+                raise ValueError('blacklist cooldown range: 0 < low <= high, not %r'
+                                 % (cooldown,))
+            cooldown = (low, high)
+        self.find, self.cooldown, self.clock = find, cooldown, clock
         self.order = []          # hosts in the order they first appeared
         self.slots = {}          # the latest discovery: host -> slots
-        self.blacklisted = set()
+        self.failures = {}       # host -> how many times it was blacklisted
+        self.until = {}          # blacklisted host -> the clock's time it may come back, or None
+
+    @property
+    def blacklisted(self):
+        """The hosts out now (a host whose cooldown ended is back)."""
+        return {host for host in list(self.until) if self.is_blacklisted(host)}
 
     def update(self):
         """Run the discovery; whether the hosts or their slots changed."""
@@ -77,10 +94,32 @@ class Hosts:
         return changed
 
     def blacklist(self, host):
-        if host not in self.blacklisted:
+        """A worker failed on ``host``: no new worker there, for good or for its cooldown. A
+        failure while the host is out (another of its workers) counts once."""
+        if self.is_blacklisted(host):
+            return
+        count = self.failures[host] = self.failures.get(host, 0) + 1
+        if self.cooldown is None:
+            self.until[host] = None
             log.warning('mpi_kvstore elastic: host %s blacklisted: a worker failed there; no '
                         'new worker starts on it', host)
-            self.blacklisted.add(host)
+            return
+        seconds = min(self.cooldown[0] * 2 ** (count - 1), self.cooldown[1])
+        self.until[host] = self.clock() + seconds
+        log.warning('mpi_kvstore elastic: host %s blacklisted for %g s (failure %d): a worker '
+                    'failed there; no new worker starts on it until then', host, seconds, count)
+
+    def is_blacklisted(self, host):
+        """Whether ``host`` is out now; a host whose cooldown ended leaves the blacklist."""
+        if host not in self.until:
+            return False
+        until = self.until[host]
+        if until is None or self.clock() < until:
+            return True
+        del self.until[host]
+        log.info('mpi_kvstore elastic: host %s: its blacklist cooldown ended; it takes workers '
+                 'again while the host discovery lists it', host)
+        return False
 
     def wanted(self, held, limit=None):
         """The slots [(host, index)] the job should use, oldest hosts first, at most
@@ -88,5 +127,5 @@ class Hosts:
         only those ``held`` (a set of slots whose workers still run)."""
         slots = [(host, index) for host in self.order
                  for index in range(self.slots.get(host, 0))
-                 if host not in self.blacklisted or (host, index) in held]
+                 if not self.is_blacklisted(host) or (host, index) in held]
         return slots if limit is None else slots[:limit]

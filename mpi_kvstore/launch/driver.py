@@ -11,8 +11,9 @@ signed notice of the world's members (rendezvous.announce_hosts); the world's ne
 raises HostsUpdatedInterrupt and the world re-forms with it (mpi_kvstore.elastic.world). A
 slot the script no longer lists is left out of the next notice, and its worker leaves at
 the next commit. A worker that fails is announced lost (the survivors re-form in memory) and
-its host blacklisted. Below ``min_np`` workers the job waits up to ``timeout`` seconds for the
-script to bring hosts back, then ends with a message.
+its host blacklisted (for good, or for a ``cooldown`` that doubles with each failure). Below
+``min_np`` workers the job waits up to ``timeout`` seconds for the script to bring hosts back,
+then ends with a message.
 
 Each recovery is logged with its path: in memory (the survivors' processes go on), or a
 relaunch of every worker from the last commit on disk, for what memory cannot survive (the
@@ -44,12 +45,12 @@ class Driver:
 
     def __init__(self, command, launcher, env, root, np=None, min_np=1, max_np=None,
                  script=None, slots=1, timeout=600.0, max_relaunches=3, state_dir=None,
-                 interval=DISCOVERY_EVERY):
+                 interval=DISCOVERY_EVERY, cooldown=None):
         if script:
-            self.hosts = discovery.Hosts(lambda: discovery.run_script(script, slots))
+            self.hosts = discovery.Hosts(lambda: discovery.run_script(script, slots), cooldown)
         else:
             fixed = [('localhost', int(np or 1))]
-            self.hosts = discovery.Hosts(lambda: fixed)
+            self.hosts = discovery.Hosts(lambda: fixed, cooldown)
         self.command, self.launcher, self.root = list(command), list(launcher), root
         self.np, self.min_np, self.max_np = np, int(min_np), max_np
         self.timeout, self.interval = float(timeout), float(interval)
@@ -158,8 +159,8 @@ class Driver:
         relaunch = self._stand_in()
         if relaunch:
             return self._relaunch(relaunch)
-        if not self.members and not self.ready:
-            return self._end()
+        if not self.members and (self.finished or not self.ready):
+            return self._end()   # a newcomer not yet in the world has nothing left to join
         return self._check_min_np(now)
 
     # -- workers that end -------------------------------------------------------------------
@@ -240,7 +241,9 @@ class Driver:
             self.pending[worker] = (time.monotonic(), discovered_at)
             self.workers.start_one(worker, slot[0], join=True)
             console.info('mpi_kvstore run: %s slot %d found: worker %d starts and joins at '
-                         'the next commit', slot[0], slot[1], worker)
+                         'the next commit%s', slot[0], slot[1], worker,
+                         ' (the host is back after its blacklist cooldown)'
+                         if self.hosts.failures.get(slot[0]) else '')
         return changed
 
     def _check_ready(self):
@@ -357,6 +360,9 @@ class Driver:
         return None
 
     def _end(self):
+        for worker in sorted(set(self.pending) | set(self.ready)):
+            console.info('mpi_kvstore run: worker %d stopped: the job ended before it joined',
+                         worker)
         self.workers.stop()
         statuses = self.workers.statuses
         lost = sorted(w for w, status in statuses.items() if status)

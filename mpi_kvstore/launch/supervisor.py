@@ -23,8 +23,9 @@ a hung rank ends in a relaunch, not a hang. The supervisor itself starts no MPI.
 With ``--elastic`` (or ``--host-discovery-script S``) each rank is its own launch instead
 (driver.py, workers.py): a lost rank is announced to the survivors, which re-form their world
 in memory (mpi_kvstore.elastic.world) and go on; hosts the script adds join at the next
-commit, within ``--min-np``/``--max-np``. ``--reset-limit`` bounds the resets of
-``elastic.run`` in either mode.
+commit, within ``--min-np``/``--max-np``; the host of a lost rank is blacklisted, for good
+or for ``--blacklist-cooldown-range``. ``--reset-limit`` bounds the resets of ``elastic.run``
+in either mode.
 """
 import argparse
 import os
@@ -196,6 +197,12 @@ def _parser():
     parser.add_argument('--elastic-timeout', type=float, default=600.0,
                         help='elastic: seconds to wait for --min-np workers, at the start and '
                              'after losses, before the job ends (default %(default)g)')
+    parser.add_argument('--blacklist-cooldown-range', type=float, nargs=2, default=None,
+                        metavar=('LOW', 'HIGH'),
+                        help='elastic: a host where a worker failed is out for LOW seconds, '
+                             'twice as long after each further failure, at most HIGH, then '
+                             'takes workers again if the script lists it (default: out for '
+                             'good)')
     parser.add_argument('--reset-limit', type=int, default=0,
                         help='resets elastic.run allows before it gives up (default 0: no '
                              'limit)')
@@ -304,12 +311,15 @@ def _run_elastic(command, launcher, env, root, args):
         _parser().error('--max-np must be at least --min-np')
     if args.slots < 1:
         _parser().error('--slots must be at least 1')
+    cooldown = args.blacklist_cooldown_range
+    if cooldown is not None and not 0 < cooldown[0] <= cooldown[1]:
+        _parser().error('--blacklist-cooldown-range LOW HIGH: 0 < LOW <= HIGH')
     driver = Driver(command, launcher, env, root, np=args.np, min_np=args.min_np,
                     max_np=args.max_np if args.max_np is not None else (
                         None if args.host_discovery_script else args.np),
                     script=args.host_discovery_script, slots=args.slots,
                     timeout=args.elastic_timeout, max_relaunches=args.max_restarts,
-                    state_dir=args.state_dir)
+                    state_dir=args.state_dir, cooldown=cooldown)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return driver.run()
