@@ -1,36 +1,30 @@
 """A GPU-like workload: a model zoo net's parameters, with compute that takes wall time but no CPU.
 
-A library, not a script: benchmarks.overlap (and benchmarks.grid through it) trains this
-model with every trainer it compares; its options come from overlap's options. On a GPU node
-the passes leave the CPU to the gradient exchange; here every layer's forward and backward
-is an engine op that sleeps, so CPU ranks measure how the exchange is scheduled, not how it
-fights the model for cores.
+benchmarks.overlap (and grid through it) trains this model with every trainer it compares;
+main() times DistributedTrainer alone, however launched (mpiexec or run --elastic). Every
+layer's forward and backward is an engine op that sleeps, as a GPU leaves the CPU to the
+exchange: CPU ranks measure how the exchange is scheduled, not how it fights the model.
 
 The model (:class:`GPULikeModel`, a gluon Block): one emulated layer per convolution or dense
 layer of the zoo's ``get_model(name)``, owning that layer's weight and the parameters after
 it up to the next weight, each with the zoo's name, shape, order and grad_req.
 
-Times: a step's compute is batch / images_per_s, split over the layers by forward FLOPs
-(from MXNet's shape inference for one 224x224 image), a third to forward, two thirds to
-backward. ResNet-50 v1 runs at 125 images/s per GPU at batch 32 (or 400); other models at
-the same FLOP throughput: a stated rule, not a measurement.
+Times: a step's compute is batch / images_per_s, split over the layers by forward FLOPs (for
+one 224x224 image), a third forward, two thirds backward. ResNet-50 v1: 125 images/s per GPU
+at batch 32 (or 400); other models at its FLOP throughput (a stated rule).
 
 The emulated GPU: every layer op is compiled code (numba, no GIL) on the engine's one worker
 thread of cpu(1), as a GPU's stream; it does its small real work, then sleeps in
 clock_nanosleep. Engine dependencies are the real model's, so layer i's gradients can be
 exchanged while the layers below are still in backward. Needs ThreadedEnginePerDevice.
 
-Gradients are deterministic: ``model(scale)`` (:func:`step_scale` per (step, rank)) makes
-parameter j's gradient ``grad_unit(j) * scale`` in every element, so sums and updates can be
-recomputed in numpy; filling them is the compute's only real CPU work
-(:func:`measure_compute`, tests/test_gpu_like.py). ``--optimizer gpulikesgd``
-(:class:`GPULikeSGD`) runs each SGD update on the emulated GPU. gpu_like_symbol builds the
-same layers as Python CustomOps for Module (results, not timings).
+Gradients are deterministic: ``model(scale)`` (step_scale per (step, rank)) makes parameter
+j's gradient ``grad_unit(j) * scale`` everywhere, recomputed in numpy by the checks; filling
+them is the compute's only CPU work. GPULikeSGD runs each SGD update on the emulated GPU.
+gpu_like_symbol builds the same layers as Python CustomOps for Module (results, not timings).
 
-Host load: ``--layers custom`` (:class:`CustomLayersModel`) runs every layer as that Python
-CustomOp under autograd, taking the GIL on MXNet's custom-op threads; ``--host-load F``
-(:class:`HostLoad`) runs a thread that holds the GIL a share F of the time, as a data
-pipeline does.
+Host load: ``--layers custom`` (CustomLayersModel) runs every layer as that CustomOp under
+autograd; ``--host-load F`` (HostLoad) a thread holding the GIL a share F of the time.
 """
 import argparse
 import collections
@@ -335,21 +329,15 @@ def _address(array):
 
 # ---------------------------------------------------------------- the optimizer on the GPU
 
-# An update op's record after the common start (SELF, DURATION, TS): the float32 weight
-# (written) and gradient (read) addresses, the weight's element count, the step's
-# coefficient (float64 bits: learning rate x rescale_grad).
-U_WEIGHT, U_GRAD, U_COUNT, U_COEF = 4, 5, 6, 7
-U_HEADER = 8
-# Bytes a second of the emulated GPU's memory: an SGD step reads the weight and the
-# gradient and writes the weight (a P100's 732 GB/s, rounded down).
-GPU_BYTES_PER_S = 700e9
+# An update op's record after SELF, DURATION, TS: the weight's (written) and gradient's
+# addresses, the element count, the coefficient (float64 bits: lr x rescale_grad).
+U_WEIGHT, U_GRAD, U_COUNT, U_COEF, U_HEADER = 4, 5, 6, 7, 8
+GPU_BYTES_PER_S = 700e9    # the emulated GPU's memory (a P100's 732 GB/s): SGD moves 3 x 4 B
 
 
 def _update_op(run_ctx, param):
-    """SGD of one weight on the emulated GPU: every element = weight[0] - coef * grad[0],
-    then sleep until the update's duration is up. The gradients the model writes are
-    constant per parameter, so element 0 stands for all: a wrong sum in any other element is
-    caught by check_gradients, not by the weights."""
+    """SGD of one weight on the emulated GPU: every element = weight[0] - coef * grad[0] (the
+    gradients are constant per parameter; check_gradients checks the rest), then sleep."""
     head = numba.carray(param, U_HEADER, dtype=np.int64)
     deadline = _start(head)
     coef = numba.carray(param, U_HEADER, dtype=np.float64)[U_COEF]
@@ -369,11 +357,8 @@ def _compiled_update():
 
 @mx.optimizer.register
 class GPULikeSGD(mx.optimizer.Optimizer):
-    """SGD without momentum or weight decay whose update of each weight is an op on the
-    emulated GPU's stream (cpu(1)'s worker), as a GPU runs it: about a millisecond for
-    ResNet-50's 102 MB instead of the ~70 ms MXNet's sgd_update takes on this VM's CPU,
-    which would otherwise sit in the step as CPU work no GPU node has. Use it as
-    ``gluon.Trainer(params, 'gpulikesgd', {'learning_rate': lr})``."""
+    """Plain SGD whose update of each weight is an op on the emulated GPU's stream: about 1 ms
+    for ResNet-50's 102 MB, not the CPU's ~70 ms no GPU node pays ('gpulikesgd')."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -415,14 +400,9 @@ class _UpdateOp:
 # ---------------------------------------------------------------- the gluon model
 
 class GPULikeModel(gluon.Block):
-    """`plan_`'s layers as a gluon Block with the zoo net's parameters.
-
-    A step: ``out = model(scale)`` pushes the forward, ``model.backward()`` the backward
-    (gradient of parameter j: grad_unit(j) * scale), then ``trainer.step(batch)``. Nothing
-    waits: the ops run on the emulated GPU's stream as their inputs are ready. `out` is the
-    last activation, one float: scale + the sum of every layer's first weight element.
-    Parameters are named as in the zoo net, after this block's prefix; the default init
-    sets every element of parameter j to initial_value(j)."""
+    """`plan_`'s layers as a gluon Block with the zoo net's parameters (named as there). A step:
+    ``out = model(scale)``, ``model.backward()`` (gradient j: grad_unit(j) * scale), then
+    ``trainer.step(batch)``; nothing waits. `out`: scale + every layer's first weight element."""
 
     def __init__(self, plan_, prefix=None, params=None):
         super().__init__(prefix=prefix or f'{plan_.model}_gpulike_', params=params)
@@ -497,8 +477,7 @@ class GPULikeModel(gluon.Block):
 
 
 def compute(model, steps, rank=0, first=0):
-    """`steps` steps of forward and backward alone (no trainer), each waited for: the
-    compute a step takes with nothing else on the emulated GPU."""
+    """`steps` steps of forward and backward alone (no trainer), each waited for."""
     for step in range(first, first + steps):
         model(step_scale(step, rank))
         model.backward()
@@ -506,9 +485,8 @@ def compute(model, steps, rank=0, first=0):
 
 
 def measure_compute(model, steps, warmups=1, rank=0):
-    """compute() of `model`, `steps` times after `warmups`, timed on this process alone:
-    {'wall_s', 'cpu_s': [a figure a step], 'cpu_share' (CPU over wall), 'compute_s' (the
-    stated time)}."""
+    """compute() of `model`, `steps` times after `warmups`, on this process alone: {'wall_s',
+    'cpu_s': [a figure a step], 'cpu_share' (CPU over wall), 'compute_s' (the stated time)}."""
     from mpi4py import MPI  # a communicator of this process alone: nothing waits on others
     compute(model, warmups, rank)
     samples = [harness.timed_run(functools.partial(compute, model, 1, rank, warmups + i), MPI.COMM_SELF)[1]
@@ -519,9 +497,8 @@ def measure_compute(model, steps, warmups=1, rank=0):
 
 
 def train(model, trainer, steps, batch, rank):
-    """`steps` steps of forward, backward and trainer.step(batch), one waitall at the end, as
-    a training loop has none per step: the next forward of layer i waits only for weight i
-    (engine dependencies)."""
+    """`steps` steps of forward, backward and trainer.step(batch), one waitall at the end: the
+    next forward of layer i waits only for weight i (engine dependencies)."""
     for step in range(steps):
         model(step_scale(step, rank))
         model.backward()
@@ -545,12 +522,9 @@ def _spin(cpu_s):
 
 
 class HostLoad:
-    """A Python thread that holds the GIL `fraction` of the time, as a data pipeline does: every
-    period_s it runs fraction * period_s of CPU seconds (not wall: a pipeline's work per batch
-    takes longer on a shared core) in pure Python, then sleeps until the period is up.
-
-    A context manager; 0 starts no thread. After exit: `cycles` run, and `busy_share`, the
-    thread's CPU seconds over the wall seconds it ran (`fraction` on an idle core)."""
+    """A thread holding the GIL `fraction` of the time, as a data pipeline: every period_s,
+    fraction * period_s CPU seconds of pure Python, then sleep. A context manager (0: no
+    thread); after exit `cycles` and `busy_share` (CPU over wall; `fraction` when idle)."""
 
     def __init__(self, fraction, period_s=HOST_LOAD_PERIOD_S):
         if not 0 <= fraction <= 1:
@@ -569,8 +543,7 @@ class HostLoad:
             _spin(self.fraction * self.period_s)
             self.cycles += 1
             start += self.period_s
-            # Event.wait releases the GIL. A cycle that ran late is not paid back: the next
-            # starts now.
+            # Event.wait releases the GIL; a late cycle is not paid back: the next starts now
             self._stop.wait(max(0.0, start - time.perf_counter()))
             start = max(start, time.perf_counter())
         self.busy_share = (time.thread_time() - cpu) / max(1e-9, time.perf_counter() - wall)
@@ -601,8 +574,7 @@ def _sleep_until(deadline):
 
 
 class _LayerCustomOp(mx.operator.CustomOp):
-    """The layer op in Python, for Module's symbols: the same values and times, paid for
-    with Python on MXNet's custom-op threads."""
+    """The layer op in Python (Module's symbols): the same values and times."""
 
     def __init__(self, forward_s, backward_s, grads):
         super().__init__()
@@ -628,8 +600,7 @@ class _LayerCustomOp(mx.operator.CustomOp):
 
 @mx.operator.register(OP_TYPE)
 class _LayerCustomProp(mx.operator.CustomOpProp):
-    """Inputs: the previous activation, then the layer's parameters. Keyword strings:
-    forward_s, backward_s, grads (a gradient value per parameter)."""
+    """Inputs: the previous activation, the parameters; strings forward_s, backward_s, grads."""
 
     def __init__(self, forward_s, backward_s, grads):
         super().__init__(need_top_grad=True)
@@ -657,10 +628,8 @@ class _LayerCustomProp(mx.operator.CustomOpProp):
 
 
 def gpu_like_symbol(plan_, scale=1.0, prefix=''):
-    """`plan_` as a symbol for Module: input 'data' of shape (1,), output a MakeLoss of the
-    last activation; parameters are variables named prefix + zoo name. Give Module
-    fixed_param_names(plan_) (batch norm's running statistics). Module creates each op once,
-    when it binds, so parameter j's gradient is grad_unit(j) * scale on every step."""
+    """`plan_` as a symbol for Module: input 'data' (1,), output a MakeLoss; parameters named
+    prefix + zoo name (fixed: fixed_param_names). Gradient j is grad_unit(j) * scale."""
     out = mx.sym.var('data', shape=(1,), dtype='float32')
     index = 0
     for layer in plan_.layers:
@@ -674,10 +643,8 @@ def gpu_like_symbol(plan_, scale=1.0, prefix=''):
 
 
 class CustomLayersModel(GPULikeModel):
-    """`plan_`'s layers as Python CustomOps under autograd, as users' custom layers are: the
-    same parameters, values, gradients and times as GPULikeModel, but every layer's forward
-    and backward is Python on MXNet's custom-op threads, which take the GIL. A step is the
-    same ``out = model(scale)``, ``model.backward()``; autograd marks the gradients fresh."""
+    """GPULikeModel with every layer a Python CustomOp under autograd, as users' custom layers
+    are (the GIL on MXNet's custom-op threads): the same values, gradients and times."""
 
     def __init__(self, plan_, prefix=None, params=None):
         super().__init__(plan_, prefix=prefix, params=params)
@@ -777,3 +744,35 @@ def check_trained(model, lr, batch, steps, nranks, what):
         if not np.allclose(got, np.float32(expected), rtol=1e-5, atol=1e-6):
             raise RuntimeError(f'{param.name} after {steps} steps of {what}: '
                                f'{got.ravel()[:3]}, expected {expected}')
+
+
+def main(argv=None):
+    """python -m benchmarks.gpu_like: the step of the model under mpi_kvstore.horovod's
+    DistributedTrainer (GPULikeSGD), however the job was launched: mpiexec, or python -m
+    mpi_kvstore run --elastic (hvd.init forms the elastic world). Rank 0 prints ms a step."""
+    parser = harness.parser(main.__doc__)
+    parser.add_argument('--model', default='resnet50_v1', choices=MODELS)
+    parser.add_argument('--chain', type=int, default=3, help='steps a timed run')
+    parser.add_argument('--trials', type=int, default=5, help='timed runs, after one untimed')
+    args = parser.parse_args(argv)
+    import mpi_kvstore.horovod as hvd
+    from mpi_kvstore.horovod.basics import elastic_world
+    hvd.init()
+    comm = elastic_world().comm if elastic_world() else harness.world()
+    model = make_model(plan(args.model))
+    model.initialize()
+    trainer = hvd.DistributedTrainer(model.collect_params(), GPULikeSGD(learning_rate=0.1))
+    ms = []
+    for trial in range(args.trials + 1):
+        for index, param in enumerate(model.collect_params().values()):
+            param.data()[:] = initial_value(index)
+        _, sample = harness.timed_run(lambda: train(model, trainer, args.chain, BATCH, comm.rank), comm)
+        check_trained(model, 0.1, BATCH, args.chain, comm.size, 'DistributedTrainer')
+        ms += [sample['wall_s'] * 1e3 / args.chain] if trial else []
+    harness.rank0_print(f'gpu_like {args.model}: {comm.size} ranks, {"elastic" if elastic_world() else "plain"}: '
+                        f'ms a step {harness.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}), '
+                        f'{args.trials} runs of {args.chain}: {" ".join(f"{m:.1f}" for m in ms)}', comm=comm)
+
+
+if __name__ == '__main__':
+    main()
