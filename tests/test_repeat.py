@@ -13,7 +13,14 @@ from mpi_kvstore import debug
 from mpi_kvstore.comm import agreement
 from mpi_kvstore.comm.collective import SIG_LIMIT
 from mpi_kvstore.designs import NAMES, NEGOTIATED_NAMES
-from mpi_kvstore.designs.repeat import GATHER_S, MAX_BYTES, REQUEST_BYTES, Repeat
+from mpi_kvstore.designs.repeat import (
+    GATHER_S,
+    MAX_BYTES,
+    MAX_PAUSE_S,
+    PAUSE_S,
+    REQUEST_BYTES,
+    Repeat,
+)
 
 from mpi_harness import result, run_designs, run_mpi
 
@@ -213,6 +220,25 @@ def test_a_rank_holding_part_of_the_predicted_round_waits_for_the_rest_not_longe
     assert waits and all(0 < w <= 0.001 + 1e-9 for w in waits)
     other = _offer(9, [[1.0]], sigs=(99,))   # none of the predicted round: no wait
     assert repeat.gather(other, 9, waits.append, refresh) is other
+
+
+def test_gather_pauses_after_a_wake_up_by_what_is_still_lacking_then_looks_again():
+    repeat = Repeat(size=2, poll_us=50)
+    values = [[float(i)] for i in range(6)]
+    for step in range(3):
+        _round(repeat, _offer(6 * step, values, sigs=tuple(range(11, 17))), base=6 * step)
+    full = _offer(18, values, sigs=tuple(range(11, 17)))
+    arrivals = [{s: full[s] for s in list(full)[:n]} for n in (1, 4, 6)]
+    looks, pauses = [], []
+
+    def refresh():   # two calls came after the first look, then the last two
+        looks.append(1)
+        return arrivals[len(looks)]
+    got = repeat.gather(arrivals[0], 18, lambda seconds: None, refresh, sleep=pauses.append)
+    assert got == full and len(looks) == 2
+    # 5 lacking: 4 pauses' worth; then 2 lacking: 1; the last call waits for no pause
+    assert pauses == pytest.approx([4 * PAUSE_S, PAUSE_S])
+    assert all(p <= MAX_PAUSE_S for p in pauses)
 
 
 def check(out, design, nprocs):

@@ -34,7 +34,8 @@ from ..comm import agreement
 from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
 
-__all__ = ['Repeat', 'MAX_BYTES', 'REQUEST_BYTES', 'DTYPES', 'GATHER_S', 'HISTORY']
+__all__ = ['Repeat', 'MAX_BYTES', 'REQUEST_BYTES', 'DTYPES', 'GATHER_S', 'PAUSE_S', 'MAX_PAUSE_S',
+           'HISTORY']
 
 # The most bytes one bet carries (the first requests of the predicted round that fit):
 # a lost bet costs an allreduce of this size beside the agreement, and a buffer of it. A
@@ -51,6 +52,11 @@ DTYPES = frozenset(np.dtype(name) for name in ('float32', 'float64', 'int32', 'i
 # about a burst's issue time in Python (100 calls at 10-20 us each). A pattern that changed
 # pays it once: the history then records the round that really followed.
 GATHER_S = 0.002
+# gather's pause after a wake-up, per request still lacking but the last, and at most: the
+# thread looks again about once per few calls of a burst instead of once per call, and the
+# last call of a burst waits for no pause.
+PAUSE_S = 10e-6
+MAX_PAUSE_S = 200e-6
 # Rounds remembered: a step's distinct rounds; the oldest is forgotten first.
 HISTORY = 256
 
@@ -72,25 +78,44 @@ class Repeat:
 
     def missing(self, offer, base):
         """Whether ``offer`` ({seq: request}) holds part of the predicted round, not all."""
-        if self._expect is None:
-            return False
-        have = [getattr(offer.get(base + slot), 'sig', None) == sig
-                for slot, sig in zip(*self._expect)]
-        return any(have) and not all(have)
+        return self._lacking(offer, base) > 0
 
-    def gather(self, offer, base, wait, refresh, budget=GATHER_S):
+    def _lacking(self, offer, base):
+        """How many requests of the predicted round ``offer`` lacks where it holds some of
+        them, else 0."""
+        if self._expect is None:
+            return 0
+        slots, sigs = self._expect
+        have = 0
+        for slot, sig in zip(slots, sigs):
+            req = offer.get(base + slot)
+            if req is not None and req.sig == sig:
+                have += 1
+        return len(slots) - have if 0 < have < len(slots) else 0
+
+    def gather(self, offer, base, wait, refresh, budget=GATHER_S, sleep=time.sleep):
         """Wait (``wait(seconds)``, then ``refresh()`` -> a new offer) while ``offer`` holds
-        part of the predicted round, at most ``budget`` seconds -> the offer to make."""
+        part of the predicted round, at most ``budget`` seconds -> the offer to make.
+
+        After each wake-up it sleeps a little more (``sleep``: PAUSE_S a request still
+        lacking, at most MAX_PAUSE_S) before it looks: a burst's calls arrive some 10-40 us
+        apart, each wakes the thread, and a look per call cost the thread more than the
+        rest of its work on the burst."""
         deadline = None
-        while self.missing(offer, base):
+        while True:
+            lacking = self._lacking(offer, base)
+            if not lacking:
+                return offer
             now = time.monotonic()
             if deadline is None:
                 deadline = now + budget
             if now >= deadline:
-                break
+                return offer
             wait(deadline - now)
+            rest = deadline - time.monotonic()
+            if lacking > 1 and rest > 0:
+                sleep(min(rest, (lacking - 1) * PAUSE_S, MAX_PAUSE_S))
             offer = refresh()
-        return offer
 
     def start(self, comm, offer, base):
         """Right after the agreement's MIN started on the mpi4py ``comm``: start the bet's
