@@ -47,7 +47,7 @@ def allreduce_(tensor: NDArray, average: bool = False, name: str = 'allreduce',
 def allreduce(tensor: NDArray, average: bool = False, name: str = 'allreduce',
               store: MPIKVStore | None = None) -> NDArray:
     """Sum (or average) over ranks into a new NDArray."""
-    return allreduce_(tensor.copy(), average, name, store)
+    return _store(store).collectives.allreduce([name], [tensor.copy()], average, again=False)[0]
 
 
 def broadcast_(tensor: NDArray, root: int = 0, name: str = 'broadcast',

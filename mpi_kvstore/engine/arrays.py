@@ -7,6 +7,7 @@ the engine. CuPy is imported lazily, only when a GPU array shows up.
 import ctypes
 import logging
 
+import mxnet as mx
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
 
@@ -16,7 +17,7 @@ from .libmxnet import bind, last_error
 log = logging.getLogger(__name__)
 
 __all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer', 'huge_pages',
-           'huge_range', 'dense_meta']
+           'huge_range', 'dense_meta', 'storage_of']
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
@@ -96,6 +97,29 @@ def dense_meta(array):
     if _get_context(array.handle, ctypes.byref(kind), ctypes.byref(device)):
         raise RuntimeError(last_error())
     return shape, dtype, 'gpu' if kind.value == _GPU else 'cpu'
+
+
+def _chunk(array):
+    # The first word of MXNet 1.9's NDArray object (its handle points to it) is the
+    # shared_ptr to its storage chunk, which holds the engine variable: a view (slice,
+    # reshape, detach) shares it with its base. Read without touching the array's memory.
+    return ctypes.c_void_p.from_address(array.handle.value).value
+
+
+_chunk_works = []   # [bool], once: whether _chunk tells views apart from other arrays
+
+
+def storage_of(array):
+    """An id of the storage (and engine variable) an NDArray shares with its views and
+    only with them, or None where this MXNet's layout does not show it (checked once on
+    a slice, a reshape and an unrelated array)."""
+    if not _chunk_works:
+        base, other = mx.nd.zeros((4,)), mx.nd.zeros((4,))
+        ids = [_chunk(a) for a in (base, base[1:3], base.reshape((2, 2)), other)]
+        _chunk_works.append(bool(ids[0]) and ids[0] == ids[1] == ids[2] != ids[3])
+        if not _chunk_works[0]:
+            log.debug('NDArray storage ids unknown for this MXNet: views go unchecked')
+    return _chunk(array) if _chunk_works[0] else None
 
 
 def require_cupy():

@@ -25,13 +25,14 @@ KINDS = {'allreduce': L.ALLREDUCE, 'bcast': L.BCAST, 'barrier': L.BARRIER}
 class _State:
     """This process's table, and the chained ops that may hand over to Python."""
 
-    __slots__ = ('table', 'address', 'entry', 'fallbacks')
+    __slots__ = ('table', 'address', 'entry', 'fallbacks', 'mark_ready')
 
     def __init__(self):
         self.table = None      # layout.TABLE_DTYPE in an int64 array, built on first use
         self.address = 0       # the table's address (a record's FNS word): .ctypes costs a few us a call
         self.entry = None      # the Python entry (core.python_entry) the table points to
         self.fallbacks = {}    # record address -> what finishes its op in Python
+        self.mark_ready = 0    # mark_ready_address(), once known: asked on every call
 
 
 _state = _State()
@@ -72,8 +73,10 @@ def function_table():
 
 def mark_ready_address():
     """The address of the funneled/concurrent op (native.py)."""
-    function_table()
-    return native.address('mark_ready')
+    if not _state.mark_ready:
+        function_table()
+        _state.mark_ready = native.address('mark_ready')
+    return _state.mark_ready
 
 
 def run_chained_address():
@@ -121,8 +124,11 @@ class NativeOp:
         previous op wrote into it is cleared (its state, the engine's completion, each
         array's DLPack tensor, which a refused array leaves 0)."""
         rec = self.record
-        rec[L.STATE:L.PARAM + 1] = 0
-        rec[L.HEADER + L.A_MANAGED::L.SLOT] = 0
+        rec[L.STATE] = L.PENDING
+        if len(self.arrays) == 1:   # a word is cheaper to set than a slice
+            rec[L.HEADER + L.A_MANAGED] = 0
+        else:
+            rec[L.HEADER + L.A_MANAGED::L.SLOT] = 0
         self.reqs = reqs
 
     @property

@@ -101,26 +101,31 @@ def _mpi_reduce(kv, tensor, op):
 
 
 def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, process_set,
-                       what):
+                       what, again=True):
     """op over the set of each tensor, in place (collectives.allreduce). A float Average is
     the reduction's own (the fused buffer divided once); an integer one, the scale factors
-    and Min/Max/Product are engine ops or collectives of their own, as before."""
+    and Min/Max/Product are engine ops or collectives of their own, as before. A call on
+    the very arrays of its names' last calls takes the store's prepared path (their
+    dtypes known, their requests and engine call prepared); ``again=False``: the tensors
+    are fresh copies, which never come again."""
     kv = _set_store(process_set, what)
-    for tensor in tensors:
-        _scale(tensor, prescale_factor)
+    if prescale_factor != 1.0:
+        for tensor in tensors:
+            _scale(tensor, prescale_factor)
     if op in _MPI_OPS:
         for tensor in tensors:
             _mpi_reduce(kv, tensor, op)
             _scale(tensor, postscale_factor)
         return tensors
-    floats = [np.issubdtype(np.dtype(t.dtype), np.floating) for t in tensors]
-    folded = op == Average and all(floats)
-    kv.collectives.allreduce(names, tensors, average=folded)
+    folded = op == Average and all(dtype.kind == 'f'
+                                   for dtype in kv.collectives.dtypes(names, tensors))
+    kv.collectives.allreduce(names, tensors, average=folded, again=again)
     # the set's store spans exactly its ranks
     factor = (postscale_factor / kv.num_workers if op == Average and not folded
               else postscale_factor)
-    for tensor in tensors:
-        _scale(tensor, factor)
+    if factor != 1.0:
+        for tensor in tensors:
+            _scale(tensor, factor)
     return tensors
 
 
@@ -143,7 +148,7 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
     op = _op_of(op, average, 'allreduce')
     _set_store(process_set, 'allreduce')
     return _allreduce_inplace([tensor.copy()], op, [name or 'hvd.allreduce'], prescale_factor,
-                              postscale_factor, process_set, 'allreduce')[0]
+                              postscale_factor, process_set, 'allreduce', again=False)[0]
 
 
 def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
@@ -153,10 +158,16 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
                        op: int | None = None) -> list[NDArray]:
     """allreduce_ of each tensor of the list, in place; returns the list."""
     op = _op_of(op, average, 'grouped_allreduce_')
-    base = name or 'hvd.grouped_allreduce'
-    _allreduce_inplace(list(tensors), op, ['%s.%d' % (base, i) for i in range(len(tensors))],
-                       prescale_factor, postscale_factor, process_set, 'grouped_allreduce_')
+    _grouped(list(tensors), op, name, prescale_factor, postscale_factor, process_set,
+             'grouped_allreduce_')
     return tensors
+
+
+def _grouped(tensors, op, name, prescale_factor, postscale_factor, process_set, what,
+             again=True):
+    base = name or 'hvd.grouped_allreduce'
+    return _allreduce_inplace(tensors, op, ['%s.%d' % (base, i) for i in range(len(tensors))],
+                              prescale_factor, postscale_factor, process_set, what, again)
 
 
 def grouped_allreduce(tensors: Sequence[NDArray], average: bool | None = None,
@@ -168,8 +179,8 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: bool | None = None,
     op = _op_of(op, average, 'grouped_allreduce')
     if tensors:
         _set_store(process_set, 'grouped_allreduce')
-    return grouped_allreduce_([t.copy() for t in tensors], None, name, priority,
-                              prescale_factor, postscale_factor, process_set, op)
+    return _grouped([t.copy() for t in tensors], op, name, prescale_factor, postscale_factor,
+                    process_set, 'grouped_allreduce', again=False)
 
 
 def reducescatter(tensor: NDArray, op: int = Average, name: str | None = None,

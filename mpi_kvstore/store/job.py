@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 DRAIN_TIMEOUT = 120.0   # seconds a lost world's requests may take to reach their engine ops
 _ELASTIC: weakref.WeakSet = weakref.WeakSet()   # the jobs on an elastic world
 _MARK = '_mpi_kvstore_lost'   # on the exception that ends a lost world's waits
+_PRIORITY_BOUND = 1 << 30     # contract.check_priority's: a plain int inside needs no call
 
 
 class Job:
@@ -80,8 +81,10 @@ class Job:
 
     def begin(self, priority=0):
         """What every call checks first: an open store, an int priority, no error pending."""
-        self.check_open()
-        check_priority(priority)
+        if self.closed:
+            self.check_open()
+        if priority.__class__ is not int or not -_PRIORITY_BOUND < priority < _PRIORITY_BOUND:
+            check_priority(priority)   # says what is wrong, or accepts an np.integer
         self.errors.raise_pending()
 
     def submit(self, reqs, priority):

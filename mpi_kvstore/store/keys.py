@@ -10,10 +10,10 @@ import numpy as np
 from .. import compression, debug
 from ..comm.collective import Collective, place_of, signature
 from ..comm.fusion import share
+from ..engine.arrays import storage_of
 from ..errors import UnknownKeyError
 
-__all__ = ['KeyState', 'KeyTable', 'Plan', 'CallCache', 'same_array', 'request', 'fill',
-           'note_weights']
+__all__ = ['KeyState', 'KeyTable', 'Plan', 'same_array', 'request', 'fill', 'note_weights']
 
 
 def same_array(a, b):
@@ -73,8 +73,8 @@ class KeyState:
         return sig
 
 
-def _check_once(entries, writes_values):
-    keys, written = set(), {}
+def _check_once(entries, writes_values, in_place=False):
+    keys, written, storage = set(), {}, {}
     for entry in entries:
         if entry.key in keys:
             raise ValueError('key %r appears more than once in one call; give each key once '
@@ -90,6 +90,17 @@ def _check_once(entries, writes_values):
             if sum(same_array(arr, t) for t in targets) > 1:
                 raise ValueError('the same array is given twice as an output of key %r'
                                  % (entry.key,))
+        if in_place and len(entry.values) == 1 and all(same_array(t, entry.values[0])
+                                                       for t in targets):
+            # reduced where it is, in the call's one engine op, which must not list one
+            # engine variable twice (it would wait for itself and never run)
+            found = storage_of(entry.values[0])
+            other = storage.setdefault(found, entry.key) if found is not None else entry.key
+            if other != entry.key:
+                raise ValueError('the arrays of keys %r and %r in one call share memory (one '
+                                 'is a view of the other, or both of one array): make '
+                                 'separate calls, or give each key an array of its own'
+                                 % (other, entry.key))
 
 
 def _no_value(call, key):
@@ -152,7 +163,8 @@ class KeyTable:
         value reduced in place when ``writes_values``) once: MXNet's engine cannot run
         an op that lists one array twice, and two results for one array are ambiguous.
         """
-        _check_once(entries, writes_values)
+        _check_once(entries, writes_values, writes_values and self._config.zero_copy
+                    and self.updater is None)
         for entry in entries:
             state = self._keys.get(entry.key)
             if state is None or state.value is None:
@@ -324,97 +336,6 @@ def _flat_slice(array, bounds):
     """Elements [start, stop) of the flattened array: a view that shares its memory and its
     engine variable, so that engine ops on it are ordered with those on the array."""
     return array.reshape((-1,))[bounds[0]:bounds[1]]
-
-
-def _flatten(obj):
-    """(form, arrays) of a value or out argument: an NDArray, or a list of NDArrays or of
-    lists of them; None for anything else (the full check then says what is wrong)."""
-    if isinstance(obj, mx.nd.NDArray):
-        return -1, (obj,)
-    if type(obj) not in (list, tuple):
-        return None
-    form, arrays = [], []
-    for item in obj:
-        if isinstance(item, mx.nd.NDArray):
-            form.append(-1)
-            arrays.append(item)
-        elif type(item) in (list, tuple):
-            form.append(len(item))
-            for arr in item:
-                if not isinstance(arr, mx.nd.NDArray):
-                    return None
-                arrays.append(arr)
-        else:
-            return None
-    return tuple(form), tuple(arrays)
-
-
-class CallCache:
-    """The plans of push and pushpull calls already checked, so that a training loop's
-    repeated call (the same key or keys, the same arrays) skips the normalisation, the
-    metadata queries, the validation and the planning, and only checks identity.
-
-    An entry holds its arrays, so their objects and handles cannot be reused for others
-    while it exists: an entry matches only the very same NDArray objects, with the
-    handles they had, in the same form. A reshape, a cast or a new array is another
-    object and takes the full path (and its checks) again. ``clear()`` is called where
-    a store-wide decision changes (set_optimizer changes what runs in place).
-    """
-
-    LIMIT = 4096   # entries (a model has a few per parameter); cleared when reached
-
-    def __init__(self):
-        self._entries = {}
-
-    @staticmethod
-    def _slot(call, key):
-        if isinstance(key, (list, tuple)):
-            key = tuple(key)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return call, type(key), key
-
-    def find(self, call, key, value, out):
-        """The plans of an earlier call with these very arguments, or None."""
-        slot = self._slot(call, key)
-        entry = self._entries.get(slot) if slot is not None else None
-        plans = None if entry is None else self._match(entry, value, out)
-        debug.count('call_cache', 'miss' if plans is None else 'hit')
-        return plans
-
-    @staticmethod
-    def _match(entry, value, out):
-        forms, arrays, handles, plans = entry
-        if (out is None) != (forms[1] is None):
-            return None
-        value, out = _flatten(value), (None if out is None else _flatten(out))
-        if value is None or value[0] != forms[0] or (out is not None and out[0] != forms[1]):
-            return None
-        current = value[1] if out is None else value[1] + out[1]
-        if len(current) != len(arrays):
-            return None
-        for arr, known, handle in zip(current, arrays, handles):
-            if arr is not known or arr.handle.value != handle:
-                return None
-        return plans
-
-    def remember(self, call, key, value, out, plans):
-        slot = self._slot(call, key)
-        flat_out = None if out is None else _flatten(out)
-        value = _flatten(value)
-        if slot is None or value is None or (out is not None and flat_out is None):
-            return
-        out = flat_out
-        arrays = value[1] + (out[1] if out is not None else ())
-        if len(self._entries) >= self.LIMIT:
-            self._entries.clear()
-        self._entries[slot] = ((value[0], None if out is None else out[0]), arrays,
-                               tuple(a.handle.value for a in arrays), plans)
-
-    def clear(self):
-        self._entries.clear()
 
 
 def request(kind, state, array, average=False, root=0, in_place=False, place=None, codec=None,

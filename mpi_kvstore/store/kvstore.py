@@ -27,7 +27,8 @@ from .collectives import Collectives
 from .contract import check_root, normalize, normalize_out
 from .exchange import Exchange
 from .job import Job
-from .keys import CallCache, KeyTable
+from .keys import KeyTable
+from .namecache import CallCache
 from .optimizer import StoreOptimizer
 
 __all__ = ['MPIKVStore', 'elastic_options', 'ELASTIC_DESIGNS']
@@ -239,16 +240,19 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
 
         An allreduce: the key needs no init; its first use fixes its shape and dtype.
         A call repeated on the same key and the very same arrays skips the checks that
-        passed the first time (keys.CallCache).
+        passed the first time (namecache.CallCache), and from then on takes the prepared
+        path of its requests (Exchange.replay).
         """
         self._job.begin(priority)
-        plans = self._calls.find('pushpull', key, value, out)
-        if plans is None:
-            entries = normalize(key, value, out)
-            self._keys.validate(entries, need_weights=self._updater is not None,
-                                writes_values=True)
-            plans = [self._keys.plan(entry, True) for entry in entries]
-            self._calls.remember('pushpull', key, value, out, plans)
+        replay = self._calls.find('pushpull', key, value, out)
+        if replay is not None:
+            self._exchange.replay(replay, priority)
+            return
+        entries = normalize(key, value, out)
+        self._keys.validate(entries, need_weights=self._updater is not None,
+                            writes_values=True)
+        plans = [self._keys.plan(entry, True) for entry in entries]
+        self._calls.remember('pushpull', key, value, out, plans, priority)
         self._exchange.run(plans, priority)
 
     def push(self, key: Keys, value: Values, priority: int = 0) -> None:
@@ -258,13 +262,15 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         broadcast() first; otherwise UnknownKeyError names the key, and nothing is sent.
         """
         self._job.begin(priority)
-        plans = self._calls.find('push', key, value, None)
-        if plans is None:
-            entries = normalize(key, value)
-            self._keys.validate(entries, need_weights=self._updater is not None,
-                                needs_value='push')
-            plans = [self._keys.plan(entry, False) for entry in entries]
-            self._calls.remember('push', key, value, None, plans)
+        replay = self._calls.find('push', key, value, None)
+        if replay is not None:
+            self._exchange.replay(replay, priority)
+            return
+        entries = normalize(key, value)
+        self._keys.validate(entries, need_weights=self._updater is not None,
+                            needs_value='push')
+        plans = [self._keys.plan(entry, False) for entry in entries]
+        self._calls.remember('push', key, value, None, plans, priority)
         self._exchange.run(plans, priority)
 
     def pull(self, key: Keys, out: Values | None = None, priority: int = 0,

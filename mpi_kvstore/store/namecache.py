@@ -1,4 +1,6 @@
-"""A bounded cache of what named collectives leave behind (their staging buffers).
+"""The store's caches: of push and pushpull calls already checked (CallCache, whose
+entries, Replay, hold what a repeated call reuses), and a bounded one of what named
+collectives leave behind (NameCache: their staging buffers).
 
 A script may name a collective per step (``allreduce(x, name='metric_%d' % step)``):
 whatever is kept per name must be bounded, or memory grows with the steps. Horovod bounds
@@ -6,7 +8,11 @@ its name cache the same way (HOROVOD_CACHE_CAPACITY, 1024 entries).
 """
 import collections
 
-__all__ = ['NameCache']
+import mxnet as mx
+
+from .. import debug
+
+__all__ = ['NameCache', 'CallCache', 'Replay', 'Batch']
 
 
 class NameCache:
@@ -63,3 +69,133 @@ class NameCache:
                 excess -= 1
         for key in gone:
             del self._entries[key]
+
+
+def _flatten(obj):
+    """(form, arrays) of a value or out argument: an NDArray, or a list of NDArrays or of
+    lists of them; None for anything else (the full check then says what is wrong)."""
+    if isinstance(obj, mx.nd.NDArray):
+        return -1, (obj,)
+    if type(obj) not in (list, tuple):
+        return None
+    form, arrays = [], []
+    for item in obj:
+        if isinstance(item, mx.nd.NDArray):
+            form.append(-1)
+            arrays.append(item)
+        elif type(item) in (list, tuple):
+            form.append(len(item))
+            for arr in item:
+                if not isinstance(arr, mx.nd.NDArray):
+                    return None
+                arrays.append(arr)
+        else:
+            return None
+    return tuple(form), tuple(arrays)
+
+
+class Batch(list):
+    """The requests of one call, with what a design may reuse for it (``prepared``: an
+    engine.records.Prepared, or None)."""
+
+    __slots__ = ('prepared',)
+
+
+class Replay:
+    """A push or pushpull call already checked and planned (:class:`CallCache`), and what
+    its repeats reuse: ``plans``; the requests' constructor arguments (``templates``,
+    made by the exchange at the first repeat) with the codec and priority they were made
+    for; the plans that stage and deliver through a copy (``staged``); the engine's
+    prepared call (``prepared``)."""
+
+    __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'templates',
+                 'codec', 'priority', 'staged', 'prepared')
+
+    def __init__(self, forms, arrays, plans, value, out, priority):
+        self.forms, self.arrays, self.plans = forms, arrays, plans
+        self.handles = tuple(a.handle.value for a in arrays)
+        # one NDArray each (out may be None): matched by identity alone; lists may change
+        single = forms[0] == -1 and forms[1] in (None, -1)
+        self.value, self.out = (value, out) if single else (None, None)
+        self.templates = self.codec = self.staged = self.prepared = None
+        self.priority = priority
+
+    def matches(self, value, out):
+        """Whether ``value`` and ``out`` are the very arrays of this call, with their
+        handles, in the same form."""
+        if self.value is not None:
+            if value is not self.value or out is not self.out:
+                return False
+            for arr, handle in zip(self.arrays, self.handles):
+                if arr.handle.value != handle:
+                    return False
+            return True
+        if (out is None) != (self.forms[1] is None):
+            return False
+        value, out = _flatten(value), (None if out is None else _flatten(out))
+        if (value is None or value[0] != self.forms[0]
+                or (out is not None and out[0] != self.forms[1])):
+            return False
+        current = value[1] if out is None else value[1] + out[1]
+        if len(current) != len(self.arrays):
+            return False
+        for arr, known, handle in zip(current, self.arrays, self.handles):
+            if arr is not known or arr.handle.value != handle:
+                return False
+        return True
+
+
+class CallCache:
+    """The plans of push and pushpull calls already checked (:class:`Replay`), so that a
+    training loop's repeated call (the same key or keys, the same arrays) skips the
+    normalisation, the metadata queries, the validation and the planning, and only checks
+    identity.
+
+    An entry holds its arrays, so their objects and handles cannot be reused for others
+    while it exists: an entry matches only the very same NDArray objects, with the
+    handles they had, in the same form. A reshape, a cast or a new array is another
+    object and takes the full path (and its checks) again. ``clear()`` is called where
+    a store-wide decision changes (set_optimizer changes what runs in place).
+    """
+
+    LIMIT = 4096   # entries (a model has a few per parameter); cleared when reached
+
+    def __init__(self):
+        self._entries = {}
+
+    @staticmethod
+    def _slot(call, key):
+        kind = key.__class__
+        if kind is int or kind is str:
+            return call, kind, key
+        if isinstance(key, (list, tuple)):
+            key = tuple(key)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return call, type(key), key
+
+    def find(self, call, key, value, out):
+        """The :class:`Replay` of an earlier call with these very arguments, or None."""
+        slot = self._slot(call, key)
+        entry = self._entries.get(slot) if slot is not None else None
+        if entry is not None and not entry.matches(value, out):
+            entry = None
+        debug.count('call_cache', 'miss' if entry is None else 'hit')
+        return entry
+
+    def remember(self, call, key, value, out, plans, priority=0):
+        slot = self._slot(call, key)
+        flat_out = None if out is None else _flatten(out)
+        flat = _flatten(value)
+        if slot is None or flat is None or (out is not None and flat_out is None):
+            return
+        arrays = flat[1] + (flat_out[1] if flat_out is not None else ())
+        if len(self._entries) >= self.LIMIT:
+            self._entries.clear()
+        self._entries[slot] = Replay((flat[0], None if flat_out is None else flat_out[0]),
+                                     arrays, plans, value, out, priority)
+
+    def clear(self):
+        self._entries.clear()
