@@ -119,7 +119,8 @@ def where(out):
 def test_a_host_the_script_adds_joins_and_trains(hosts, tmp_path, mpi_available):
     """h0 and h1, then h2 listed: h2's worker, launched there with -hosts h2, joins at a
     commit with no rollback and trains; all three end equal, and equal to numpy's."""
-    job = Job(hosts, tmp_path, 'h0:1\nh1:1\n', '--min-np', 2, '--max-np', 3, script_args=(
+    job = Job(hosts, tmp_path, 'h0:1\nh1:1\n', '--min-np', 2, '--max-np', 3, '--state-dir',
+              tmp_path / 'state', script_args=(
         '--steps', 40, '--step-seconds', 0.02, '--wait-at', 10, '--wait-for', 3))
     job.wait_for(r'worker 0: step 5 done')
     job.set_hosts('h0:1\nh1:1\nh2:1\n')
@@ -127,6 +128,7 @@ def test_a_host_the_script_adds_joins_and_trains(hosts, tmp_path, mpi_available)
     assert status == 0, out[-4000:]
     assert where(out) == {0: 'h0', 1: 'h1', 2: 'h2'}, out[-4000:]
     assert 'h2 slot 0 found: worker 2 starts and joins at the next commit' in out
+    assert 'meet through the files' not in out   # --state-dir given: the user chose it
     assert re.search(r'worker 2 on h2 joined: world \d+ of 3 worker\(s\)', out), out[-4000:]
     assert 'worker 2: joined at rank 2 of 3' in out, out[-4000:]
     assert steps_of(out, 2)[0][0] == 11
@@ -146,6 +148,8 @@ def test_a_host_the_script_removes_leaves_at_the_next_commit(hosts, tmp_path, mp
     status, out = job.finish()
     assert status == 0, out[-4000:]
     assert where(out) == {0: 'h0', 1: 'h1', 2: 'h2'}, out[-4000:]
+    assert re.search(r'workers on other hosts \(h1\) meet through the files of \S+: it must be '
+                     r'on a filesystem every host shares', out), out[-4000:]
     assert 'h2 slot 0 is no longer listed: worker 2 leaves at the next commit' in out
     assert 'worker 2 on h2 left the job' in out, out[-4000:]
     last = steps_of(out, 2)[-1][0]
@@ -209,3 +213,23 @@ def test_a_failed_host_comes_back_after_its_blacklist_cooldown(hosts, tmp_path, 
     assert re.search(r'worker 3 on h1 joined: world \d+ of 3 worker\(s\)', out), out[-4000:]
     assert 'relaunch' not in out
     assert_equal_and_right(job, (0, 2, 3), 50)
+
+
+def test_the_gpu_like_benchmark_trains_under_the_supervisor_across_hosts(hosts, tmp_path,
+                                                                         mpi_available):
+    """python -m benchmarks.gpu_like under run --elastic on h0 and h1: hvd.init forms the
+    elastic world, DistributedTrainer trains on the store across the link, and every run's
+    weights are checked against numpy in the benchmark (a wrong one raises: status 1)."""
+    listed = tmp_path / 'hosts'
+    listed.write_text('h0:1\nh1:1\n')
+    argv = hosts.exec_argv('h0', [
+        sys.executable, '-m', 'mpi_kvstore', 'run', '--launcher', ' '.join(hosts.hydra_argv()),
+        '--host-discovery-script', 'cat %s' % listed, '--min-np', 2, '--max-np', 2, '--',
+        sys.executable, '-m', 'benchmarks.gpu_like', '--model', 'mobilenet0.25', '--chain', 2,
+        '--trials', 2])
+    result = testbed.run_job(argv, timeout=TIMEOUT, cwd=REPO_ROOT, env={
+        'PYTHONPATH': REPO_ROOT, 'OMP_NUM_THREADS': '1'})
+    assert result.ok and result.leftovers == 0, result.output[-4000:]
+    assert re.search(r'gpu_like mobilenet0\.25: 2 ranks, elastic: ms a step [0-9.]+ ',
+                     result.output), result.output[-4000:]
+    assert '2 worker(s) finished, 0 left, 0 lost' in result.output

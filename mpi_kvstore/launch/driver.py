@@ -61,6 +61,7 @@ class Driver:
         self.relaunches = 0
         self.workers = None
         self._discovery_error = None
+        self.said_shared = False
 
     # -- the job -------------------------------------------------------------------------
     def run(self):
@@ -133,10 +134,18 @@ class Driver:
         for worker, slot in enumerate(wanted):
             self.slot_of[worker] = slot
             self.members.add(worker)
-            self.workers.start_one(worker, slot[0])
+            self._start(worker, slot[0])
         self.next_id = len(wanted)
         console.info('mpi_kvstore run: elastic: %d worker(s), each its own launch, on %s: %s',
                      len(wanted), _where(wanted), ' '.join(self.command))
+
+    def _start(self, worker, host, join=False):
+        if not self.state_dir and not discovery.is_local(host) and not self.said_shared:
+            self.said_shared = True   # the workers meet through files: say where, once
+            console.info('mpi_kvstore run: workers on other hosts (%s) meet through the files '
+                         'of %s: it must be on a filesystem every host shares (else give '
+                         '--state-dir on one)', host, self.workers.directory)
+        self.workers.start_one(worker, host, join=join)
 
     def _step(self):
         """One look at everything; the job's status once it ended, else None."""
@@ -239,7 +248,7 @@ class Driver:
             worker, self.next_id = self.next_id, self.next_id + 1
             self.slot_of[worker] = slot
             self.pending[worker] = (time.monotonic(), discovered_at)
-            self.workers.start_one(worker, slot[0], join=True)
+            self._start(worker, slot[0], join=True)
             console.info('mpi_kvstore run: %s slot %d found: worker %d starts and joins at '
                          'the next commit%s', slot[0], slot[1], worker,
                          ' (the host is back after its blacklist cooldown)'
