@@ -285,3 +285,41 @@ def _raise_failure(kind, cmd, what, returncode, output):
     message = '%s %s\n--- last %d chars of output ---\n%s' % (
         ' '.join(cmd), what, len(tail), tail)
     raise kind(message, returncode, output, timed_out=kind is MPITimeout)
+
+
+# -- elastic jobs under the supervisor ------------------------------------------------------------
+def run_elastic(script, *script_args, workers=3, timeout=150, job_timeout=None, options=()):
+    """``python -m mpi_kvstore run --elastic -n WORKERS --elastic-timeout TIMEOUT OPTIONS --
+    python SCRIPT ARGS`` -> its output. The job must end with status 0 within JOB_TIMEOUT
+    (default TIMEOUT + 30 s) and leave no process behind."""
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=os.pathsep.join(
+        [REPO_ROOT, SCENARIOS_DIR]), **{_RUN_ID_VAR: run_id})
+    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', str(workers),
+            '--elastic-timeout', str(timeout), *[str(o) for o in options], '--',
+            sys.executable, resolve_script(script), *[str(a) for a in script_args]]
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=job_timeout or timeout + 30, cwd=REPO_ROOT)
+    finally:
+        left = kill_leftovers(run_id)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-OUTPUT_TAIL_CHARS:]
+    assert left == 0, 'processes outlived the job\n' + output[-3000:]
+    return output
+
+
+def npz_arrays(path):
+    """The arrays ``np.savez(path, *arrays)`` wrote, in order."""
+    import numpy as np
+    with np.load(path) as got:
+        return [got['arr_%d' % i] for i in range(len(got.files))]
+
+
+def workers_agree(out, workers):
+    """Every worker's ``OUT.<id>.npz`` holds bitwise the same arrays: -> worker 0's."""
+    import numpy as np
+    got = [npz_arrays('%s.%d.npz' % (out, worker)) for worker in workers]
+    for other in got[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(got[0], other))
+    return got[0]

@@ -13,42 +13,21 @@ rounding, to an uninterrupted 3-worker run (and to numpy's replay of its last up
 """
 import os
 import re
-import subprocess
-import sys
-import uuid
 
 import numpy as np
 import pytest
 
-from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers
+import mpi_harness
+from mpi_harness import SCENARIOS_DIR, npz_arrays, workers_agree
 
 TIMEOUT = 150
 SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_bcast.py')
 STEPS = 10
 
 
-def run_elastic(out, *script_args, workers=3):
-    """``python -m mpi_kvstore run --elastic`` of the scenario -> its output (status 0)."""
-    run_id = uuid.uuid4().hex
-    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
-               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', str(workers),
-            '--elastic-timeout', str(TIMEOUT), '--', sys.executable, SCRIPT, str(out),
-            '--steps', str(STEPS)] + [str(a) for a in script_args]
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
-    finally:
-        left = kill_leftovers(run_id)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    assert left == 0, 'processes outlived the job\n' + output[-3000:]
-    return output
-
-
-def weights(path):
-    with np.load(path) as got:
-        return [got['arr_%d' % i] for i in range(len(got.files))]
+def run_elastic(out, *script_args):
+    """The scenario's elastic job of 3 workers -> its output (status 0, nothing left)."""
+    return mpi_harness.run_elastic(SCRIPT, out, '--steps', STEPS, *script_args, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope='module')
@@ -56,11 +35,9 @@ def uninterrupted(tmp_path_factory, mpi_available):
     """The weights of 3 workers trained without a loss, broadcasting the weights each step."""
     out = tmp_path_factory.mktemp('ref') / 'w'
     run_elastic(out, '--op', 'params')
-    got = [weights('%s.%d.npz' % (out, worker)) for worker in range(3)]
-    for other in got[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(got[0], other))
-    assert np.abs(got[0][0]).max() > 1e-3   # weights that trained, not zeros
-    return got[0]
+    got = workers_agree(out, range(3))
+    assert np.abs(got[0]).max() > 1e-3   # weights that trained, not zeros
+    return got
 
 
 @pytest.mark.parametrize('op,where', [('params', 'bcast_host'), ('kv', 'bcast_host'),
@@ -78,7 +55,7 @@ def test_survivors_of_a_worker_lost_inside_a_blocking_collective_go_on(tmp_path,
             in out, out[-4000:]
         assert 'worker %d: finished at rank %d of 2' % (worker, rank) in out, out[-4000:]
     assert not (tmp_path / 'w.1.npz').exists()
-    survivors = [weights(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 2)]
+    survivors = [npz_arrays(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 2)]
     for mine, theirs, want in zip(*survivors, uninterrupted):
         assert np.array_equal(mine, theirs)
         assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
@@ -118,20 +95,8 @@ def test_twenty_store_resets_leave_memory_descriptors_and_threads_flat(tmp_path,
     commit), each step a pushpull, a broadcast, an object broadcast and gather and a barrier:
     from the first reset to the last each grows by at most 20 MB of RSS and 10 file
     descriptors, keeps its thread count, and the sum trained is exact (22 steps of 6 x 1000)."""
-    run_id = uuid.uuid4().hex
-    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
-               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', '3',
-            '--elastic-timeout', str(TIMEOUT), '--', sys.executable,
-            os.path.join(SCENARIOS_DIR, 'elastic_bcast_soak.py'), '--resets', '20']
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=480,
-                              cwd=REPO_ROOT)
-    finally:
-        left = kill_leftovers(run_id)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
-    assert left == 0, 'processes outlived the job\n' + out[-3000:]
+    out = mpi_harness.run_elastic('elastic_bcast_soak.py', '--resets', 20, timeout=TIMEOUT,
+                                  job_timeout=480)
     found = re.findall(r'worker (\d): resets (\d+), rss growth ([-0-9.]+) MB, fd growth '
                        r'(-?\d+), threads (\d+) -> (\d+), sum ([0-9.e+]+)', out)
     assert sorted(int(f[0]) for f in found) == [0, 1, 2], out[-3000:]

@@ -28,7 +28,7 @@ TIMEOUT = 240
 class Job:
     """The supervisor in the background, its output in a file, its hosts in another."""
 
-    def __init__(self, tmp_path, hosts, *options, script_args=()):
+    def __init__(self, tmp_path, hosts, *options, script_args=(), script=SCRIPT):
         self.tmp_path, self.hosts = tmp_path, tmp_path / 'hosts'
         self.set_hosts(hosts)
         self.run_id = uuid.uuid4().hex
@@ -36,7 +36,7 @@ class Job:
                    PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
         argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--host-discovery-script',
                 'cat %s' % self.hosts, *[str(o) for o in options], '--', sys.executable,
-                SCRIPT, str(tmp_path / 'w'), *[str(a) for a in script_args]]
+                script, str(tmp_path / 'w'), *[str(a) for a in script_args]]
         self.log_path = tmp_path / 'log'
         self.log = open(self.log_path, 'wb')
         self.started = time.monotonic()

@@ -177,14 +177,37 @@ def test_hvd_elastic_has_horovods_names():
         assert callable(getattr(hvd.elastic.MXNetState, name)), name
 
 
-def test_a_state_whose_optimizer_runs_in_the_store_refuses_a_restore():
-    net = gluon.nn.Dense(2, in_units=2)
-    net.initialize()
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', kvstore=None)
-    state = elastic.State(net.collect_params(), trainer, directory=False)
-    trainer._kv_initialized, trainer._update_on_kvstore = True, True   # as after a step
-    with pytest.raises(RuntimeError, match='update_on_kvstore=False'):
+def test_a_reset_store_gets_back_the_restored_weights_and_optimizer_states():
+    """The optimizer in the store (gluon.Trainer on an MPIKVStore, update_on_kvstore): 3
+    steps, a commit, 2 more steps, then what run_fn does after a lost rank (restore, the
+    store's reset, which empties its keys and states, sync): 3 more steps end equal to 6
+    uninterrupted steps of Adam on the ranks (a replay without a store)."""
+    import mpi_kvstore
+    from mpi_kvstore.comm.mpiabi import MPI
+    net, _ = make_net()
+    with mpi_kvstore.create('dist_mpi') as kv:
+        trainer = gluon.Trainer(net.collect_params(), 'adam', {'learning_rate': 0.05},
+                                kvstore=kv, update_on_kvstore=True)
+        state = elastic.State(net.collect_params(), trainer, directory=False)
+        for number in range(3):
+            step(net, trainer, number)
+        assert trainer._update_on_kvstore
+        state.commit()
+        for number in range(3, 5):
+            step(net, trainer, number)
         state.restore()
+        assert state.must_sync_after_reset()
+        kv.reset(MPI.COMM_WORLD)
+        assert not kv._updater.states   # the reset lost them; the sync gives them back
+        state.sync()
+        assert not state.must_sync_after_reset()
+        assert sorted(kv._updater.states) == [0, 1]
+        for number in range(3, 6):
+            step(net, trainer, number)
+        got = weights(net)
+    for mine, want in zip(got, replay(6)):
+        assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
+    assert not np.allclose(got[0], replay(5)[0], rtol=1e-5, atol=1e-6)
 
 
 def _failing_after(limit):

@@ -21,7 +21,7 @@ import numpy as np
 from mpi_kvstore.launch import rendezvous
 from mpi_kvstore.launch.workers import Workers
 
-from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, run_mpi
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, run_elastic, run_mpi
 
 TIMEOUT = 120
 
@@ -190,21 +190,8 @@ def test_the_horovod_pattern_example_resets_and_ends_as_without_the_reset(mpi_av
 def test_the_supervisors_elastic_mode_keeps_the_survivors(tmp_path, mpi_available):
     """python -m mpi_kvstore run --elastic -n 3: worker 2 SIGKILLed in step 8 (commits every
     5); workers 0 and 1 re-form the world in memory and finish; nothing is relaunched."""
-    run_id = uuid.uuid4().hex
-    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
-               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', '3',
-            '--elastic-timeout', str(TIMEOUT), '--reset-limit', '2', '--', sys.executable,
-            WORLD_SCRIPT, str(tmp_path / 'w'), '--steps', '16', '--kill-id', '2',
-            '--kill-at', '8']
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
-    finally:
-        left = kill_leftovers(run_id)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-3000:]
-    assert left == 0
+    out = run_elastic(WORLD_SCRIPT, tmp_path / 'w', '--steps', 16, '--kill-id', 2, '--kill-at', 8,
+                      timeout=TIMEOUT, options=('--reset-limit', 2))
     assert 'mpi_kvstore run: worker 2 on localhost was lost (status 9); host localhost ' \
         'blacklisted; recovery in memory: 2 survivor(s) re-form the world' in out, out[-3000:]
     assert 'elastic job ended: 2 worker(s) finished, 0 left, 1 lost (2)' in out, out[-3000:]

@@ -11,42 +11,21 @@ uninterrupted 3-worker run within float32 rounding. Once through hvd.Distributed
 hvd.elastic.run, once through gluon.Trainer on kv.pushpull under elastic.run_fn.
 """
 import os
-import subprocess
-import sys
-import uuid
 
 import numpy as np
 import pytest
 
-from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers
+import mpi_harness
+from mpi_harness import SCENARIOS_DIR, npz_arrays, workers_agree
 
 TIMEOUT = 150
 SCRIPT = os.path.join(SCENARIOS_DIR, 'elastic_store.py')
 STEPS = 14
 
 
-def run_elastic(out, *script_args, workers=3):
-    """``python -m mpi_kvstore run --elastic`` of the scenario -> its output (status 0)."""
-    run_id = uuid.uuid4().hex
-    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
-               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', str(workers),
-            '--elastic-timeout', str(TIMEOUT), '--', sys.executable, SCRIPT, str(out),
-            '--steps', str(STEPS)] + [str(a) for a in script_args]
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
-    finally:
-        left = kill_leftovers(run_id)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    assert left == 0, 'processes outlived the job\n' + output[-3000:]
-    return output
-
-
-def weights(path):
-    with np.load(path) as got:
-        return [got['arr_%d' % i] for i in range(len(got.files))]
+def run_elastic(out, *script_args):
+    """The scenario's elastic job of 3 workers -> its output (status 0, nothing left)."""
+    return mpi_harness.run_elastic(SCRIPT, out, '--steps', STEPS, *script_args, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope='module')
@@ -54,10 +33,7 @@ def uninterrupted(tmp_path_factory, mpi_available):
     """The weights of 3 workers trained without a loss (the same script, the same launcher)."""
     out = tmp_path_factory.mktemp('ref') / 'w'
     run_elastic(out, '--api', 'hvd')
-    got = [weights('%s.%d.npz' % (out, worker)) for worker in range(3)]
-    for other in got[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(got[0], other))
-    return got[0]
+    return workers_agree(out, range(3))
 
 
 @pytest.mark.parametrize('api', ['hvd', 'kv'])
@@ -72,7 +48,7 @@ def test_the_store_survives_a_worker_killed_mid_step(tmp_path, api, uninterrupte
     for worker, rank in ((0, 0), (2, 1)):
         assert 'worker %d: finished at rank %d of 2' % (worker, rank) in out, out[-4000:]
     assert not (tmp_path / 'w.1.npz').exists()
-    survivors = [weights(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 2)]
+    survivors = [npz_arrays(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 2)]
     for mine, theirs, want in zip(*survivors, uninterrupted):
         assert np.array_equal(mine, theirs)
         assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
@@ -86,7 +62,7 @@ def test_the_store_survives_a_worker_killed_inside_a_commit(tmp_path, uninterrup
     out = run_elastic(tmp_path / 'w', '--api', 'hvd', '--kill-id', 2, '--kill-in-commit', 8)
     assert 'worker 0: reset at step 8, rank 0 of 2, kv 0 of 2' in out, out[-4000:]
     assert 'worker 1: reset at step 8, rank 1 of 2, kv 1 of 2' in out, out[-4000:]
-    survivors = [weights(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 1)]
+    survivors = [npz_arrays(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 1)]
     for mine, theirs, want in zip(*survivors, uninterrupted):
         assert np.array_equal(mine, theirs)
         assert np.allclose(mine, want, rtol=1e-5, atol=1e-6), np.abs(mine - want).max()
@@ -99,20 +75,7 @@ def test_a_survivor_reads_the_error_and_the_store_goes_on_after_the_reset(tmp_pa
     output holds NaN (not a plausible sum), the next pushpull raises HorovodInternalError,
     the store's threads have ended; after world.reform() and kv.reset() the store is rank 0
     of 1 and sums again."""
-    run_id = uuid.uuid4().hex
-    env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=run_id,
-               PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-    argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--elastic', '-n', '2',
-            '--elastic-timeout', str(TIMEOUT), '--', sys.executable,
-            os.path.join(SCENARIOS_DIR, 'elastic_store_read.py')]
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT + 30, cwd=REPO_ROOT)
-    finally:
-        left = kill_leftovers(run_id)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
-    assert left == 0
+    out = mpi_harness.run_elastic('elastic_store_read.py', workers=2, timeout=TIMEOUT)
     assert 'worker 1: first sum 3.0' in out and 'worker 0: first sum 3.0' in out, out[-4000:]
     assert 'worker 0: the read raised MXNetError (True)' in out, out[-4000:]
     assert 'worker 0: the output holds [nan nan]' in out, out[-4000:]

@@ -96,6 +96,11 @@ class BaseState(abc.ABC):
         if latest > previous:
             raise HostsUpdatedInterrupt(skip_sync=removed_only)
 
+    def must_sync_after_reset(self) -> bool:
+        """Whether a reset after hosts were only removed needs a sync all the same (False:
+        the survivors' states agree; a state whose store lost what it held says True)."""
+        return False
+
     @abc.abstractmethod
     def save(self) -> None:
         """Copy the state in memory (the commit's copy)."""
@@ -178,7 +183,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any],
                     skip_sync = False
                 except HostsUpdatedInterrupt as err:
                     log.info('mpi_kvstore elastic: %s; re-forming the world', err)
-                    skip_sync = err.skip_sync
+                    skip_sync = err.skip_sync and not state.must_sync_after_reset()
                 resets += 1
                 if bound and resets > bound:
                     raise RuntimeError('mpi_kvstore elastic: %d resets, more than the limit '

@@ -59,8 +59,11 @@ class Params:
             for (_, array), (_, value) in zip(sorted(self.params.items()), saved):
                 array[:] = mx.nd.array(value, ctx=array.context, dtype=value.dtype)
         else:
+            # into the arrays, not set_data: that would reset a trainer whose store holds the
+            # weights (State gives them to the store itself, by the trainer's broadcast)
             for param, (_, value) in zip(self.params.values(), saved):
-                param.set_data(mx.nd.array(value, dtype=value.dtype))
+                for array in param.list_data():
+                    array[:] = mx.nd.array(value, ctx=array.context, dtype=value.dtype)
 
 
 def _saver(trainer, module):

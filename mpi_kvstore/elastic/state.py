@@ -19,9 +19,10 @@ from typing import Any
 import mxnet as mx
 
 from ..comm.mpiabi import MPI
-from ..launch import supervision
+from ..launch import rendezvous, supervision
 from . import disk
 from .base import BaseState
+from .exceptions import HostsUpdatedInterrupt
 from .fit import fit_module
 from .snapshot import (
     Params,
@@ -36,6 +37,15 @@ __all__ = ['State', 'DEFAULT_DIRECTORY']
 log = logging.getLogger(__name__)
 
 DEFAULT_DIRECTORY = 'mpi_kvstore_state'
+
+
+def _trainer_point(trainer):
+    """Where a gluon trainer stands, for the others' :meth:`State._ready_trainer`: whether it
+    stepped (its store made) and its optimizer's rescale_grad; None for no gluon trainer."""
+    if trainer is None or not hasattr(trainer, '_init_kvstore'):
+        return None
+    return {'started': bool(trainer._kv_initialized),
+            'rescale': getattr(trainer._optimizer, 'rescale_grad', 1.0)}
 
 
 class State(BaseState):
@@ -83,7 +93,12 @@ class State(BaseState):
         if self._dir is not None:
             if self._comm().Get_rank() == 0:
                 os.makedirs(self._dir, exist_ok=True)
-            self._restore_from_disk()
+            if os.environ.get(rendezvous.JOIN_ENV) == '1':
+                # the running ranks restored long ago: the first sync gives rank 0's state
+                log.info('mpi_kvstore elastic: joining a running job: the state comes from '
+                         'rank 0, not from %s', self._dir)
+            else:
+                self._restore_from_disk()
         self._saved = self._snapshot()
 
     @property
@@ -128,8 +143,36 @@ class State(BaseState):
             self._write(number, snapshot)
         self._saved = snapshot
         self.number = number
-        self.check_host_updates()
+        self._just_saved = snapshot
+        try:
+            self.check_host_updates()
+        finally:
+            del self._just_saved
         return number
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt on every rank if rank 0 heard of a host update since
+        the last check. Collective."""
+        try:
+            super().check_host_updates()
+        except HostsUpdatedInterrupt:
+            if self._store_optimizer():   # the reset rebuilds the store, and its states
+                saved = self.__dict__.get('_just_saved')
+                self._carry = (saved['states'] if saved is not None
+                               else optimizer_states(self._trainer, self._params.module))
+            raise
+
+    def _store_optimizer(self):
+        """Whether the optimizer runs in the trainer's store (update_on_kvstore): the store
+        holds the weights and the states, which a reset of the store starts anew."""
+        trainer = self._trainer
+        return bool(trainer is not None and getattr(trainer, '_kv_initialized', False)
+                    and getattr(trainer, '_update_on_kvstore', False))
+
+    def must_sync_after_reset(self) -> bool:
+        """Whether the next reset needs a sync even where the hosts were only removed: the
+        store's optimizer states and weights are given back to it there."""
+        return '_carry' in self.__dict__
 
     def _write(self, number, snapshot):
         comm = self._comm()
@@ -157,11 +200,15 @@ class State(BaseState):
 
     def restore(self) -> None:
         """Go back to the last commit (in memory): parameters, optimizer states, extra
-        values and this rank's random states. Local: no rank waits for another."""
-        self._check_params_reach_store('restore')
+        values and this rank's random states. Local: no rank waits for another. With the
+        optimizer in the store (update_on_kvstore), its weights and states are given back
+        to it by the next :meth:`sync` (which ``run`` calls after each reset)."""
         saved = self._saved
         self._params.assign(saved['params'])
-        if saved['states'] is not None:
+        if self._store_optimizer():
+            self._carry = saved['states']
+            self._trainer._params_to_init = list(self._trainer._params)   # weights to the store
+        elif saved['states'] is not None:
             load_optimizer_states(self._trainer, self._params.module, saved['states'])
         self.extra.clear()
         self.extra.update(copy.deepcopy(saved['extra']))
@@ -169,33 +216,53 @@ class State(BaseState):
 
     def sync(self) -> None:
         """Every rank takes rank 0's parameters, optimizer states and extra values, which
-        become each rank's commit. Collective."""
+        become each rank's commit. Collective. A rank that joined a running world takes
+        them too; with the optimizer in the store, every rank gives the store rank 0's
+        weights (the trainer's broadcast of its parameters) and the states its reset lost."""
         comm = self._comm()
-        self._check_params_reach_store('sync')
-        states = optimizer_states(self._trainer, self._params.module)
+        root = comm.Get_rank() == 0
+        carried = '_carry' in self.__dict__
+        # a rank whose trainer never stepped (a newcomer) has none, and gathers nothing
+        states = (self.__dict__.pop('_carry') if carried
+                  else optimizer_states(self._trainer, self._params.module))
         payload = None
-        if comm.Get_rank() == 0:
-            payload = {'params': self._params.values(), 'states': states, 'extra': self.extra}
+        if root:
+            payload = {'params': self._params.values(), 'states': states, 'extra': self.extra,
+                       'trainer': _trainer_point(self._trainer)}
         payload = self._bcast_object(payload)
-        if comm.Get_rank() != 0:
+        self._ready_trainer(payload['trainer'])
+        if not root:
             self._params.assign(payload['params'])
-            if payload['states'] is not None:
-                load_optimizer_states(self._trainer, self._params.module, payload['states'])
             self.extra.clear()
             self.extra.update(payload['extra'])
+        if payload['states'] is not None and (not root or carried):
+            load_optimizer_states(self._trainer, self._params.module, payload['states'])
         self._saved = {'params': payload['params'], 'states': payload['states'],
                        'extra': copy.deepcopy(payload['extra']), 'rng': random_states()}
 
-    def _check_params_reach_store(self, what):
-        """With the optimizer in the store (update_on_kvstore), the store keeps its own copy
-        of the weights after the first step, which assigned parameters would not reach."""
+    def _ready_trainer(self, point):
+        """Bring every rank's trainer to rank 0's ``point`` (:func:`_trainer_point`) so
+        that no rank broadcasts its parameters alone at its next step. Before rank 0's
+        first step: every rank broadcasts at its next step, as rank 0's first step does.
+        After: the store is made where it was not (a newcomer), and the parameters are
+        broadcast now from rank 0 into a store that holds the weights (the optimizer in the
+        store), or left to this sync (the optimizer on the ranks)."""
         trainer = self._trainer
-        if (trainer is not None and getattr(trainer, '_kv_initialized', False)
-                and getattr(trainer, '_update_on_kvstore', False)):
-            raise RuntimeError('elastic.State.%s: the optimizer runs in the store '
-                               '(update_on_kvstore), whose copy of the weights a %s cannot '
-                               'reach: use update_on_kvstore=False (DistributedTrainer does)'
-                               % (what, what))
+        if point is None or trainer is None or not hasattr(trainer, '_init_kvstore'):
+            return
+        if not point['started']:
+            if trainer._kv_initialized:
+                trainer._params_to_init = list(trainer._params)
+            return
+        if not trainer._kv_initialized:
+            trainer._init_kvstore()
+            if trainer._update_on_kvstore:   # what rank 0's first step set, checked at each
+                trainer._optimizer.rescale_grad = point['rescale']
+        if trainer._kvstore is not None and trainer._update_on_kvstore:
+            trainer._params_to_init = list(trainer._params)
+            trainer._init_params()
+        else:
+            trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
 
     # -- restore from disk, at construction -----------------------------------------------
     def _restore_from_disk(self):

@@ -88,8 +88,10 @@ class MXNetState(_elastic.State):
     """A Gluon model's state kept across resets: the parameters (a ParameterDict or a
     Block), the trainer's optimizer states (the sharded ones too), and the keyword values as
     attributes (``state.epoch``). Commits live in memory, and on disk too under the
-    supervisor's ``--state-dir``. The optimizer must run on the ranks (DistributedTrainer,
-    or a Trainer with ``update_on_kvstore=False``) for a restore to reach the weights."""
+    supervisor's ``--state-dir``. The optimizer may run on the ranks (DistributedTrainer) or
+    in the store (a gluon.Trainer on the store, sharded or not): after a reset the store
+    gets back the weights and the states. A worker that joins takes rank 0's state at the
+    first sync, never the disk's."""
 
     def __init__(self, params: Any, trainer: Any = None, **kwargs: Any) -> None:
         basics._require_init()

@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .basics import NDArray, ProcessSet, _require_init, global_process_set, size
+from .basics import NDArray, ProcessSet, _require_init, global_process_set, size, store
 from .compression import Compression, _ours, _trainer_store
 from .ops import _scale, _set_root, _set_store, broadcast_
 
@@ -34,7 +34,9 @@ def broadcast_parameters(params: Mapping[str, Any], root_rank: int = 0,
     """Give every process ``root_rank``'s values: ``params`` is a ParameterDict or a dict of
     Parameters (Block.collect_params()), or a dict of NDArrays (Module.get_params()), broadcast
     in place in name order. A Parameter whose initialisation is deferred is broadcast when it
-    is initialised. ``prefix`` names the collectives of one call apart from another's."""
+    is initialised. ``prefix`` names the collectives of one call apart from another's.
+    Returns once the values arrived: a broadcast that failed (a peer lost) raises here, never
+    leaving NaN in the parameters for a later call to report."""
     _require_init()
     if prefix is not None and not isinstance(prefix, str):
         raise ValueError('broadcast_parameters: prefix must be a str or None, not %r'
@@ -58,6 +60,7 @@ def broadcast_parameters(params: Mapping[str, Any], root_rank: int = 0,
         else:
             raise ValueError('broadcast_parameters: %r is a %s, not a Parameter or an NDArray'
                              % (name, type(value).__name__))
+    store().wait()
 
 
 def _split_list(items, parts):

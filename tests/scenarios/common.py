@@ -121,3 +121,26 @@ def check_state_shares(kv):
                                      'expected %d' % (RANK, key, leaf.size, want))
         checked += 1
     return checked
+
+
+def elastic_net(dim=8, hidden=6):
+    """The elastic scenarios' Gluon model, alike on every worker: -> (net, its parameters)."""
+    import mxnet as mx
+    from mxnet import gluon
+    mx.random.seed(42)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(hidden, activation='tanh', in_units=dim),
+            gluon.nn.Dense(1, in_units=hidden))
+    net.initialize(mx.init.Uniform(0.5))
+    return net, net.collect_params()
+
+
+def elastic_batch(step, rank, size, dim=8, count=24):
+    """This rank's part of the elastic scenarios' global batch of step STEP (RandomState(900 +
+    step), a sine of a linear map), as (data, target) NDArrays; rank 0 of 1 gets it whole."""
+    import mxnet as mx
+    rng = np.random.RandomState(900 + step)
+    data = rng.uniform(-1, 1, (count, dim)).astype(np.float32)
+    target = np.sin(data @ np.linspace(-1, 1, dim)).astype(np.float32).reshape(-1, 1)
+    mine = np.array_split(np.arange(count), size)[rank]
+    return mx.nd.array(data[mine]), mx.nd.array(target[mine])

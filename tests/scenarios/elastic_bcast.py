@@ -21,7 +21,6 @@ import os
 import signal
 import threading
 
-import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
@@ -29,6 +28,8 @@ import mpi_kvstore.horovod as hvd
 from mpi_kvstore.comm.collective import Collective
 from mpi_kvstore.comm.host import Comm
 from mpi_kvstore.launch import rendezvous
+
+from common import elastic_batch, elastic_net
 
 DIM, HIDDEN, GLOBAL, LR, ROOT = 8, 6, 24, 0.2, 1
 
@@ -41,11 +42,7 @@ parser.add_argument('--kill-id', type=int, default=None)
 parser.add_argument('--kill-at', type=int, default=None)
 args = parser.parse_args()
 
-mx.random.seed(42)
-net = gluon.nn.HybridSequential()
-net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=DIM), gluon.nn.Dense(1, in_units=HIDDEN))
-net.initialize(mx.init.Uniform(0.5))
-params = net.collect_params()
+net, params = elastic_net(DIM, HIDDEN)
 
 hvd.init()
 trainer = hvd.DistributedTrainer(params, 'sgd', {'learning_rate': LR})
@@ -60,11 +57,7 @@ names = sorted(params.keys())
 
 
 def batch(step):
-    rng = np.random.RandomState(900 + step)
-    data = rng.uniform(-1, 1, (GLOBAL, DIM)).astype(np.float32)
-    target = np.sin(data @ np.linspace(-1, 1, DIM)).astype(np.float32).reshape(-1, 1)
-    mine = np.array_split(np.arange(GLOBAL), hvd.size())[hvd.rank()]
-    return mx.nd.array(data[mine]), mx.nd.array(target[mine])
+    return elastic_batch(step, hvd.rank(), hvd.size(), DIM, GLOBAL)
 
 
 def spoil():
@@ -75,10 +68,11 @@ def spoil():
 
 
 def collective(step):
-    if args.op == 'params':
+    if args.op == 'params':   # no wait: the call returns once the values arrived, or raises
         spoil()
         hvd.broadcast_parameters(params, root_rank=ROOT)
-    elif args.op == 'kv':
+        return
+    if args.op == 'kv':
         spoil()
         kv.broadcast(['bcast:' + name for name in names],
                      [params[name].data() for name in names], root=ROOT)

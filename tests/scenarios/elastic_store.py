@@ -22,7 +22,6 @@ import os
 import signal
 import time
 
-import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
@@ -30,6 +29,8 @@ import mpi_kvstore
 from mpi_kvstore import elastic
 from mpi_kvstore.elastic.world import World
 from mpi_kvstore.launch import rendezvous, supervision
+
+from common import elastic_batch, elastic_net
 
 DIM, HIDDEN, GLOBAL, LR = 8, 6, 24, 0.2
 
@@ -52,11 +53,7 @@ ELASTIC = bool(os.environ.get(rendezvous.DIR_ENV))
 if not ELASTIC and supervision.launch_index() > 0:
     args.kill_at = None
 
-mx.random.seed(42)
-net = gluon.nn.HybridSequential()
-net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=DIM), gluon.nn.Dense(1, in_units=HIDDEN))
-net.initialize(mx.init.Uniform(0.5))
-params = net.collect_params()
+net, params = elastic_net(DIM, HIDDEN)
 
 if args.api == 'hvd':
     import mpi_kvstore.horovod as hvd
@@ -100,11 +97,7 @@ loss_fn = gluon.loss.L2Loss()
 
 
 def batch(step):
-    rng = np.random.RandomState(900 + step)
-    data = rng.uniform(-1, 1, (GLOBAL, DIM)).astype(np.float32)
-    target = np.sin(data @ np.linspace(-1, 1, DIM)).astype(np.float32).reshape(-1, 1)
-    mine = np.array_split(np.arange(GLOBAL), size())[rank()]
-    return mx.nd.array(data[mine]), mx.nd.array(target[mine])
+    return elastic_batch(step, rank(), size(), DIM, GLOBAL)
 
 
 @wrap
