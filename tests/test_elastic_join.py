@@ -37,7 +37,8 @@ def reference(tmp_path, *script_args):
     return npz_arrays('%s.ref.npz' % out)
 
 
-@pytest.mark.parametrize('api,extra', [('hvd', ()), ('kvopt', ()), ('kvopt', ('--shard',))])
+@pytest.mark.parametrize('api,extra', [('hvd', ()), ('kv', ()), ('kvopt', ()),
+                                       ('kvopt', ('--shard',))])
 def test_a_newcomer_joins_a_job_training_through_the_store_then_a_worker_is_lost(
         tmp_path, api, extra, mpi_available):
     options = ('--min-np', 2, '--max-np', 3)
@@ -71,3 +72,28 @@ def test_a_newcomer_joins_a_job_training_through_the_store_then_a_worker_is_lost
         assert np.array_equal(mine, theirs)
         assert np.allclose(mine, single, rtol=1e-5, atol=1e-6), np.abs(mine - single).max()
         assert np.abs(single).max() > 1e-3
+
+
+def test_a_slot_dropped_from_a_job_with_sharded_states_in_the_store(tmp_path, mpi_available):
+    """localhost:3, then localhost:2, Adam in the store with its states sharded: worker 2
+    leaves at the next commit (hosts removed only: no rollback), the store rebuilt for 2 gets
+    back the weights and the states of that moment, cut for 2, and both end equal to one
+    process."""
+    job = Job(tmp_path, 'localhost:3\n', '--min-np', 2, script=SCRIPT,
+              script_args=('--api', 'kvopt', '--shard', '--steps', STEPS, '--step-seconds', 0.2))
+    job.wait_for(r'worker 0: step 2 done')
+    job.set_hosts('localhost:2\n')
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert 'worker 2 on localhost left the job' in out, out[-4000:]
+    found = re.search(r'worker 0: reset at step (\d+), rank 0 of 2', out)
+    assert found and int(found.group(1)) % 3 == 0, out[-4000:]
+    assert 'worker 1: reset at step %s, rank 1 of 2' % found.group(1) in out, out[-4000:]
+    for worker in (0, 1):
+        assert 'worker %d: sharded keys 3' % worker in out, out[-4000:]
+        assert 'worker %d: finished at rank %d of 2' % (worker, worker) in out, out[-4000:]
+    assert not (tmp_path / 'w.2.npz').exists()
+    survivors = [npz_arrays(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 1)]
+    for mine, theirs, single in zip(*survivors, reference(tmp_path, '--api', 'kvopt')):
+        assert np.array_equal(mine, theirs)
+        assert np.allclose(mine, single, rtol=1e-5, atol=1e-6), np.abs(mine - single).max()

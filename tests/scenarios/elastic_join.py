@@ -2,7 +2,8 @@
 a small Gluon model under ``python -m mpi_kvstore run --host-discovery-script S``.
 
 usage: elastic_join.py OUT --api hvd|kv|kvopt [--steps N] [--commit-every K] [--shard]
-                       [--wait-at S --wait-for N] [--kill-id I --kill-at S] [--reference]
+                       [--wait-at S --wait-for N] [--kill-id I --kill-at S]
+                       [--step-seconds T] [--reference]
 
 ``--api hvd``: hvd.init() forms (or joins) the world, hvd.DistributedTrainer averages the
 gradients (SGD with momentum on the ranks), hvd.elastic.run with hvd.elastic.MXNetState.
@@ -44,6 +45,7 @@ parser.add_argument('--wait-at', type=int, default=None)
 parser.add_argument('--wait-for', type=int, default=None)
 parser.add_argument('--kill-id', type=int, default=None)
 parser.add_argument('--kill-at', type=int, default=None)
+parser.add_argument('--step-seconds', type=float, default=0.0)
 parser.add_argument('--reference', action='store_true')
 args = parser.parse_args()
 logging.basicConfig(format='%(message)s')
@@ -127,6 +129,7 @@ def train(state):
         state.step = step + 1
         print('worker %d: step %d done (%d of %d)' % (worker, state.step, kv.rank,
                                                       kv.num_workers), flush=True)
+        time.sleep(args.step_seconds)
         if state.step % args.commit_every == 0:
             state.commit()
         while state.step == args.wait_at and kv.num_workers < args.wait_for:
