@@ -97,3 +97,20 @@ def test_a_slot_dropped_from_a_job_with_sharded_states_in_the_store(tmp_path, mp
     for mine, theirs, single in zip(*survivors, reference(tmp_path, '--api', 'kvopt')):
         assert np.array_equal(mine, theirs)
         assert np.allclose(mine, single, rtol=1e-5, atol=1e-6), np.abs(mine - single).max()
+
+
+def test_a_job_of_one_grows_to_two(tmp_path, mpi_available):
+    """One host, then two: hvd.DistributedTrainer made in a world of one exchanges from the
+    start, so the newcomer's gradients meet rank 0's; both end equal to one process."""
+    job = Job(tmp_path, '127.0.0.1:1\n', '--min-np', 1, '--max-np', 2, script=SCRIPT,
+              script_args=('--api', 'hvd', '--steps', STEPS, '--wait-at', 6, '--wait-for', 2))
+    job.wait_for(r'worker 0: step 2 done')
+    job.set_hosts('127.0.0.1:1\n127.0.0.2:1\n')
+    status, out = job.finish()
+    assert status == 0, out[-4000:]
+    assert 'worker 1: joined at rank 1 of 2' in out, out[-4000:]
+    assert 'worker 0: reset at step 6, rank 0 of 2' in out, out[-4000:]
+    survivors = [npz_arrays(tmp_path / ('w.%d.npz' % worker)) for worker in (0, 1)]
+    for mine, theirs, single in zip(*survivors, reference(tmp_path, '--api', 'hvd')):
+        assert np.array_equal(mine, theirs)
+        assert np.allclose(mine, single, rtol=1e-5, atol=1e-6), np.abs(mine - single).max()

@@ -10,7 +10,15 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .basics import NDArray, ProcessSet, _require_init, global_process_set, size, store
+from .basics import (
+    NDArray,
+    ProcessSet,
+    _require_init,
+    elastic_world,
+    global_process_set,
+    size,
+    store,
+)
 from .compression import Compression, _ours, _trainer_store
 from .ops import _scale, _set_root, _set_store, broadcast_
 
@@ -121,9 +129,11 @@ class DistributedTrainer(gluon.Trainer):
                              % (num_groups,))
         kv = _trainer_store(process_set, compression)
         self._custom = None if _ours(compression) else compression
+        # an elastic world of one may grow: its trainer exchanges from the start
+        exchange = kv.num_workers > 1 or elastic_world() is not None
         super().__init__(params, optimizer, optimizer_params,
-                         kvstore=kv if kv.num_workers > 1 else None,
-                         update_on_kvstore=False if kv.num_workers > 1 else None)
+                         kvstore=kv if exchange else None,
+                         update_on_kvstore=False if exchange else None)
         self._predivide = float(gradient_predivide_factor)
         self._scale *= self._predivide / kv.num_workers
         self._workers = kv.num_workers
