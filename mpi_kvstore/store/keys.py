@@ -153,7 +153,7 @@ class KeyTable:
 
     # -- validation: no state changes -------------------------------------------
     def validate(self, entries, what='value', need_weights=False, fresh=False,
-                 writes_values=False, needs_value=None):
+                 writes_values=False, needs_value=None, reduced_in_place=False):
         """Check a whole call against the known keys and against itself.
 
         ``needs_value``: the name of a call (push) whose keys must hold a value already, as
@@ -162,8 +162,10 @@ class KeyTable:
         A key may appear once per call, and an array the call writes (an out, or a
         value reduced in place when ``writes_values``) once: MXNet's engine cannot run
         an op that lists one array twice, and two results for one array are ambiguous.
+        ``reduced_in_place`` (pushpull): a value that is its own out is reduced where it is
+        (with zero_copy, and no optimizer in the store), so no two keys' may share memory.
         """
-        _check_once(entries, writes_values, writes_values and self._config.zero_copy
+        _check_once(entries, writes_values, reduced_in_place and self._config.zero_copy
                     and self.updater is None)
         for entry in entries:
             state = self._keys.get(entry.key)

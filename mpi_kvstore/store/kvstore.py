@@ -250,7 +250,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
             return
         entries = normalize(key, value, out)
         self._keys.validate(entries, need_weights=self._updater is not None,
-                            writes_values=True)
+                            writes_values=True, reduced_in_place=True)
         plans = [self._keys.plan(entry, True) for entry in entries]
         self._calls.remember('pushpull', key, value, out, plans, priority)
         self._exchange.run(plans, priority)
