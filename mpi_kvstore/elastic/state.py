@@ -20,6 +20,7 @@ import mxnet as mx
 
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous, supervision
+from ..store.job import settle_engine
 from . import disk
 from .base import BaseState
 from .exceptions import HostsUpdatedInterrupt
@@ -204,6 +205,12 @@ class State(BaseState):
         optimizer in the store (update_on_kvstore), its weights and states are given back
         to it by the next :meth:`sync` (which ``run`` calls after each reset)."""
         saved = self._saved
+        if self._store_optimizer():   # the store's last updates land before, not after
+            try:
+                self._trainer._kvstore.wait()
+            except Exception as err:   # what failed is the loss being answered
+                log.info('mpi_kvstore elastic: restore after %s', err)
+            settle_engine()
         self._params.assign(saved['params'])
         if self._store_optimizer():
             self._carry = saved['states']
