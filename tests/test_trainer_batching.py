@@ -3,7 +3,8 @@
 and as the Trainer's own updates, bitwise, and as one process on the whole batch, to float32
 tolerance, at 2 ranks; the Trainer's gradients hold the sums (reduced in place), and a user's
 own pushpull leaves its input as it was; a step's updates are one updater call (the 'optimizer' debug
-counter), which MXNet's SGD runs aggregate_num keys an operator."""
+counter), which MXNet's SGD runs aggregate_num keys an operator; from the second step on the
+Trainer's pushpulls take the prepared path (the 'fastpath' counter's hits)."""
 import pytest
 
 from mpi_harness import result, run_designs
@@ -11,6 +12,7 @@ from mpi_harness import result, run_designs
 # the scenario's model: 12 Dense layers, one frozen (22 keys trained), 3 steps; Module: 6
 # FullyConnected layers (12 keys)
 STEPS, GLUON_KEYS, MODULE_KEYS = 3, 22, 12
+OPTS = ('sgd', 'sgd_wd', 'adam', 'adam_wd')
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
@@ -22,6 +24,8 @@ def test_batched_updates_give_the_same_weights(design, designs):
     one_by_one = {'key': STEPS * GLUON_KEYS}
     for rank in result(out, name)['ranks']:
         counts = rank['counts']
+        for opt in OPTS:   # the prepared path from the second step on, optimizer set
+            assert counts['fastpath gluon ' + opt] == {'hit': (STEPS - 1) * GLUON_KEYS}
         for opt in ('sgd', 'sgd_wd'):
             assert counts['gluon ' + opt] == batches
             assert counts['gluon %s, aggregate_num 1' % opt] == one_by_one

@@ -62,6 +62,10 @@ class Exchange:
         """Allreduce each key, or with shard_optimizer reduce-scatter it, then let the
         optimizer unit deliver (update this rank's share and allgather the weights)."""
         self._optimizer.before(plans)
+        self._send(plans, priority)
+        self._optimizer.after(plans, priority)
+
+    def _send(self, plans, priority):
         average = self._config.average
         reqs = []
         for plan in plans:
@@ -72,23 +76,47 @@ class Exchange:
                                 place=plan.place, codec=self._codec_for(plan.state.dtype),
                                 shard=sharded))
         self._job.submit(reqs, priority)
-        self._optimizer.after(plans, priority)
 
     def replay(self, entry, priority):
         """A call found again (namecache.Replay): the prepared path where nothing it was
-        prepared for changed (no optimizer in the store, the same codec and priority):
-        requests made from their templates, with the engine's prepared call, staged and
-        delivered as :meth:`run` would. Anything else goes through :meth:`run`, and the
-        entry is prepared again for the next call."""
+        prepared for changed (the same codec and priority, and with the store's optimizer
+        no shard and the same arrays aimed at: keys.KeyTable.aim): requests made from
+        their templates, with the engine's prepared call, staged and delivered as
+        :meth:`run` would. Anything else goes the way of :meth:`run`, and the entry is
+        prepared again for the next call.
+
+        With the store's optimizer the optimizer unit runs before and after the
+        collectives exactly as in :meth:`run` (its batching, clipping and aim); only the
+        requests and the engine op are the prepared ones."""
         codec = self.codec
-        if entry.templates is None and self._keys.updater is None:
+        optimizer = self._keys.updater is not None
+        if optimizer:
+            if entry.sharded is None:
+                entry.sharded = any(plan.share is not None for plan in entry.plans)
+            if entry.sharded:   # reduce-scatter and allgather: not prepared
+                debug.count('fastpath', 'miss')
+                self.run(entry.plans, priority)
+                return
+            self._optimizer.before(entry.plans)
+            if entry.templates is not None and not all(
+                    plan.work is work for plan, work in zip(entry.plans, entry.works)):
+                entry.templates = None   # aimed elsewhere (another caller): prepared anew
+                debug.count('fastpath', 'miss')
+                self._send(entry.plans, priority)
+                self._prepare(entry, priority, codec)
+                self._optimizer.after(entry.plans, priority)
+                return
+        if entry.templates is None:
             self._prepare(entry, priority, codec)
         elif (entry.priority != priority or entry.codec is not codec
-              or self._keys.updater is not None
               or entry.prepared.owner is not self._job.design):
             debug.count('fastpath', 'miss')
-            self.run(entry.plans, priority)
-            if self._keys.updater is None:
+            if optimizer:
+                self._send(entry.plans, priority)
+                self._prepare(entry, priority, codec)
+                self._optimizer.after(entry.plans, priority)
+            else:
+                self.run(entry.plans, priority)
                 self._prepare(entry, priority, codec)
             return
         debug.count('fastpath', 'hit')
@@ -97,6 +125,9 @@ class Exchange:
         for plan in entry.staged:
             plan.stage()
         self._job.submit(reqs, priority)
+        if optimizer:
+            self._optimizer.after(entry.plans, priority)
+            return
         deliver = self._keys.deliver
         for plan in entry.staged:
             deliver(plan)
@@ -112,6 +143,7 @@ class Exchange:
                             0, r.nbytes, r.sig, r.place, 1, r.codec, False, r.in_place)
                            for r in reqs]
         entry.staged = [plan for plan in entry.plans if not plan.in_place]
+        entry.works = [plan.work for plan in entry.plans]
         entry.priority, entry.codec = priority, codec
         entry.prepared = Prepared([r.array for r in reqs if r.array is not None],
                                   self._job.design)

@@ -106,10 +106,11 @@ class Replay:
     its repeats reuse: ``plans``; the requests' constructor arguments (``templates``,
     made by the exchange at the first repeat) with the codec and priority they were made
     for; the plans that stage and deliver through a copy (``staged``); the engine's
-    prepared call (``prepared``)."""
+    prepared call (``prepared``); the arrays the collectives reduce (``works``: with the
+    store's optimizer, where keys.KeyTable.aim pointed them)."""
 
     __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'templates',
-                 'codec', 'priority', 'staged', 'prepared')
+                 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded')
 
     def __init__(self, forms, arrays, plans, value, out, priority):
         self.forms, self.arrays, self.plans = forms, arrays, plans
@@ -118,6 +119,7 @@ class Replay:
         single = forms[0] == -1 and forms[1] in (None, -1)
         self.value, self.out = (value, out) if single else (None, None)
         self.templates = self.codec = self.staged = self.prepared = None
+        self.works = self.sharded = None   # the arrays aimed at; whether a key is sharded
         self.priority = priority
 
     def matches(self, value, out):

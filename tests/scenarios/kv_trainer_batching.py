@@ -81,9 +81,10 @@ def gluon_run(opt, kv=None, **trainer_kw):
         weights.append([p.data().asnumpy() for p in params])
         grads.append([p.grad().asnumpy() for p in params if p.grad_req != 'null'])
     counts = debug.since(before, 'optimizer')
+    fast = debug.since(before, 'fastpath')
     if kv is not None and trainer._update_on_kvstore:
         own_pushpull(kv, trainer, params)
-    return (weights, grads), counts
+    return (weights, grads), counts, fast
 
 
 def own_pushpull(kv, trainer, params):
@@ -112,25 +113,32 @@ def own_pushpull(kv, trainer, params):
 
 def check_gluon(opt):
     trainable = 2 * LAYERS - 2
-    ref, _ = gluon_run(opt)
+    ref, _, _ = gluon_run(opt)
     kv = mpi_kvstore.create('dist_mpi', design=DESIGN)
-    batched, counts = gluon_run(opt, kv)
+    batched, counts, fast = gluon_run(opt, kv)
     if opt.startswith('sgd'):   # one updater call a step, of every key
         want = {'batch': STEPS}
     else:
         want = {'key': STEPS * trainable}
     assert counts == want, '%s: updates %s, expected %s' % (opt, counts, want)
     COUNTS['gluon ' + opt] = counts
+    # from the second step on, every pushpull of the Trainer's loop takes the prepared path
+    # (the store's optimizer set: namecache.Replay, exchange.Exchange.replay)
+    assert fast == {'hit': (STEPS - 1) * trainable}, fast
+    COUNTS['fastpath gluon ' + opt] = fast
     aggregation(1)    # SGD with aggregate_num 1: one key an update, as before batching
     try:
-        one_by_one, counts = gluon_run(opt, mpi_kvstore.create('dist_mpi', design=DESIGN))
+        one_by_one, counts, fast = gluon_run(opt, mpi_kvstore.create('dist_mpi',
+                                                                     design=DESIGN))
     finally:
         aggregation(None)
     assert counts == {'key': STEPS * trainable}, counts
     COUNTS['gluon %s, aggregate_num 1' % opt] = counts
-    local, counts = gluon_run(opt, mpi_kvstore.create('dist_mpi', design=DESIGN),
-                              update_on_kvstore=False)
+    assert fast == {'hit': (STEPS - 1) * trainable}, fast
+    local, counts, fast = gluon_run(opt, mpi_kvstore.create('dist_mpi', design=DESIGN),
+                                    update_on_kvstore=False)
     assert counts == {}, counts
+    assert fast == {'hit': (STEPS - 1) * trainable}, fast
     for step in range(STEPS):
         for i, value in enumerate(batched[0][step]):
             what = 'gluon %s step %d parameter %d' % (opt, step, i)
