@@ -1,6 +1,7 @@
 """The prepared path of repeated calls (store/exchange.Exchange.replay, the named allreduce's
 in store/collectives.py, engine/records.Prepared): in one process, a record taken again only
-once its op is done and cleared of what that op wrote, storage ids that tell views apart; and
+once its op is done and cleared of what that op wrote, storage ids that tell views apart, a
+call of lists of arrays (gluon.Trainer's) matched only on the very arrays in its form; and
 scenarios/kv_fastpath.py on every design at 2 and 3 ranks: bursts of mixed sizes, dtypes,
 priorities and APIs, repeated on the same arrays, sum as numpy does and take the prepared path
 from their second call; another array, dtype, shape, context or priority falls back; a
@@ -56,6 +57,31 @@ def test_storage_ids_tell_views_from_other_arrays():
     ids = {storage_of(a) for a in (x, x[2:4], x.reshape((2, 4)), x.detach())}
     assert len(ids) == 1 and None not in ids
     assert storage_of(y) not in ids
+
+
+def test_a_call_of_lists_of_arrays_matches_only_the_very_arrays_in_the_same_form():
+    import mxnet as mx
+
+    from mpi_kvstore.store.namecache import CallCache
+
+    calls = CallCache()
+    grad, other, weight = mx.nd.ones((3,)), mx.nd.ones((3,)), mx.nd.ones((3,))
+    # gluon.Trainer's form: pushpull(i, param.list_grad(), out=param.list_data())
+    calls.remember('pushpull', 1, [grad], [weight], ['plan'])
+    found = calls.find('pushpull', 1, [grad], [weight])
+    assert found is not None and found.plans == ['plan']
+    assert calls.find('pushpull', 1, (grad,), (weight,)) is found   # a tuple is the same form
+    for value, out in (([other], [weight]), ([grad], None), ([grad, grad], [weight]),
+                       ([grad], [[weight]]), ([grad], [weight, weight]), (grad, [weight]),
+                       ([grad], [other])):
+        assert calls.find('pushpull', 1, value, out) is None, (value, out)
+    calls.remember('pushpull', 2, [grad, other], None, ['two'])
+    assert calls.find('pushpull', 2, [grad, other], None).plans == ['two']
+    assert calls.find('pushpull', 2, [other, grad], None) is None
+    assert calls.find('pushpull', 2, [grad, other], [weight, weight]) is None
+    calls.remember('pushpull', 3, [[grad, other]], [weight], ['nested'])
+    assert calls.find('pushpull', 3, [[grad, other]], [weight]).plans == ['nested']
+    assert calls.find('pushpull', 3, [grad, other], [weight]) is None
 
 
 def check(out, design, nprocs):

@@ -109,7 +109,7 @@ class Replay:
     prepared call (``prepared``); the arrays the collectives reduce (``works``: with the
     store's optimizer, where keys.KeyTable.aim pointed them)."""
 
-    __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'templates',
+    __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'flat', 'templates',
                  'codec', 'priority', 'staged', 'prepared', 'works', 'sharded')
 
     def __init__(self, forms, arrays, plans, value, out, priority):
@@ -118,6 +118,10 @@ class Replay:
         # one NDArray each (out may be None): matched by identity alone; lists may change
         single = forms[0] == -1 and forms[1] in (None, -1)
         self.value, self.out = (value, out) if single else (None, None)
+        # lists (or tuples) of NDArrays alone: matched item by item, without flattening
+        self.flat = not single and all(
+            form is None or (form != -1 and all(item == -1 for item in form))
+            for form in forms)
         self.templates = self.codec = self.staged = self.prepared = None
         self.works = self.sharded = None   # the arrays aimed at; whether a key is sharded
         self.priority = priority
@@ -134,6 +138,18 @@ class Replay:
             return True
         if (out is None) != (self.forms[1] is None):
             return False
+        if self.flat:   # lists of arrays (gluon.Trainer's list_grad, list_data): no nesting
+            if type(value) not in (list, tuple) or len(value) != len(self.forms[0]):
+                return False
+            current = value
+            if out is not None:
+                if type(out) not in (list, tuple) or len(out) != len(self.forms[1]):
+                    return False
+                current = (*value, *out)
+            for arr, known, handle in zip(current, self.arrays, self.handles):
+                if arr is not known or arr.handle.value != handle:
+                    return False
+            return True
         value, out = _flatten(value), (None if out is None else _flatten(out))
         if (value is None or value[0] != self.forms[0]
                 or (out is not None and out[0] != self.forms[1])):
