@@ -33,6 +33,7 @@ import numpy as np
 
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous
+from . import leave
 from .exceptions import HorovodInternalError
 
 __all__ = ['World']
@@ -130,6 +131,7 @@ class World:
             if self.id not in order:
                 raise RuntimeError('mpi_kvstore elastic: this worker was announced lost')
             why = 'the loss of worker(s) %s' % sorted(self.lost_ids)
+            leave.without_finalize()   # MPI_Finalize could crash on the lost peer's endpoints
         else:
             order, why = list(self.ids), 'a reset'
             if notice is not None and notice['number'] > self.hosts_seen:
