@@ -38,7 +38,7 @@ from ..engine import core as engine
 from ..engine import layout, records
 from . import autotune, schedule
 from .base import Design, native_view
-from .repeat import Repeat
+from .repeat import REQUEST_BYTES, Repeat
 
 __all__ = ['Negotiated', 'tighten_timer_slack', 'TIMER_SLACK_NS']
 
@@ -94,8 +94,12 @@ class Negotiated(Design):
         self.tuner = autotune.Tuner(self.config, self.rank, self.size, table,
                                     config.poll_us) if config.autotune else None
         # a repeated small round's data beside its agreement (repeat.py); not under autotune,
-        # whose switches between rounds it would have to follow, nor the timeline's events
-        self.repeat = (Repeat(self.size, config.poll_us)
+        # whose switches between rounds it would have to follow, nor the timeline's events;
+        # a request that partition_bytes cuts in pieces goes through the queue, never a bet
+        bet_bound = REQUEST_BYTES
+        if isinstance(config.partition_bytes, int) and config.partition_bytes > 0:
+            bet_bound = min(bet_bound, config.partition_bytes)
+        self.repeat = (Repeat(self.size, config.poll_us, request_bytes=bet_bound)
                        if self.size > 1 and self.tuner is None and not timeline else None)
         self._join_done = threading.Event()
         self._last_joined = None
