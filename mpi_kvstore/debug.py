@@ -21,9 +21,11 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # through a copy ('staged'); optimizer: the store's optimizer run on one key ('key') or on a
 # batch of keys in one updater call ('batch'); repeat: negotiated rounds whose data went
 # beside their agreement ('won') and bets the round did not repeat ('lost', designs/repeat.py);
-# fastpath: repeated calls that took their prepared path ('hit') or today's ('miss').
+# fastpath: repeated calls that took their prepared path ('hit') or today's ('miss'); loop:
+# calls of MXNet's per-key loops whose collectives waited for the loop's next ('held'), and
+# the submits that sent a loop's collectives together ('submit', store/optimizer.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
-         'optimizer', 'repeat', 'fastpath')
+         'optimizer', 'repeat', 'fastpath', 'loop')
 
 _counts = collections.Counter()
 
