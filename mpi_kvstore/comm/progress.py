@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba import types
 
-from . import ccall
+from . import abandoned, ccall
 from .mpiabi import MPI, c_api
 
 __all__ = ['wait_polling', 'prepare', 'poll', 'set_abort_check', 'PROGRESS_TESTS', 'SPIN_TESTS',
@@ -127,4 +127,8 @@ def wait_polling(request, poll_us, tests=1):
         if err != -_PENDING:
             raise MPI.Exception(err)
         if _abort[0] is not None:
-            _abort[0]()
+            try:
+                _abort[0]()
+            except BaseException:
+                abandoned.keep(request)   # MPI may still write into its buffers
+                raise

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..comm import abandoned
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous
 from . import leave
@@ -132,6 +133,7 @@ class World:
                 raise RuntimeError('mpi_kvstore elastic: this worker was announced lost')
             why = 'the loss of worker(s) %s' % sorted(self.lost_ids)
             leave.without_finalize()   # MPI_Finalize could crash on the lost peer's endpoints
+            abandoned.keep(self.comm)   # never freed, not even by mpi4py's garbage collection
         else:
             order, why = list(self.ids), 'a reset'
             if notice is not None and notice['number'] > self.hosts_seen:
@@ -283,6 +285,7 @@ class World:
             answered, reply = request.test()
         if not answered:
             request.Cancel()
+            abandoned.keep(request)   # a cancelled receive is still MPI's until it completes
         reply = reply if answered and isinstance(reply, dict) else {}
         verdict = REFUSED
         if reply.get('id') == admit and rendezvous.verify(self.secret, reply.get('mac'),
@@ -351,11 +354,15 @@ class World:
         self._look()
         while not request.Test():
             self._look()
+            failed = None
             if self.lost_ids:
-                raise HorovodInternalError('%s: worker(s) %s lost (the launcher says so)'
-                                           % (what, sorted(self.lost_ids)))
-            if time.monotonic() > ends:
-                raise HorovodInternalError('%s: no answer in %g s' % (what, self.deadline))
+                failed = '%s: worker(s) %s lost (the launcher says so)' % (
+                    what, sorted(self.lost_ids))
+            elif time.monotonic() > ends:
+                failed = '%s: no answer in %g s' % (what, self.deadline)
+            if failed:
+                abandoned.keep(request)   # MPI may still write into its buffers
+                raise HorovodInternalError(failed)
             time.sleep(POLL)
 
     def _bcast(self, obj, deadline):

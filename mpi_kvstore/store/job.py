@@ -23,7 +23,7 @@ import weakref
 import mxnet as mx
 from mxnet.base import MXNetError
 
-from ..comm import progress
+from ..comm import abandoned, progress
 from ..designs.base import new_comm
 from ..engine import core as engine
 from ..errors import MPIKVStoreError
@@ -152,6 +152,8 @@ class Job:
         self.errors.record_error('the world', err)
         old, self.design = self.design, _Lost(self.design, err, self.errors)
         self._ended = old
+        # the lost world's collectives stay MPI's: keep what owns their memory
+        abandoned.keep(old, *self.pending)
         self._drainer = threading.Thread(target=self._drain, args=(old, err),
                                          name='mpi_kvstore-drain', daemon=True)
         self._drainer.start()
