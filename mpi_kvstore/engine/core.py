@@ -36,10 +36,16 @@ CPU_PRIORITIZED = 3
 # pushing thread (ThreadedEnginePerDevice::PushToExecute); otherwise it queues
 # on the normal CPU worker. Only for ops that return at once and never block.
 ASYNC = 4
+# kNoSkip: the engine runs such an op even where an earlier op's error sits on its arrays
+# (any other op is skipped and passes that error on, leaving its outputs as they were).
+NO_SKIP = 7
 _CPU = 1
 
 _ASYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 _ENGINE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+# The same, called with the GIL held (a native op's completion, see Completion.native).
+_ENGINE_CALLBACK_HELD = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_void_p)
 
 
 class _CallbackOnComplete(ctypes.Structure):
@@ -64,7 +70,7 @@ _push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_v
 _push_async_released = bind('MXEnginePushAsyncND', *_push_async.argtypes, release_gil=True)
 
 _cpu_context = _Context(_CPU, 0)
-_properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC)}
+_properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC, NO_SKIP)}
 _CPU_CONTEXT = ctypes.addressof(_cpu_context)
 _PROPERTY_ADDRESSES = {prop: ctypes.addressof(value) for prop, value in _properties.items()}
 
@@ -73,7 +79,7 @@ class _State:
     """What this process keeps about the engine, all of it here (one instance, ``_state``)."""
 
     __slots__ = ('live', 'ids', 'active', 'active_lock', 'naive', 'raised', 'callbacks',
-                 'entries', 'native_fns', 'names', 'kept')
+                 'held_callbacks', 'entries', 'native_fns', 'names', 'kept')
 
     def __init__(self):
         self.live = {}                 # op id -> _Op, until the engine runs it
@@ -86,6 +92,7 @@ class _State:
         # (the store's own next collective too): consume_raised() reads it off.
         self.raised = collections.deque()
         self.callbacks = {}            # engine callback address -> ctypes function
+        self.held_callbacks = {}       # the same, called with the GIL held (native ops')
         self.entries = []              # python_entry's ctypes thunks, alive for the process
         self.native_fns = {}           # C function address -> its ctypes function
         self.names = {}                # op name -> its bytes
@@ -134,7 +141,6 @@ class _EngineError:
             cls._dtor(ctypes.addressof(obj))
 
 
-_NativeRecord = collections.namedtuple('_NativeRecord', 'callback engine param')
 
 
 class Completion:
@@ -154,8 +160,24 @@ class Completion:
 
     @classmethod
     def native(cls, callback, engine, param, arrays):
-        """The completion of a native op, from the record it copied (see native.py)."""
-        return cls(_NativeRecord(callback, engine, param), False, arrays)
+        """The completion of a native op, from the record it copied (see native.py).
+
+        Its callback is called with the GIL held, as libmxnet's quick calls are
+        (libmxnet.py): the engine's completion only updates its variables and queues the
+        ops they release (never runs one inline: only a pusher thread does), so it takes
+        engine locks under the GIL, the order every push already takes them in. Given up
+        and taken back, the GIL cost more than the call on the negotiation thread, once
+        per op: behind a user's thread issuing calls it waited for the switch interval."""
+        self = cls.__new__(cls)
+        fn = _state.held_callbacks.get(callback)
+        if fn is None:
+            fn = _state.held_callbacks.setdefault(callback, _ENGINE_CALLBACK_HELD(callback))
+        self._fn, self._engine, self._param = fn, engine, param
+        self._lock = threading.Lock()
+        self._done = False
+        self._event = None
+        self.arrays = arrays
+        return self
 
     def done(self, error=None):
         """Complete the op; with ``error`` (a message), readers of its outputs raise it.
@@ -328,7 +350,7 @@ def _handles(arrays):
 
 
 def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=None,
-         inline_when_ready=False):
+         inline_when_ready=False, always=False):
     """Push ``run(completion)`` as an async engine op on the CPU priority queue
     (kCPUPrioritized: the engine runs ready ops by ``priority``).
 
@@ -336,8 +358,11 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
     which saves waking an engine worker, ~100 us on a VM; otherwise it queues, in
     push order, on the normal CPU worker. Only for a ``run`` that returns at once: it
     would otherwise block the caller, or the compute worker.
+    ``always``: run it even where an earlier op failed on its arrays (kNoSkip, the normal
+    CPU worker).
     """
-    prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
+    prop = _PROPERTY_ADDRESSES[NO_SKIP if always else ASYNC if inline_when_ready
+                               else CPU_PRIORITIZED]
     const, mutable = list(const), list(mutable)
     op_id = next(_state.ids)
     _state.live[op_id] = _Op(run, on_error or _log_error, (const, mutable))

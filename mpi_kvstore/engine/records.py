@@ -148,11 +148,11 @@ class NativeOp:
         """(address, DLPack device type, device id) of array ``i``, as taken inside the op;
         None if the op could not read it."""
         slot = L.HEADER + L.SLOT * i
-        if not self.record[slot + L.A_MANAGED]:   # MXNDArrayToDLPack gave no tensor
+        item = self.record.item   # a Python int at once: read once per op on every call
+        if not item(slot + L.A_MANAGED):   # MXNDArrayToDLPack gave no tensor
             return None
-        device = int(self.record[slot + L.A_DEVICE])
-        address = int(self.record[slot + L.A_DATA]) + int(self.record[slot + L.A_OFFSET])
-        return address, device & 0xffffffff, device >> 32
+        device = item(slot + L.A_DEVICE)
+        return item(slot + L.A_DATA) + item(slot + L.A_OFFSET), device & 0xffffffff, device >> 32
 
 
 class Prepared:

@@ -135,6 +135,13 @@ def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = 
     """Horovod's in-place allreduce: ``postscale * op(prescale * tensor)`` over the set's
     processes; op defaults to Average. Returns ``tensor``. ``priority`` is accepted: these
     collectives run in call order."""
+    if (op is None or (op.__class__ is int and (op == Sum or op == Average))) \
+            and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+        # a repeated call: the store's prepared path, checked in one function
+        kv = getattr(process_set, '_store', None)
+        if kv is not None and kv.collectives.again(name or 'hvd.allreduce', tensor,
+                                                   op != Sum):
+            return tensor
     op = _op_of(op, average, 'allreduce_')
     _allreduce_inplace([tensor], op, [name or 'hvd.allreduce'], prescale_factor,
                        postscale_factor, process_set, 'allreduce_')
