@@ -23,8 +23,8 @@ from numba import types
 from . import abandoned, ccall
 from .mpiabi import MPI, c_api
 
-__all__ = ['wait_polling', 'prepare', 'poll', 'set_abort_check', 'PROGRESS_TESTS', 'SPIN_TESTS',
-           'AGREEMENT_POLL_US']
+__all__ = ['wait_polling', 'prepare', 'poll', 'spin', 'set_abort_check', 'PROGRESS_TESTS',
+           'SPIN_TESTS', 'AGREEMENT_POLL_US']
 
 # MPI_Test calls per wake-up: MPICH moves a bounded amount of data per Test, so one Test
 # per sleep throttles a large allreduce; a few in a row drain what arrived meanwhile.
@@ -43,6 +43,10 @@ _ABORT_SLICE_US = 10_000
 
 _call_test = ccall.caller(32, (64, 64, 64))         # MPI_Test(request*, flag*, status*)
 _call_usleep = ccall.caller(32, (32,))              # usleep(us)
+_call_clock = ccall.caller(32, (32, 64))            # clock_gettime(clock, timespec*)
+_CLOCK_MONOTONIC = 1                                # Linux's clockid_t
+# MPI_Test calls between two looks at the clock while spinning
+_SPIN_BATCH = 16
 _i64 = ccall.typed_pointer(types.int64)
 
 
@@ -72,22 +76,49 @@ def poll(test_fn, usleep_fn, request, box, poll_us, tests, slice_us):
         n = tests
 
 
+@numba.njit
+def spin(test_fn, clock_fn, request, box, spin_ns):
+    """MPI_Test(``request``) in a row, without sleeping, for up to ``spin_ns`` nanoseconds
+    of the monotonic clock (``clock_fn``: clock_gettime): -> 0 once it completes, MPI_Test's
+    error, or -_PENDING when the time ran out. ``box``: 10 int64 words of scratch, poll's 8
+    and a timespec."""
+    flag = numba.carray(_i64(box), 10)
+    _call_clock(clock_fn, (_CLOCK_MONOTONIC, box + 64))
+    end = flag[8] * 1_000_000_000 + flag[9] + spin_ns
+    while True:
+        for _ in range(_SPIN_BATCH):
+            flag[0] = 0
+            err = _call_test(test_fn, (request, box, box + 8))
+            if err != 0:
+                return err
+            if flag[0] & 0xffffffff:
+                return 0
+        _call_clock(clock_fn, (_CLOCK_MONOTONIC, box + 64))
+        if flag[8] * 1_000_000_000 + flag[9] >= end:
+            return -_PENDING
+
+
 def _entry(key):
     """The wait that Python calls, released from the GIL: a closure over ``key`` (this
     file's and ccall's source), which numba's on-disk cache keys it by, as native.py's
     entry points are keyed (numba keys a function by its own file only)."""
-    def wait(test_fn, usleep_fn, request, poll_us, tests, slice_us):
+    def wait(test_fn, usleep_fn, clock_fn, request, poll_us, tests, slice_us, spin_ns):
         _ = key
-        box = np.zeros(8, np.int64)
+        box = np.zeros(10, np.int64)
+        if spin_ns > 0:
+            err = spin(test_fn, clock_fn, request, box.ctypes.data, spin_ns)
+            if err != -_PENDING:
+                return err
         return poll(test_fn, usleep_fn, request, box.ctypes.data, poll_us, tests, slice_us)
     return wait
 
 
-# (MPI_Test, usleep, the request's handle address, poll_us, tests, slice_us) -> 0, MPI's
-# error or -_PENDING; typed, so that prepare() compiles (or loads) it there and then.
-_SIGNATURE = types.int64(*[types.int64] * 6)
+# (MPI_Test, usleep, clock_gettime, the request's handle address, poll_us, tests, slice_us,
+# spin_ns) -> 0, MPI's error or -_PENDING; typed, so that prepare() compiles (or loads) it
+# there and then.
+_SIGNATURE = types.int64(*[types.int64] * 8)
 _lock = threading.Lock()
-_compiled = []     # [(the compiled wait, MPI_Test's address, usleep's address)], once
+_compiled = []     # [(the compiled wait, MPI_Test's, usleep's, clock_gettime's address)], once
 
 
 def _waiter():
@@ -96,8 +127,10 @@ def _waiter():
             if not _compiled:
                 key = ccall.source_key((__file__, ccall.__file__))
                 fn = numba.njit(_SIGNATURE, nogil=True, cache=True)(_entry(key))
-                usleep = ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p).value
-                _compiled.append((fn, c_api().test, usleep))
+                libc = ctypes.CDLL(None)
+                usleep = ctypes.cast(libc.usleep, ctypes.c_void_p).value
+                clock = ctypes.cast(libc.clock_gettime, ctypes.c_void_p).value
+                _compiled.append((fn, c_api().test, usleep, clock))
     return _compiled[0]
 
 
@@ -113,15 +146,18 @@ def set_abort_check(check):
     _abort[:] = [check, _SLICE_US if check is None else _ABORT_SLICE_US]
 
 
-def wait_polling(request, poll_us, tests=1):
-    """Wait for the mpi4py ``request`` without the GIL: MPI_Test in compiled code,
-    SPIN_TESTS times, then after sleeps of at most ``poll_us`` microseconds, ``tests``
-    times a wake-up. Raises MPI.Exception where MPI_Test fails."""
-    fn, test, usleep = _waiter()
+def wait_polling(request, poll_us, tests=1, spin_us=0):
+    """Wait for the mpi4py ``request`` without the GIL: MPI_Test in compiled code, in a row
+    for up to ``spin_us`` microseconds (at least SPIN_TESTS times), then after sleeps of at
+    most ``poll_us`` microseconds, ``tests`` times a wake-up. Raises MPI.Exception where
+    MPI_Test fails."""
+    fn, test, usleep, clock = _waiter()
     address = MPI._addressof(request)
     poll_us = max(1, int(poll_us))
+    spin_ns = int(spin_us * 1000)
     while True:
-        err = fn(test, usleep, address, poll_us, tests, _abort[1])
+        err = fn(test, usleep, clock, address, poll_us, tests, _abort[1], spin_ns)
+        spin_ns = 0     # the spin only before the first sleep
         if err == 0:
             return
         if err != -_PENDING:

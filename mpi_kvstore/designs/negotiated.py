@@ -27,6 +27,7 @@ import ctypes
 import functools
 import logging
 import threading
+import time
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from ..engine import layout, records
 from . import autotune, schedule
 from .base import Design, native_view
 from .repeat import REQUEST_BYTES, Repeat
+from .spin import Spin, spin_of
 
 __all__ = ['Negotiated', 'tighten_timer_slack', 'TIMER_SLACK_NS']
 
@@ -89,6 +91,7 @@ class Negotiated(Design):
         # agreed, not yet run: large ones cut in pieces, taken by priority up to a credit;
         # the sizes are this design's knobs, which autotune switches (_retune)
         self._knobs = schedule.Knobs(config.partition_bytes, config.credit_bytes)
+        self.spin = Spin(spin_of(self.config, self.size))   # the agreement's wait (above)
         self._queue = schedule.Queue(self._knobs, self.size)
         # autotune: searches the schedule on this job's steps, switching between rounds
         self.tuner = autotune.Tuner(self.config, self.rank, self.size, table,
@@ -99,7 +102,8 @@ class Negotiated(Design):
         bet_bound = REQUEST_BYTES
         if isinstance(config.partition_bytes, int) and config.partition_bytes > 0:
             bet_bound = min(bet_bound, config.partition_bytes)
-        self.repeat = (Repeat(self.size, config.poll_us, request_bytes=bet_bound)
+        self.repeat = (Repeat(self.size, config.poll_us, request_bytes=bet_bound,
+                              spin=lambda: self.spin.us(time.monotonic()))
                        if self.size > 1 and self.tuner is None and not timeline else None)
         self._join_done = threading.Event()
         self._last_joined = None
@@ -244,8 +248,13 @@ class Negotiated(Design):
                 ran = {r.seq for r in delivered}
                 agreed = [r for r in agreed if r.seq not in ran]
             if agreed or not delivered:
+                _complete(delivered)   # their readers go on while the rest runs
                 self._queue.add(agreed)
                 self.dispatch(self._queue.take())
+            else:
+                # Completed last: a caller waiting for them wakes wanting the GIL, which this
+                # thread holds until it blocks, so the bookkeeping above went first.
+                _complete(delivered)
 
     def _offer(self):
         """The ready requests of the window, after taking up the native ops that ran."""
@@ -265,7 +274,13 @@ class Negotiated(Design):
         started = self._control.start_min(msg)
         if repeat is not None:
             repeat.start(self._control.mpi, offer, base)
-        wait_polling(started, self.config.poll_us)
+        spin = self.spin
+        if spin.top:
+            began = time.monotonic()
+            wait_polling(started, self.config.poll_us, spin_us=spin.us(began))
+            spin.waited(time.monotonic() - began)
+        else:
+            wait_polling(started, self.config.poll_us)
         if repeat is not None:
             repeat.wait()
         head = agreement.read_header(msg)
@@ -276,7 +291,7 @@ class Negotiated(Design):
         agreed, bad = agreement.window_result(
             msg, None if self.joined else [s - base for s in offer])
         delivered = (None if repeat is None
-                     else repeat.settle(msg, agreed, bad, offer, base, queued))
+                     else repeat.settle(msg, agreed, bad, offer, base, queued, complete=False))
         if delivered:
             return [offer[base + i] for i in agreed], [], delivered
         seqs = [base + i for i in agreed + bad]
@@ -311,6 +326,7 @@ class Negotiated(Design):
         self._knobs.switch(self.config.partition_bytes, self.config.credit_bytes)
         if 'progress_sleep_us' in values:
             self.set_progress(self.config.progress_sleep_us)
+            self.spin.set_top(spin_of(self.config, self.size))
 
     @abc.abstractmethod
     def set_progress(self, sleep_us):
@@ -325,6 +341,11 @@ class Negotiated(Design):
             return
         self._control.free()
         self._waker.close()
+
+
+def _complete(reqs):
+    for req in reqs or ():
+        req.complete()
 
 
 def _countdown(reqs, completion):

@@ -63,10 +63,13 @@ HISTORY = 256
 
 class Repeat:
     """The bet of one negotiation thread (:class:`negotiated.Negotiated`), over ``size``
-    ranks; ``poll_us``: how its waits poll (progress.wait_polling)."""
+    ranks; ``poll_us``: how its waits poll, ``spin()``: how long they first spin, in
+    microseconds (progress.wait_polling)."""
 
-    def __init__(self, size, poll_us, max_bytes=MAX_BYTES, request_bytes=REQUEST_BYTES):
+    def __init__(self, size, poll_us, max_bytes=MAX_BYTES, request_bytes=REQUEST_BYTES,
+                 spin=lambda: 0):
         self._size, self._poll_us, self._max_bytes = size, poll_us, max_bytes
+        self._spin = spin
         self._request_bytes = request_bytes
         self._history = {}     # (slots, sigs) of a round -> (slots, sigs, bet) of the next
         self._last = None      # (slots, sigs) of the last round, where it was clean
@@ -142,12 +145,13 @@ class Repeat:
         """After the MIN: wait for the bet's SUM, if one was started."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            wait_polling(pending, self._poll_us)
+            wait_polling(pending, self._poll_us, spin_us=self._spin())
 
-    def settle(self, msg, agreed, bad, offer, base, queued):
+    def settle(self, msg, agreed, bad, offer, base, queued, complete=True):
         """After the round's MIN (``msg``) and the bet's SUM: -> the requests the bet
-        delivered and completed (some or all of the round's agreed ones), or None where it
-        did not pay. Then arm the next round's bet from the history."""
+        delivered (some or all of the round's agreed ones), or None where it did not pay;
+        completed here unless ``complete`` is False (then the caller completes them). Then
+        arm the next round's bet from the history."""
         head = agreement.read_header(msg)
         clean = not bad and not head.someone_joined and not queued and bool(agreed)
         now = None
@@ -175,7 +179,8 @@ class Repeat:
             at += count
             if req.average and not every:
                 _average(view, self._size)
-            req.complete()
+            if complete:
+                req.complete()
         return reqs
 
     def _learn(self, now, offer, base):
