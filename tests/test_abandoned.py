@@ -43,7 +43,7 @@ def _world():
 def test_a_world_wait_past_its_deadline_keeps_the_request_and_its_buffer():
     before = abandoned.count()
     request, buf = _pending_receive()
-    with pytest.raises(HorovodInternalError, match='no answer in 0.05 s'):
+    with pytest.raises(HorovodInternalError, match=r'no answer in 0\.05 s'):
         _world()._wait(request, 'allreduce')
     del request
     gc.collect()

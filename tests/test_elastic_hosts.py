@@ -28,20 +28,42 @@ TIMEOUT = 240
 class Job:
     """The supervisor in the background, its output in a file, its hosts in another."""
 
+    timeout = TIMEOUT
+
     def __init__(self, tmp_path, hosts, *options, script_args=(), script=SCRIPT):
         self.tmp_path, self.hosts = tmp_path, tmp_path / 'hosts'
         self.set_hosts(hosts)
         self.run_id = uuid.uuid4().hex
         env = dict(os.environ, OMP_NUM_THREADS='1', MPI_HARNESS_RUN_ID=self.run_id,
                    PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-        argv = [sys.executable, '-m', 'mpi_kvstore', 'run', '--host-discovery-script',
-                'cat %s' % self.hosts, *[str(o) for o in options], '--', sys.executable,
-                script, str(tmp_path / 'w'), *[str(a) for a in script_args]]
+        argv = self.command([
+            sys.executable, '-m', 'mpi_kvstore', 'run', '--host-discovery-script',
+            'cat %s' % self.hosts, *[str(o) for o in options], '--', sys.executable, script,
+            str(tmp_path / 'w'), *[str(a) for a in script_args]])
         self.log_path = tmp_path / 'log'
         self.log = open(self.log_path, 'wb')
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=REPO_ROOT, start_new_session=True)
+        self.proc = self.start(argv, env)
+
+    def command(self, argv):
+        """The argv that runs the supervisor: here, ``argv`` itself."""
+        return argv
+
+    def start(self, argv, env):
+        return subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                cwd=REPO_ROOT, start_new_session=True)
+
+    def left(self):
+        """Seconds left of the job's timeout (at least 1)."""
+        return max(self.timeout - (time.monotonic() - self.started), 1)
+
+    def stop(self):
+        """Wait for the job, killing it past the timeout; its status."""
+        try:
+            return self.proc.wait(timeout=self.left())
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
 
     def output(self):
         return self.log_path.read_text(errors='replace')
@@ -55,7 +77,7 @@ class Job:
 
     def wait_for(self, pattern):
         while not re.search(pattern, self.output()):
-            if self.proc.poll() is not None or time.monotonic() - self.started > TIMEOUT:
+            if self.proc.poll() is not None or time.monotonic() - self.started > self.timeout:
                 self.finish()
                 pytest.fail('no %r in the output:\n%s' % (pattern, self.output()[-4000:]))
             time.sleep(0.05)
@@ -63,13 +85,10 @@ class Job:
     def finish(self):
         """Wait for the job (killing it past the timeout); (status, output)."""
         try:
-            status = self.proc.wait(timeout=max(TIMEOUT - (time.monotonic() - self.started), 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            status = self.proc.wait()
+            status = self.stop()
         finally:
             self.log.close()
-        left = kill_leftovers(self.run_id)
+            left = kill_leftovers(self.run_id)
         out = self.output()
         assert left == 0, 'processes outlived the job\n' + out[-3000:]
         return status, out

@@ -20,15 +20,15 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
+import test_elastic_hosts
 from test_elastic_hosts import assert_equal_and_right, steps_of
 
 import testbed
 from mpi_kvstore.launch import processes, rendezvous
 
-from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers
+from mpi_harness import REPO_ROOT, SCENARIOS_DIR
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 pytestmark = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
@@ -46,56 +46,24 @@ def hosts():
     assert testbed.artifacts(test_hosts.prefix or '') == []
 
 
-class Job:
-    """The supervisor on h0 in the background, its output in a file, its hosts in another."""
+class Job(test_elastic_hosts.Job):
+    """test_elastic_hosts' job, its supervisor on h0 with the test bed's hydra as launcher."""
 
     def __init__(self, hosts, tmp_path, listed, *options, script_args=()):
-        self.tmp_path, self.hosts_file = tmp_path, tmp_path / 'hosts'
-        self.set_hosts(listed)
-        self.run_id = uuid.uuid4().hex
-        env = dict(os.environ, OMP_NUM_THREADS='1', **{HARNESS_VAR: self.run_id},
-                   PYTHONPATH=os.pathsep.join([REPO_ROOT, SCENARIOS_DIR]))
-        argv = hosts.exec_argv('h0', [
-            sys.executable, '-m', 'mpi_kvstore', 'run', '--launcher',
-            ' '.join(hosts.hydra_argv()), '--host-discovery-script', 'cat %s' % self.hosts_file,
-            *[str(o) for o in options], '--', sys.executable, SCRIPT, str(tmp_path / 'w'),
-            *[str(a) for a in script_args]])
-        self.log_path = tmp_path / 'log'
-        self.log = open(self.log_path, 'wb')
-        self.started = time.monotonic()
-        self.proc = processes.start_group(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+        self.test_hosts = hosts
+        super().__init__(tmp_path, listed, '--launcher', ' '.join(hosts.hydra_argv()),
+                         *options, script_args=script_args, script=SCRIPT)
 
-    def output(self):
-        return self.log_path.read_text(errors='replace')
+    def command(self, argv):
+        return self.test_hosts.exec_argv('h0', argv)
 
-    def set_hosts(self, text):
-        tmp = self.tmp_path / 'hosts.tmp'
-        tmp.write_text(text)
-        os.replace(tmp, self.hosts_file)
+    def start(self, argv, env):
+        return processes.start_group(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
 
-    def wait_for(self, pattern):
-        while not re.search(pattern, self.output()):
-            if self.proc.poll() is not None or time.monotonic() - self.started > TIMEOUT:
-                self.finish()
-                pytest.fail('no %r in the output:\n%s' % (pattern, self.output()[-4000:]))
-            time.sleep(0.05)
-
-    def finish(self):
-        """Wait for the job (its group killed past the timeout); (status, output)."""
-        try:
-            status, _ = processes.wait_or_stop(
-                self.proc, max(TIMEOUT - (time.monotonic() - self.started), 1), 2.0)
-        finally:
-            self.log.close()
-            left = kill_leftovers(self.run_id)
-        out = self.output()
-        assert left == 0, 'processes outlived the job\n' + out[-3000:]
-        return status, out
-
-    def weights(self, worker):
-        import numpy as np
-        return np.load(self.tmp_path / ('w.%d.npy' % worker))
+    def stop(self):
+        status, _ = processes.wait_or_stop(self.proc, self.left(), 2.0)
+        return status
 
     def worker_pid(self, worker):
         """The pid of worker ``worker``'s Python process (not its mpiexec or hydra proxy)."""
@@ -165,12 +133,6 @@ def test_a_host_the_script_removes_leaves_at_the_next_commit(hosts, tmp_path, mp
 # while the world re-forms after a SIGKILLed peer (2 runs in about 16 of these two tests; the
 # job then recovers from that second loss, but not as these tests expect). Until that crash is
 # understood they run only on request, so that the suite reports only what the project decides.
-KILLS = os.environ.get('MPI_KVSTORE_TESTBED_KILLS') == '1'
-needs_kills = pytest.mark.skipif(not KILLS, reason='set MPI_KVSTORE_TESTBED_KILLS=1: a survivor '
-                                 'may crash in MPICH/UCX over TCP while the world re-forms')
-
-
-@needs_kills
 def test_a_worker_killed_on_another_host_the_survivors_go_on_in_memory(hosts, tmp_path,
                                                                        mpi_available):
     """h0, h1 and h2; the test SIGKILLs worker 1's process, in h1's namespace, after its
@@ -201,7 +163,6 @@ def test_a_worker_killed_on_another_host_the_survivors_go_on_in_memory(hosts, tm
     assert_equal_and_right(job, (0, 2), 50)
 
 
-@needs_kills
 def test_a_failed_host_comes_back_after_its_blacklist_cooldown(hosts, tmp_path, mpi_available):
     """--blacklist-cooldown-range 3 30: worker 1 SIGKILLed on h1; h1 is out for 3 s, then the
     script still lists it and a new worker starts there and joins; the job ends with workers
