@@ -72,6 +72,9 @@ def test_a_wait_that_outlasts_the_spin_halves_it_to_nothing_and_short_waits_brin
     assert seen == [100.0, 50.0, 25.0, 0.0, 0.0]
     spin.waited(1e-3)                   # still long: no spin
     assert spin.us(0.0) == 0.0
+    assert spin.us(SPIN_LOAD_S) == SPIN_FLOOR_US     # a while later it tries again
+    spin.waited(1e-3)
+    assert spin.us(SPIN_LOAD_S) == 0.0
     seen = []
     for _ in range(5):                  # short waits again
         spin.waited(SPIN_FLOOR_US * 1e-6 / 2)

@@ -12,7 +12,8 @@ __all__ = ['AGREEMENT_SPIN_US', 'SPIN_FLOOR_US', 'SPIN_LOAD_S', 'SPIN_PRESSURE',
 # step's first gradient) soon leaves its core; idle, the thread blocks on the waker, as ever.
 AGREEMENT_SPIN_US = 200.0
 # The spin adapts (Spin): a wait that outlasted it halves it, to 0 below SPIN_FLOOR_US, and a
-# wait that ended within it (or within SPIN_FLOOR_US) doubles it back. And it stops while the
+# wait that ended within it (or within SPIN_FLOOR_US) doubles it back; at 0, it tries
+# SPIN_FLOOR_US again every SPIN_LOAD_S. And it stops while the
 # machine has no core to spare, looked at every SPIN_LOAD_S: Linux's CPU pressure (some task
 # waited for a core more than SPIN_PRESSURE percent of the last 10 s), or where that is not
 # kept, the 1-minute load average at or above the cores this process may use plus one (the
@@ -64,6 +65,8 @@ class Spin:
         """The spin of a wait that starts at ``now`` (time.monotonic())."""
         if now - self._looked >= SPIN_LOAD_S:
             self._looked, self._idle = now, self._spare()
+            if self._idle and self.top and not self.now:
+                self.now = SPIN_FLOOR_US    # try again: the peers may come sooner now
         return self.now if self._idle else 0.0
 
     def waited(self, seconds):
