@@ -21,7 +21,7 @@ import threading
 import time
 
 from .. import debug
-from .libmxnet import bind, last_error
+from .libmxnet import bind, bind_plain, last_error
 
 __all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'python_entry', 'consume_raised',
            'quiesce']
@@ -68,11 +68,18 @@ _push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_v
                      ctypes.c_int, ctypes.c_char_p, ctypes.c_bool)
 
 _push_async_released = bind('MXEnginePushAsyncND', *_push_async.argtypes, release_gil=True)
+# The same without argument types, for push_native (its arguments as ctypes objects).
+_push_plain = bind_plain('MXEnginePushAsyncND')
 
 _cpu_context = _Context(_CPU, 0)
 _properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC, NO_SKIP)}
 _CPU_CONTEXT = ctypes.addressof(_cpu_context)
 _PROPERTY_ADDRESSES = {prop: ctypes.addressof(value) for prop, value in _properties.items()}
+# push_native's arguments that never change, as _push_plain takes them
+_CPU_CONTEXT_ARG = ctypes.c_void_p(_CPU_CONTEXT)
+_PROPERTY_ARGS = {inline: ctypes.c_void_p(_PROPERTY_ADDRESSES[ASYNC if inline else CPU_PRIORITIZED])
+                  for inline in (False, True)}
+_NO_WAIT, _NONE = ctypes.c_bool(False), ctypes.c_int(0)
 
 
 class _State:
@@ -381,10 +388,11 @@ class Handles:
     completes (a handle reused by a new NDArray names that array, which is what a cache
     keyed by handle values wants)."""
 
-    __slots__ = ('array', 'count')
+    __slots__ = ('array', 'count', 'count_arg')
 
     def __init__(self, arrays):
         self.array, self.count = _handles(arrays), len(arrays)
+        self.count_arg = ctypes.c_int(self.count)
 
 
 _NO_HANDLES = _handles(())
@@ -404,10 +412,16 @@ def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstor
         fn = _state.native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
     if not isinstance(mutable, Handles):
         mutable = Handles(list(mutable))
-    prop = _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED]
-    push_ = _push_async_released if may_block else _push_async
-    ret = push_(fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0,
-                mutable.array, mutable.count, prop, priority, _encoded(name), False)
+    if may_block:
+        ret = _push_async_released(
+            fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0, mutable.array,
+            mutable.count, _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED],
+            priority, _encoded(name), False)
+    else:   # once a call for each op of a burst: its arguments as ctypes objects
+        ret = _push_plain(fn, ctypes.c_void_p(param_address), None, _CPU_CONTEXT_ARG,
+                          _NO_HANDLES, _NONE, mutable.array, mutable.count_arg,
+                          _PROPERTY_ARGS[bool(inline_when_ready)], ctypes.c_int(priority),
+                          _encoded(name), _NO_WAIT)
     if ret != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 

@@ -8,7 +8,7 @@ import ctypes
 
 from mxnet.base import _LIB
 
-__all__ = ['bind', 'last_error', 'address_of']
+__all__ = ['bind', 'bind_plain', 'last_error', 'address_of']
 
 _QUICK = ctypes.PyDLL(_LIB._name)
 _RELEASED = ctypes.CDLL(_LIB._name)
@@ -20,6 +20,16 @@ def bind(name, *argtypes, release_gil=False):
     given up during the call, for a call that may wait)."""
     fn = getattr(_RELEASED if release_gil else _QUICK, name)
     fn.restype, fn.argtypes = ctypes.c_int, list(argtypes)
+    return fn
+
+
+def bind_plain(name):
+    """libmxnet's ``name`` (returning int), called with the GIL held and without argument
+    types: its caller passes ctypes objects (a pointer as c_void_p, an int as c_int),
+    made once where they can be, since converting a dozen arguments on every call
+    cost as much as the call itself."""
+    fn = _QUICK[name]   # a function object of its own: getattr's is shared with bind's
+    fn.restype = ctypes.c_int
     return fn
 
 
