@@ -4,7 +4,8 @@ A burst of 20 tensors (float32, float64, int32) by op Sum and the default Averag
 averages as numpy does and is prepared from its second step; switching op, scale factors,
 Max and the default name stay right; op=True, Adasum, an unregistered process set and
 op with average still raise; a burst whose last call differs in shape fails on every rank
-naming both shapes, and the prepared calls go on summing right.
+naming both shapes, and the prepared calls go on summing right; mpi_kvstore.allreduce_
+(the functional API) is prepared likewise and right.
 """
 import pytest
 
@@ -27,6 +28,7 @@ def check(out, design, nprocs):
         'rank %d has shape (%d,) float32' % (r, 4 + r) for r in range(1, nprocs)]
     for rank, said in enumerate(info):
         assert said['steps'] == [[20, 0]] * 6, (rank, said['steps'])
+        assert said['functional'] == [[10, 0]] * 4, (rank, said['functional'])
         assert said['switches'] == switches, (rank, said['switches'])
         assert said['raised'] == raised, (rank, said['raised'])
         assert said['mismatch'] is not None and 'ranks disagree on' in said['mismatch']

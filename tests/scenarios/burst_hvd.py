@@ -11,6 +11,8 @@ switches   On a prepared name and array: Sum -> Average -> Sum, prescale and pos
            factors, Max, a default name: each right as numpy says (the first call of a
            change takes the full path); op=True, Adasum and an unregistered process set
            still raise as before.
+functional mpi_kvstore.allreduce_ of 10 tensors (sum and mean), 3 steps: right as numpy
+           says, every call prepared from step 2.
 mismatch   A burst of prepared calls whose last differs in shape on the ranks fails on
            every rank, naming both shapes; the prepared calls go on summing right.
 """
@@ -133,10 +135,38 @@ def mismatch():
     return said, hits
 
 
+def functional():
+    """mpi_kvstore.allreduce_ of 10 tensors back to back, 3 steps: [(hits, misses)] of
+    steps 2-3, each sum and mean checked."""
+    arrays = [mx.nd.zeros((1024,), dtype=DTYPES[i % 3]) for i in range(10)]
+    seen = []
+    for step in range(3):
+        for average in (False, True):
+            for i, x in enumerate(arrays):
+                x[:] = (RANK + 1) * (i + step + 1)
+
+            def issue(average=average):
+                for i, x in enumerate(arrays):
+                    mpi_kvstore.allreduce_(x, average=average, name='f%d.%d' % (average, i),
+                                           store=hvd.store())
+                for x in arrays:
+                    x.wait_to_read()
+            hits = counted(issue)
+            for i, x in enumerate(arrays):
+                total = np.full(1024, FACTOR * (i + step + 1), dtype='float64')
+                want = total / SIZE if average else total
+                close(x.asnumpy(), want.astype(x.dtype), 'functional step %d average %s '
+                      'tensor %d' % (step, average, i))
+            if step:
+                seen.append([hits.get('hit', 0), hits.get('miss', 0)])
+    return seen
+
+
 steps = burst()
+functional_steps = functional()
 found, raised = switches()
 said, mismatch_hits = mismatch()
-report('burst_hvd_info', steps=steps, switches=found, raised=raised, mismatch=said,
+report('burst_hvd_info', steps=steps, functional=functional_steps, switches=found, raised=raised, mismatch=said,
        mismatch_hits=mismatch_hits)
 done('burst_hvd[%s]' % DESIGN)
 hvd.shutdown()
