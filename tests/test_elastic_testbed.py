@@ -80,8 +80,10 @@ class Job(test_elastic_hosts.Job):
 
 
 def where(out):
-    """{worker: host} as the workers said."""
-    return {int(w): h for w, h in re.findall(r'^worker (\d+) on (h\d+)$', out, re.M)}
+    """{worker: host} as the workers said. Their lines may run together in the log, since
+    every launch writes to it ('worker 0 on h0worker 1 on h1'), so a line start is not
+    required: only that nothing but another such line or the line's end follows."""
+    return {int(w): h for w, h in re.findall(r'worker (\d+) on (h\d+)(?=worker |$)', out, re.M)}
 
 
 def test_a_host_the_script_adds_joins_and_trains(hosts, tmp_path, mpi_available):
