@@ -138,7 +138,9 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         mpi_kvstore.horovod go through it."""
         self._optimizer = StoreOptimizer(self._keys, config, self._rank, self._size,
                                          self._job, self.collectives.run)
-        self._exchange = Exchange(self._keys, config, self._job, self._optimizer,
+        # the exchange submits through the optimizer's gate, which holds the collectives of
+        # MXNet's per-key loops until the loop's last key (optimizer.LoopGate)
+        self._exchange = Exchange(self._keys, config, self._optimizer.gate, self._optimizer,
                                   self.collectives.run)
 
     def reset(self, comm: Any = None, lost: bool = False) -> None:
@@ -213,6 +215,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
     def init(self, key: Keys, value: Values) -> None:
         """Give keys rank 0's values."""
         self._job.begin()
+        self._optimizer.release()
         entries = normalize(key, value)
         self._keys.validate(entries, fresh=True)
         self._exchange.broadcast(entries, 0)
@@ -226,6 +229,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         on every other rank, as Horovod's broadcast does.
         """
         self._job.begin(priority)
+        self._optimizer.release()
         check_root(root, self._size)
         entries = normalize(key, value, out)
         self._keys.validate(entries, writes_values=out is None)
@@ -277,6 +281,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
              ignore_sparse: bool = True) -> None:
         """Copy the stored value of each key into out."""
         self._job.begin(priority)
+        self._optimizer.release()
         entries = normalize_out(key, out)
         states = [self._keys.with_value(entry.key) for entry in entries]
         self._keys.validate(entries, what='out')
@@ -300,6 +305,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         (shards.JoinedShares), and each rank keeps its shares' states.
         """
         self._job.begin()
+        self._optimizer.release()
         self._job.wait()
         if self._size == 1:
             return 0
@@ -354,11 +360,13 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         fail with RankMismatchError otherwise); it applies to the calls made after it, and
         each key keeps its residual (compression/)."""
         self._job.begin()
+        self._optimizer.release()
         self._exchange.set_compression(compression_params)
 
     # -- synchronisation (named collectives: the ``collectives`` attribute) ---------------
     def wait(self) -> None:
         """Block until every collective pushed so far finished; raise what failed."""
+        self._optimizer.release()
         self._job.wait()
 
     def _barrier(self):
@@ -371,8 +379,12 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         """
         if self._job.closed:
             return
-        self._job.shut()
-        shutdown.LIVE.discard(self)
+        try:   # what a loop left held (it raised before its last key) goes first
+            if self._job.lost is None:
+                self._optimizer.release()
+        finally:
+            self._job.shut()
+            shutdown.LIVE.discard(self)
         self._job.errors.raise_pending()
 
     def __exit__(self, exc_type, exc, tb):

@@ -17,12 +17,20 @@ import numpy as np
 from mxnet import gluon
 from mxnet import model as mx_model
 
+from .. import debug
 from ..comm.collective import CLIP_NORM, LAMB_NORMS, Collective
+from ..engine.records import Prepared
 from ..errors import MPIKVStoreError
 from ..optim import shards
 from .keys import fill, note_weights, request
+from .namecache import Batch
 
-__all__ = ['StoreOptimizer']
+__all__ = ['StoreOptimizer', 'LoopGate', 'LOOP_GROUP_BYTES']
+
+# Bytes of a loop's held collectives that go out together, without waiting for the loop's
+# last key: a large model's first groups are reduced while backward still makes the others
+# (DistributedTrainer's group_bytes, whose default this is).
+LOOP_GROUP_BYTES = 4 << 20
 
 
 # MXNet's own loops that push one key a call, in order, and read no weights until the
@@ -54,17 +62,17 @@ _DEPTH = 6   # frames from StoreOptimizer.before up to the store's caller, and a
 
 def _loop():
     """(the code of the MXNet loop this push or pushpull comes from, the last key it pushes
-    this time), or (None, None) for any other caller (each of its calls is then delivered
-    at once, and its arrays are used as today)."""
+    this time, the loop's frame), or (None, None, None) for any other caller (each of its
+    calls is then delivered at once, and its arrays are used as today)."""
     frame = sys._getframe(2)
     for _ in range(_DEPTH):
         if frame is None:
             break
         last = _LOOPS.get(frame.f_code)
         if last is not None:
-            return frame.f_code, last(frame)
+            return frame.f_code, last(frame), frame
         frame = frame.f_back
-    return None, None
+    return None, None, None
 
 
 def _batches(updater):
@@ -76,17 +84,93 @@ def _batches(updater):
     return isinstance(optimizer, mx.optimizer.SGD) and optimizer.aggregate_num > 1
 
 
+class LoopGate:
+    """The store's job as the exchange sees it. Where the store's optimizer runs MXNet's own
+    per-key loop (StoreOptimizer.before says so by ``holding``), each call's collectives
+    are held, and go out with the loop's last key's, or once LOOP_GROUP_BYTES are held, as
+    one submit: one engine op and one agreement for the loop instead of one per key, as a
+    DistributedTrainer's grouped pushpull. The loop's last key is known before it is
+    pushed (read from the loop's frame), so nothing waits on a time: a key pushed alone,
+    or by any other caller, goes at once. Any other submit sends what is held first, in
+    call order. The engine's record of the combined op is prepared once for the very same
+    arrays (engine.records.Prepared), as a repeated call's. Everything else is the job's."""
+
+    def __init__(self, job):
+        self._job = job
+        self.holding = False   # set by StoreOptimizer.before for a call whose requests wait
+        self.reqs = []         # the held requests, in call order
+        self._priority = None  # the highest priority of the held calls
+        self._nbytes = 0
+        self._prepared = None
+
+    def __getattr__(self, name):   # design, wait, begin, errors, ...: the job's
+        return getattr(self._job, name)
+
+    def submit(self, reqs, priority):
+        if self.reqs or self.holding:
+            self.reqs.extend(reqs)
+            self._priority = priority if self._priority is None else max(self._priority,
+                                                                         priority)
+            self._nbytes += sum(req.nbytes for req in reqs)
+            if self.holding and self._nbytes < LOOP_GROUP_BYTES:
+                debug.count('loop', 'held')
+                return
+            self.send()
+            return
+        self._job.submit(reqs, priority)
+
+    def send(self):
+        """Submit the held requests as one call."""
+        reqs, priority = self.reqs, self._priority
+        if not reqs:
+            return
+        self.reqs, self._priority, self._nbytes = [], None, 0
+        debug.count('loop', 'submit')
+        arrays = [req.array for req in reqs if req.array is not None]
+        prepared = self._prepared
+        design = self._job.design
+        if (prepared is None or prepared.owner is not design
+                or len(prepared.arrays) != len(arrays)
+                or not all(a is b for a, b in zip(arrays, prepared.arrays))):
+            prepared = self._prepared = Prepared(arrays, design)
+        batch = Batch(reqs)
+        batch.prepared = prepared
+        self._job.submit(batch, priority)
+
+
 class StoreOptimizer:
     """The updater's part in push and pushpull (:meth:`before` and :meth:`after` the
-    exchange's collectives), clipping, and the states (save, load, join)."""
+    exchange's collectives), clipping, and the states (save, load, join).
 
-    def __init__(self, keys, config, rank, size, job, run):
+    ``gate``: the store's :class:`LoopGate` over ``job``, through which the exchange
+    submits; this unit tells it which calls' collectives wait for their loop's last key."""
+
+    def __init__(self, keys, config, rank, size, job, run, gate=None):
         self._keys, self._config = keys, config
         self._rank, self._size = rank, size
         self._job, self._run = job, run
+        self.gate = gate if gate is not None else LoopGate(job)
         self._fitted = set()   # keys whose optimizer state is cut to this rank's share
         self.clip = None       # the clipped step under way (shards.ClipStep)
         self._last = None      # before() -> after(): the batching loop's last key, or None
+        self._frame = None     # the loop whose collectives the gate holds
+        self._waiting = []     # (plans, priority) of calls whose collectives are held
+
+    def release(self, flush=True):
+        """Send what the gate holds and deliver the calls that waited for it (a store call
+        other than the loop's next; the loop's end sends them itself). ``flush``: deliver
+        held updates too."""
+        self.gate.holding = False
+        self._frame = None
+        self.gate.send()
+        self._after_sent()
+        if flush:
+            self._keys.flush()
+
+    def _after_sent(self):
+        waiting, self._waiting = self._waiting, []
+        for plans, priority in waiting:
+            self._after(plans, priority)
 
     @property
     def updater(self):
@@ -94,7 +178,7 @@ class StoreOptimizer:
 
     def set(self, optimizer):
         """MPIKVStore.set_optimizer."""
-        self._keys.flush()
+        self.release()
         if self._config.shard_optimizer:
             why = shards.refuse(optimizer)
             if why is not None:
@@ -110,7 +194,7 @@ class StoreOptimizer:
     def clip_next_step(self, max_norm, keys):
         """MPIKVStore.clip_global_norm: check, then clip the step that pushes ``keys``."""
         self.require()
-        self._keys.flush()
+        self.release()
         shards.check_max_norm(max_norm)
         if isinstance(keys, (str, bytes, int)) or not hasattr(keys, '__iter__'):
             raise ValueError('clip_global_norm: keys must be a list of the step\'s keys, not %r'
@@ -139,14 +223,20 @@ class StoreOptimizer:
         Trainer's weights, which become the store's value (keys.KeyTable.aim): two engine
         copies a key less, and param.grad() then holds the sum over the ranks, as with
         update_on_kvstore=False."""
-        self._last = None
         updater = self.updater
-        code = None
+        code = last = frame = None
         if (updater is not None and self.clip is None
                 and all(plan.share is None for plan in plans)):
-            code, last = _loop()
-            if _batches(updater):
-                self._last = last
+            code, last, frame = _loop()
+        gate = self.gate
+        gate.holding = False
+        if (gate.reqs or self._waiting) and frame is not self._frame:
+            self.release(flush=False)   # not the held loop's next call: the held go first
+        self._last = last if last is not None and _batches(updater) else None
+        if last is not None and not any(plan.state.key == last for plan in plans):
+            gate.holding, self._frame = True, frame
+        else:
+            self._frame = None
         if self._last is None or self._keys.holds(plans):
             self._keys.flush()
         if updater is not None:
@@ -162,8 +252,20 @@ class StoreOptimizer:
                 self._fit_state(plan.state.key, plan.state.count, plan.share)
 
     def after(self, plans, priority):
-        """After a call's collectives: deliver it, or with a clipped step under way add it,
-        and deliver the whole step once its last key came."""
+        """After a call's collectives were submitted (or, in a loop, held by the gate):
+        once the gate holds none, deliver the calls that waited, in call order, then this
+        one (:meth:`_after`)."""
+        self.gate.holding = False
+        if self.gate.reqs:
+            self._waiting.append((plans, priority))
+            return
+        if self._waiting:
+            self._after_sent()
+        self._after(plans, priority)
+
+    def _after(self, plans, priority):
+        """Deliver a call, or with a clipped step under way add it, and deliver the whole
+        step once its last key came."""
         step = self.clip if self.updater is not None else None
         if self._last is not None:
             self._keys.hold(plans)
@@ -240,7 +342,7 @@ class StoreOptimizer:
     def save(self, fname, dump_optimizer):
         """MPIKVStore.save_optimizer_states (with shard_optimizer a collective)."""
         updater = self.require()
-        self._keys.flush()
+        self.release()
         if self._config.shard_optimizer and self._size > 1:
             self._job.wait()
             whole = mx.optimizer.Updater(updater.optimizer)
@@ -258,7 +360,7 @@ class StoreOptimizer:
     def load(self, fname):
         """MPIKVStore.load_optimizer_states."""
         updater = self.require()
-        self._keys.flush()
+        self.release()
         with open(fname, 'rb') as fh:
             data = fh.read()
         loaded = mx.optimizer.Updater(updater.optimizer)
