@@ -6,6 +6,15 @@ check for host updates; a :class:`HorovodInternalError` restores the last commit
 world is reset and the state synced from rank 0; a :class:`HostsUpdatedInterrupt` resets
 without a restore. Horovod's callers pass ``bcast_object`` and ``get_rank``; the world's
 reset is the caller's (mpi_kvstore.horovod.elastic passes one).
+
+A step that a lost peer interrupts leaves arrays half done: MXNet skips the ops after a failed
+collective, so the weights keep their values of before the step, and the engine's error sits
+on them only until the first read of any of them. While ``run_fn`` runs a state, the store
+tells it of the loss (store.job.on_world_lost) and the state makes every read of its values
+raise :class:`~.exceptions.LostWorldRead` (a HorovodInternalError), then give NaN: never a
+weight that looks right. MXNet raises the error type a message names first
+(``mxnet.base.register_error``): the store's messages begin ``mpi_kvstore:``, read here as
+LostWorldRead once a store's world is lost, else as MXNetError, as before.
 """
 from __future__ import annotations
 
@@ -18,11 +27,11 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mxnet.base import MXNetError
+from mxnet.base import MXNetError, register_error
 
 from ..launch import supervision
-from ..store.job import lost_world, settle_engine
-from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from ..store.job import lost_world, on_world_lost, settle_engine
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt, LostWorldRead
 
 __all__ = ['BaseState', 'ObjectState', 'run_fn', 'notify_hosts_updated']
 
@@ -30,6 +39,23 @@ log = logging.getLogger(__name__)
 
 _listeners: list[BaseState] = []   # the states inside run_fn, told of host updates
 _listeners_lock = threading.Lock()
+
+
+def _store_error(message: str) -> Exception:
+    """The error of a read whose message the store wrote (``mpi_kvstore: ...``)."""
+    return LostWorldRead(message) if lost_world() is not None else MXNetError(message)
+
+
+def _world_lost(err: BaseException) -> None:
+    """store.job's word of a lost world: every state inside ``run_fn`` hears of it."""
+    with _listeners_lock:
+        states = list(_listeners)
+    for state in states:
+        state.on_world_lost(err)
+
+
+register_error('mpi_kvstore', _store_error)
+on_world_lost(_world_lost)
 
 
 def notify_hosts_updated(timestamp: float, removed_only: bool = False) -> None:
@@ -70,6 +96,12 @@ class BaseState(abc.ABC):
         """Record that the hosts changed at ``timestamp`` (the notification channel calls
         this); the next :meth:`check_host_updates` acts on it."""
         self._host_messages.put((timestamp, removed_only))
+
+    def on_world_lost(self, err: BaseException) -> None:
+        """A store's world was lost while ``run_fn`` runs this state (called from the thread
+        that saw it, before the store fails its requests): a state whose values the
+        interrupted step leaves half done makes their reads fail. Nothing here."""
+        return None
 
     def commit(self) -> Any:
         """Copy the state in memory (:meth:`save`), then :meth:`check_host_updates`.

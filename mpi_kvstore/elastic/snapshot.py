@@ -1,6 +1,6 @@
 """What a commit copies: the parameters' values, the optimizer states' bytes, and the random
 states, taken from and given back to a gluon ParameterDict (or Block), a Module, or a dict of
-NDArrays and their trainer."""
+NDArrays and their trainer; and the parameters' poisoning after a lost world."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +11,10 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
+
+from ..comm.poison import poison_value
+from ..engine import core as engine
+from ..engine.arrays import array_pointer, host_view
 
 __all__ = ['Params', 'optimizer_states', 'load_optimizer_states', 'random_states',
            'set_random_states']
@@ -38,6 +42,28 @@ class Params:
             return sorted(self.params.items())
         return [(name, p.data()) for name, p in self.params.items()]
 
+    def _every_copy(self):
+        """[(name, NDArray)]: every device's copy of each value. A Module's live in its
+        executors (get_params copies them): none here."""
+        if self.module is not None:
+            return []
+        if isinstance(self.params, dict):
+            return sorted(self.params.items())
+        found = []
+        for name, param in self.params.items():
+            try:
+                found.extend((name, array) for array in param.list_data())
+            except RuntimeError:   # not initialised yet: it holds no value
+                continue
+        return found
+
+    def poison(self, why: str) -> None:
+        """After every op already pushed on each parameter (one that failed too), fill it
+        with NaN (its dtype's poison value) and fail: its next read raises, naming ``why``,
+        and later ones see NaN, never the value it had."""
+        for name, array in self._every_copy():
+            _poison(array, 'mpi_kvstore: %s was not updated: %s' % (name, why))
+
     def values(self) -> list[tuple[str, np.ndarray]]:
         """[(name, numpy array)] in a fixed order: copies, which later steps leave alone."""
         return [(name, array.asnumpy()) for name, array in self._arrays()]
@@ -64,6 +90,22 @@ class Params:
             for param, (_, value) in zip(self.params.values(), saved):
                 for array in param.list_data():
                     array[:] = mx.nd.array(value, ctx=array.context, dtype=value.dtype)
+
+
+def _poison(array, message):
+    host = array.context.device_type in ('cpu', 'cpu_pinned', 'cpu_shared')
+    dtype = np.dtype(array.dtype)
+
+    def run(completion):
+        try:
+            if host and array.size:
+                address = array_pointer(array)[0]
+                host_view(address, array.size * dtype.itemsize, dtype).fill(
+                    poison_value(dtype))
+        except Exception:   # a device array, an MKLDNN layout, a bool: the read fails anyway
+            log.debug('mpi_kvstore elastic: %s not filled', message, exc_info=True)
+        completion.done(message)
+    engine.push(run, mutable=[array], name='mpi_kvstore_lost_world', always=True)
 
 
 def _saver(trainer, module):

@@ -163,6 +163,14 @@ class State(BaseState):
                                else optimizer_states(self._trainer, self._params.module))
             raise
 
+    def on_world_lost(self, err: BaseException) -> None:
+        """The step a lost peer interrupted: every parameter's next read raises
+        LostWorldRead, and later ones see NaN (snapshot.Params.poison); once a loss, until
+        :meth:`restore`."""
+        if not self.__dict__.get('_poisoned'):
+            self._poisoned = True
+            self._params.poison('the world was lost (%s)' % err)
+
     def _store_optimizer(self):
         """Whether the optimizer runs in the trainer's store (update_on_kvstore): the store
         holds the weights and the states, which a reset of the store starts anew."""
@@ -205,6 +213,7 @@ class State(BaseState):
         optimizer in the store (update_on_kvstore), its weights and states are given back
         to it by the next :meth:`sync` (which ``run`` calls after each reset)."""
         saved = self._saved
+        self._poisoned = False
         if self._store_optimizer():   # the store's last updates land before, not after
             try:
                 self._trainer._kvstore.wait()

@@ -32,7 +32,7 @@ from ..faults.stall import StallInspector
 from .contract import check_priority
 from .deferred import DeferredErrors
 
-__all__ = ['Job', 'lost_world']
+__all__ = ['Job', 'lost_world', 'on_world_lost']
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ DRAIN_TIMEOUT = 120.0   # seconds a lost world's requests may take to reach thei
 _ELASTIC: weakref.WeakSet = weakref.WeakSet()   # the jobs on an elastic world
 _MARK = '_mpi_kvstore_lost'   # on the exception that ends a lost world's waits
 _PRIORITY_BOUND = 1 << 30     # contract.check_priority's: a plain int inside needs no call
+_LOST_HOOKS = []              # on_world_lost's functions
 
 
 class Job:
@@ -148,6 +149,11 @@ class Job:
                 return
             self.lost = err
         log.warning('mpi_kvstore: the store ends its world: %s', err)
+        for hook in list(_LOST_HOOKS):
+            try:
+                hook(err)
+            except Exception:   # the requests must fail all the same
+                log.exception('mpi_kvstore: a hook of the lost world failed')
         self.errors.keep_types = (type(err),)
         self.errors.record_error('the world', err)
         old, self.design = self.design, _Lost(self.design, err, self.errors)
@@ -281,6 +287,14 @@ def settle_engine():
             return
         except MXNetError:
             continue
+
+
+def on_world_lost(hook):
+    """Call ``hook(err)`` whenever a store's world is lost, from the thread that saw it,
+    before the store fails its pending requests (elastic.base's: the state poisons what the
+    failed step leaves unfinished)."""
+    if hook not in _LOST_HOOKS:
+        _LOST_HOOKS.append(hook)
 
 
 def lost_world():
