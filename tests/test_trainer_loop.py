@@ -6,7 +6,7 @@ every step are bitwise those of the Trainer's own updates (update_on_kvstore=Fal
 float32 tolerance, those of one process on the whole batch, with SGD and with Adam; a loop
 that raises before its last key leaves its calls held until the next store call, which
 sends them and delivers their updates (bitwise a whole step's weights for those keys, the
-last key's untouched); a user's own loop is never held. 2 ranks, on three designs."""
+last key's untouched); a user's own loop is never held. 2 ranks, on every design."""
 import pytest
 
 from mpi_harness import result, run_designs
@@ -14,7 +14,7 @@ from mpi_harness import result, run_designs
 STEPS, KEYS = 3, 12   # the scenario's steps, and its Trainer's keys (6 Dense layers)
 
 
-@pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent'])
+@pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent', 'blocking'])
 def test_a_trainer_loop_goes_as_one_submit_with_the_same_weights(design, designs):
     out = run_designs(2, 'kv_trainer_loop.py', design, designs, timeout=300)
     name = 'kv_trainer_loop[%s]' % design
