@@ -101,7 +101,7 @@ def _mpi_reduce(kv, tensor, op):
 
 
 def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, process_set,
-                       what, again=True):
+                       what, again=True, group=None):
     """op over the set of each tensor, in place (collectives.allreduce). A float Average is
     the reduction's own (the fused buffer divided once); an integer one, the scale factors
     and Min/Max/Product are engine ops or collectives of their own, as before. A call on
@@ -119,7 +119,7 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
         return tensors
     folded = op == Average and all(dtype.kind == 'f'
                                    for dtype in kv.collectives.dtypes(names, tensors))
-    kv.collectives.allreduce(names, tensors, average=folded, again=again)
+    kv.collectives.allreduce(names, tensors, average=folded, again=again, group=group)
     # the set's store spans exactly its ranks
     factor = (postscale_factor / kv.num_workers if op == Average and not folded
               else postscale_factor)
@@ -164,6 +164,13 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
                        process_set: ProcessSet = global_process_set,
                        op: int | None = None) -> list[NDArray]:
     """allreduce_ of each tensor of the list, in place; returns the list."""
+    if (op is None or (op.__class__ is int and (op == Sum or op == Average))) \
+            and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+        # a repeated call: the store's prepared path for the whole list, in one function
+        kv = getattr(process_set, '_store', None)
+        if kv is not None and kv.collectives.again_group(name or 'hvd.grouped_allreduce',
+                                                         tensors, op != Sum):
+            return tensors
     op = _op_of(op, average, 'grouped_allreduce_')
     _grouped(list(tensors), op, name, prescale_factor, postscale_factor, process_set,
              'grouped_allreduce_')
@@ -174,7 +181,8 @@ def _grouped(tensors, op, name, prescale_factor, postscale_factor, process_set, 
              again=True):
     base = name or 'hvd.grouped_allreduce'
     return _allreduce_inplace(tensors, op, ['%s.%d' % (base, i) for i in range(len(tensors))],
-                              prescale_factor, postscale_factor, process_set, what, again)
+                              prescale_factor, postscale_factor, process_set, what, again,
+                              group=base)
 
 
 def grouped_allreduce(tensors: Sequence[NDArray], average: bool | None = None,

@@ -8,7 +8,7 @@ import numpy as np
 from .. import debug
 from ..comm.collective import Collective, signature
 from ..comm.host import PolledComm
-from ..engine.arrays import dense_meta
+from ..engine.arrays import dense_meta, storage_of
 from ..engine.records import Prepared
 from .contract import check_root
 from .namecache import Batch, NameCache
@@ -35,6 +35,9 @@ class Collectives:
         # same array with the same average; as many as the staging buffers, least recently
         # used out (an entry holds its array)
         self._again = NameCache(config.name_cache_capacity)
+        # a group's name -> its last in-place allreduce (_Again of the whole list), whose
+        # tensors share no storage: taken again as one engine op (again_group)
+        self._groups = NameCache(config.name_cache_capacity)
         # On an elastic world a function of the communicator gets its polled form, whose
         # waits end when a peer is lost (comm.host.PolledComm); chosen once, here.
         self._polled_us = config.progress_sleep_us if job.world is not None else None
@@ -76,7 +79,7 @@ class Collectives:
         buf.copyto(tensor)
         return tensor
 
-    def allreduce(self, names, tensors, average=False, again=True):
+    def allreduce(self, names, tensors, average=False, again=True, group=None):
         """Sum (the mean with ``average``) each tensor over the ranks, in place; ``names[i]``
         identifies tensor i's collective across ranks. One engine op per tensor: two tensors
         of one list may be views of one array, which share an engine variable, and an op
@@ -94,10 +97,12 @@ class Collectives:
         ``average``, takes the prepared path (debug counter ``fastpath``: 'hit', else
         'miss'): its request made from the last one's arguments, with the engine's prepared
         call (engine.records.Prepared). ``again=False``: the tensors are fresh copies, never
-        called again (kept for nothing).
+        called again (kept for nothing). ``group``: the name of the list as a whole (a
+        grouped allreduce), kept for :meth:`again_group` where every tensor went in place
+        and no two share storage.
         """
         self._job.begin()
-        reqs, staged, seen = [], [], set()
+        reqs, staged, seen, made = [], [], set(), []
         for name, tensor in zip(names, tensors):
             handle = tensor.handle.value
             if handle not in seen:
@@ -105,6 +110,7 @@ class Collectives:
                 if found is not None:
                     seen.add(handle)
                     reqs.append(found)
+                    made.append(found[0])
                     continue
             meta = dense_meta(tensor) if self._in_place else None
             if meta is not None and handle not in seen:
@@ -113,6 +119,7 @@ class Collectives:
                 if again:
                     self._again.keep(name, _Again(tensor, req, self._job.design))
                 reqs.append([req])
+                made.append(req)
                 continue
             debug.count('named', 'staged')
             key = ('allreduce', name, tensor.shape, np.dtype(tensor.dtype), str(tensor.context))
@@ -128,7 +135,33 @@ class Collectives:
         for key, buf, req, tensor in staged:
             self.buffers.keep(key, buf, req)   # see array()
             buf.copyto(tensor)
+        if group is not None and again and len(made) == len(tensors) > 1:
+            found = [storage_of(tensor) for tensor in tensors]
+            if None not in found and len(set(found)) == len(found):
+                self._groups.keep(group, _Again(tensors, made, self._job.design))
         return tensors
+
+    def again_group(self, name, tensors, mean):
+        """:meth:`again` of a grouped allreduce (``name``: the group's) whose tensors are
+        the very arrays of its last call, in place and sharing no storage: one engine op for
+        the whole list. True once submitted; False: nothing was done."""
+        known = self._groups.get(name)
+        job = self._job
+        if (known is None or known.average is not mean or known.prepared.owner is not job.design
+                or len(tensors) != len(known.tensor)):
+            return False
+        for tensor, was, handle in zip(tensors, known.tensor, known.handle):
+            if tensor is not was or tensor.handle.value != handle:
+                return False
+        job.begin()
+        debug.count('again', 'group')
+        for _ in tensors:
+            debug.count('fastpath', 'hit')
+            debug.count('named', 'hit')
+        reqs = Batch([Collective(*args) for args in known.args])
+        reqs.prepared = known.prepared
+        job.submit(reqs, 0)
+        return True
 
     def again(self, name, tensor, mean):
         """A lone allreduce of ``tensor`` under ``name`` on its prepared path, if it is
@@ -218,18 +251,29 @@ class Collectives:
         self._job.errors.raise_pending()
 
 
+def _args(req):
+    return (req.kind, req.key, req.dtype, req.shape, req.array, req.root, None, req.average,
+            0, req.nbytes, req.sig, req.place, 1, req.codec, False, req.in_place)
+
+
 class _Again:
     """A name's last in-place allreduce: its array (and handle), and what a call on the
-    same array again reuses: the request's arguments and the engine's prepared call."""
+    same array again reuses: the request's arguments and the engine's prepared call. Of a
+    group (a list of tensors and of their requests): the lists of them."""
 
     __slots__ = ('tensor', 'handle', 'average', 'dtype', 'args', 'prepared')
 
     def __init__(self, tensor, req, design):
+        if isinstance(req, list):
+            self.tensor = tuple(tensor)
+            self.handle = tuple(t.handle.value for t in tensor)
+            self.average, self.dtype = bool(req[0].average), None
+            self.args = [_args(r) for r in req]
+            self.prepared = Prepared(self.tensor, design)
+            return
         self.tensor, self.handle = tensor, tensor.handle.value
         self.average, self.dtype = bool(req.average), req.dtype
-        self.args = (req.kind, req.key, req.dtype, req.shape, req.array, req.root, None,
-                     req.average, 0, req.nbytes, req.sig, req.place, 1, req.codec, False,
-                     req.in_place)
+        self.args = _args(req)
         self.prepared = Prepared([tensor], design)
 
 

@@ -23,9 +23,12 @@ class Exchange:
     """Collectives of keys. ``codec``: set_gradient_compression's (compression.TwoBit), or
     None; the store option ``compression`` gives the wire cast, fixed."""
 
-    def __init__(self, keys, config, job, optimizer, run):
+    def __init__(self, keys, config, job, optimizer, run, direct=None):
         self._keys, self._config = keys, config
         self._job, self._optimizer, self._run = job, optimizer, run
+        # the job under the gate (``job``), which the one-function path submits to once it
+        # saw the gate hold nothing
+        self._direct = job if direct is None else direct
         self._wire = compression.wire_cast(config.compression)
         self.codec = None
 
@@ -77,6 +80,53 @@ class Exchange:
                                 shard=sharded))
         self._job.submit(reqs, priority)
 
+    def again(self, ready, key, value, out, priority):
+        """A push or pushpull repeated on the very arrays of a prepared call, without the
+        store's optimizer, in one function: ``ready`` (CallCache.pushpull or .push) holds
+        the call by key; it must be the same priority, codec and design, with nothing held
+        by the gate. True once submitted (staged and delivered as :meth:`replay` would);
+        False: nothing was done, the caller takes the full path (which also says what is
+        wrong)."""
+        kind = key.__class__
+        if kind is int or kind is str:
+            entry = ready.get(key)
+        elif kind is list or kind is tuple:
+            try:
+                entry = ready.get(tuple(key))
+            except TypeError:
+                return False
+        else:
+            return False
+        if entry is None or priority.__class__ is not int or entry.priority != priority:
+            return False
+        if entry.value is not None:
+            if value is not entry.value or out is not entry.out:
+                return False
+            for arr, handle in zip(entry.arrays, entry.handles):
+                if arr.handle.value != handle:
+                    return False
+        elif not entry.matches(value, out):
+            return False
+        job = self._direct
+        if (job.closed or entry.codec is not self.codec or entry.prepared.owner is not job.design
+                or self._job.reqs or self._keys.updater is not None):
+            return False
+        job.errors.raise_pending()
+        debug.count('call_cache', 'hit')
+        debug.count('fastpath', 'hit')
+        debug.count('again', entry.call)
+        reqs = Batch([Collective(*args) for args in entry.templates])
+        reqs.prepared = entry.prepared
+        staged = entry.staged
+        for plan in staged:
+            plan.stage()
+        job.submit(reqs, priority)
+        if staged:
+            deliver = self._keys.deliver
+            for plan in staged:
+                deliver(plan)
+        return True
+
     def replay(self, entry, priority):
         """A call found again (namecache.Replay): the prepared path where nothing it was
         prepared for changed (the same codec and priority, and with the store's optimizer
@@ -87,7 +137,8 @@ class Exchange:
 
         With the store's optimizer the optimizer unit runs before and after the
         collectives exactly as in :meth:`run` (its batching, clipping and aim); only the
-        requests and the engine op are the prepared ones."""
+        requests and the engine op are the prepared ones. True where the entry is prepared
+        for the one-function path (:meth:`again`: no optimizer)."""
         codec = self.codec
         optimizer = self._keys.updater is not None
         if optimizer:
@@ -96,7 +147,7 @@ class Exchange:
             if entry.sharded:   # reduce-scatter and allgather: not prepared
                 debug.count('fastpath', 'miss')
                 self.run(entry.plans, priority)
-                return
+                return False
             self._optimizer.before(entry.plans)
             if entry.templates is not None and not all(
                     plan.work is work for plan, work in zip(entry.plans, entry.works)):
@@ -105,7 +156,7 @@ class Exchange:
                 self._send(entry.plans, priority)
                 self._prepare(entry, priority, codec)
                 self._optimizer.after(entry.plans, priority)
-                return
+                return False
         if entry.templates is None:
             self._prepare(entry, priority, codec)
         elif (entry.priority != priority or entry.codec is not codec
@@ -118,7 +169,7 @@ class Exchange:
             else:
                 self.run(entry.plans, priority)
                 self._prepare(entry, priority, codec)
-            return
+            return not optimizer
         debug.count('fastpath', 'hit')
         reqs = Batch([Collective(*args) for args in entry.templates])
         reqs.prepared = entry.prepared
@@ -127,10 +178,11 @@ class Exchange:
         self._job.submit(reqs, priority)
         if optimizer:
             self._optimizer.after(entry.plans, priority)
-            return
+            return False
         deliver = self._keys.deliver
         for plan in entry.staged:
             deliver(plan)
+        return True
 
     def _prepare(self, entry, priority, codec):
         """The templates of ``entry``'s requests as :meth:`run` makes them, for ``priority``

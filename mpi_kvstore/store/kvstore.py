@@ -141,7 +141,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         # the exchange submits through the optimizer's gate, which holds the collectives of
         # MXNet's per-key loops until the loop's last key (optimizer.LoopGate)
         self._exchange = Exchange(self._keys, config, self._optimizer.gate, self._optimizer,
-                                  self.collectives.run)
+                                  self.collectives.run, self._job)
 
     def reset(self, comm: Any = None, lost: bool = False) -> None:
         """Run on ``comm`` from now on (default: the elastic world's communicator of the
@@ -245,12 +245,16 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         An allreduce: the key needs no init; its first use fixes its shape and dtype.
         A call repeated on the same key and the very same arrays skips the checks that
         passed the first time (namecache.CallCache), and from then on takes the prepared
-        path of its requests (Exchange.replay).
+        path of its requests (Exchange.replay); without the store's optimizer, that path is
+        one function (Exchange.again).
         """
+        if self._exchange.again(self._calls.pushpull, key, value, out, priority):
+            return
         self._job.begin(priority)
         replay = self._calls.find('pushpull', key, value, out)
         if replay is not None:
-            self._exchange.replay(replay, priority)
+            if self._exchange.replay(replay, priority):
+                self._calls.prepared('pushpull', key, replay)
             return
         entries = normalize(key, value, out)
         self._keys.validate(entries, need_weights=self._updater is not None,
@@ -265,10 +269,13 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         As in MXNet's own stores, the key must have been given a value by init() or
         broadcast() first; otherwise UnknownKeyError names the key, and nothing is sent.
         """
+        if self._exchange.again(self._calls.push, key, value, None, priority):
+            return
         self._job.begin(priority)
         replay = self._calls.find('push', key, value, None)
         if replay is not None:
-            self._exchange.replay(replay, priority)
+            if self._exchange.replay(replay, priority):
+                self._calls.prepared('push', key, replay)
             return
         entries = normalize(key, value)
         self._keys.validate(entries, need_weights=self._updater is not None,

@@ -12,7 +12,7 @@ import mxnet as mx
 
 from .. import debug
 
-__all__ = ['NameCache', 'CallCache', 'Replay', 'Batch']
+__all__ = ['NameCache', 'CallCache', 'Replay', 'Batch', 'again_key']
 
 
 class NameCache:
@@ -110,7 +110,7 @@ class Replay:
     store's optimizer, where keys.KeyTable.aim pointed them)."""
 
     __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'flat', 'templates',
-                 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded')
+                 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded', 'call')
 
     def __init__(self, forms, arrays, plans, value, out, priority):
         self.forms, self.arrays, self.plans = forms, arrays, plans
@@ -125,6 +125,7 @@ class Replay:
         self.templates = self.codec = self.staged = self.prepared = None
         self.works = self.sharded = None   # the arrays aimed at; whether a key is sharded
         self.priority = priority
+        self.call = 'pushpull'   # or 'push' (CallCache.remember)
 
     def matches(self, value, out):
         """Whether ``value`` and ``out`` are the very arrays of this call, with their
@@ -180,6 +181,9 @@ class CallCache:
 
     def __init__(self):
         self._entries = {}
+        # the entries prepared for the one-function path (Exchange.again), by call and
+        # then by key (a list of keys as a tuple): no optimizer in the store
+        self.pushpull, self.push = {}, {}
 
     @staticmethod
     def _slot(call, key):
@@ -212,8 +216,41 @@ class CallCache:
         arrays = flat[1] + (flat_out[1] if flat_out is not None else ())
         if len(self._entries) >= self.LIMIT:
             self._entries.clear()
-        self._entries[slot] = Replay((flat[0], None if flat_out is None else flat_out[0]),
-                                     arrays, plans, value, out, priority)
+        # the key's prepared entry, of other arrays, goes with the entry it replaces
+        (self.pushpull if call == 'pushpull' else self.push).pop(again_key(key), None)
+        entry = self._entries[slot] = Replay(
+            (flat[0], None if flat_out is None else flat_out[0]), arrays, plans, value, out,
+            priority)
+        entry.call = call
+
+    def prepared(self, call, key, entry):
+        """``entry`` (of ``call``'s ``key``) is prepared: its repeats may take the
+        one-function path (Exchange.again)."""
+        ready = self.pushpull if call == 'pushpull' else self.push
+        found = again_key(key)
+        if found is None:
+            return
+        if len(ready) >= self.LIMIT:
+            ready.clear()
+        ready[found] = entry
 
     def clear(self):
         self._entries.clear()
+        self.pushpull.clear()
+        self.push.clear()
+
+
+def again_key(key):
+    """The key of a call in CallCache's prepared tables: an int or a str as it is, a list
+    or tuple of keys as a tuple, anything else None."""
+    kind = key.__class__
+    if kind is int or kind is str:
+        return key
+    if kind is list or kind is tuple:
+        try:
+            key = tuple(key)
+            hash(key)
+        except TypeError:
+            return None
+        return key
+    return None
