@@ -51,6 +51,20 @@ _i64 = ccall.typed_pointer(types.int64)
 
 
 @numba.njit
+def _tests(test_fn, request, box, flag, n):
+    """MPI_Test(``request``) up to ``n`` times in a row: -> 0 once it completes, MPI_Test's
+    error code, or -_PENDING. ``flag``: ``box`` seen as int64 words (the flag first)."""
+    for _ in range(n):
+        flag[0] = 0
+        err = _call_test(test_fn, (request, box, box + 8))
+        if err != 0:
+            return err
+        if flag[0] & 0xffffffff:
+            return 0
+    return -_PENDING
+
+
+@numba.njit
 def poll(test_fn, usleep_fn, request, box, poll_us, tests, slice_us):
     """MPI_Test(``request``) SPIN_TESTS times in a row, then after sleeps doubling from
     1 us up to ``poll_us``, up to ``tests`` times a wake-up, until the request completes
@@ -61,13 +75,9 @@ def poll(test_fn, usleep_fn, request, box, poll_us, tests, slice_us):
     flag = numba.carray(_i64(box), 8)
     n, sleep, slept = SPIN_TESTS, 1, 0
     while True:
-        for _ in range(n):
-            flag[0] = 0
-            err = _call_test(test_fn, (request, box, box + 8))
-            if err != 0:
-                return err
-            if flag[0] & 0xffffffff:
-                return 0
+        err = _tests(test_fn, request, box, flag, n)
+        if err != -_PENDING:
+            return err
         if slice_us > 0 and slept >= slice_us:
             return -_PENDING
         _call_usleep(usleep_fn, (sleep,))
@@ -86,13 +96,9 @@ def spin(test_fn, clock_fn, request, box, spin_ns):
     _call_clock(clock_fn, (_CLOCK_MONOTONIC, box + 64))
     end = flag[8] * 1_000_000_000 + flag[9] + spin_ns
     while True:
-        for _ in range(_SPIN_BATCH):
-            flag[0] = 0
-            err = _call_test(test_fn, (request, box, box + 8))
-            if err != 0:
-                return err
-            if flag[0] & 0xffffffff:
-                return 0
+        err = _tests(test_fn, request, box, flag, _SPIN_BATCH)
+        if err != -_PENDING:
+            return err
         _call_clock(clock_fn, (_CLOCK_MONOTONIC, box + 64))
         if flag[8] * 1_000_000_000 + flag[9] >= end:
             return -_PENDING
