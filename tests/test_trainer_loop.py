@@ -6,12 +6,15 @@ every step are bitwise those of the Trainer's own updates (update_on_kvstore=Fal
 float32 tolerance, those of one process on the whole batch, with SGD and with Adam; a loop
 that raises before its last key leaves its calls held until the next store call, which
 sends them and delivers their updates (bitwise a whole step's weights for those keys, the
-last key's untouched); a user's own loop is never held. 2 ranks, on every design."""
+last key's untouched); a user's own loop is never held. With update_on_kvstore=False the
+Trainer's loop of prepared pushpulls is held too (store/exchange.Exchange.again): one
+submit a step from the third, the weights bitwise those of the same loop unheld.
+2 ranks, on every design."""
 import pytest
 
 from mpi_harness import result, run_designs
 
-STEPS, KEYS = 3, 12   # the scenario's steps, and its Trainer's keys (6 Dense layers)
+STEPS, KEYS = 4, 12   # the scenario's steps, and its Trainer's keys (6 Dense layers)
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent', 'blocking'])
@@ -23,6 +26,13 @@ def test_a_trainer_loop_goes_as_one_submit_with_the_same_weights(design, designs
         counts = rank['counts']
         for opt in ('sgd', 'adam'):
             assert counts['gluon ' + opt] == {'held': STEPS * (KEYS - 1), 'submit': STEPS}
+            # update_on_kvstore=False: held from the third step, when its calls are prepared
+            assert counts['gluon %s, own updates' % opt] == {'held': (STEPS - 2) * (KEYS - 1),
+                                                             'submit': STEPS - 2}
+            # the store's submits (one engine op each): the keys' init, then one a key a
+            # step unheld; one a step instead where held
+            assert counts['gluon %s, own updates, submits' % opt] == [
+                KEYS + 2 * KEYS + STEPS - 2, KEYS + STEPS * KEYS]
         # a group bound of 3 keys' bytes: two groups a step
         assert counts['gluon sgd, groups'] == {'held': STEPS * (KEYS - 2), 'submit': 2 * STEPS}
         assert counts['interrupted'] == {'held': KEYS - 1, 'submit': 1}

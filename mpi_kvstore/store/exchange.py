@@ -7,6 +7,8 @@ and the weights' sync after a join.
 collective). A pushpull goes store -> keys (plans) -> exchange -> job -> design, and
 back to the store only by returning.
 """
+import sys
+
 import mxnet as mx
 import numpy as np
 
@@ -15,6 +17,7 @@ from ..comm.collective import Collective
 from ..engine.records import Prepared
 from .keys import request, same_array
 from .namecache import Batch
+from .optimizer import TRAINER_LOOP as _TRAINER
 
 __all__ = ['Exchange']
 
@@ -107,9 +110,18 @@ class Exchange:
                     return False
         elif not entry.matches(value, out):
             return False
-        job = self._direct
+        job, gate = self._direct, self._job
         if (job.closed or entry.codec is not self.codec or entry.prepared.owner is not job.design
-                or self._job.reqs or self._keys.updater is not None):
+                or self._keys.updater is not None):
+            return False
+        staged = entry.staged
+        # gluon.Trainer's loop of pushpulls (update_on_kvstore=False), in place: held until
+        # the loop's last key (optimizer.LoopGate.hold_loop); any other call goes once the
+        # gate holds nothing
+        loop = sys._getframe(2)
+        if loop.f_code is not _TRAINER or staged:
+            loop = None
+        if gate.reqs and (loop is None or gate.loop is not loop):
             return False
         job.errors.raise_pending()
         debug.count('call_cache', 'hit')
@@ -117,7 +129,9 @@ class Exchange:
         debug.count('again', entry.call)
         reqs = Batch([Collective(*args) for args in entry.templates])
         reqs.prepared = entry.prepared
-        staged = entry.staged
+        if loop is not None:
+            gate.hold_loop(loop, key, reqs, priority)
+            return True
         for plan in staged:
             plan.stage()
         job.submit(reqs, priority)

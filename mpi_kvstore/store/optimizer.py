@@ -25,7 +25,7 @@ from ..optim import shards
 from .keys import fill, note_weights, request
 from .namecache import Batch
 
-__all__ = ['StoreOptimizer', 'LoopGate', 'LOOP_GROUP_BYTES']
+__all__ = ['StoreOptimizer', 'LoopGate', 'LOOP_GROUP_BYTES', 'TRAINER_LOOP']
 
 # Bytes of a loop's held collectives that go out together, without waiting for the loop's
 # last key: a large model's first groups are reduced while backward still makes the others
@@ -54,20 +54,24 @@ def _module_last(frame):
     return None
 
 
-_TRAINER = gluon.Trainer._allreduce_grads.__code__
+_TRAINER = TRAINER_LOOP = gluon.Trainer._allreduce_grads.__code__
 _LOOPS = {_TRAINER: _trainer_last,
           mx_model._update_params_on_kvstore.__code__: _module_last}
 _DEPTH = 6   # frames from StoreOptimizer.before up to the store's caller, and a margin
 
 
-def _loop():
+def _loop(held=None, held_last=None):
     """(the code of the MXNet loop this push or pushpull comes from, the last key it pushes
     this time, the loop's frame), or (None, None, None) for any other caller (each of its
-    calls is then delivered at once, and its arrays are used as today)."""
+    calls is then delivered at once, and its arrays are used as today). ``held``: the frame
+    of the loop whose calls the gate holds, whose last key is ``held_last`` (not read
+    again: the loop's locals are made into a dict at each read)."""
     frame = sys._getframe(2)
     for _ in range(_DEPTH):
         if frame is None:
             break
+        if frame is held:
+            return frame.f_code, held_last, frame
         last = _LOOPS.get(frame.f_code)
         if last is not None:
             return frame.f_code, last(frame), frame
@@ -102,6 +106,24 @@ class LoopGate:
         self._priority = None  # the highest priority of the held calls
         self._nbytes = 0
         self._prepared = None
+        # gluon.Trainer's loop without the store's optimizer (hold_loop): its frame while
+        # it holds calls, and its last key
+        self.loop = self._last = None
+
+    def hold_loop(self, frame, key, reqs, priority):
+        """A pushpull of gluon.Trainer's loop with update_on_kvstore=False (``frame``),
+        prepared and in place (Exchange.again): held, or with the loop's last key (read from
+        its frame once a run of the loop) sent with every call held, as one submit."""
+        if self.loop is not frame:
+            self.loop, self._last = frame, _trainer_last(frame)
+        last = key == self._last
+        self.holding = not last
+        try:
+            self.submit(reqs, priority)
+        finally:
+            self.holding = False
+        if last:
+            self.loop = None
 
     def __getattr__(self, name):   # design, wait, begin, errors, ...: the job's
         return getattr(self._job, name)
@@ -111,7 +133,8 @@ class LoopGate:
             self.reqs.extend(reqs)
             self._priority = priority if self._priority is None else max(self._priority,
                                                                          priority)
-            self._nbytes += sum(req.nbytes for req in reqs)
+            for req in reqs:
+                self._nbytes += req.nbytes
             if self.holding and self._nbytes < LOOP_GROUP_BYTES:
                 debug.count('loop', 'held')
                 return
@@ -154,6 +177,8 @@ class StoreOptimizer:
         self.clip = None       # the clipped step under way (shards.ClipStep)
         self._last = None      # before() -> after(): the batching loop's last key, or None
         self._frame = None     # the loop whose collectives the gate holds
+        self._frame_last = None   # and its last key
+        self._batching = (None, 0, False)   # (optimizer, its aggregate_num, _batches)
         self._waiting = []     # (plans, priority) of calls whose collectives are held
 
     def release(self, flush=True):
@@ -161,7 +186,7 @@ class StoreOptimizer:
         other than the loop's next; the loop's end sends them itself). ``flush``: deliver
         held updates too."""
         self.gate.holding = False
-        self._frame = None
+        self._frame = self._frame_last = self.gate.loop = None
         self.gate.send()
         self._after_sent()
         if flush:
@@ -223,20 +248,27 @@ class StoreOptimizer:
         Trainer's weights, which become the store's value (keys.KeyTable.aim): two engine
         copies a key less, and param.grad() then holds the sum over the ranks, as with
         update_on_kvstore=False."""
-        updater = self.updater
+        updater = self._keys.updater
         code = last = frame = None
         if (updater is not None and self.clip is None
                 and all(plan.share is None for plan in plans)):
-            code, last, frame = _loop()
+            code, last, frame = _loop(self._frame, self._frame_last)
         gate = self.gate
         gate.holding = False
         if (gate.reqs or self._waiting) and frame is not self._frame:
             self.release(flush=False)   # not the held loop's next call: the held go first
-        self._last = last if last is not None and _batches(updater) else None
-        if last is not None and not any(plan.state.key == last for plan in plans):
-            gate.holding, self._frame = True, frame
+        if last is not None:
+            optimizer, batching = updater.optimizer, self._batching
+            if batching[0] is not optimizer or batching[1] != optimizer.aggregate_num:
+                batching = self._batching = (optimizer, optimizer.aggregate_num,
+                                             _batches(updater))
+            self._last = last if batching[2] else None
         else:
-            self._frame = None
+            self._last = None
+        if last is not None and not any(plan.state.key == last for plan in plans):
+            gate.holding, self._frame, self._frame_last = True, frame, last
+        else:
+            self._frame = self._frame_last = None
         if self._last is None or self._keys.holds(plans):
             self._keys.flush()
         if updater is not None:

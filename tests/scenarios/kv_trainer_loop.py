@@ -2,8 +2,10 @@
 update_on_kvstore, Module) and sends them with the loop's last key as one submit
 (store/optimizer.LoopGate): the 'loop' debug counter says how many calls waited and how
 many submits went; the weights after every step are bitwise those of the Trainer's own
-updates (update_on_kvstore=False, whose pushpulls are never held) and, to float32
-tolerance, those of one process on the whole batch. With a group bound smaller than the
+updates (update_on_kvstore=False) and, to float32 tolerance, those of one process on the
+whole batch. The Trainer's own updates' loop of pushpulls is held likewise once its calls
+are prepared (Exchange.again, from the third step), with weights bitwise those of the same
+loop in a Trainer subclass (never held) and one submit a step instead of one a key. With a group bound smaller than the
 model, the loop's collectives go in groups. A loop that raises before its last key leaves
 its collectives held: the next store call (wait) sends them and delivers their updates, so
 those keys' weights are bitwise a whole step's and the last key's are untouched. A user's
@@ -22,7 +24,7 @@ from mpi_kvstore.store import optimizer as store_optimizer
 from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()
-PER_RANK, STEPS, LAYERS, UNITS = 2, 3, 6, 16
+PER_RANK, STEPS, LAYERS, UNITS = 2, 4, 6, 16
 KEYS = 2 * LAYERS
 KEY_BYTES = (UNITS * UNITS + UNITS) * 4   # a layer's weight and bias, float32
 COUNTS = {}
@@ -50,12 +52,38 @@ def batch(step, shard):
     return mx.nd.array(data), mx.nd.array(label)
 
 
-def train(opt, kv=None, steps=STEPS, **trainer_kw):
+class OwnLoop(gluon.Trainer):
+    """gluon.Trainer whose loop of pushpulls (update_on_kvstore=False, dense gradients) is
+    this scenario's own code, as MXNet's: never held."""
+
+    def _allreduce_grads(self):
+        for i, param in enumerate(self._params):
+            if param.grad_req != 'null':
+                self._kvstore.pushpull(i, param.list_grad(), priority=-i)
+
+
+def count_submits(kv):
+    """Count the store's submits (one engine op each) in SUBMITS[kv]."""
+    job = kv._job
+    submit = job.submit
+    SUBMITS[kv] = 0
+
+    def counted(reqs, priority):
+        SUBMITS[kv] += 1
+        return submit(reqs, priority)
+
+    job.submit = counted
+    return kv
+
+
+SUBMITS = {}
+
+
+def train(opt, kv=None, steps=STEPS, trainer=gluon.Trainer, **trainer_kw):
     """(weights after each step, 'loop' counts, the net, the trainer)."""
     net = make_net()
     name, params = OPTIMIZERS[opt]
-    trainer = gluon.Trainer(net.collect_params(), name, dict(params), kvstore=kv,
-                            **trainer_kw)
+    trainer = trainer(net.collect_params(), name, dict(params), kvstore=kv, **trainer_kw)
     loss_fn = gluon.loss.L2Loss()
     ordered = [p for _, p in sorted(net.collect_params().items())]
     before = debug.snapshot()
@@ -77,10 +105,23 @@ def check_trainer(opt):
     want = {'held': STEPS * (KEYS - 1), 'submit': STEPS}
     assert counts == want, '%s: loop counts %s, expected %s' % (opt, counts, want)
     COUNTS['gluon ' + opt] = counts
-    own, counts, _, _ = train(opt, mpi_kvstore.create('dist_mpi', design=DESIGN),
-                              update_on_kvstore=False)
+    # the Trainer's own updates: its pushpulls are held too once prepared (from the third
+    # step: the first checks, the second prepares); a loop of the same calls of its own is not
+    gated = count_submits(mpi_kvstore.create('dist_mpi', design=DESIGN))
+    own, counts, _, _ = train(opt, gated, update_on_kvstore=False)
+    want = {'held': (STEPS - 2) * (KEYS - 1), 'submit': STEPS - 2}
+    assert counts == want, '%s: own updates: loop counts %s, expected %s' % (opt, counts, want)
+    COUNTS['gluon %s, own updates' % opt] = counts
+    plain = count_submits(mpi_kvstore.create('dist_mpi', design=DESIGN))
+    ungated, counts, _, _ = train(opt, plain, trainer=OwnLoop, update_on_kvstore=False)
     assert counts == {}, counts
+    # a step's submits after the broadcasts (one a key a step, one engine op each)
+    COUNTS['gluon %s, own updates, submits' % opt] = [SUBMITS[gated], SUBMITS[plain]]
     for step in range(STEPS):
+        for i, value in enumerate(ungated[step]):
+            if not np.array_equal(own[step][i], value):
+                raise AssertionError('rank %d: %s step %d parameter %d: held own updates '
+                                     'differ from the unheld loop\'s' % (RANK, opt, step, i))
         for i, value in enumerate(held[step]):
             what = 'gluon %s step %d parameter %d' % (opt, step, i)
             same_on_all_ranks(value, what)
