@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py.MPI import pickle
 
 from .. import debug
+from . import abandoned
 from .broadcast import ByTable, Polled, table_choice
 from .fusion import BufferPool, pieces
 from .hierarchy import Hierarchy, PairedCalls
@@ -31,6 +32,20 @@ log = logging.getLogger(__name__)
 
 _SENDRECV_TAG = 17   # point-to-point on this Comm's own duplicate: no other tag is used
 _HIERARCHICAL, _FLAT = Choice('hierarchical', None), Choice('mpi', None)   # shares' defaults
+
+
+def _duplicate(comm):
+    """A duplicate of ``comm`` (MPI_Comm_idup, polled: an elastic world's abort check ends
+    the wait when a peer is lost while the world re-forms)."""
+    if comm.Get_size() == 1:
+        return comm.Dup()
+    dup, request = comm.Idup()
+    try:
+        wait_polling(request, AGREEMENT_POLL_US)
+    except BaseException:
+        abandoned.keep(dup)   # MPI may still complete it
+        raise
+    return dup
 
 
 def _is_device(buf):
@@ -55,7 +70,7 @@ class Comm:
         self._progress_us, self._progress_min = progress
         self.cuda_aware_setting = cuda_aware_setting
         self._table = table
-        self.mpi = comm.Dup()
+        self.mpi = _duplicate(comm)
         self.rank = self.mpi.Get_rank()
         self.size = self.mpi.Get_size()
         self.handle = handle(self.mpi)   # for native ops

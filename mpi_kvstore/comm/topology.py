@@ -24,6 +24,7 @@ where nothing is cut.
 import importlib.metadata
 import logging
 import os
+import pickle
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from ..errors import ConfigError
 from . import tuning
 from .consensus import Setting, check
 from .mpiabi import MPI
+from .progress import AGREEMENT_POLL_US, wait_polling
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',
            'resolve', 'design_warning', 'settings', 'agree', 'agreed_config']
@@ -47,16 +49,54 @@ ONE_HOST = {'partition_bytes': 0, 'credit_bytes': 0, 'progress_sleep_us': 0.0,
 OVERSUBSCRIBED = dict(ONE_HOST, progress_sleep_us=200.0)
 
 
+class _Polled:
+    """``comm`` whose Allreduce, Barrier and object allgather are polled nonblocking calls
+    (progress.wait_polling): an elastic world's abort check ends their waits when a peer is
+    lost while the world re-forms and its stores reset. What consensus.check and the host
+    count call; the rest is the communicator's own."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def Allreduce(self, send, recv, op):
+        wait_polling(self.comm.Iallreduce(send, recv, op=op), AGREEMENT_POLL_US)
+
+    def Barrier(self):
+        wait_polling(self.comm.Ibarrier(), AGREEMENT_POLL_US)
+
+    def allgather(self, obj):
+        """Every rank's picklable ``obj`` in rank order (lengths, then the pickles)."""
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        lengths = np.empty(self.comm.Get_size(), np.int64)
+        wait_polling(self.comm.Iallgather(np.array([data.size], np.int64), lengths),
+                     AGREEMENT_POLL_US)
+        starts = [0] + np.cumsum(lengths)[:-1].tolist()
+        out = np.empty(int(lengths.sum()), np.uint8)
+        wait_polling(self.comm.Iallgatherv(data, (out, (lengths.tolist(), starts))),
+                     AGREEMENT_POLL_US)
+        return [pickle.loads(out[lo:lo + n].tobytes()) for lo, n in zip(starts, lengths)]
+
+
+def _node(comm):
+    """The ranks of ``comm`` on this host (Split_type, which MPI has in blocking form
+    only: a polled barrier first, so that a peer lost before it ends the wait there)."""
+    _Polled(comm).Barrier()
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+
+
 def count_hosts(comm):
     """Collective: how many hosts (shared-memory domains) the ranks of ``comm`` span."""
     if comm.Get_size() == 1:
         return 1
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    node = _node(comm)
     try:
         leader = np.array([1 if node.Get_rank() == 0 else 0], dtype=np.int32)
     finally:
         node.Free()
-    comm.Allreduce(MPI.IN_PLACE, leader, op=MPI.SUM)
+    _Polled(comm).Allreduce(MPI.IN_PLACE, leader, op=MPI.SUM)
     return int(leader[0])
 
 
@@ -65,13 +105,13 @@ def oversubscribed(comm):
     may run on (the union of their CPU affinities), the same answer on every rank."""
     if comm.Get_size() == 1:
         return False
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    node = _node(comm)
     try:
-        cores = set().union(*node.allgather(sorted(_cores())))
+        cores = set().union(*_Polled(node).allgather(sorted(_cores())))
         flag = np.array([1 if node.Get_size() > len(cores) else 0], dtype=np.int32)
     finally:
         node.Free()
-    comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
+    _Polled(comm).Allreduce(MPI.IN_PLACE, flag, op=MPI.MAX)
     return bool(flag[0])
 
 
@@ -188,7 +228,7 @@ def agreed_config(comm, options):
         config, problem = Config(**options), None
     except ConfigError as err:
         config, problem = None, err
-    agree(comm, config, _version(), problem)
+    agree(_Polled(comm), config, _version(), problem)
     if problem is not None:
         # Raised here, not deep in config.py, so the traceback ends at the user's call.
         raise problem.with_traceback(None)

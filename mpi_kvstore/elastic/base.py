@@ -184,13 +184,33 @@ def reset_limit(environ: Any = None) -> int:
         return 0
 
 
+def _reset_until_formed(reset: Callable[[], Any], resets: int, bound: int) -> int:
+    """``reset()``, again while it raises HorovodInternalError; the resets counted so far."""
+    while True:
+        resets += 1
+        if bound and resets > bound:
+            raise RuntimeError('mpi_kvstore elastic: %d resets, more than the limit of %d'
+                               % (resets, bound))
+        try:
+            reset()
+            return resets
+        except (HorovodInternalError, MXNetError) as err:
+            if not isinstance(err, HorovodInternalError) and lost_world() is None:
+                raise
+            log.warning('mpi_kvstore elastic: the reset lost the world too (%s); '
+                        're-forming again', err)
+            settle_engine()
+
+
 def run_fn(func: Callable[..., Any], reset: Callable[[], Any],
            limit: int | None = None) -> Callable[..., Any]:
     """``func(state, ...)`` run to its end through resets: after a HorovodInternalError the
     state is restored to its last commit, ``reset()`` re-forms the world, and the state is
     synced from rank 0 before ``func`` is called again; after a HostsUpdatedInterrupt, the
-    same without the restore. More than ``limit`` resets (default: the supervisor's
-    ``--reset-limit``, 0 for none) raise RuntimeError."""
+    same without the restore. A reset that loses a worker itself (HorovodInternalError out
+    of ``reset()``: a peer died while the world re-formed) is tried again, each try counted
+    as a reset. More than ``limit`` resets (default: the supervisor's ``--reset-limit``, 0
+    for none) raise RuntimeError."""
     @functools.wraps(func)
     def wrapper(state: BaseState, *args: Any, **kwargs: Any) -> Any:
         bound = reset_limit() if limit is None else limit
@@ -216,11 +236,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any],
                 except HostsUpdatedInterrupt as err:
                     log.info('mpi_kvstore elastic: %s; re-forming the world', err)
                     skip_sync = err.skip_sync and not state.must_sync_after_reset()
-                resets += 1
-                if bound and resets > bound:
-                    raise RuntimeError('mpi_kvstore elastic: %d resets, more than the limit '
-                                       'of %d' % (resets, bound))
-                reset()
+                resets = _reset_until_formed(reset, resets, bound)
                 state.on_reset()
         finally:
             with _listeners_lock:

@@ -19,12 +19,23 @@ every rank; :meth:`World.reform` then admits the newcomers after the old members
 worker left out leaves. A worker that dies while the root waits for it in ``Accept`` cannot
 be waited out (MPI's accept has no deadline): the launcher connects a stand-in in its place
 (standin.py), signed with the secret, and the world forms without it.
+
+Every step of a forming is bounded, so that a worker that dies while the world re-forms
+leaves no survivor waiting: the broadcasts, the duplicate of the merged communicator and the
+allgather are nonblocking calls polled with a deadline; Connect, Accept and Merge, which MPI
+has only in blocking form, run in a thread of their own that is given up on (kept, as its
+requests are: abandoned.keep) at the deadline or when the launcher announces one of the
+forming world's members lost. A step given up on raises HorovodInternalError, so that
+``elastic.run`` re-forms again without the lost worker. After :meth:`World.reform`,
+:meth:`World.check` also ends the waits of the stores' reset once ``deadline`` seconds pass
+(until :meth:`World.settled`).
 """
 from __future__ import annotations
 
 import logging
 import os
 import pickle
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +84,8 @@ class World:
         self._reported = 0    # the newest notice handed to the listeners
         self._refused: set[str] = set()
         self._next_look = 0.0
+        self._forming: set[int] | None = None   # the members of the world being formed
+        self._settle_by: float | None = None    # the stores' reset must be done by then
 
     @classmethod
     def from_environment(cls, **kwargs: Any) -> World:
@@ -149,8 +162,11 @@ class World:
                  '(generation %d)', why, len(order), len(self.ids), self.generation)
         # the old communicator is abandoned, not freed: a collective with the lost peer may
         # still be pending on it, and freeing it could wait for that peer
+        self._settle_by = None
         self._form(order)
         self._wait_for_min_np()
+        # what the stores' reset waits for (the check their waits call) is bounded too
+        self._settle_by = time.monotonic() + self.deadline
 
     def _order(self, members):
         """The old members among ``members`` in their order, then the newcomers."""
@@ -196,45 +212,53 @@ class World:
         accepts the others one at a time (two processes connecting to one port at once
         crashed MPICH's accept). ``order`` None: this worker connects when the root admits
         it. A worker announced lost, or one for which the launcher's stand-in connects (it
-        died while the root waited for it), is left out."""
+        died while the root waited for it), is left out. Every step is bounded (the module's
+        docstring): one given up on raises HorovodInternalError, and what MPI may still
+        touch is kept."""
         started = time.monotonic()
         is_root = order is not None and order[0] == self.id
         pending = list(order[1:]) if is_root else []
-        if is_root:
-            world = MPI.COMM_SELF.Dup()
-            port = MPI.Open_port()
-        else:
-            port = self._published_port(started)
-            inter = MPI.COMM_SELF.Connect(port, root=0)
-            if not self._answer(inter):
-                raise RuntimeError('mpi_kvstore elastic: the world refused this worker')
-            world = inter.Merge(high=True)
-        while True:   # the root says who comes next, or that the world is whole
-            admit = world.bcast(self._next(pending) if is_root else None, root=0)
-            if admit is None:
-                break
+        members = [self.id] if is_root else None   # the root's list of the merged workers
+        # the workers whose loss ends this forming: those merged so far (the root for one
+        # that waits to be admitted; a worker being admitted is not: a stand-in answers for it)
+        self._forming = {order[0]} if order is not None else None
+        world = None
+        try:
             if is_root:
-                fields = {'port': port, 'root': self.id, 'generation': self.generation,
-                          'admit': admit}
-                rendezvous.write_signed(rendezvous.port_path(self.directory, self.generation),
-                                        self.secret, fields)
-                rendezvous.write_signed(rendezvous.current_port_path(self.directory),
-                                        self.secret, fields)
-            inter = world.Accept(port, root=0)
-            verdict = self._challenge(inter, admit) if world.Get_rank() == 0 else None
-            verdict = world.bcast(verdict, root=0)
-            if verdict == ADMIT:
-                world = inter.Merge(high=False)
+                world = MPI.COMM_SELF.Dup()
+                port = MPI.Open_port()
             else:
-                inter.Free()
-            if is_root and verdict != REFUSED:
-                pending.pop(0)
-        if is_root:
-            MPI.Close_port(port)
-        self.comm = world.Split(0, world.Get_rank())
-        self.generation, self.hosts_seen = self.comm.bcast((self.generation, self.hosts_seen),
-                                                           root=0)
-        self.ids = self.comm.allgather(self.id)
+                port = self._published_port(started)
+                world = self._bounded(lambda: self._connect(port), 'joining the world',
+                                      self.deadline, stale=self._newer_port)
+            self._reached('joined')
+            while True:   # the root says who comes next, or that the world is whole
+                admit, merged = self._bcast_on(
+                    world, (self._next(pending), members) if is_root else None, 'the admission')
+                self._forming = set(merged)
+                if admit is None:
+                    break
+                world, verdict = self._admit(world, port, admit, is_root)
+                if is_root and verdict != REFUSED:
+                    pending.pop(0)
+                if is_root and verdict == ADMIT:
+                    members.append(admit)
+            self._reached('admitted')
+            if is_root:
+                MPI.Close_port(port)
+            # Split(0, rank) keeps the order: a duplicate, which MPI has in nonblocking form
+            comm, request = world.Idup()
+            self._wait(request, 'the new communicator', keep=(comm,))
+            self._reached('duplicated')
+            generation, seen = self._bcast_on(comm, (self.generation, self.hosts_seen),
+                                              'the generation')
+            ids = self._allgather_ids(comm)
+        except BaseException:
+            abandoned.keep(world)   # a collective given up on may still be pending on it
+            raise
+        finally:
+            self._forming = None
+        self.comm, self.generation, self.hosts_seen, self.ids = comm, generation, seen, ids
         self.lost_ids = set()
         self._reported = self.hosts_seen
         if is_root:
@@ -243,6 +267,104 @@ class World:
                 'time': '%.6f' % time.time()})
         log.info('mpi_kvstore elastic: world %d formed: %d worker(s) %s in %.3f s',
                  self.generation, len(self.ids), self.ids, time.monotonic() - started)
+
+    def _connect(self, port):
+        """A joining worker's side: connect, answer the challenge, merge (blocking calls:
+        _form runs them through :meth:`_bounded`)."""
+        inter = MPI.COMM_SELF.Connect(port, root=0)
+        if not self._answer(inter):
+            raise RuntimeError('mpi_kvstore elastic: the world refused this worker')
+        return inter.Merge(high=True)
+
+    def _admit(self, world, port, admit, is_root):
+        """Every member's side of admitting worker ``admit``: (the world with it merged
+        in, or the same world; the root's verdict)."""
+        if is_root:
+            fields = {'port': port, 'root': self.id, 'generation': self.generation,
+                      'admit': admit}
+            rendezvous.write_signed(rendezvous.port_path(self.directory, self.generation),
+                                    self.secret, fields)
+            rendezvous.write_signed(rendezvous.current_port_path(self.directory),
+                                    self.secret, fields)
+        # the newcomer takes its time to start (the launcher's stand-in answers for one
+        # that died first): the job's timeout, and the members' losses
+        inter = self._bounded(lambda: world.Accept(port, root=0), 'accepting worker %d'
+                              % admit, self.timeout)
+        verdict = self._challenge(inter, admit) if world.Get_rank() == 0 else None
+        verdict = self._bcast_on(world, verdict, 'the verdict')
+        if verdict != ADMIT:
+            inter.Free()
+            return world, verdict
+        self._forming.add(admit)
+        merged = self._bounded(lambda: inter.Merge(high=False), 'merging worker %d' % admit,
+                               self.deadline, keep=(inter,))
+        abandoned.keep(world)   # the old one stays MPI's: a member lost later may hold it
+        return merged, verdict
+
+    def _reached(self, step: str) -> None:
+        """A step of the forming reached ('joined', 'admitted', 'duplicated'): a hook for
+        tests that make a worker die there."""
+
+    def _bounded(self, call, what, deadline, keep=(), stale=None):
+        """``call()``, a blocking MPI call, in a thread of its own; HorovodInternalError
+        once ``deadline`` seconds pass, the launcher announces a member of the forming world
+        lost, or ``stale()`` (every NOTICE_EVERY s) says why, the thread and ``keep`` kept.
+        Without MPI_THREAD_MULTIPLE the call is made here, unbounded."""
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            return call()
+        box: dict = {}
+
+        def target():
+            try:
+                box['value'] = call()
+            except BaseException as err:   # handed to the waiting thread
+                box['error'] = err
+        thread = threading.Thread(target=target, name='mpi_kvstore-forming', daemon=True)
+        thread.start()
+        ends = time.monotonic() + deadline
+        look = 0.0
+        while True:
+            thread.join(POLL)
+            if not thread.is_alive():
+                break
+            failed = self._failed(what, ends, deadline)
+            if not failed and stale is not None and time.monotonic() > look:
+                look = time.monotonic() + NOTICE_EVERY
+                failed = stale()
+            if failed:
+                abandoned.keep(thread, box, *keep)   # still inside MPI
+                raise HorovodInternalError(failed)
+        if 'error' in box:
+            raise HorovodInternalError('%s failed: %s' % (what, box['error'])) \
+                from box['error']
+        return box['value']
+
+    def _failed(self, what, ends, deadline):
+        """Why a wait must end (a lost member, or the deadline), or None."""
+        self._look()
+        lost = self.lost_ids if self._forming is None else self.lost_ids & self._forming
+        if lost:
+            return '%s: worker(s) %s lost (the launcher says so)' % (what, sorted(lost))
+        if time.monotonic() > ends:
+            return '%s: no answer in %g s' % (what, deadline)
+        return None
+
+    def _bcast_on(self, comm, obj, what):
+        """Rank 0's picklable ``obj`` of ``comm`` on every member, bounded as :meth:`_wait`."""
+        root = comm.Get_rank() == 0
+        data = pickle.dumps(obj, protocol=4) if root else b''
+        length = np.array([len(data)], dtype=np.int64)
+        self._wait(comm.Ibcast(length, root=0), what, keep=(length,))
+        buffer = np.frombuffer(data, dtype=np.uint8).copy() if root else \
+            np.empty(int(length[0]), dtype=np.uint8)
+        self._wait(comm.Ibcast(buffer, root=0), what, keep=(buffer,))
+        return obj if root else pickle.loads(buffer.tobytes())
+
+    def _allgather_ids(self, comm):
+        ids = np.empty(comm.Get_size(), dtype=np.int64)
+        self._wait(comm.Iallgather(np.array([self.id], dtype=np.int64), ids), 'the ids',
+                   keep=(ids,))
+        return [int(worker) for worker in ids]
 
     def _next(self, pending):
         """The root's next worker to admit: the first of ``pending`` not announced lost."""
@@ -257,12 +379,20 @@ class World:
         return bool(found) and found.get('lost') == worker
 
     def _published_port(self, started):
+        """The port the root published for this worker; HorovodInternalError if the
+        launcher announces the root lost meanwhile. A port of a later generation serves
+        too: the root formed the world again after a member it had merged was lost."""
         path = rendezvous.current_port_path(self.directory)
         while True:
+            self._look()
+            lost = self.lost_ids & (self._forming or set())
+            if lost:
+                raise HorovodInternalError('waiting for the port: worker(s) %s lost (the '
+                                           'launcher says so)' % sorted(lost))
             found = rendezvous.read_signed(path, self.secret, self._refused)
             if found and found.get('admit') == self.id and (
                     found.get('generation') > self.generation if self.joining
-                    else found.get('generation') == self.generation):
+                    else found.get('generation') >= self.generation):
                 self.generation = found['generation']
                 self.joining = False
                 return found['port']
@@ -270,6 +400,18 @@ class World:
                 raise RuntimeError('mpi_kvstore elastic: worker %d was not admitted to the '
                                    'world in %g s' % (self.id, self.timeout))
             time.sleep(0.002)
+
+    def _newer_port(self):
+        """Why a worker joining through the port of this generation gives up: the root
+        published a newer one (it gave up on this forming after a member was lost), or
+        None."""
+        found = rendezvous.read_signed(rendezvous.current_port_path(self.directory),
+                                       self.secret, self._refused)
+        if found and isinstance(found.get('generation'), int) and \
+                found['generation'] > self.generation:
+            return ('joining the world: the root published the port of generation %d (it '
+                    'gave up on %d)' % (found['generation'], self.generation))
+        return None
 
     def _challenge(self, inter, admit):
         """The root's side: ADMIT when the process behind ``inter`` holds the job's secret
@@ -329,7 +471,7 @@ class World:
         if not force and now < self._next_look:
             return
         self._next_look = now + NOTICE_EVERY
-        for worker in self.ids:
+        for worker in set(self.ids) | (self._forming or set()):
             if worker not in self.lost_ids and worker != self.id \
                     and self._announced_lost(worker):
                 self.lost_ids.add(worker)
@@ -348,20 +490,26 @@ class World:
         if self.lost_ids:
             raise HorovodInternalError('%s: worker(s) %s lost (the launcher says so)'
                                        % (what, sorted(self.lost_ids)))
+        settle_by = self._settle_by
+        if settle_by is not None and time.monotonic() > settle_by:
+            raise HorovodInternalError('%s: the world re-formed %g s ago and its stores have '
+                                       'not reset yet' % (what, self.deadline))
 
-    def _wait(self, request, what):
+    def settled(self) -> None:
+        """The stores reset on the new world: :meth:`check` no longer ends their waits at
+        the deadline of the re-forming."""
+        self._settle_by = None
+
+    def _wait(self, request, what, keep=()):
+        """Poll ``request`` until it completes; HorovodInternalError (``request`` and
+        ``keep`` kept: MPI may still write into them) when a worker is lost or ``deadline``
+        seconds pass."""
         ends = time.monotonic() + self.deadline
         self._look()
         while not request.Test():
-            self._look()
-            failed = None
-            if self.lost_ids:
-                failed = '%s: worker(s) %s lost (the launcher says so)' % (
-                    what, sorted(self.lost_ids))
-            elif time.monotonic() > ends:
-                failed = '%s: no answer in %g s' % (what, self.deadline)
+            failed = self._failed(what, ends, self.deadline)
             if failed:
-                abandoned.keep(request)   # MPI may still write into its buffers
+                abandoned.keep(request, *keep)
                 raise HorovodInternalError(failed)
             time.sleep(POLL)
 
@@ -378,16 +526,10 @@ class World:
         worker is lost)."""
         array = np.ascontiguousarray(array)
         out = np.empty_like(array)
-        self._wait(self.comm.Iallreduce(array, out, op=MPI.SUM), 'allreduce')
+        self._wait(self.comm.Iallreduce(array, out, op=MPI.SUM), 'allreduce', keep=(array, out))
         return out
 
     def bcast_object(self, obj: Any) -> Any:
         """Rank 0's picklable ``obj`` on every worker (HorovodInternalError when a worker is
         lost)."""
-        data = pickle.dumps(obj, protocol=4) if self.rank == 0 else b''
-        length = np.array([len(data)], dtype=np.int64)
-        self._wait(self.comm.Ibcast(length, root=0), 'bcast')
-        buffer = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == 0 else \
-            np.empty(int(length[0]), dtype=np.uint8)
-        self._wait(self.comm.Ibcast(buffer, root=0), 'bcast')
-        return obj if self.rank == 0 else pickle.loads(buffer.tobytes())
+        return self._bcast_on(self.comm, obj, 'bcast')

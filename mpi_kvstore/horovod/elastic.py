@@ -58,7 +58,10 @@ def _reset() -> None:
     if _world_reset:
         _world_reset[0]()
     elif basics.elastic_world() is not None:   # under run --elastic: the survivors re-form
-        basics.reform_world()
+        try:
+            basics.reform_world()
+        finally:   # the stores' reset and the ranks' identities are done with
+            basics.elastic_world().settled()
     else:
         log.info('mpi_kvstore elastic: a reset in a fixed MPI world keeps its %d rank(s)',
                  basics.size())

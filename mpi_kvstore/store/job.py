@@ -12,7 +12,9 @@ world: its design is swapped for one that fails every later call at once, its th
 stopped without an MPI call, and each request still pending completes with the error (its
 output poisoned, its engine op failed, the error raised as it was on the user's thread).
 :meth:`Job.reset` then builds the design on the new communicator; the old one's
-communicators are abandoned, not freed (freeing may wait for the lost peer).
+communicators are abandoned, not freed (freeing may wait for the lost peer). Until the reset
+ends, the world's check also ends its waits at the re-forming's deadline
+(World.settled), so that a peer lost during the reset ends it too.
 """
 import collections
 import logging
@@ -213,6 +215,9 @@ class Job:
         self.lost = None
         self.design = self._design(design, comm, config, table, shares)
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
+        settled = getattr(self.world, 'settled', None)
+        if settled is not None:   # the reset's waits were bounded by the re-forming's deadline
+            settled()
 
 
 class _Lost:
