@@ -35,7 +35,7 @@ def test_a_blocking_step_past_its_deadline_gives_up_and_keeps_its_thread():
     started = time.monotonic()
     try:
         with pytest.raises(HorovodInternalError, match=r'merging worker 1: no answer in 0\.05 s'):
-            _world()._bounded(gate.wait, 'merging worker 1', 0.05)
+            _world().bounded(gate.wait, 'merging worker 1')
         assert time.monotonic() - started < 5.0
         assert abandoned.count() == before + 2   # the thread still in the call, its result box
     finally:
@@ -53,7 +53,7 @@ def test_a_blocking_step_ends_when_a_member_of_the_forming_world_is_announced_lo
     try:
         with pytest.raises(HorovodInternalError,
                            match=r'accepting worker 2: worker\(s\) \[1\] lost'):
-            world._bounded(gate.wait, 'accepting worker 2', 60.0)
+            world.bounded(gate.wait, 'accepting worker 2')
         assert time.monotonic() - started < 30.0
     finally:
         gate.set()
@@ -63,9 +63,9 @@ def test_a_lost_worker_outside_the_forming_world_does_not_end_its_steps(tmp_path
     world = _world(tmp_path, deadline=5.0)
     rendezvous.announce_lost(str(tmp_path), SECRET, 1, 9)
     world._forming = {0}
-    assert world._bounded(lambda: 6 * 7, 'accepting worker 2', 5.0) == 42
+    assert world.bounded(lambda: 6 * 7, 'accepting worker 2') == 42
     with pytest.raises(HorovodInternalError, match=r'joining the world failed: refused'):
-        world._bounded(_refuse, 'joining the world', 5.0)
+        world.bounded(_refuse, 'joining the world')
     world._forming = None   # the trained world's own collectives see every loss
     with pytest.raises(HorovodInternalError, match=r'worker\(s\) \[1\] lost'):
         world.check()

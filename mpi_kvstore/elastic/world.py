@@ -20,22 +20,15 @@ worker left out leaves. A worker that dies while the root waits for it in ``Acce
 be waited out (MPI's accept has no deadline): the launcher connects a stand-in in its place
 (standin.py), signed with the secret, and the world forms without it.
 
-Every step of a forming is bounded, so that a worker that dies while the world re-forms
-leaves no survivor waiting: the broadcasts, the duplicate of the merged communicator and the
-allgather are nonblocking calls polled with a deadline; Connect, Accept and Merge, which MPI
-has only in blocking form, run in a thread of their own that is given up on (kept, as its
-requests are: abandoned.keep) at the deadline or when the launcher announces one of the
-forming world's members lost. A step given up on raises HorovodInternalError, so that
-``elastic.run`` re-forms again without the lost worker. After :meth:`World.reform`,
-:meth:`World.check` also ends the waits of the stores' reset once ``deadline`` seconds pass
-(until :meth:`World.settled`).
+Every step of a forming ends (forming.py): at ``deadline``, or when the launcher announces a
+member of the forming world lost, with HorovodInternalError, so that ``elastic.run`` re-forms
+again without it. After :meth:`World.reform`, :meth:`World.check` also ends the waits of the
+stores' reset once ``deadline`` seconds pass (until :meth:`World.settled`).
 """
 from __future__ import annotations
 
 import logging
 import os
-import pickle
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,19 +38,15 @@ import numpy as np
 from ..comm import abandoned
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous
-from . import leave
+from . import forming, leave
 from .exceptions import HorovodInternalError
+from .forming import ADMIT, REFUSED
 
 __all__ = ['World']
 
 log = logging.getLogger(__name__)
 
-POLL = 0.0005          # seconds between Tests of a pending collective
 NOTICE_EVERY = 0.01    # seconds between looks for the launcher's notices
-HANDSHAKE_TIMEOUT = 10.0
-
-
-ADMIT, SKIP, REFUSED = 'admit', 'skip', 'refused'   # the root's verdicts on a connection
 
 
 class World:
@@ -167,6 +156,7 @@ class World:
         self._wait_for_min_np()
         # what the stores' reset waits for (the check their waits call) is bounded too
         self._settle_by = time.monotonic() + self.deadline
+        self._reached('formed')
 
     def _order(self, members):
         """The old members among ``members`` in their order, then the newcomers."""
@@ -229,12 +219,14 @@ class World:
                 port = MPI.Open_port()
             else:
                 port = self._published_port(started)
-                world = self._bounded(lambda: self._connect(port), 'joining the world',
-                                      self.deadline, stale=self._newer_port)
+                world = forming.call(lambda: self._connect(port), 'joining the world',
+                                     self._why('joining the world', self.deadline),
+                                     stale=self._newer_port, every=NOTICE_EVERY)
             self._reached('joined')
             while True:   # the root says who comes next, or that the world is whole
-                admit, merged = self._bcast_on(
-                    world, (self._next(pending), members) if is_root else None, 'the admission')
+                admit, merged = forming.bcast(
+                    world, (self._next(pending), members) if is_root else None,
+                    self._why('the admission', self.deadline))
                 self._forming = set(merged)
                 if admit is None:
                     break
@@ -248,11 +240,11 @@ class World:
                 MPI.Close_port(port)
             # Split(0, rank) keeps the order: a duplicate, which MPI has in nonblocking form
             comm, request = world.Idup()
-            self._wait(request, 'the new communicator', keep=(comm,))
+            forming.wait(request, self._why('the new communicator', self.deadline), keep=(comm,))
             self._reached('duplicated')
-            generation, seen = self._bcast_on(comm, (self.generation, self.hosts_seen),
-                                              'the generation')
-            ids = self._allgather_ids(comm)
+            generation, seen = forming.bcast(comm, (self.generation, self.hosts_seen),
+                                             self._why('the generation', self.deadline))
+            ids = forming.allgather_ints(comm, self.id, self._why('the ids', self.deadline))
         except BaseException:
             abandoned.keep(world)   # a collective given up on may still be pending on it
             raise
@@ -270,9 +262,9 @@ class World:
 
     def _connect(self, port):
         """A joining worker's side: connect, answer the challenge, merge (blocking calls:
-        _form runs them through :meth:`_bounded`)."""
+        _form runs them through forming.call)."""
         inter = MPI.COMM_SELF.Connect(port, root=0)
-        if not self._answer(inter):
+        if not forming.answer(inter, self.id, self.secret):
             raise RuntimeError('mpi_kvstore elastic: the world refused this worker')
         return inter.Merge(high=True)
 
@@ -288,83 +280,46 @@ class World:
                                     self.secret, fields)
         # the newcomer takes its time to start (the launcher's stand-in answers for one
         # that died first): the job's timeout, and the members' losses
-        inter = self._bounded(lambda: world.Accept(port, root=0), 'accepting worker %d'
-                              % admit, self.timeout)
-        verdict = self._challenge(inter, admit) if world.Get_rank() == 0 else None
-        verdict = self._bcast_on(world, verdict, 'the verdict')
+        what = 'accepting worker %d' % admit
+        inter = forming.call(lambda: world.Accept(port, root=0), what,
+                             self._why(what, self.timeout))
+        verdict = forming.challenge(inter, admit, self.secret) if world.Get_rank() == 0 else None
+        verdict = forming.bcast(world, verdict, self._why('the verdict', self.deadline))
         if verdict != ADMIT:
             inter.Free()
             return world, verdict
         self._forming.add(admit)
-        merged = self._bounded(lambda: inter.Merge(high=False), 'merging worker %d' % admit,
-                               self.deadline, keep=(inter,))
+        what = 'merging worker %d' % admit
+        merged = forming.call(lambda: inter.Merge(high=False), what,
+                              self._why(what, self.deadline), keep=(inter,))
         abandoned.keep(world)   # the old one stays MPI's: a member lost later may hold it
         return merged, verdict
 
+    def bounded(self, call: Callable[[], Any], what: str) -> Any:
+        """``call()``, blocking MPI calls on the world (hvd's Split_type of the ranks by
+        host), in a thread of its own: HorovodInternalError once ``deadline`` seconds pass
+        or the launcher announces a worker lost (forming.call)."""
+        return forming.call(call, what, self._why(what, self.deadline))
+
     def _reached(self, step: str) -> None:
-        """A step of the forming reached ('joined', 'admitted', 'duplicated'): a hook for
-        tests that make a worker die there."""
+        """A step of the forming reached ('joined', 'admitted', 'duplicated'; 'formed': the end
+        of a re-forming, before the stores' reset): a hook for tests that make a worker die
+        there."""
 
-    def _bounded(self, call, what, deadline, keep=(), stale=None):
-        """``call()``, a blocking MPI call, in a thread of its own; HorovodInternalError
-        once ``deadline`` seconds pass, the launcher announces a member of the forming world
-        lost, or ``stale()`` (every NOTICE_EVERY s) says why, the thread and ``keep`` kept.
-        Without MPI_THREAD_MULTIPLE the call is made here, unbounded."""
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            return call()
-        box: dict = {}
-
-        def target():
-            try:
-                box['value'] = call()
-            except BaseException as err:   # handed to the waiting thread
-                box['error'] = err
-        thread = threading.Thread(target=target, name='mpi_kvstore-forming', daemon=True)
-        thread.start()
+    def _why(self, what, deadline):
+        """For forming.py: a function that says why a wait for ``what`` must end (a member
+        of the forming world lost, or ``deadline`` seconds past), or None."""
         ends = time.monotonic() + deadline
-        look = 0.0
-        while True:
-            thread.join(POLL)
-            if not thread.is_alive():
-                break
-            failed = self._failed(what, ends, deadline)
-            if not failed and stale is not None and time.monotonic() > look:
-                look = time.monotonic() + NOTICE_EVERY
-                failed = stale()
-            if failed:
-                abandoned.keep(thread, box, *keep)   # still inside MPI
-                raise HorovodInternalError(failed)
-        if 'error' in box:
-            raise HorovodInternalError('%s failed: %s' % (what, box['error'])) \
-                from box['error']
-        return box['value']
 
-    def _failed(self, what, ends, deadline):
-        """Why a wait must end (a lost member, or the deadline), or None."""
-        self._look()
-        lost = self.lost_ids if self._forming is None else self.lost_ids & self._forming
-        if lost:
-            return '%s: worker(s) %s lost (the launcher says so)' % (what, sorted(lost))
-        if time.monotonic() > ends:
-            return '%s: no answer in %g s' % (what, deadline)
-        return None
-
-    def _bcast_on(self, comm, obj, what):
-        """Rank 0's picklable ``obj`` of ``comm`` on every member, bounded as :meth:`_wait`."""
-        root = comm.Get_rank() == 0
-        data = pickle.dumps(obj, protocol=4) if root else b''
-        length = np.array([len(data)], dtype=np.int64)
-        self._wait(comm.Ibcast(length, root=0), what, keep=(length,))
-        buffer = np.frombuffer(data, dtype=np.uint8).copy() if root else \
-            np.empty(int(length[0]), dtype=np.uint8)
-        self._wait(comm.Ibcast(buffer, root=0), what, keep=(buffer,))
-        return obj if root else pickle.loads(buffer.tobytes())
-
-    def _allgather_ids(self, comm):
-        ids = np.empty(comm.Get_size(), dtype=np.int64)
-        self._wait(comm.Iallgather(np.array([self.id], dtype=np.int64), ids), 'the ids',
-                   keep=(ids,))
-        return [int(worker) for worker in ids]
+        def failed():
+            self._look()
+            lost = self.lost_ids if self._forming is None else self.lost_ids & self._forming
+            if lost:
+                return '%s: worker(s) %s lost (the launcher says so)' % (what, sorted(lost))
+            if time.monotonic() > ends:
+                return '%s: no answer in %g s' % (what, deadline)
+            return None
+        return failed
 
     def _next(self, pending):
         """The root's next worker to admit: the first of ``pending`` not announced lost."""
@@ -412,44 +367,6 @@ class World:
             return ('joining the world: the root published the port of generation %d (it '
                     'gave up on %d)' % (found['generation'], self.generation))
         return None
-
-    def _challenge(self, inter, admit):
-        """The root's side: ADMIT when the process behind ``inter`` holds the job's secret
-        and is worker ``admit``; SKIP when it is the launcher's stand-in for ``admit`` (which
-        died); REFUSED otherwise."""
-        nonce = os.urandom(16).hex()
-        inter.send(nonce, dest=0)
-        request = inter.irecv(source=0)
-        ends = time.monotonic() + HANDSHAKE_TIMEOUT
-        answered, reply = request.test()
-        while not answered and time.monotonic() < ends:
-            time.sleep(0.001)
-            answered, reply = request.test()
-        if not answered:
-            request.Cancel()
-            abandoned.keep(request)   # a cancelled receive is still MPI's until it completes
-        reply = reply if answered and isinstance(reply, dict) else {}
-        verdict = REFUSED
-        if reply.get('id') == admit and rendezvous.verify(self.secret, reply.get('mac'),
-                                                          'join', nonce, admit):
-            verdict = ADMIT
-        elif reply.get('skip') == admit and rendezvous.verify(self.secret, reply.get('mac'),
-                                                              'skip', nonce, admit):
-            verdict = SKIP
-            log.warning('mpi_kvstore elastic: worker %d died while the world waited for it '
-                        "(the launcher's stand-in says so); the world forms without it", admit)
-        else:
-            log.warning('mpi_kvstore elastic: refused a process that connected to the port '
-                        'without the job\'s secret (%s)',
-                        'no answer' if not answered else 'a wrong signature')
-        inter.send(verdict == ADMIT, dest=0)
-        return verdict
-
-    def _answer(self, inter):
-        nonce = inter.recv(source=0)
-        inter.send({'id': self.id, 'mac': rendezvous.sign(self.secret, 'join', nonce, self.id)},
-                   dest=0)
-        return inter.recv(source=0)
 
     # -- the launcher's notices --------------------------------------------------------------
     def _notice(self):
@@ -504,14 +421,7 @@ class World:
         """Poll ``request`` until it completes; HorovodInternalError (``request`` and
         ``keep`` kept: MPI may still write into them) when a worker is lost or ``deadline``
         seconds pass."""
-        ends = time.monotonic() + self.deadline
-        self._look()
-        while not request.Test():
-            failed = self._failed(what, ends, self.deadline)
-            if failed:
-                abandoned.keep(request, *keep)
-                raise HorovodInternalError(failed)
-            time.sleep(POLL)
+        forming.wait(request, self._why(what, self.deadline), keep)
 
     def _bcast(self, obj, deadline):
         saved, self.deadline = self.deadline, deadline
@@ -532,4 +442,4 @@ class World:
     def bcast_object(self, obj: Any) -> Any:
         """Rank 0's picklable ``obj`` on every worker (HorovodInternalError when a worker is
         lost)."""
-        return self._bcast_on(self.comm, obj, 'bcast')
+        return forming.bcast(self.comm, obj, self._why('bcast', self.deadline))

@@ -220,7 +220,8 @@ def reform_world() -> None:
     for other in global_process_set._stores.values():
         if other is not kv:
             other.reset(world.comm, lost)
-    _identify(world.comm)
+    # Split_type and Split have no nonblocking form: bounded in a thread of their own
+    world.bounded(lambda: _identify(world.comm), 'the ranks on each host')
 
 
 def world_bcast_object() -> Any:

@@ -1,12 +1,13 @@
-"""elastic_world.py with a worker that dies while the world re-forms
-(tests/test_elastic_reform.py).
+"""A scenario of elastic_world.py or elastic_store.py with a worker that dies while the world
+re-forms (tests/test_elastic_reform.py).
 
-usage: elastic_reform.py --die-id J --die-step STEP OUT [elastic_world.py's options]
+usage: elastic_reform.py --die-id J --die-step STEP [--script S] OUT [S's options]
 
 Worker J SIGKILLs itself when it reaches STEP of a re-forming (World._reached: 'joined'
 once it is in the forming world, 'admitted' once every member is, 'duplicated' once the new
-communicator exists), in generation 1 or later: the survivors' re-forming loses a worker
-itself, and must re-form again without it.
+communicator exists, 'formed' once the world re-formed, before the stores' reset), in
+generation 1 or later: the survivors' re-forming loses a worker itself, and must re-form
+again without it. ``--script``: the scenario run so (default elastic_world.py).
 """
 import argparse
 import os
@@ -16,11 +17,13 @@ import sys
 
 from mpi_kvstore.elastic.world import World
 
-WORLD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'elastic_world.py')
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 parser = argparse.ArgumentParser()
 parser.add_argument('--die-id', type=int, required=True)
-parser.add_argument('--die-step', required=True, choices=('joined', 'admitted', 'duplicated'))
+parser.add_argument('--die-step', required=True,
+                    choices=('joined', 'admitted', 'duplicated', 'formed'))
+parser.add_argument('--script', default='elastic_world.py')
 args, rest = parser.parse_known_args()
 
 
@@ -32,5 +35,6 @@ def reached(world, step):
 
 
 World._reached = reached
-sys.argv = [WORLD_SCRIPT] + rest
-runpy.run_path(WORLD_SCRIPT, run_name='__main__')
+script = os.path.join(HERE, args.script)
+sys.argv = [script] + rest
+runpy.run_path(script, run_name='__main__')
