@@ -23,9 +23,11 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # beside their agreement ('won') and bets the round did not repeat ('lost', designs/repeat.py);
 # fastpath: repeated calls that took their prepared path ('hit') or today's ('miss'); loop:
 # calls of MXNet's per-key loops whose collectives waited for the loop's next ('held'), and
-# the submits that sent a loop's collectives together ('submit', store/optimizer.py).
+# the submits that sent a loop's collectives together ('submit', store/optimizer.py); round:
+# take-ups of a negotiation thread's native ops in one compiled read ('taken') and
+# completions of many of their engine ops in one compiled call ('bulk', designs/base.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
-         'optimizer', 'repeat', 'fastpath', 'loop')
+         'optimizer', 'repeat', 'fastpath', 'loop', 'round')
 
 _counts = collections.Counter()
 

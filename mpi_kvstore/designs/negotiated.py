@@ -31,14 +31,15 @@ import time
 
 import numpy as np
 
+from .. import debug
 from ..comm import agreement
 from ..comm.progress import wait_polling
 from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
-from ..engine import layout, records
+from ..engine import native, records
 from . import autotune, schedule
-from .base import Design, native_view
+from .base import Design, complete_all, native_view
 from .repeat import REQUEST_BYTES, Repeat
 from .spin import Spin, spin_of
 
@@ -46,9 +47,9 @@ __all__ = ['Negotiated', 'tighten_timer_slack', 'TIMER_SLACK_NS']
 
 log = logging.getLogger(__name__)
 
-# a native op's record words that _collect reads (engine/layout.py)
-_STATE, _READY = layout.STATE, layout.READY
-_CALLBACK, _ENGINE, _PARAM = layout.CALLBACK, layout.ENGINE, layout.PARAM
+# the words of a native op that _collect reads (native.take_up's row)
+_T_COUNT, _T_MANAGED, _T_ADDRESS, _T_DEVICE = (
+    native.TAKEN.index(name) for name in ('count', 'managed', 'address', 'device'))
 
 # The communication threads' timer slack. Linux lets a sleep of a normal thread overrun by
 # its slack, 50 us by default: each of a polled wait's short sleeps (progress.wait_polling's
@@ -81,7 +82,8 @@ class Negotiated(Design):
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
         # complete before its function returns (native.py).
         self._native = config.native_ops and not config.naive_engine
-        self._inflight = []               # native ops pushed, not yet taken up
+        self._inflight = []               # native ops pushed, not yet taken up...
+        self._addresses = []              # ...and their records' addresses
         self._ready = {}
         self._executed = set()
         self._base = 0
@@ -130,6 +132,7 @@ class Negotiated(Design):
                 op, mutable = prepared.op(reqs, self._waker.fd), prepared.handles
             with self._lock:
                 self._inflight.append(op)
+                self._addresses.append(op.address)
             engine.push_native(records.mark_ready_address(), op.address, mutable,
                                priority=priority, name=op_name(reqs[0].kind),
                                inline_when_ready=True)
@@ -147,31 +150,48 @@ class Negotiated(Design):
         self._mark_ready(reqs)
 
     def _collect(self):
-        """Take up the native ops that ran: their requests become ready here."""
+        """Take up the native ops that ran: their requests become ready here.
+
+        One compiled call reads every op's record (records.take_up); an op of one request
+        over one array, the common case, then costs a few Python operations: its
+        completion (a slot of the round's, completed with the others in one compiled call,
+        base.complete_all) and its view."""
         if not self._inflight:
             return
-        ran, waiting = [], []
         with self._lock:
-            for op in self._inflight:  # one look per op: it may turn ready meanwhile
-                (ran if op.record.item(_STATE) == _READY else waiting).append(op)
-            self._inflight = waiting
-        if not ran:
+            ops, addresses = self._inflight, self._addresses
+            self._inflight, self._addresses = [], []
+        round_, ops, waiting = records.take_up(ops, addresses)
+        if waiting:
+            with self._lock:   # the ops pushed meanwhile go after them
+                self._inflight[:0] = waiting
+                self._addresses[:0] = [op.address for op in waiting]
+        if round_ is None:
             return
-        reqs = []
-        for op in ran:
-            rec = op.record
-            completion = engine.Completion.native(rec.item(_CALLBACK), rec.item(_ENGINE),
-                                                  rec.item(_PARAM), op.arrays)
-            countdown = _countdown(op.reqs, completion)
-            index = 0
+        debug.count('round', 'taken')
+        reqs, slot = [], records.Slot
+        for index, (op, row) in enumerate(zip(ops, round_.words.tolist())):
+            if len(op.reqs) == 1 and row[_T_COUNT] == 1 and row[_T_MANAGED]:
+                req = op.reqs[0]
+                req.complete_with(slot(round_, index, req.in_place))
+                device = row[_T_DEVICE]
+                try:
+                    req.attach(native_view(req, (row[_T_ADDRESS], device & 0xffffffff,
+                                                 device >> 32)))
+                except Exception as err:  # keep this rank in step with the others
+                    self.fail_all([req], err)
+                reqs.append(req)
+                continue
+            countdown = _countdown(op.reqs, slot(round_, index))
+            at = 0
             for req in op.reqs:
                 req.complete_with(countdown)
                 if req.array is not None:   # Design.attach_native, without its partials
                     try:
-                        req.attach(native_view(req, op.pointer(index)))
+                        req.attach(native_view(req, op.pointer(at)))
                     except Exception as err:  # keep this rank in step with the others
                         self.fail_all([req], err)
-                    index += 1
+                    at += 1
             reqs.extend(op.reqs)
         self._mark_ready(reqs, notify=False)
 
@@ -344,8 +364,8 @@ class Negotiated(Design):
 
 
 def _complete(reqs):
-    for req in reqs or ():
-        req.complete()
+    if reqs:
+        complete_all(reqs)
 
 
 def _countdown(reqs, completion):

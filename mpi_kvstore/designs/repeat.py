@@ -25,6 +25,7 @@ timing. So a rank that holds part of the predicted round, not all of it, waits a
 repeat from step to step, and the bets win. This wait is local and bounded: it changes
 when a rank offers, never what the ranks agree.
 """
+import operator
 import time
 
 import numpy as np
@@ -33,6 +34,7 @@ from .. import debug
 from ..comm import agreement
 from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
+from ..engine import native
 
 __all__ = ['Repeat', 'MAX_BYTES', 'REQUEST_BYTES', 'DTYPES', 'GATHER_S', 'PAUSE_S', 'MAX_PAUSE_S',
            'HISTORY']
@@ -77,6 +79,7 @@ class Repeat:
         self._armed = None     # (slots, sigs, dtype, counts): the bet of this round
         self._buffer = np.empty(0, dtype=np.float32)
         self._pending = None
+        self._places = None    # (views, their addresses, their bytes) of the last bet
         self.stats = {'won': 0, 'lost': 0}
 
     def missing(self, offer, base):
@@ -133,9 +136,12 @@ class Repeat:
         reqs = [offer.get(base + slot) for slot in slots]
         if all(r is not None and r.sig == sig and r.view is not None and r.error is None
                for r, sig in zip(reqs, sigs)):
-            if len(reqs) == 1:
+            places = self._places_of([r.view for r in reqs], buf.nbytes)
+            if places is not None:   # one compiled copy, not one numpy call a request
+                native.gather(buf.view(np.uint8), *places)
+            elif len(reqs) == 1:
                 buf[...] = reqs[0].view.reshape(-1)
-            else:   # one copy in C, not one Python slice assignment a request
+            else:
                 np.concatenate([r.view.reshape(-1) for r in reqs], out=buf)
         else:
             buf[...] = 0
@@ -172,6 +178,14 @@ class Repeat:
         every = all(r.average for r in reqs)
         if every:   # one scaling of the whole sum, not one a request
             _average(buf, self._size)
+        if every or not any(r.average for r in reqs):
+            places = self._places_of([r.buffer() for r in reqs], buf.nbytes)
+            if places is not None:   # one compiled copy back, not one numpy call a request
+                native.scatter(buf.view(np.uint8), *places)
+                if complete:
+                    for req in reqs:
+                        req.complete()
+                return reqs
         at = 0
         for req, count in zip(reqs, armed[3]):
             view = req.buffer()
@@ -182,6 +196,23 @@ class Repeat:
             if complete:
                 req.complete()
         return reqs
+
+    def _places_of(self, views, nbytes):
+        """(addresses, bytes) of ``views`` for native.gather and scatter, kept while a bet
+        finds the very same views again (arrays.host_view keeps one a buffer); None where one
+        is not a contiguous host array, or where they do not hold ``nbytes`` in all."""
+        known = self._places
+        if (known is not None and len(known[0]) == len(views) and known[3] == nbytes
+                and all(map(operator.is_, views, known[0]))):
+            return known[1:3]
+        if not all(type(v) is np.ndarray and v.flags.c_contiguous for v in views):
+            return None
+        sizes = np.array([v.nbytes for v in views], dtype=np.int64)
+        if int(sizes.sum()) != nbytes:
+            return None
+        self._places = (views, np.array([v.ctypes.data for v in views], dtype=np.int64),
+                        sizes, nbytes)
+        return self._places[1:3]
 
     def _learn(self, now, offer, base):
         """Record ``now`` as what followed the last round; predict and arm the next."""

@@ -5,6 +5,7 @@ import ctypes
 import functools
 import os
 import select
+import threading
 
 import numpy as np
 
@@ -15,7 +16,8 @@ from . import native
 from .libmxnet import address_of
 
 __all__ = ['mark_ready_address', 'run_chained_address', 'function_table', 'NativeOp',
-           'Prepared', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS']
+           'Prepared', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS', 'Round', 'Slot',
+           'complete_slots', 'take_up']
 
 # The collective kinds the compiled op runs, and its code for each; the others (Python
 # collectives, the sharded optimizer's reduce-scatter and allgather) run in Python.
@@ -95,12 +97,12 @@ def run_chained_address():
 class NativeOp:
     """The record of one engine op over ``arrays``, whose requests are ``reqs``."""
 
-    __slots__ = ('record', 'arrays', 'reqs', 'keep')
+    __slots__ = ('record', 'arrays', 'reqs', 'keep', '_address')
 
     def __init__(self, arrays, reqs, eventfd, extra=0):
         rec = np.zeros(L.HEADER + L.SLOT * len(arrays) + extra, dtype=np.int64)
         rec[L.COUNT], rec[L.EVENTFD], rec[L.ONE] = len(arrays), eventfd, 1
-        rec[L.SELF] = rec.ctypes.data
+        rec[L.SELF] = self._address = rec.ctypes.data
         rec[L.FNS] = _state.address or function_table().ctypes.data
         rec[L.HEADER + L.A_HANDLE:L.HEADER + L.SLOT * len(arrays):L.SLOT] = [
             a.handle.value for a in arrays]
@@ -108,7 +110,7 @@ class NativeOp:
 
     @property
     def address(self):
-        return int(self.record[L.SELF])
+        return self._address
 
     def reusable(self, eventfd):
         """Whether a new op over the same arrays may take this record: every request of
@@ -248,7 +250,7 @@ class ChainedOp(NativeOp):
 
     # Built on every call: only what the compiled op needs is made now; the buckets, which
     # only the rare Python paths read, are cut from the plan's spans when asked for.
-    __slots__ = ('_address', '_spans')
+    __slots__ = ('_spans',)
 
     def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
         rec = plan.record.copy()
@@ -256,10 +258,6 @@ class ChainedOp(NativeOp):
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
         self._spans = plan.spans
         _state.fallbacks[self._address] = functools.partial(on_python, self)
-
-    @property
-    def address(self):
-        return self._address
 
     @property
     def buckets(self):
@@ -288,6 +286,86 @@ class ChainedOp(NativeOp):
 
     def forget(self):
         _state.fallbacks.pop(self._address, None)
+
+
+class Round:
+    """The engine completions of the native ops that one take-up found ready: ``words``, a
+    row per op as native.take_up read it (native.TAKEN), and ``arrays``, each op's arrays
+    (which an error is raised on). Each is given at most once, by :meth:`done` (one op,
+    maybe with an error) or :meth:`done_many` (many, without error, in one compiled call).
+    It holds no op nor request: a request holds it (through its :class:`Slot`), and a
+    cycle through the ops' requests would keep every array of the round until a collection."""
+
+    __slots__ = ('words', 'arrays', '_done', '_lock')
+
+    def __init__(self, words, arrays):
+        self.words, self.arrays = words, arrays
+        self._done = bytearray(len(arrays))
+        self._lock = threading.Lock()
+
+    def done(self, index, error=None):
+        with self._lock:
+            if self._done[index]:
+                return
+            self._done[index] = 1
+            arrays, self.arrays[index] = self.arrays[index], ()
+        callback, engine_, param = self.words[index, 1:4].tolist()
+        engine.Completion.native(callback, engine_, param, arrays).done(error)
+
+    def done_many(self, indices):
+        with self._lock:
+            rows = [i for i in indices if not self._done[i]]
+            for i in rows:
+                self._done[i] = 1
+                self.arrays[i] = ()
+        if rows:
+            native.complete_ops(self.words, np.array(rows, dtype=np.int64))
+
+
+class Slot:
+    """The completion of op ``index`` of a :class:`Round`, as engine.Completion's
+    ``done(error)``; ``forward``: whether an error reaches the engine (False: the op's
+    array is a staging buffer, whose error would make the engine skip the copy that
+    delivers its poison)."""
+
+    __slots__ = ('round', 'index', 'forward')
+
+    def __init__(self, round_, index, forward=True):
+        self.round, self.index, self.forward = round_, index, forward
+
+    def done(self, error=None):
+        self.round.done(self.index, error if self.forward else None)
+
+
+def complete_slots(slots):
+    """Complete, without error, the ops of ``slots`` (:class:`Slot`), one compiled call per
+    round they come from (one, mostly)."""
+    first = slots[0].round
+    if all(slot.round is first for slot in slots):
+        first.done_many([slot.index for slot in slots])
+        return
+    rounds = {}
+    for slot in slots:
+        rounds.setdefault(id(slot.round), (slot.round, []))[1].append(slot.index)
+    for round_, indices in rounds.values():
+        round_.done_many(indices)
+
+
+def take_up(ops, addresses):
+    """The records of ``ops`` (NativeOps at ``addresses``) read in one compiled call ->
+    (a :class:`Round` of the ready ones or None, the ready ones, the others), in order."""
+    words = np.empty((len(ops), len(native.TAKEN)), dtype=np.int64)
+    ready = native.take_up(np.array(addresses, dtype=np.int64), words)
+    if not ready:
+        return None, [], ops
+    taken, waiting = ops, []
+    if ready < len(ops):
+        mask = words[:, 0] == L.READY
+        taken = []
+        for op, is_ready in zip(ops, mask.tolist()):
+            (taken if is_ready else waiting).append(op)
+        words = words[mask]
+    return Round(words, [op.arrays for op in taken]), taken, waiting
 
 
 class Waker:
