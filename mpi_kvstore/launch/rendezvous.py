@@ -18,6 +18,7 @@ import os
 import secrets
 
 __all__ = ['SECRET_ENV', 'DIR_ENV', 'ID_ENV', 'NP_ENV', 'JOIN_ENV', 'MIN_NP_ENV', 'TIMEOUT_ENV',
+           'GUARD_ENV',
            'new_secret', 'sign', 'verify', 'write_signed', 'read_signed', 'announce_lost',
            'lost_path', 'port_path', 'current_port_path', 'hosts_path', 'formed_path',
            'ready_path', 'announce_hosts']
@@ -31,6 +32,8 @@ NP_ENV = 'MPI_KVSTORE_ELASTIC_NP'           # how many workers the first world w
 JOIN_ENV = 'MPI_KVSTORE_ELASTIC_JOIN'       # '1': this worker joins a running world
 MIN_NP_ENV = 'MPI_KVSTORE_ELASTIC_MIN_NP'   # below this many workers the world waits
 TIMEOUT_ENV = 'MPI_KVSTORE_ELASTIC_TIMEOUT'  # seconds the world waits for workers
+# '1': the worker's UCX sends to a lost peer stay pending (comm/mpiabi.py reads the same name)
+GUARD_ENV = 'MPI_KVSTORE_GUARD_SENDS'
 
 
 def new_secret():

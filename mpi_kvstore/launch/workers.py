@@ -52,7 +52,8 @@ class Workers:
                                 rendezvous.SECRET_ENV: self.secret,
                                 rendezvous.ID_ENV: str(worker),
                                 rendezvous.NP_ENV: str(self.count),
-                                rendezvous.JOIN_ENV: '1' if join else '0'})
+                                rendezvous.JOIN_ENV: '1' if join else '0',
+                                rendezvous.GUARD_ENV: self.env.get(rendezvous.GUARD_ENV, '1')})
         where = [] if host is None or discovery.is_local(host) else ['-hosts', host]
         self.procs[worker] = processes.start_group(
             self.launcher + where + ['-n', '1'] + self.argv, env=env, stdin=subprocess.DEVNULL,
