@@ -1,10 +1,11 @@
 """The one-function path of repeated calls: scenarios/kv_again.py on every design at 2 ranks.
 kv.pushpull (in place, out omitted, into another array, a list of keys), kv.push then
-kv.pull, and hvd.grouped_allreduce_ (Sum, Average) sum as numpy does over 4 steps on the
-same arrays; the 'again' debug counter shows the one-function path taken from the third
-call of a key (the second prepares it) and from the second of a group; another array, a
-context, a priority, compression and a group whose tensors changed or share storage fall
-back to the full path and sum right; a new shape for a key raises ValueError.
+kv.pull (one function too: MPIKVStore.pull), and hvd.grouped_allreduce_ (Sum, Average) sum
+as numpy does over 4 steps on the same arrays; the 'again' debug counter shows the
+one-function path taken from the third call of a key (the second prepares it) and from the
+second of a group or a pull; another array, a context, a priority, compression, a pull into
+another array or a list, and a group whose tensors changed or share storage fall back to the
+full path and sum right; a new shape for a key raises ValueError.
 """
 import pytest
 
@@ -12,7 +13,7 @@ from mpi_kvstore.designs import NAMES
 
 from mpi_harness import result, run_designs
 
-PREPARED = {'pushpull': 10, 'push': 3, 'group': 2}   # calls a step, once prepared
+PREPARED = {'pushpull': 10, 'push': 3, 'group': 2, 'pull': 3}   # calls a step, once prepared
 
 
 @pytest.mark.parametrize('design', NAMES)
@@ -21,11 +22,15 @@ def test_repeated_calls_are_one_function_and_sum_right(design, designs):
     name = 'kv_again[%s]' % design
     assert '%s: OK at 2 ranks' % name in out, out[-3000:]
     for rank in result(out, name)['ranks']:
-        assert rank['counts'] == [{}, {'group': 2}, PREPARED, PREPARED], rank['counts']
+        assert rank['counts'] == [{}, {'group': 2, 'pull': 3}, PREPARED, PREPARED], \
+            rank['counts']
         fell = rank['fallback']
         assert fell.pop('same') == {'pushpull': 1}
         assert fell.pop('again') == {'pushpull': 1}
-        assert fell == {k: {} for k in fell} and len(fell) == 8, fell
+        assert fell.pop('pull 0') == {}
+        # from its second call into the same array, a pull is one function
+        assert fell.pop('pull 1') == fell.pop('pull 2') == {'pull': 1}
+        assert fell == {k: {} for k in fell} and len(fell) == 10, fell
         assert rank['raised'] == ['ValueError']
         checked, expected = rank['checked'], rank['expected']
         assert len(checked) >= 4 * 20

@@ -203,7 +203,14 @@ class KeyTable:
         targets = values if entry.outs is None else tuple(entry.outs)
         in_place = (in_place_ok and self._config.zero_copy and self.updater is None
                     and len(values) == 1 and all(same_array(t, values[0]) for t in targets))
-        work = values[0] if in_place else state.staging()
+        if in_place:
+            work = values[0]
+        elif not in_place_ok and self.updater is None:
+            # a push without the store's optimizer: summed in the stored value itself (one
+            # copy in, none out)
+            work = state.stored()
+        else:
+            work = state.staging()
         found = Plan(state, values, work, targets if in_place_ok else (), in_place,
                      place_of(work))
         if self.sharded(state):
@@ -263,7 +270,7 @@ class KeyTable:
                 fill(plan, state.value)
         elif plan.targets:
             fill(plan, plan.work)
-        else:
+        elif plan.work is not state.value:
             plan.work.copyto(state.stored())
 
 
@@ -274,6 +281,10 @@ class KeyTable:
         first, so no caller of the table sees a held key's old weights."""
         self._held.extend(plans)
         self._held_keys.update(plan.state.key for plan in plans)
+
+    def holding(self):
+        """Whether any update is held (:meth:`flush` delivers it)."""
+        return bool(self._held)
 
     def holds(self, plans):
         """Whether a key of ``plans`` is held (its update must come before their staging)."""

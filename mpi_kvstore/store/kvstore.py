@@ -14,6 +14,7 @@ from typing import Any
 
 from mxnet.kvstore import KVStoreBase
 
+from .. import debug
 from ..comm import topology
 from ..comm.mpiabi import MPI
 from ..comm.timeline import Timeline
@@ -119,6 +120,8 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
             log.info('%s', chosen)
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
+        # key -> (out, its handle, the key's state, (out,)) of its last pull into one array
+        self._pulls: dict = {}
         if job is None:
             self.timeline: Timeline | None = (Timeline(config.timeline, self._rank, self._size)
                                               if config.timeline else None)
@@ -286,7 +289,18 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
 
     def pull(self, key: Keys, out: Values | None = None, priority: int = 0,
              ignore_sparse: bool = True) -> None:
-        """Copy the stored value of each key into out."""
+        """Copy the stored value of each key into out. A pull of one key into the very
+        array of its last pull, with nothing held, is one function (the copy)."""
+        kind = key.__class__
+        if kind is int or kind is str:
+            known = self._pulls.get(key)
+            if (known is not None and known[0] is out and out.handle.value == known[1]
+                    and not self._job.closed and self._optimizer.idle()):
+                self._job.begin(priority)
+                known[2].value.copyto(out)
+                known[2].weights = known[3]
+                debug.count('again', 'pull')
+                return
         self._job.begin(priority)
         self._optimizer.release()
         entries = normalize_out(key, out)
@@ -296,6 +310,10 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
             for arr in entry.outs:
                 state.value.copyto(arr)
             state.weights = tuple(entry.outs)
+        if (kind is int or kind is str) and len(entries) == 1 and entries[0].outs[0] is out:
+            if len(self._pulls) >= CallCache.LIMIT:
+                self._pulls.clear()
+            self._pulls[key] = (out, out.handle.value, states[0], states[0].weights)
 
     def join(self) -> int:
         """This rank has run out of data: until every rank has joined, take part in

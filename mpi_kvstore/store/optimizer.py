@@ -192,6 +192,11 @@ class StoreOptimizer:
         if flush:
             self._keys.flush()
 
+    def idle(self):
+        """Whether nothing is held: no collective by the gate, no call's delivery, no
+        update (what :meth:`release` would send or deliver)."""
+        return not (self.gate.reqs or self._waiting or self._keys.holding())
+
     def _after_sent(self):
         waiting, self._waiting = self._waiting, []
         for plans, priority in waiting:

@@ -9,11 +9,11 @@ steps     Keys of float32, float64 and int32 reduced 4 steps on the same arrays 
           and out omitted), into another array (out=, staged), of a list of two keys,
           kv.push then kv.pull, and hvd.grouped_allreduce_ of three tensors (Sum and the
           default Average). Every result is checked against numpy; 'again' counts the calls
-          of steps 3-4 (step 2 prepares them) and of the groups' steps 2-4.
+          of steps 3-4 (step 2 prepares them), of the groups' and pulls' steps 2-4.
 fallback  After a call took the one-function path: another array object of the same shape,
           a new shape for the key (ValueError, nothing sent), a context (cpu(1)), a priority,
-          compression set and unset, and a group with one tensor replaced or two tensors
-          sharing storage: each takes the full path (no 'again'), sums right, and the
+          compression set and unset, a pull into another array or a list, and a group with
+          one tensor replaced or two tensors sharing storage: each takes the full path (no 'again'), sums right, and the
           original call's next repeat takes the one-function path again.
 """
 import mxnet as mx
@@ -135,6 +135,18 @@ def fallback():
     x[:] = RANK + 1
     said['again'] = one(kv.pushpull, 'fb', x, out=x, priority=3)
     close(x.asnumpy(), FACTOR, 'fb again')
+
+    kv.init('fb_pull', mx.nd.zeros((6,)))
+    p = mx.nd.zeros((6,))
+    for step in range(3):
+        kv.push('fb_pull', mx.nd.ones((6,)) * (RANK + 1 + step))
+        said['pull %d' % step] = one(kv.pull, 'fb_pull', out=p)
+        close(p.asnumpy(), FACTOR + SIZE * step, 'fb pull %d' % step)
+    q = mx.nd.zeros((6,))
+    said['pull another array'] = one(kv.pull, 'fb_pull', out=q)
+    close(q.asnumpy(), FACTOR + SIZE * 2, 'fb pull another array')
+    said['pull a list'] = one(kv.pull, 'fb_pull', out=[p])
+    close(p.asnumpy(), FACTOR + SIZE * 2, 'fb pull a list')
 
     group = [mx.nd.ones((4,)) * (RANK + 1), mx.nd.ones((5,)) * (RANK + 1)]
     for _ in range(2):
