@@ -308,8 +308,11 @@ class World:
 
     def _why(self, what, deadline):
         """For forming.py: a function that says why a wait for ``what`` must end (a member
-        of the forming world lost, or ``deadline`` seconds past), or None."""
+        of the forming world lost, or ``deadline`` seconds past), or None. Reads the
+        launcher's notices first: a wait that completes at once must not skip them (rank 0
+        hands new members to the listeners there)."""
         ends = time.monotonic() + deadline
+        self._look()
 
         def failed():
             self._look()
