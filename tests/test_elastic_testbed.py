@@ -131,23 +131,6 @@ def test_a_host_the_script_removes_leaves_at_the_next_commit(hosts, tmp_path, mp
     assert_equal_and_right(job, (0, 1), 60)
 
 
-# A survivor across TCP test hosts sometimes dies of a segmentation fault inside MPICH/UCX
-# while the world re-forms after a SIGKILLed peer (2 runs in about 16 of these two tests; the
-# job then recovers from that second loss, but not as these tests expect). Until that crash is
-# understood they run only on request, so that the suite reports only what the project decides.
-# A survivor across TCP test hosts can still die of a segmentation fault inside MPICH when it
-# starts its next collective on the old world right after a peer was SIGKILLed, before the
-# launcher announces the loss (in PMPI_Iallreduce: MPICH's UCX endpoints have no error
-# handling, so using the dead peer's is undefined); seen in 1 of 9 runs of this module once
-# the requests given up on were kept (comm/abandoned.py), which fixed the crashes while
-# re-forming. The job then recovers from that second loss, but not as these tests expect, so
-# they run only on request and the suite reports only what the project decides.
-KILLS = os.environ.get('MPI_KVSTORE_TESTBED_KILLS') == '1'
-needs_kills = pytest.mark.skipif(not KILLS, reason='set MPI_KVSTORE_TESTBED_KILLS=1: a survivor '
-                                 "may crash in MPICH starting a collective with a just-killed peer")
-
-
-@needs_kills
 def test_a_worker_killed_on_another_host_the_survivors_go_on_in_memory(hosts, tmp_path,
                                                                        mpi_available):
     """h0, h1 and h2; the test SIGKILLs worker 1's process, in h1's namespace, after its
@@ -178,7 +161,6 @@ def test_a_worker_killed_on_another_host_the_survivors_go_on_in_memory(hosts, tm
     assert_equal_and_right(job, (0, 2), 50)
 
 
-@needs_kills
 def test_a_failed_host_comes_back_after_its_blacklist_cooldown(hosts, tmp_path, mpi_available):
     """--blacklist-cooldown-range 3 30: worker 1 SIGKILLed on h1; h1 is out for 3 s, then the
     script still lists it and a new worker starts there and joins; the job ends with workers
