@@ -30,7 +30,7 @@ IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 3, 1, 1)
 def parser(description, batch_size, lr, epochs=1):
     """The flags every example takes; each script adds its own."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument('--design', default='funneled', choices=mpi_kvstore.DESIGNS,
+    p.add_argument('--design', default='auto', choices=mpi_kvstore.DESIGNS + ('auto',),
                    help='mpi_kvstore scheduling design (default: %(default)s)')
     p.add_argument('--steps', type=int, default=0,
                    help='max steps per epoch, also caps evaluation batches; 0 = full epoch')

@@ -127,7 +127,7 @@ def _hierarchical(v):
 _cuda_aware = _hierarchical   # the same modes: auto, on, off, or a boolean word
 _gpu_transport = _one_of(GPU_TRANSPORTS, 'GPU transport')
 _compression = _one_of(COMPRESSIONS, 'compression')
-_design = _one_of(DESIGNS, 'design')
+_design = _one_of(DESIGNS + ('auto',), 'design')
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,9 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option('design', _design, 'funneled', 'name',
-           'Scheduling design: funneled, concurrent, chained, or blocking (baseline).'),
+    Option('design', _design, 'auto', 'name',
+           'Scheduling design: funneled, concurrent, chained, blocking (baseline), or auto: '
+           'chained on one host, else funneled (docs/designs.md).'),
     # Not Horovod's 64 MB: on a CPU, copies into a larger buffer cost as much as the
     # collective (docs/configuration.md, Why the defaults).
     Option('fusion_threshold', parse_bytes, 1 << 20, 'bytes',

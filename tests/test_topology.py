@@ -43,3 +43,29 @@ def test_the_store_logs_it_once_and_doctor_shows_it(monkeypatch, caplog):
     assert caplog.records == []
     monkeypatch.setenv('MPI_KVSTORE_DESIGN', 'funneled')
     assert not any('warning: design' in line for line in doctor.report())
+
+
+@pytest.mark.parametrize('hosts, options, elastic, chosen', [
+    (1, {}, False, 'chained'),
+    (2, {}, False, 'funneled'),
+    (4, {}, False, 'funneled'),
+    (1, {}, True, 'funneled'),
+    (1, {'autotune': True}, False, 'funneled'),
+    (1, {'autotune': False}, False, 'chained'),
+    (1, {'design': 'concurrent'}, False, 'concurrent'),
+    (3, {'design': 'chained'}, False, 'chained'),
+])
+def test_design_auto_is_chained_on_one_host_else_funneled(monkeypatch, hosts, options, elastic,
+                                                          chosen):
+    """The default design: chained on one host; funneled across hosts, on an elastic world or
+    with autotune on; a design the user named is kept, and the line says why."""
+    monkeypatch.setattr(topology, 'count_hosts', lambda comm: hosts)
+    monkeypatch.setattr(topology, 'oversubscribed', lambda comm: False)
+    given = Config(environ={}, **options)
+    config, why = topology.resolve(given, MPI.COMM_SELF, warn=False, elastic=elastic)
+    assert config.design == chosen
+    if 'design' in options:
+        assert config.origin('design') == given.origin('design') == 'argument'
+    else:
+        assert given.design == 'auto'
+        assert 'design=%s' % chosen in why and config.origin('design').startswith('auto: ')

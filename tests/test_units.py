@@ -15,7 +15,7 @@ from mpi_kvstore.gluon import _groups  # loaded in a test, the store outlasts hy
 
 def test_config_precedence_argument_env_default():
     env = {'MPI_KVSTORE_DESIGN': 'chained', 'MPI_KVSTORE_FUSION_THRESHOLD': '4M'}
-    assert cfg.Config(environ={}).design == 'funneled'
+    assert cfg.Config(environ={}).design == 'auto'
     assert cfg.Config(environ=env).design == 'chained'
     assert cfg.Config(environ=env, design='concurrent').design == 'concurrent'
     assert cfg.Config(environ=env).fusion_threshold == 4 << 20
@@ -598,7 +598,7 @@ def test_auto_schedule_options_follow_the_hosts_and_keep_explicit_values(monkeyp
     assert (config.partition_bytes, config.credit_bytes, config.progress_sleep_us) == (0, 0, 0)
     assert config.autotune is False and 'autotune=off' in why   # nothing is cut on one host
     everything = cfg.Config(environ={}, partition_bytes=1, credit_bytes=2, progress_sleep_us=3,
-                            autotune=True)
+                            autotune=True, design='funneled')
     assert topology.resolve(everything, MPI.COMM_SELF) == (everything, None)
     monkeypatch.setattr(topology, 'oversubscribed', lambda comm: True)
     config, why = topology.resolve(cfg.Config(environ={}), MPI.COMM_SELF)

@@ -187,9 +187,8 @@ def report(environ=None):
         'NCCL:             %s' % _nccl(),
         'ml_dtypes (bf16): %s' % _version('ml_dtypes'),
         'local rank:       %s' % _local(),
-        'designs (* = chosen by design=%s, from %s):'
-        % (config.design, 'MPI_KVSTORE_DESIGN' if 'MPI_KVSTORE_DESIGN' in os.environ
-           else 'the default'),
+        'designs (* = the one a store runs: design=%s, from %s):'
+        % (config.design, config.origin('design')),
     ]
     lines += _designs(config, provided)
     warning = topology.design_warning(config.design, topology.count_hosts(MPI.COMM_WORLD))

@@ -36,7 +36,7 @@ from .mpiabi import MPI
 from .progress import AGREEMENT_POLL_US, wait_polling
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',
-           'resolve', 'design_warning', 'settings', 'agree', 'agreed_config']
+           'auto_design', 'resolve', 'design_warning', 'settings', 'agree', 'agreed_config']
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +132,26 @@ def design_warning(design, hosts):
     if design != 'chained' or hosts < 2:
         return None
     return ('mpi_kvstore: design=chained across %d hosts runs collectives in push order, '
-            'without priority pieces; design=funneled (the default) schedules them by '
+            'without priority pieces; design=funneled (what auto picks) schedules them by '
             'priority, which pays where the network is the bottleneck (docs/designs.md)'
             % hosts)
 
 
-def resolve(config, comm, table=None, warn=True):
-    """Collective: ``config`` with every 'auto' of :data:`ACROSS_HOSTS` decided, and a line
+def auto_design(hosts, config, elastic=False):
+    """The design ``design='auto'`` runs. On one host, chained: its compiled op calls MPI
+    from the engine worker, with no negotiation thread to wake, so a lone call and a burst
+    take half of funneled's time, and per-key training on one machine stepped fastest with
+    it (docs/benchmarks.md). funneled where chained cannot do the job: across hosts (its
+    priority pieces, docs/scheduling.md), on an elastic world (every wait polled) and with
+    autotune on (a search between negotiation rounds)."""
+    if hosts > 1 or elastic or config.autotune is True:
+        return 'funneled'
+    return 'chained'
+
+
+def resolve(config, comm, table=None, warn=True, elastic=False):
+    """Collective: ``config`` with every 'auto' of :data:`ACROSS_HOSTS` and the design
+    decided (:func:`auto_design`; ``elastic``: the store is on an elastic world), and a line
     that says what was chosen and why (None when nothing was 'auto'). Ranks that were given
     the same options (:func:`agree`) decide the same values: every fact used is agreed.
     Rank 0 logs :func:`design_warning` where it applies (unless ``warn`` is false: doctor
@@ -160,6 +173,10 @@ def resolve(config, comm, table=None, warn=True):
         chosen.update(tuned, autotune=False)   # already searched for this topology
         source += ', tune table'
     auto = {name: value for name, value in chosen.items() if getattr(config, name) == 'auto'}
+    if config.design == 'auto':
+        auto['design'] = auto_design(hosts, config.replace(**auto), elastic)
+        if elastic:
+            source += ', elastic'
     if not auto:
         return config, None
     resolved = config.replace(origin='auto: %s' % source, **auto)
@@ -216,6 +233,8 @@ _BYTES = ('fusion_threshold', 'device_fusion_threshold', 'partition_bytes', 'cre
 def _show(value):
     if isinstance(value, bool):
         return 'on' if value else 'off'
+    if isinstance(value, str):
+        return value
     return '%g' % value if isinstance(value, float) else format_bytes(value)
 
 

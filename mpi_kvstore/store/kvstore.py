@@ -107,17 +107,18 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         key table, the named buffers, the optimizer's shares. ``job``: the store's Job to
         reset on ``comm`` (None: a new one)."""
         config, table = topology.agreed_config(comm, self._options)
-        design = get_design(config.design)
-        if self._world is not None and design.name not in ELASTIC_DESIGNS:
+        if self._world is not None and config.design not in ELASTIC_DESIGNS + ('auto',):
             raise ConfigError('design %r cannot run on an elastic world: choose one of %s'
-                              % (design.name, ', '.join(ELASTIC_DESIGNS)))
-        check_thread_level(design)
-        engine.set_naive(config.naive_engine)
+                              % (config.design, ', '.join(ELASTIC_DESIGNS)))
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
-        # the options left 'auto', decided before anything is built from the config
-        config, chosen = topology.resolve(config, comm, table)
+        # the options left 'auto' (the design too), decided before anything is built from
+        # the config
+        config, chosen = topology.resolve(config, comm, table, elastic=self._world is not None)
         if chosen and self._rank == 0:
             log.info('%s', chosen)
+        design = get_design(config.design)
+        check_thread_level(design)
+        engine.set_naive(config.naive_engine)
         self._keys = KeyTable(config, self._rank, self._size)
         self._calls = CallCache()         # push and pushpull calls already checked
         # key -> (out, its handle, the key's state, (out,)) of its last pull into one array
