@@ -129,7 +129,7 @@ def test_config_error_is_one_line_with_status_2(capsys, monkeypatch):
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert proc.stderr == ('%s doctor: error: invalid environment variable '
                            "MPI_KVSTORE_DESIGN='ring': unknown design 'ring'; choose one of "
-                           'funneled, concurrent, chained, blocking\n' % PROG), proc.stderr
+                           'funneled, concurrent, chained, blocking, auto\n' % PROG), proc.stderr
     monkeypatch.setenv('MPI_KVSTORE_FUSION_THRESHOLD', '-1')
     status, _, err = _exit(capsys, 'doctor')
     assert status == 2 and err.count('\n') == 1 and err.endswith('\n'), err
