@@ -25,9 +25,11 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # calls of MXNet's per-key loops whose collectives waited for the loop's next ('held'), and
 # the submits that sent a loop's collectives together ('submit', store/optimizer.py); round:
 # take-ups of a negotiation thread's native ops in one compiled read ('taken') and
-# completions of many of their engine ops in one compiled call ('bulk', designs/base.py).
+# completions of many of their engine ops in one compiled call ('bulk', designs/base.py);
+# again: repeated calls that took their one-function path, by call ('pushpull', 'push',
+# 'pull', 'group': store/exchange.py, store/collectives.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
-         'optimizer', 'repeat', 'fastpath', 'loop', 'round')
+         'optimizer', 'repeat', 'fastpath', 'loop', 'round', 'again')
 
 _counts = collections.Counter()
 
