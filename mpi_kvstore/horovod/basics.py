@@ -124,12 +124,12 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
             comm = MPI.COMM_WORLD if world is None else world.comm
         elif not isinstance(comm, MPI.Comm):
             ranks = sorted(int(r) for r in comm)
-            world = MPI.COMM_WORLD
-            sub = world.Split(0 if world.Get_rank() in ranks else MPI.UNDEFINED,
-                              world.Get_rank())
+            everyone = MPI.COMM_WORLD   # not an elastic world: ``world`` stays None
+            sub = everyone.Split(0 if everyone.Get_rank() in ranks else MPI.UNDEFINED,
+                                 everyone.Get_rank())
             if sub == MPI.COMM_NULL:
                 raise ValueError('hvd.init(comm=%s): COMM_WORLD rank %d is not in it'
-                                 % (ranks, world.Get_rank()))
+                                 % (ranks, everyone.Get_rank()))
             comm = sub
         environ = os.environ
         apply_log_level(environ)
