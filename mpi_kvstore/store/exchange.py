@@ -102,13 +102,7 @@ class Exchange:
             return False
         if entry is None or priority.__class__ is not int or entry.priority != priority:
             return False
-        if entry.value is not None:
-            if value is not entry.value or out is not entry.out:
-                return False
-            for arr, handle in zip(entry.arrays, entry.handles):
-                if arr.handle.value != handle:
-                    return False
-        elif not entry.matches(value, out):
+        if not entry.matches(value, out):
             return False
         job, gate = self._direct, self._job
         if (job.closed or entry.codec is not self.codec or entry.prepared.owner is not job.design
