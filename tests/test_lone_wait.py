@@ -53,8 +53,8 @@ def test_the_spun_wait_ends_with_its_request_and_delivers_its_data(spin_us):
 
 def test_the_spin_applies_where_the_store_busy_polls_its_data_and_ranks_are_several():
     config = types.SimpleNamespace
-    assert spin_of(config(progress_sleep_us=0.0), 2) == AGREEMENT_SPIN_US
-    assert spin_of(config(progress_sleep_us=0), 4) == AGREEMENT_SPIN_US
+    assert spin_of(config(progress_sleep_us=0.0), 2, cores=16) == AGREEMENT_SPIN_US
+    assert spin_of(config(progress_sleep_us=0), 4, cores=8) == AGREEMENT_SPIN_US
     assert spin_of(config(progress_sleep_us=200.0), 2) == 0      # across hosts, oversubscribed
     assert spin_of(config(progress_sleep_us=0.0), 1) == 0        # nobody to wait for
     assert spin_of(config(progress_sleep_us='auto'), 2) == 0     # not decided: no spin
@@ -83,6 +83,29 @@ def test_a_wait_that_outlasts_the_spin_halves_it_to_nothing_and_short_waits_brin
     spin.set_top(0.0)                   # autotune chose polled data: no spin at all
     spin.waited(1e-6)
     assert spin.us(0.0) == 0.0
+
+
+def test_the_spin_applies_only_where_each_rank_of_the_host_has_a_second_core():
+    config = types.SimpleNamespace(progress_sleep_us=0.0)
+    assert spin_of(config, 2, cores=2) == 0                       # 2 ranks on 2 cores
+    assert spin_of(config, 2, cores=3) == 0
+    assert spin_of(config, 2, cores=4) == AGREEMENT_SPIN_US
+    assert spin_of(config, 8, cores=16) == AGREEMENT_SPIN_US
+    assert spin_of(config, 8, cores=1) == 0                       # a rank bound to one core
+    # the launcher's count of this host's ranks, where it is less than the job's
+    assert spin_of(config, 8, cores=4, local=2) == AGREEMENT_SPIN_US
+    assert spin_of(config, 8, cores=4, local=4) == 0
+
+
+def test_the_hosts_ranks_are_the_launchers_count_else_the_jobs(monkeypatch):
+    config = types.SimpleNamespace(progress_sleep_us=0.0)
+    for name in ('MPI_LOCALRANKID', 'MPI_LOCALNRANKS', 'OMPI_COMM_WORLD_LOCAL_RANK',
+                 'OMPI_COMM_WORLD_LOCAL_SIZE', 'SLURM_LOCALID', 'SLURM_NTASKS_PER_NODE'):
+        monkeypatch.delenv(name, raising=False)
+    assert spin_of(config, 4, cores=4) == 0                       # 4 ranks taken as one host's
+    monkeypatch.setenv('MPI_LOCALRANKID', '0')
+    monkeypatch.setenv('MPI_LOCALNRANKS', '2')
+    assert spin_of(config, 4, cores=4) == AGREEMENT_SPIN_US       # 2 of them on this host
 
 
 def test_no_spin_while_the_machine_has_no_core_to_spare_looked_at_once_a_period():
