@@ -3,7 +3,7 @@
 MPICH's UCX endpoints have no error handling: once UCX has seen the dead peer's connection
 fail, a send to it fails at once and MPICH 5.0.2 then dereferences the request it never
 made (SIGSEGV in MPI_Iallreduce, every run of this scenario without the guard). Elastic
-workers get MPI_KVSTORE_GUARD_SENDS=1 from the supervisor, and comm/mpiabi.py then makes
+workers get MPI_KVSTORE_GUARD_SENDS=1 from the supervisor, and comm/sendguard.py then makes
 such sends stay pending: the survivor's collectives time out, and it re-forms and
 allreduces over a new world. Three launches of `mpiexec -n 1`, over UCX's TCP transport.
 """

@@ -7,7 +7,7 @@ Roles, each its own ``mpiexec -n 1`` meeting through ports published in DIR:
   victim  joins, allreduces KILL_AFTER times, says it dies (a file), then SIGKILLs itself;
   late    joins the new world.
 MPICH's UCX sends to the dead peer fail at once once UCX has seen its connection go, and
-MPICH then crashed inside MPI_Iallreduce (comm/mpiabi.py, guard_failed_sends).
+MPICH then crashed inside MPI_Iallreduce (comm/sendguard.py, guard_failed_sends).
 """
 import os
 import signal
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from mpi_kvstore.comm import abandoned, mpiabi
+from mpi_kvstore.comm import abandoned, sendguard
 from mpi_kvstore.comm.mpiabi import MPI
 
 role, directory = sys.argv[1], sys.argv[2]
@@ -46,7 +46,7 @@ def allreduce_new_world(world):
     print('%s: new world of %d: %s' % (role, world.Get_size(), out.tolist()), flush=True)
 
 
-print('%s: guarded %s' % (role, ','.join(mpiabi.guarded()) or 'nothing'), flush=True)
+print('%s: guarded %s' % (role, ','.join(sendguard.guarded()) or 'nothing'), flush=True)
 data = np.arange(SIZE, dtype=np.float32)
 if role == 'root':
     port = MPI.Open_port()
