@@ -54,12 +54,14 @@ class Design(abc.ABC):
     # -- called on the user's thread ---------------------------------------
     def submit(self, reqs, priority=0):
         """Number the requests in call order, then hand them to the design."""
+        seq, timeline = self._seq, self.timeline
         for req in reqs:
             # Within a round, collectives run by priority: every rank must pass the same.
-            req.number(next(self._seq), priority)
-            self.pushed = req.seq + 1
-            if self.timeline:
-                self.timeline.pushed(req)
+            at = next(seq)
+            req.number(at, priority)
+            self.pushed = at + 1
+            if timeline:
+                timeline.pushed(req)
         self._submit(reqs, priority)
 
     @abc.abstractmethod

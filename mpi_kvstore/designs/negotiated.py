@@ -82,6 +82,9 @@ class Negotiated(Design):
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
         # complete before its function returns (native.py).
         self._native = config.native_ops and not config.naive_engine
+        if self._native:   # what the prepared path pushes (_submit), converted once
+            self._mark_ready_fn = engine.native_fn(records.mark_ready_address())
+            self._names = {}
         self._inflight = []               # native ops pushed, not yet taken up...
         self._addresses = []              # ...and their records' addresses
         self._ready = {}
@@ -114,6 +117,21 @@ class Negotiated(Design):
         self._thread.start()
 
     def _submit(self, reqs, priority):
+        prepared = getattr(reqs, 'prepared', None)
+        if prepared is not None and prepared.owner is self and self._native:
+            # a store's prepared call (keys.Replay): the same arrays again, whose handle
+            # array is built and whose record is taken again once its last op is done
+            op = prepared.op(reqs, self._waker.fd)
+            address = op.address
+            with self._lock:
+                self._inflight.append(op)
+                self._addresses.append(address)
+            kind = reqs[0].kind
+            name = self._names.get(kind)
+            if name is None:
+                name = self._names[kind] = engine.encoded(op_name(kind))
+            engine.push_inline(self._mark_ready_fn, address, prepared.handles, priority, name)
+            return
         arrays = [r.array for r in reqs if r.array is not None]
         if not arrays:
             self._mark_ready(reqs)
@@ -123,13 +141,7 @@ class Negotiated(Design):
         # Priorities take effect where the order is decided: each round runs its agreed
         # requests by priority, then push order (fusion.order).
         if self._native:
-            # a store's prepared call (keys.Replay): the same arrays again, whose handle
-            # array is built and whose record is taken again once its last op is done
-            prepared = getattr(reqs, 'prepared', None)
-            if prepared is None or prepared.owner is not self:
-                op, mutable = records.NativeOp(arrays, reqs, self._waker.fd), arrays
-            else:
-                op, mutable = prepared.op(reqs, self._waker.fd), prepared.handles
+            op, mutable = records.NativeOp(arrays, reqs, self._waker.fd), arrays
             with self._lock:
                 self._inflight.append(op)
                 self._addresses.append(op.address)

@@ -426,6 +426,33 @@ def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstor
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 
+def native_fn(fn_address):
+    """The engine's function object of the C function at ``fn_address``, for
+    :func:`push_inline` (made once per address)."""
+    fn = _state.native_fns.get(fn_address)
+    if fn is None:
+        fn = _state.native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
+    return fn
+
+
+def encoded(name):
+    """An op name as the engine takes it, for :func:`push_inline` (made once per name)."""
+    return _encoded(name)
+
+
+_INLINE = _PROPERTY_ARGS[True]
+
+
+def push_inline(fn, param_address, handles, priority, name):
+    """push_native(..., inline_when_ready=True) for a caller that pushes an op per call:
+    ``fn`` from :func:`native_fn`, ``handles`` a :class:`Handles`, ``name`` from
+    :func:`encoded`; ``priority`` a plain int (ctypes passes it as a C int)."""
+    if _push_plain(fn, ctypes.c_void_p(param_address), None, _CPU_CONTEXT_ARG, _NO_HANDLES,
+                   _NONE, handles.array, handles.count_arg, _INLINE, priority, name,
+                   _NO_WAIT) != 0:
+        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
+
+
 _native_name = ctypes.create_string_buffer(b'mpi_kvstore_chained')
 
 

@@ -71,6 +71,16 @@ def _set_root(process_set, root_rank, what):
     return process_set.ranks.index(int(root_rank))
 
 
+def _copy(tensor):
+    """A new array of ``tensor``'s values. A legacy NDArray goes through MXNet's identity op:
+    one engine call where NDArray.copy makes two (an allocation, then a copy), about half
+    its 30 us on a 16 KB tensor; its output is row-major (and dense or sparse) as copy's is,
+    also from an input in an MKLDNN layout. Any other array type copies itself."""
+    if tensor.__class__ is mx.nd.NDArray:
+        return mx.nd.identity(tensor)
+    return tensor.copy()
+
+
 def _scale(tensor, factor):
     """tensor *= factor, in place, as an engine op (integer tensors scaled in float64)."""
     if factor == 1.0:
@@ -154,7 +164,7 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
     """As :func:`allreduce_`, into a new NDArray; ``tensor`` is left as it was."""
     op = _op_of(op, average, 'allreduce')
     _set_store(process_set, 'allreduce')
-    return _allreduce_inplace([tensor.copy()], op, [name or 'hvd.allreduce'], prescale_factor,
+    return _allreduce_inplace([_copy(tensor)], op, [name or 'hvd.allreduce'], prescale_factor,
                               postscale_factor, process_set, 'allreduce', again=False)[0]
 
 
@@ -194,7 +204,7 @@ def grouped_allreduce(tensors: Sequence[NDArray], average: bool | None = None,
     op = _op_of(op, average, 'grouped_allreduce')
     if tensors:
         _set_store(process_set, 'grouped_allreduce')
-    return _grouped([t.copy() for t in tensors], op, name, prescale_factor, postscale_factor,
+    return _grouped([_copy(t) for t in tensors], op, name, prescale_factor, postscale_factor,
                     process_set, 'grouped_allreduce', again=False)
 
 

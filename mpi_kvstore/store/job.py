@@ -92,11 +92,13 @@ class Job:
 
     def submit(self, reqs, priority):
         """Hand complete requests to the design, in call order."""
-        self.check_open()
+        if self.closed:
+            self.check_open()
+        pending = self.pending
         self.design.reap()
-        while self.pending and self.pending[0].done:
-            self.pending.popleft()
-        self.pending.extend(reqs)
+        while pending and pending[0].done:
+            pending.popleft()
+        pending.extend(reqs)
         self.design.submit(reqs, priority)
         if self.design.synchronous:
             self.errors.raise_pending()
