@@ -138,9 +138,14 @@ class Design(abc.ABC):
         if self.size == 1:
             self.execute_all(reqs, comm)
             return
-        msg = agreement.group_message([r.sig for r in reqs], rank=self.rank)
+        msg = self.group_message([r.sig for r in reqs])
         comm.check_min(msg)
         self.run_agreed(reqs, msg, comm)
+
+    def group_message(self, sigs, joined=False):
+        """This rank's agreement message of one call (agreement.group_message); chained's
+        carries more, so every agreement on its comm has that length."""
+        return agreement.group_message(sigs, joined=joined, rank=self.rank)
 
     def run_agreed(self, reqs, msg, comm):
         """Run ``reqs`` as the agreement ``msg`` (after the MIN) says: reject them on a
@@ -164,7 +169,7 @@ class Design(abc.ABC):
         self.joined = True
         comm = self.join_comm
         while True:
-            msg = agreement.group_message((), joined=True)
+            msg = self.group_message((), joined=True)
             comm.check_min(msg)
             head = agreement.read_header(msg)
             if head.all_joined:

@@ -8,7 +8,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from ..comm import agreement
+from .. import debug
 from ..comm.fusion import BufferPool
 from ..comm.mpiabi import MPI, c_datatype
 from ..comm.progress import AGREEMENT_POLL_US
@@ -44,6 +44,16 @@ class Chained(Design):
     Each op first MIN-allreduces a 4-int fingerprint of its requests, so ranks
     that disagree fail loudly instead of summing different keys.
 
+    A burst fuses. An op of one allreduce bucket pushed while the op before it is still
+    pending, whose arrays nothing else reads or writes then (a probe op pushed just before
+    it runs at once; after a probe that did not, none until the ops catch up), may be run
+    by an earlier op: each op offers, after its own
+    fingerprint, those of the ops pushed after it that it can take, and every rank runs the
+    MIN of the counts offered (cut before the first that differs) in allreduces of up to
+    ``fusion_threshold`` bytes. An op that was run so only completes when the chain reaches
+    it. Ranks that offer different counts line up again: each op's round on every rank
+    starts at the same place in the sequence.
+
     The op is native (engine/native.py, run_chained): machine code calls MPI, so
     no Python runs on the engine worker. It hands the rare cases to Python on
     the same worker (:meth:`_in_python`). Requests are marked done lazily
@@ -68,6 +78,9 @@ class Chained(Design):
         self._fusion = BufferPool()           # host buffers for fused buckets
         self._plans = {}                      # call shape -> records.ChainedPlan
         self._inflight = collections.deque()  # native ops, in push (= completion) order
+        self._tail = None                     # the last op pushed, where it is native
+        self._fuse = None                     # the host buffer of fused runs
+        self._probing = True                  # no probe found busy arrays since ops were idle
         self._reap_lock = threading.Lock()
         self._waker = None
         # Ready data at push time: the op runs on this thread, no engine hand-offs
@@ -76,6 +89,9 @@ class Chained(Design):
         if self._native:
             self._address = records.run_chained_address()   # compiled now, not in step one
             self._waker = records.Waker()
+            if self.size > 1 and config.fusion_threshold > 0:
+                self._fuse = np.empty(config.fusion_threshold, dtype=np.uint8)
+                self._probe = records.probe_address()
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
@@ -84,18 +100,37 @@ class Chained(Design):
             op = records.ChainedOp(plan_, reqs, arrays, self._in_python)
             for req in reqs:
                 req.wait_with(self._wait)
+            prev = self._inflight[-1] if self._inflight else None
+            pending = prev is not None and not prev.done
             self._inflight.append(op)
             # Offered inline only when no earlier op is pending: one that is would hold this
             # one back, and an op offered inline whose data is not ready takes a detour
             # through MXNet's compute worker (native.py), which slowed per-key training.
-            inline = (plan_.nbytes <= self._inline_max
-                      and (len(self._inflight) < 2 or self._inflight[-2].done))
+            inline = plan_.nbytes <= self._inline_max and not pending
             if inline:
                 op.pushed_from(_pthread_self(), priority)
+            follows = pending and prev is self._tail
+            if not pending:
+                self._probing = True
+            elif follows and plan_.leads and self._probing:
+                # Its arrays free now (the probe ran at once), the op pending before it may
+                # run it: nothing else touches them until this op completes, which is after.
+                # A probe that finds them busy runs later on MXNet's compute worker, which
+                # the op then waits for: one such a burst (the gradients of a backward pass
+                # still being computed), until the ops catch up.
+                engine.push_native(self._probe, op.address, plan_.probe_handles,
+                                   inline_when_ready=True)
+                if not op.may_be_absorbed():
+                    self._probing = False
+                    debug.count('fuse', 'busy')
             engine.push_native(self._address, op.address, plan_.handles, priority=priority,
                                name=op_name(reqs[0].kind), inline_when_ready=inline,
                                may_block=inline)
+            if follows:
+                op.follows(prev)
+            self._tail = op
             return
+        self._tail = None     # a Python op: no native op may run past it
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
@@ -143,13 +178,20 @@ class Chained(Design):
             return None
         if any(b[0].kind == 'bcast' and _python_broadcast(self._comm, b) for b in buckets):
             return None
-        message = (agreement.group_message([r.sig for r in reqs], rank=self.rank)
-                   if self.size > 1 else None)
+        message = self.group_message([r.sig for r in reqs]) if self.size > 1 else None
+        fuse = (0, 0) if self._fuse is None else (self._fuse.ctypes.data, self._fuse.size)
         found = records.ChainedPlan(buckets, self._comm, message, self._waker.fd,
                                     self._fusion_buffer, _progress(self.config),
-                                    AGREEMENT_POLL_US)
+                                    AGREEMENT_POLL_US, fuse)
         found.handles = engine.Handles(arrays + [self._chain])
+        if found.leads:
+            found.probe_handles = engine.Handles(arrays)
         return found
+
+    def group_message(self, sigs, joined=False):
+        """The agreement message of one call, offering no other (layout.offer_message):
+        every agreement on this comm, in Python or compiled, has the compiled op's length."""
+        return layout.offer_message(super().group_message(sigs, joined))
 
     def _fusion_buffer(self, dtype, count):
         """A host buffer for a fused bucket. Ops run one at a time, so they share the
@@ -195,6 +237,11 @@ class Chained(Design):
             while self._inflight and self._inflight[0].done:
                 op = self._inflight.popleft()
                 op.forget()
+                fused, absorbed = op.fused
+                if fused:
+                    debug.count('fuse', 'led')
+                if absorbed:
+                    debug.count('fuse', 'absorbed')
                 for req in op.reqs:
                     req.finish()
 

@@ -22,11 +22,31 @@ import numpy as np
 from ..comm import agreement
 
 __all__ = ['HEADER_DTYPE', 'ARRAY_DTYPE', 'DL_TENSOR_DTYPE', 'BUCKET_DTYPE', 'TABLE_DTYPE',
-           'HEADER', 'SLOT', 'BSLOT', 'TABLE', 'MESSAGE_WORDS', 'Stage', 'SCALES']
+           'HEADER', 'SLOT', 'BSLOT', 'TABLE', 'MESSAGE_WORDS', 'Stage', 'SCALES',
+           'FUSE_OPS', 'offer_message']
 
 _I64 = np.int64
-# A chained op's agreement message (agreement.group_message), in whole words.
-MESSAGE_WORDS = -(-len(agreement.group_message(())) // 2)
+# A chained op offers itself and up to FUSE_OPS - 1 ops pushed after it whose data was ready
+# then (native.py, _offer): its agreement message is agreement.group_message of its own
+# requests, then how many ops it offers (OFFERED, MIN over ranks: how many run fused), then
+# the group body of each further op (BODY ints each, WILDCARD where not offered).
+FUSE_OPS = 32
+_GROUP = len(agreement.group_message(()))
+BODY = _GROUP - agreement.HEADER
+OFFERED = _GROUP                              # int32 index of the count offered
+MESSAGE_INTS = _GROUP + 1 + BODY * (FUSE_OPS - 1)
+MESSAGE_WORDS = -(-MESSAGE_INTS // 2)         # in whole words
+
+
+def offer_message(group):
+    """The chained agreement message of a lone op whose group message is ``group``: it
+    offers itself alone (a joined rank's: WILDCARD, which no MIN sees)."""
+    msg = np.full(MESSAGE_INTS, agreement.WILDCARD, dtype=np.int32)
+    msg[:_GROUP] = group
+    if group[0] != 0:       # not joined
+        msg[OFFERED] = 1
+    return msg
+
 
 HEADER_DTYPE = np.dtype([
     ('state', _I64),                  # PENDING, READY, DONE
@@ -52,6 +72,14 @@ HEADER_DTYPE = np.dtype([
     # pthread_self() of the thread that pushed a chained op inline-when-ready (0: pushed
     # to the priority worker), and the call's priority, for a re-push.
     ('pusher', _I64), ('priority', _I64),
+    # Fusing later ops (native.py): the next native op pushed after this one (its record's
+    # address, 0: none yet or not next in the chain); whether this op may lead a fused round
+    # (one allreduce bucket) and whether it may be absorbed (that, and its arrays were
+    # free when it was pushed: the probe op wrote PROBED at once); set by the op that absorbed
+    # it (ABSORBED_OK, or ABSORBED_FAILED with ERRCODE); the ops this op ran fused (itself
+    # included); the host buffer that a fused round reduces in, and its size in bytes.
+    ('next', _I64), ('leads', _I64), ('absorbable', _I64), ('probed', _I64),
+    ('absorbed', _I64), ('fused', _I64), ('fuse_buf', _I64), ('fuse_cap', _I64),
 ])
 
 # dlpack.h's DLTensor, with which MXNDArrayToDLPack's DLManagedTensor begins.
@@ -101,10 +129,12 @@ HEADER, SLOT, BSLOT, TABLE = (d.itemsize // 8 for d in (
     HEADER_DTYPE, ARRAY_DTYPE, BUCKET_DTYPE, TABLE_DTYPE))
 (STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
  BUCKET, ERRCODE, MSGLEN, FNS, MSG, MINE, POLL_US, PROGRESS_US, REQUEST, FLAG, STATUS,
- PUSHER, PRIORITY) = _words(
+ PUSHER, PRIORITY, NEXT, LEADS, ABSORBABLE, PROBED, ABSORBED, FUSED, FUSE_BUF,
+ FUSE_CAP) = _words(
     HEADER_DTYPE, 'state', 'callback', 'engine', 'param', 'count', 'eventfd', 'self', 'one',
     'comm', 'size', 'nbuckets', 'stage', 'bucket', 'errcode', 'msglen', 'fns', 'msg', 'mine',
-    'poll_us', 'progress_us', 'request', 'flag', 'status', 'pusher', 'priority')
+    'poll_us', 'progress_us', 'request', 'flag', 'status', 'pusher', 'priority', 'next',
+    'leads', 'absorbable', 'probed', 'absorbed', 'fused', 'fuse_buf', 'fuse_cap')
 # Within an array's slot; A_DEVICE holds device_type (low half) and device_id.
 A_HANDLE, A_MANAGED, A_TENSOR, A_DATA, A_DEVICE, A_OFFSET, A_NBYTES = _words(
     ARRAY_DTYPE, 'handle', 'managed', 'tensor', 'tensor.data', 'tensor.device_type',
@@ -122,6 +152,7 @@ B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION = _words(
     'in_place', 'sum', 'min', 'int32', 'cpu_context', 'prioritized', 'name', 'queued')
 
 PENDING, READY, DONE = 0, 1, 2        # STATE
+ABSORBED_OK, ABSORBED_FAILED = 1, 2   # ABSORBED (0: run by its own op)
 ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # a bucket's kind
 # How an averaged bucket is divided by the number of ranks, by dtype (as reduce.Reducer
 # does: floats multiply by 1/size in their own precision, integers floor-divide).

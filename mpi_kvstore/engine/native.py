@@ -24,6 +24,11 @@ one taken before the op ran.
   thread when its arrays are ready then; on any other thread (the engine's normal CPU
   worker, which runs compute) it pushes the rest of the op (``run_queued``) to the
   priority worker instead and returns (docs/designs.md, chained).
+  A burst fuses: an op offers, in its agreement, the ops pushed after it whose arrays were
+  free when they were pushed (``probe``, pushed just before each, runs at once exactly
+  then); every rank runs the MIN of the counts offered, cut where a signature differs, as
+  allreduces of up to fusion_threshold bytes, and marks each op it ran, whose own engine op
+  then only completes (it runs after, behind the chain).
 
 The records they read are declared in layout.py; records.py builds them, and the table
 of C functions they call through.
@@ -221,31 +226,184 @@ def _chained_record(param):
 
 
 @numba.njit
+def _record_at(address):
+    """The whole record of the chained op at ``address``."""
+    head = numba.carray(_i64(address), L.HEADER)
+    return numba.carray(_i64(address), L.HEADER + L.SLOT * head[L.COUNT]
+                        + L.BSLOT * head[L.NBUCKETS])
+
+
+@numba.njit
+def _messages(rec):
+    """(the agreement message after the MIN, this rank's own), as int32."""
+    return (rec[L.MSG:L.MSG + L.MESSAGE_WORDS].view(np.int32),
+            rec[L.MINE:L.MINE + L.MESSAGE_WORDS].view(np.int32))
+
+
+@numba.njit
+def _offer(rec):
+    """Take up the ops pushed after this one that may run with it (ABSORBABLE, arrays read
+    in place), at most FUSE_OPS in all, and offer them in this rank's message."""
+    mine = _messages(rec)[1]
+    offered = 1
+    if rec[L.LEADS] != 0:
+        at = rec[L.NEXT]
+        while offered < L.FUSE_OPS and at != 0:
+            other = _record_at(at)
+            if other[L.ABSORBABLE] == 0 or not _take_pointers(other, other[L.COUNT]):
+                break
+            body = L.OFFERED + 1 + L.BODY * (offered - 1)
+            mine[body:body + L.BODY] = _messages(other)[1][agreement.HEADER:
+                                                           agreement.HEADER + L.BODY]
+            offered += 1
+            at = other[L.NEXT]
+    mine[L.OFFERED] = offered
+
+
+@numba.njit
+def _agreed(rec):
+    """After the MIN: how many of the offered ops run now, this one first (0: none, Python
+    decides, as for a lone op). Every active rank offered the first MIN(offered) ops, so
+    each of their bodies equals this rank's exactly when all ranks sent the same: every
+    rank cuts the run at the same op."""
+    msg, mine = _messages(rec)
+    if not _runs_as_offered(msg[:L.OFFERED], mine[:L.OFFERED]):
+        return 0
+    agreed = msg[L.OFFERED]
+    for i in range(1, agreed):
+        body = L.OFFERED + 1 + L.BODY * (i - 1)
+        for w in range(body, body + L.BODY):
+            if msg[w] != mine[w]:
+                return i
+    return agreed
+
+
+@numba.njit
+def _bucket_bytes(op):
+    """Bytes of the one bucket of ``op`` (an op that leads or is absorbed has one)."""
+    s = L.HEADER + L.SLOT * op[L.COUNT]
+    first, n = op[s + L.B_FIRST], op[s + L.B_ARRAYS]
+    total = 0
+    for i in range(first, first + n):
+        total += op[L.HEADER + L.SLOT * i + L.A_NBYTES]
+    return total
+
+
+@numba.njit
+def _run_group(rec, start, ops, total, dtype, size, comm):
+    """The single buckets of ``ops`` ops from the record at ``start`` copied one after the
+    other into the fuse buffer, reduced in one allreduce, each divided as its own bucket
+    says, and copied back; -> MPI's error code."""
+    fns, buf = _table_of(rec), rec[L.FUSE_BUF]
+    for into in (True, False):
+        at, offset = start, 0
+        for _ in range(ops):
+            op = _record_at(at)
+            s = L.HEADER + L.SLOT * op[L.COUNT]
+            n = _bucket_bytes(op)
+            if not into:
+                _scale(buf + offset, op[s + L.B_COUNT], op[s + L.B_SCALE], size)
+            _copy_arrays(op, op[s + L.B_FIRST], op[s + L.B_ARRAYS], buf + offset, into)
+            offset += n
+            at = op[L.NEXT]
+        if into:
+            err = _allreduce(rec, buf, total, dtype, fns[L.C_SUM], comm, rec[L.PROGRESS_US])
+            if err != 0:
+                return err
+    return 0
+
+
+@numba.njit
+def _run_fused(rec, agreed):
+    """This op and the ``agreed - 1`` ops after it (one allreduce bucket each), in runs of
+    one dtype of at most FUSE_CAP bytes, one allreduce a run. Every rank cuts the same runs:
+    dtypes and sizes are in the agreed signatures, the cap is the same option everywhere.
+    Each absorbed op is marked for its own engine op (ABSORBED, ERRCODE); -> this op's
+    MPI error code."""
+    comm, size, cap = rec[L.COMM], rec[L.SIZE], rec[L.FUSE_CAP]
+    own_err, start, i = 0, rec[L.SELF], 0
+    while i < agreed:
+        first = _record_at(start)
+        s = L.HEADER + L.SLOT * first[L.COUNT]
+        dtype, nbytes, total = first[s + L.B_DTYPE], _bucket_bytes(first), first[s + L.B_COUNT]
+        j, at = i + 1, first[L.NEXT]
+        while j < agreed:
+            op = _record_at(at)
+            t = L.HEADER + L.SLOT * op[L.COUNT]
+            n = _bucket_bytes(op)
+            if op[t + L.B_DTYPE] != dtype or nbytes + n > cap:
+                break
+            nbytes += n
+            total += op[t + L.B_COUNT]
+            j += 1
+            at = op[L.NEXT]
+        if j - i == 1:
+            err = _run_bucket(first, first[L.COUNT], 0, size, comm)
+        else:
+            err = _run_group(rec, start, j - i, total, dtype, size, comm)
+        mark = start
+        for _ in range(j - i):
+            op = _record_at(mark)
+            if mark == rec[L.SELF]:
+                own_err = err
+            else:
+                op[L.ERRCODE] = err
+                op[L.ABSORBED] = L.ABSORBED_OK if err == 0 else L.ABSORBED_FAILED
+            mark = op[L.NEXT]
+        start, i = at, j
+    rec[L.FUSED] = agreed
+    return own_err
+
+
+@numba.njit
+def _complete(rec):
+    _call_void_3(rec[L.CALLBACK], (rec[L.ENGINE], rec[L.PARAM], 0))   # complete, no error
+    rec[L.STATE] = L.DONE
+    _wake(rec)
+
+
+@numba.njit
 def _run_chained_body(rec):
     count, nbuckets = rec[L.COUNT], rec[L.NBUCKETS]
     if not _take_pointers(rec, count):
         _hand_over(rec, L.READ, -1, 0)
         return
     fns, comm = _table_of(rec), rec[L.COMM]
+    agreed = 1
     if rec[L.MSGLEN] > 0:
+        _offer(rec)
         rec[L.MSG:L.MSG + L.MESSAGE_WORDS] = rec[L.MINE:L.MINE + L.MESSAGE_WORDS]
         err = _allreduce(rec, rec[L.SELF] + 8 * L.MSG, rec[L.MSGLEN], fns[L.C_INT32],
                          fns[L.C_MIN], comm, rec[L.POLL_US])
         if err != 0:
             _hand_over(rec, L.MPI_ERROR, -1, err)
             return
-        if not _runs_as_offered(rec[L.MSG:L.MSG + L.MESSAGE_WORDS].view(np.int32),
-                                rec[L.MINE:L.MINE + L.MESSAGE_WORDS].view(np.int32)):
+        agreed = _agreed(rec)
+        if agreed == 0:
             _hand_over(rec, L.AGREED, -1, 0)
             return
+    if agreed > 1:
+        err = _run_fused(rec, agreed)
+        if err != 0:
+            _hand_over(rec, L.MPI_ERROR, 0, err)
+            return
+        _complete(rec)
+        return
     for b in range(nbuckets):
         err = _run_bucket(rec, count, b, rec[L.SIZE], comm)
         if err != 0:
             _hand_over(rec, L.MPI_ERROR, b, err)
             return
-    _call_void_3(rec[L.CALLBACK], (rec[L.ENGINE], rec[L.PARAM], 0))   # complete, no error
-    rec[L.STATE] = L.DONE
-    _wake(rec)
+    _complete(rec)
+
+
+@numba.njit
+def _run_absorbed(rec):
+    """The engine op of an op that an earlier one ran: complete it, or hand its error over."""
+    if rec[L.ABSORBED] == L.ABSORBED_FAILED:
+        _hand_over(rec, L.MPI_ERROR, 0, rec[L.ERRCODE])
+        return
+    _complete(rec)
 
 
 def _entry_points(key):
@@ -266,6 +424,9 @@ def _entry_points(key):
         rec = _chained_record(param)
         done = numba.carray(on_complete, 3, dtype=np.int64)
         rec[L.CALLBACK], rec[L.ENGINE], rec[L.PARAM] = done[0], done[1], done[2]
+        if rec[L.ABSORBED] != 0:      # an earlier op ran it: nothing blocks here
+            _run_absorbed(rec)
+            return
         if rec[L.PUSHER] != 0:
             # Pushed as kAsync: the engine runs it inline on the pushing thread when its
             # arrays were ready then, else on its normal CPU worker, which also runs
@@ -288,7 +449,17 @@ def _entry_points(key):
         _call_void_3(done[0], (done[1], done[2], 0))
         _run_chained_body(_chained_record(param))
 
-    return {'mark_ready': mark_ready, 'run_chained': run_chained, 'run_queued': run_queued}
+    def probe(run_ctx, on_complete, param):
+        """Pushed with a chained op's arrays just before it: run at once on the pushing
+        thread exactly when nothing reads or writes them still (kAsync), which is when
+        that op's data is ready and may be run by an earlier op (PROBED)."""
+        _ = key
+        numba.carray(param, L.HEADER, dtype=np.int64)[L.PROBED] = 1
+        done = numba.carray(on_complete, 3, dtype=np.int64)
+        _call_void_3(done[0], (done[1], done[2], 0))
+
+    return {'mark_ready': mark_ready, 'run_chained': run_chained, 'run_queued': run_queued,
+            'probe': probe}
 
 
 # take_up's words of an op, one row each: its record's state, the engine's completion

@@ -15,7 +15,7 @@ from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY..
 from . import native
 from .libmxnet import address_of
 
-__all__ = ['mark_ready_address', 'run_chained_address', 'function_table', 'NativeOp',
+__all__ = ['mark_ready_address', 'run_chained_address', 'probe_address', 'function_table', 'NativeOp',
            'Prepared', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS', 'Round', 'Slot',
            'complete_slots', 'take_up']
 
@@ -92,6 +92,11 @@ def run_chained_address():
     if not table[L.F_QUEUED]:
         table[L.F_QUEUED] = native.address('run_queued')
     return native.address('run_chained')
+
+
+def probe_address():
+    """The address of the probe a chained op that may be absorbed is pushed after (native.py)."""
+    return native.address('probe')
 
 
 class NativeOp:
@@ -193,11 +198,15 @@ class ChainedPlan:
     sleep in us, smallest bucket in bytes) of polled allreduces (config's
     progress_sleep_us and progress_min_bytes; a sleep of 0: every MPI call blocks);
     where it polls, the agreement is polled too, with sleeps of up to ``poll_us``.
+    ``fuse``: (address, bytes) of the host buffer in which an op reduces the ops it runs
+    fused with it (native.py), bytes 0: it runs none. A call of one allreduce bucket may do
+    so (``leads``), and be run by an earlier op.
     """
 
-    __slots__ = ('record', 'spans', 'keep', 'handles', 'nbytes')
+    __slots__ = ('record', 'spans', 'keep', 'handles', 'nbytes', 'leads', 'probe_handles')
 
-    def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0):
+    def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0,
+                 fuse=(0, 0)):
         reqs = [r for bucket in buckets for r in bucket]
         arrays = [r.array for r in reqs if r.array is not None]
         rec = NativeOp(arrays, reqs, eventfd, extra=L.BSLOT * len(buckets)).record
@@ -236,7 +245,14 @@ class ChainedPlan:
             spans.append((start, start + len(bucket)))
             start += len(bucket)
         self.record, self.spans, self.keep = rec, spans, keep
+        self.leads = bool(fuse[1] > 0 and rec[L.MSGLEN] and len(buckets) == 1
+                          and rec[L.HEADER + L.SLOT * len(arrays) + L.B_KIND] in (
+                              L.ALLREDUCE, L.ALLREDUCE_POLLED))
+        if self.leads:
+            rec[L.LEADS] = 1
+            rec[L.FUSE_BUF], rec[L.FUSE_CAP] = fuse
         self.handles = None   # the engine's handle array, which the design builds once
+        self.probe_handles = None   # the same without the chain: what the probe is pushed with
         self.nbytes = sum(r.nbytes for r in reqs)   # the design decides by them whether inline
 
 
@@ -279,6 +295,25 @@ class ChainedOp(NativeOp):
         """Pushed inline-when-ready from ``thread`` (pthread_self): on another thread the
         op goes on from the priority worker, at ``priority``."""
         self.record[L.PUSHER], self.record[L.PRIORITY] = thread, priority
+
+    def may_be_absorbed(self):
+        """Its probe ran at once: an earlier op may run it (native.py)."""
+        rec = self.record
+        if rec[L.PROBED]:
+            rec[L.ABSORBABLE] = 1
+            return True
+        return False
+
+    def follows(self, earlier):
+        """Pushed right after ``earlier``, whose op may take it up from now on."""
+        earlier.record[L.NEXT] = self._address
+
+    @property
+    def fused(self):
+        """The ops it ran (itself included) where it led a fused run, else 0; whether an
+        earlier op ran it (ABSORBED)."""
+        rec = self.record
+        return int(rec[L.FUSED]), int(rec[L.ABSORBED])
 
     def finish_in_python(self):
         self.record[L.STATE] = L.DONE
