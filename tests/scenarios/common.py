@@ -144,3 +144,49 @@ def elastic_batch(step, rank, size, dim=8, count=24):
     target = np.sin(data @ np.linspace(-1, 1, dim)).astype(np.float32).reshape(-1, 1)
     mine = np.array_split(np.arange(count), size)[rank]
     return mx.nd.array(data[mine]), mx.nd.array(target[mine])
+
+
+class ElasticModel:
+    """The elastic scenarios' Gluon model (:func:`elastic_net`) and its L2 loss: a step's
+    forward and backward pass, the weights written to a file, and the reference run."""
+
+    def __init__(self, dim=8, hidden=6):
+        from mxnet import gluon
+        self.dim = dim
+        self.net, self.params = elastic_net(dim, hidden)
+        self.loss_fn = gluon.loss.L2Loss()
+
+    def forward_backward(self, data, target):
+        from mxnet import autograd
+        with autograd.record():
+            loss = self.loss_fn(self.net(data), target)
+        loss.backward()
+
+    def save(self, path):
+        np.savez(path, *[p.data().asnumpy() for p in self.params.values()])
+
+    def reference(self, out, steps, optimizer, options, count=24):
+        """One process, no store: ``steps`` steps of gluon.Trainer on each step's whole
+        :func:`elastic_batch`; the weights to OUT.ref.npz."""
+        from mxnet import gluon
+        trainer = gluon.Trainer(self.params, optimizer, options, kvstore=None)
+        for step in range(steps):
+            self.forward_backward(*elastic_batch(step, 0, 1, self.dim, count))
+            trainer.step(count)
+        self.save('%s.ref.npz' % out)
+
+
+def elastic_store(**options):
+    """Our own API's elastic world: World.from_environment(), formed, and a dist_mpi store on
+    it (``options``): -> (world, kv, reset), reset() being what elastic.run_fn calls after a
+    loss or a host update (re-form the world, then reset the store on it)."""
+    import mpi_kvstore
+    from mpi_kvstore.elastic.world import World
+    world = World.from_environment()
+    world.form()
+    kv = mpi_kvstore.create('dist_mpi', world=world, **options)
+
+    def reset():
+        world.reform()
+        kv.reset()
+    return world, kv, reset

@@ -29,9 +29,9 @@ import signal
 import time
 
 import numpy as np
-from mxnet import autograd, gluon
+from mxnet import gluon
 
-from common import elastic_batch, elastic_net
+from common import ElasticModel, elastic_batch, elastic_store
 
 DIM, HIDDEN, GLOBAL, LR = 8, 6, 24, 0.1
 
@@ -51,35 +51,17 @@ args = parser.parse_args()
 logging.basicConfig(format='%(message)s')
 logging.getLogger('mpi_kvstore.elastic.state').setLevel(logging.INFO)
 
-net, params = elastic_net(DIM, HIDDEN)
+model = ElasticModel(DIM, HIDDEN)
+params = model.params
 if args.api == 'kvopt':
     OPTIMIZER, OPTIONS = 'adam', {'learning_rate': LR / 4}
 else:
     OPTIMIZER, OPTIONS = 'sgd', {'learning_rate': LR, 'momentum': 0.9}
-loss_fn = gluon.loss.L2Loss()
-
-
-def forward_backward(data, target):
-    with autograd.record():
-        loss = loss_fn(net(data), target)
-    loss.backward()
-
-
-def save(path):
-    np.savez(path, *[p.data().asnumpy() for p in params.values()])
-
-
 if args.reference:
-    trainer = gluon.Trainer(params, OPTIMIZER, OPTIONS, kvstore=None)
-    for step in range(args.steps):
-        forward_backward(*elastic_batch(step, 0, 1, DIM, GLOBAL))
-        trainer.step(GLOBAL)
-    save('%s.ref.npz' % args.out)
+    model.reference(args.out, args.steps, OPTIMIZER, OPTIONS, GLOBAL)
     raise SystemExit(0)
 
-import mpi_kvstore  # noqa: E402
 from mpi_kvstore import elastic  # noqa: E402
-from mpi_kvstore.elastic.world import World  # noqa: E402
 from mpi_kvstore.launch import rendezvous, supervision  # noqa: E402
 
 worker = int(os.environ[rendezvous.ID_ENV])
@@ -92,19 +74,13 @@ if args.api == 'hvd':
     kv = hvd.store()
     wrap = hvd.elastic.run
 else:
-    world = World.from_environment()
-    world.form()
-    kv = mpi_kvstore.create('dist_mpi', world=world, shard_optimizer=args.shard)
+    world, kv, reset = elastic_store(shard_optimizer=args.shard)
     trainer = gluon.Trainer(params, OPTIMIZER, OPTIONS, kvstore=kv,
                             update_on_kvstore=args.api == 'kvopt')
     state = elastic.State(params, trainer, comm=lambda: world.comm,
                           bcast_object=world.bcast_object, step=0,
                           directory=os.environ.get(supervision.STATE_ENV) or False)
     world.listeners.append(state.on_hosts_updated)
-
-    def reset():
-        world.reform()
-        kv.reset()
 
     def wrap(func):
         return elastic.run_fn(func, reset)
@@ -120,7 +96,7 @@ state.register_reset_callbacks([lambda: print(
 def train(state):
     for step in range(state.step, args.steps):
         data, target = elastic_batch(step, kv.rank, kv.num_workers, DIM, GLOBAL)
-        forward_backward(data, target)
+        model.forward_backward(data, target)
         if step == args.kill_at and worker == args.kill_id:
             os.kill(os.getpid(), signal.SIGKILL)
         trainer.step(data.shape[0] if args.api == 'hvd' else GLOBAL)
@@ -148,5 +124,5 @@ if args.shard:   # each rank holds its share of every sharded key's states, cut 
             assert leaf.size == want, (key, leaf.size, want)
         shares += kv._keys.sharded(known)
     print('worker %d: sharded keys %d' % (worker, shares), flush=True)
-save('%s.%d.npz' % (args.out, worker))
+model.save('%s.%d.npz' % (args.out, worker))
 print('worker %d: finished at rank %d of %d' % (worker, kv.rank, kv.num_workers), flush=True)

@@ -21,9 +21,9 @@ import os
 import signal
 
 import numpy as np
-from mxnet import autograd, gluon
+from mxnet import gluon
 
-from common import elastic_batch, elastic_net
+from common import ElasticModel, elastic_batch, elastic_store
 
 DIM, HIDDEN, GLOBAL, LR = 8, 6, 24, 0.05
 
@@ -35,32 +35,14 @@ parser.add_argument('--reference', action='store_true')
 args = parser.parse_args()
 logging.basicConfig(format='%(message)s')
 
-net, params = elastic_net(DIM, HIDDEN)
-loss_fn = gluon.loss.L2Loss()
-
-
-def forward_backward(data, target):
-    with autograd.record():
-        loss = loss_fn(net(data), target)
-    loss.backward()
-
-
-def save(path):
-    np.savez(path, *[p.data().asnumpy() for p in params.values()])
-
-
+model = ElasticModel(DIM, HIDDEN)
+params = model.params
 if args.reference:
-    trainer = gluon.Trainer(params, 'adam', {'learning_rate': LR}, kvstore=None)
-    for step in range(args.steps):
-        forward_backward(*elastic_batch(step, 0, 1, DIM, GLOBAL))
-        trainer.step(GLOBAL)
-    save('%s.ref.npz' % args.out)
+    model.reference(args.out, args.steps, 'adam', {'learning_rate': LR}, GLOBAL)
     raise SystemExit(0)
 
-import mpi_kvstore  # noqa: E402
 from mpi_kvstore import elastic  # noqa: E402
 from mpi_kvstore.elastic import HorovodInternalError  # noqa: E402
-from mpi_kvstore.elastic.world import World  # noqa: E402
 from mpi_kvstore.launch import rendezvous  # noqa: E402
 
 worker = int(os.environ[rendezvous.ID_ENV])
@@ -72,17 +54,11 @@ if args.api == 'hvd':
     kv = hvd.store()
     wrap = hvd.elastic.run
 else:
-    world = World.from_environment()
-    world.form()
-    kv = mpi_kvstore.create('dist_mpi', world=world)
+    world, kv, reset = elastic_store()
     trainer = gluon.Trainer(params, 'adam', {'learning_rate': LR}, kvstore=kv,
                             update_on_kvstore=True)
     state = elastic.State(params, trainer, comm=lambda: world.comm,
                           bcast_object=world.bcast_object, directory=False, step=0)
-
-    def reset():
-        world.reform()
-        kv.reset()
 
     def wrap(func):
         return elastic.run_fn(func, reset)
@@ -115,7 +91,7 @@ def read_all(order, label):
 def train(state):
     for step in range(state.step, args.steps):
         data, target = elastic_batch(step, kv.rank, kv.num_workers, DIM, GLOBAL)
-        forward_backward(data, target)
+        model.forward_backward(data, target)
         if step == 1 and worker == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         trainer.step(data.shape[0] if args.api == 'hvd' else GLOBAL)
@@ -133,5 +109,5 @@ def train(state):
 
 
 train(state)
-save('%s.%d.npz' % (args.out, worker))
+model.save('%s.%d.npz' % (args.out, worker))
 print('worker %d: finished at rank %d of %d' % (worker, kv.rank, kv.num_workers), flush=True)

@@ -22,15 +22,12 @@ import os
 import signal
 import time
 
-import numpy as np
-from mxnet import autograd, gluon
+from mxnet import gluon
 
-import mpi_kvstore
 from mpi_kvstore import elastic
-from mpi_kvstore.elastic.world import World
 from mpi_kvstore.launch import rendezvous, supervision
 
-from common import elastic_batch, elastic_net
+from common import ElasticModel, elastic_batch, elastic_store
 
 DIM, HIDDEN, GLOBAL, LR = 8, 6, 24, 0.2
 
@@ -53,7 +50,8 @@ ELASTIC = bool(os.environ.get(rendezvous.DIR_ENV))
 if not ELASTIC and supervision.launch_index() > 0:
     args.kill_at = None
 
-net, params = elastic_net(DIM, HIDDEN)
+model = ElasticModel(DIM, HIDDEN)
+params = model.params
 
 if args.api == 'hvd':
     import mpi_kvstore.horovod as hvd
@@ -65,19 +63,13 @@ if args.api == 'hvd':
     worker = int(os.environ[rendezvous.ID_ENV]) if ELASTIC else hvd.rank()
     wrap = hvd.elastic.run
 else:
-    world = World.from_environment()
-    world.form()
+    world, kv, reset = elastic_store()
     worker = world.id
-    kv = mpi_kvstore.create('dist_mpi', world=world)
     trainer = gluon.Trainer(params, 'sgd', {'learning_rate': LR}, kvstore=kv,
                             update_on_kvstore=False)
     state = elastic.State(params, trainer, directory=False, comm=lambda: world.comm,
                           bcast_object=world.bcast_object, step=0)
     rank, size = (lambda: kv.rank), (lambda: kv.num_workers)
-
-    def reset():
-        world.reform()
-        kv.reset()
 
     def wrap(func):
         return elastic.run_fn(func, reset)
@@ -93,7 +85,6 @@ if args.kill_in_commit is not None and worker == args.kill_id:
             os.kill(os.getpid(), signal.SIGKILL)
         checking()
     state.check_host_updates = dying_check
-loss_fn = gluon.loss.L2Loss()
 
 
 def batch(step):
@@ -104,9 +95,7 @@ def batch(step):
 def train(state):
     for step in range(state.step, args.steps):
         data, target = batch(step)
-        with autograd.record():
-            loss = loss_fn(net(data), target)
-        loss.backward()
+        model.forward_backward(data, target)
         if step == args.kill_at and worker == args.kill_id:
             with open(args.out + '.killed', 'w') as fh:
                 fh.write('%.6f' % time.time())
@@ -123,5 +112,5 @@ def train(state):
 
 
 train(state)
-np.savez('%s.%d.npz' % (args.out, worker), *[p.data().asnumpy() for p in params.values()])
+model.save('%s.%d.npz' % (args.out, worker))
 print('worker %d: finished at rank %d of %d' % (worker, rank(), size()), flush=True)
