@@ -43,10 +43,10 @@ class Params:
         return [(name, p.data()) for name, p in self.params.items()]
 
     def _every_copy(self):
-        """[(name, NDArray)]: every device's copy of each value. A Module's live in its
-        executors (get_params copies them): none here."""
+        """[(name, NDArray)]: every device's copy of each value: a Module's in its executors
+        (which its store's pulls write) and the host copies its get_params returns."""
         if self.module is not None:
-            return []
+            return _module_copies(self.module)
         if isinstance(self.params, dict):
             return sorted(self.params.items())
         found = []
@@ -90,6 +90,17 @@ class Params:
             for param, (_, value) in zip(self.params.values(), saved):
                 for array in param.list_data():
                     array[:] = mx.nd.array(value, ctx=array.context, dtype=value.dtype)
+
+
+def _module_copies(module):
+    if not (module.binded and module.params_initialized):
+        return []
+    group = module._exec_group
+    found = [(name, array) for name, arrays in zip(group.param_names, group.param_arrays)
+             for array in arrays]
+    # get_params copies the executors' values here, then hands these out until the next
+    # update: a read of them after the failed step must fail too
+    return found + sorted(module._arg_params.items())
 
 
 def _poison(array, message):

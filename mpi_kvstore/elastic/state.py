@@ -21,6 +21,7 @@ import mxnet as mx
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous, supervision
 from ..store.job import settle_engine
+from ..store.kvstore import MPIKVStore
 from . import disk
 from .base import BaseState
 from .exceptions import HostsUpdatedInterrupt
@@ -172,16 +173,40 @@ class State(BaseState):
             self._params.poison('the world was lost (%s)' % err)
 
     def _store_optimizer(self):
-        """Whether the optimizer runs in the trainer's store (update_on_kvstore): the store
-        holds the weights and the states, which a reset of the store starts anew."""
-        trainer = self._trainer
+        """Whether the optimizer runs in the trainer's (or the Module's) store
+        (update_on_kvstore): the store holds the weights and the states, which a reset of
+        the store starts anew."""
+        trainer, module = self._trainer, self._params.module
+        if trainer is None and module is not None:
+            return bool(module.optimizer_initialized and module._kvstore is not None
+                        and module._update_on_kvstore)
         return bool(trainer is not None and getattr(trainer, '_kv_initialized', False)
                     and getattr(trainer, '_update_on_kvstore', False))
 
+    def _weights_store(self):
+        """The store of a trainer or Module whose optimizer runs in it, or None."""
+        if not self._store_optimizer():
+            return None
+        return (self._trainer or self._params.module)._kvstore
+
+    def _module_store(self):
+        """The elastic store (an MPIKVStore) of a Module whose optimizer is set up, or None:
+        a reset rebuilds it knowing no key, so the Module's weights are given to it again."""
+        module = self._params.module
+        if self._trainer is not None or module is None or not module.optimizer_initialized:
+            return None
+        return module._kvstore if isinstance(module._kvstore, MPIKVStore) else None
+
     def must_sync_after_reset(self) -> bool:
         """Whether the next reset needs a sync even where the hosts were only removed: the
-        store's optimizer states and weights are given back to it there."""
-        return '_carry' in self.__dict__
+        store's optimizer states and weights are given back to it there (a Module's store
+        needs its keys again after any reset)."""
+        return '_carry' in self.__dict__ or self._module_store() is not None
+
+    def on_reset(self) -> None:
+        """After a reset: the next :meth:`sync` gives a Module's rebuilt store its keys."""
+        self._store_reset = True
+        super().on_reset()
 
     def _write(self, number, snapshot):
         comm = self._comm()
@@ -214,16 +239,18 @@ class State(BaseState):
         to it by the next :meth:`sync` (which ``run`` calls after each reset)."""
         saved = self._saved
         self._poisoned = False
-        if self._store_optimizer():   # the store's last updates land before, not after
+        store = self._weights_store()
+        if store is not None:   # the store's last updates land before, not after
             try:
-                self._trainer._kvstore.wait()
+                store.wait()
             except Exception as err:   # what failed is the loss being answered
                 log.info('mpi_kvstore elastic: restore after %s', err)
             settle_engine()
         self._params.assign(saved['params'])
-        if self._store_optimizer():
+        if store is not None:
             self._carry = saved['states']
-            self._trainer._params_to_init = list(self._trainer._params)   # weights to the store
+            if self._trainer is not None:   # weights to the store (a Module's: in sync)
+                self._trainer._params_to_init = list(self._trainer._params)
         elif saved['states'] is not None:
             load_optimizer_states(self._trainer, self._params.module, saved['states'])
         self.extra.clear()
@@ -237,6 +264,7 @@ class State(BaseState):
         weights (the trainer's broadcast of its parameters) and the states its reset lost."""
         comm = self._comm()
         root = comm.Get_rank() == 0
+        reset = self.__dict__.pop('_store_reset', False)
         carried = '_carry' in self.__dict__
         # a rank whose trainer never stepped (a newcomer) has none, and gathers nothing
         states = (self.__dict__.pop('_carry') if carried
@@ -251,10 +279,35 @@ class State(BaseState):
             self._params.assign(payload['params'])
             self.extra.clear()
             self.extra.update(payload['extra'])
+        if reset:
+            self._ready_module_store()
         if payload['states'] is not None and (not root or carried):
-            load_optimizer_states(self._trainer, self._params.module, payload['states'])
+            self._load_states(payload['states'])
         self._saved = {'params': payload['params'], 'states': payload['states'],
                        'extra': copy.deepcopy(payload['extra']), 'rng': random_states()}
+
+    def _ready_module_store(self):
+        """Give a Module's store, rebuilt by the reset, rank 0's weights (now every rank's),
+        as the Module's init_optimizer did: a rank that joins does the same in its
+        init_optimizer (State.fit), at the same point of the collectives."""
+        store = self._module_store()
+        if store is None:
+            return
+        module = self._params.module
+        module.get_params()   # the host copies the store is given, up to date
+        mx.model._initialize_kvstore(
+            kvstore=store, param_arrays=module._exec_group.param_arrays,
+            arg_params=module._arg_params, param_names=module._param_names,
+            update_on_kvstore=module._update_on_kvstore)
+
+    def _load_states(self, states):
+        """Load optimizer states; a Module's before its optimizer is up (a rank that joined,
+        a restore at construction) wait for State.fit, which loads them after it."""
+        module = self._params.module
+        if self._trainer is None and module is not None and not module.optimizer_initialized:
+            self._module_states = states
+        else:
+            load_optimizer_states(self._trainer, module, states)
 
     def _ready_trainer(self, point):
         """Bring every rank's trainer to rank 0's ``point`` (:func:`_trainer_point`) so
@@ -298,10 +351,7 @@ class State(BaseState):
         meta = found['meta']
         self._params.assign(found['params'])
         if found['states'] is not None:
-            if self._trainer is None and self._params.module is not None:
-                self._module_states = found['states']   # loaded by fit(), after its optimizer
-            else:
-                load_optimizer_states(self._trainer, self._params.module, found['states'])
+            self._load_states(found['states'])
         self.extra.update(meta['extra'])
         if meta['size'] == size:   # each rank's own random states
             set_random_states(meta['rng'][rank])
