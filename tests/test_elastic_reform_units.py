@@ -86,6 +86,35 @@ def test_the_stores_reset_is_bounded_by_the_re_formings_deadline():
     world.check()
 
 
+def test_with_two_stores_the_bound_lasts_until_the_second_store_reset():
+    """The first store's reset does not lift the bound of the second one's (World.settled
+    waits for every store on the world); the second's does, and both then sum right."""
+    import mxnet as mx
+
+    import mpi_kvstore
+    world = _world(deadline=30.0)
+    with mpi_kvstore.create('dist_mpi', world=world) as first, \
+            mpi_kvstore.create('dist_mpi', world=world) as second:
+        world._bound_resets()   # what reform() does once the world formed
+        first.reset()
+        assert world._settle_by is not None, "the first store's reset lifted the bound"
+        world._settle_by -= 60.0   # the re-forming's deadline passed
+        with pytest.raises(HorovodInternalError, match=r'its stores have not reset yet'):
+            world.check("the store's collectives")
+        world._settle_by += 60.0
+        second.reset()
+        world._settle_by = None if world._settle_by is None else world._settle_by - 60.0
+        world.check()
+        for kv, value in ((first, 2.0), (second, 3.0)):
+            x = mx.nd.full((4,), value)
+            kv.pushpull('g', x)
+            assert x.asnumpy().tolist() == [value] * 4
+    world._bound_resets()   # closed stores do not hold the bound
+    world.settled()
+    world._settle_by = None if world._settle_by is None else world._settle_by - 60.0
+    world.check()
+
+
 def test_run_fn_re_forms_again_when_the_reset_loses_the_world():
     resets, calls = [], []
 

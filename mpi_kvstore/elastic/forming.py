@@ -12,6 +12,11 @@ exist only in blocking form: they run in a thread of their own, waited for the s
 A step given up on raises HorovodInternalError, which ``elastic.run`` answers by re-forming
 again; its request or thread is kept for the life of the process (comm/abandoned.py), with
 the buffers MPI may still write into.
+
+A connect or an accept pending in MPI blocks every other MPI call of its process (MPICH
+holds its lock while it waits for the other side): the connect ends by MPI's own timeout
+(:func:`connect`), and the root's accept, which has none, is completed by the launcher's
+stand-in once the worker it waited for gave up (:func:`give_up`, launch/driver.py).
 """
 import logging
 import os
@@ -26,8 +31,8 @@ from ..comm.mpiabi import MPI
 from ..launch import rendezvous
 from .exceptions import HorovodInternalError
 
-__all__ = ['ADMIT', 'SKIP', 'REFUSED', 'challenge', 'answer', 'wait', 'call', 'bcast',
-           'allgather_ints']
+__all__ = ['ADMIT', 'SKIP', 'REFUSED', 'challenge', 'answer', 'accept', 'connect', 'wait',
+           'call', 'bcast', 'allgather_ints', 'newer_port', 'give_up', 'given_up']
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +64,9 @@ def challenge(inter, admit, secret):
     elif reply.get('skip') == admit and rendezvous.verify(secret, reply.get('mac'), 'skip',
                                                           nonce, admit):
         verdict = SKIP
-        log.warning('mpi_kvstore elastic: worker %d died while the world waited for it '
-                    "(the launcher's stand-in says so); the world forms without it", admit)
+        log.warning("mpi_kvstore elastic: the launcher's stand-in answered for worker %d (it "
+                    'died while the world waited for it, or gave up joining); the world '
+                    'forms without it', admit)
     else:
         log.warning('mpi_kvstore elastic: refused a process that connected to the port '
                     'without the job\'s secret (%s)',
@@ -74,6 +80,60 @@ def answer(inter, worker, secret):
     nonce = inter.recv(source=0)
     inter.send({'id': worker, 'mac': rendezvous.sign(secret, 'join', nonce, worker)}, dest=0)
     return inter.recv(source=0)
+
+
+def accept(world, port, admit, secret):
+    """Every member's side of accepting worker ``admit``: (the intercommunicator, the root's
+    verdict; None elsewhere). The root's challenge runs in the same call, so that an accept
+    given up on (forming.call) still completes the handshake with whoever connects later
+    (the launcher's stand-in): a process with an accept pending in MPI cannot open a port."""
+    inter = world.Accept(port, root=0)
+    return inter, challenge(inter, admit, secret) if world.Get_rank() == 0 else None
+
+
+def connect(port, worker, secret, timeout):
+    """A joining worker's side: connect (MPI's own connect ends after ``timeout`` s, so
+    that no connect is left pending in MPI), answer the challenge, merge."""
+    info = MPI.Info.Create()
+    info.Set('timeout', str(max(1, int(timeout))))
+    try:
+        inter = MPI.COMM_SELF.Connect(port, info, root=0)
+    finally:
+        info.Free()
+    if not answer(inter, worker, secret):
+        raise RuntimeError('mpi_kvstore elastic: the world refused this worker')
+    return inter.Merge(high=True)
+
+
+def newer_port(directory, secret, generation, refused):
+    """Why a worker joining through the port of ``generation`` gives up: the root published
+    a newer one (it gave up on this forming), or None."""
+    found = rendezvous.read_signed(rendezvous.current_port_path(directory), secret, refused)
+    if found and isinstance(found.get('generation'), int) and found['generation'] > generation:
+        return ('joining the world: the root published the port of generation %d (it gave up '
+                'on %d)' % (found['generation'], generation))
+    return None
+
+
+def give_up(directory, secret, generation, worker, why):
+    """Say that ``worker`` gave up on the forming of ``generation`` (rendezvous.gave_up)."""
+    try:
+        rendezvous.write_signed(rendezvous.gave_up_path(directory, generation, worker), secret,
+                                {'generation': generation, 'worker': worker, 'why': str(why)})
+    except OSError as err:
+        log.warning('mpi_kvstore elastic: could not say that worker %d gave up on the '
+                    'forming of generation %d: %s', worker, generation, err)
+
+
+def given_up(directory, secret, generation, refused):
+    """The workers whose signed word says they gave up on the forming of ``generation``."""
+    found = []
+    for worker in rendezvous.gave_up(directory, generation):
+        said = rendezvous.read_signed(rendezvous.gave_up_path(directory, generation, worker),
+                                      secret, refused)
+        if said and said.get('generation') == generation and said.get('worker') == worker:
+            found.append(worker)
+    return found
 
 
 def wait(request, failed, keep=()):

@@ -22,8 +22,11 @@ be waited out (MPI's accept has no deadline): the launcher connects a stand-in i
 
 Every step of a forming ends (forming.py): at ``deadline``, or when the launcher announces a
 member of the forming world lost, with HorovodInternalError, so that ``elastic.run`` re-forms
-again without it. After :meth:`World.reform`, :meth:`World.check` also ends the waits of the
-stores' reset once ``deadline`` seconds pass (until :meth:`World.settled`).
+again without it; a worker that gives up on a forming says so (forming.give_up), and the
+others in it give up too. A re-forming given up on leaves the launcher's notice to the next
+one, which admits its newcomers again. After :meth:`World.reform`, :meth:`World.check` also
+ends the waits of the stores' reset once ``deadline`` seconds pass (until
+:meth:`World.settled`).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import numpy as np
 from ..comm import abandoned
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous
+from ..store import job as store_job
 from . import forming, leave
 from .exceptions import HorovodInternalError
 from .forming import ADMIT, REFUSED
@@ -74,7 +78,9 @@ class World:
         self._refused: set[str] = set()
         self._next_look = 0.0
         self._forming: set[int] | None = None   # the members of the world being formed
+        self._gave_up: set[int] = set()   # the workers that gave up on the forming under way
         self._settle_by: float | None = None    # the stores' reset must be done by then
+        self._unsettled: dict = {}   # the stores' jobs not reset yet -> their old design
 
     @classmethod
     def from_environment(cls, **kwargs: Any) -> World:
@@ -109,7 +115,14 @@ class World:
         if self.joining:
             rendezvous.write_signed(rendezvous.ready_path(self.directory, self.id),
                                     self.secret, {'ready': self.id})
-            self._form(None)
+            while True:   # a forming given up on: wait for the root's next one
+                try:
+                    self._form(None)
+                    break
+                except HorovodInternalError as err:
+                    log.warning('mpi_kvstore elastic: worker %d was not admitted (%s); '
+                                'waiting for the next forming', self.id, err)
+                    self.joining = True
         else:
             self._form(list(range(self.expected)))
         self._wait_for_min_np()
@@ -123,10 +136,12 @@ class World:
         once with the workers not announced lost)."""
         ends = time.monotonic() + self.timeout
         self._look(force=True)
-        notice = None
+        notice, seen = None, self.hosts_seen
         if not self.lost_ids:
             try:
-                notice = self._bcast(self._notice() if self.rank == 0 else None, self.deadline)
+                notice = self._bcast(rendezvous.read_hosts(self.directory, self.secret,
+                                                           self._refused)
+                                     if self.rank == 0 else None, self.deadline)
             except HorovodInternalError:
                 self._await_loss(ends, wait_for_loss)
         if self.lost_ids:
@@ -137,26 +152,33 @@ class World:
             leave.without_finalize()   # MPI_Finalize could crash on the lost peer's endpoints
             abandoned.keep(self.comm)   # never freed, not even by mpi4py's garbage collection
         else:
+            # the notice counts as seen once a world formed on it: a forming given up on
+            # leaves it to the next reform, which admits its newcomers again
             order, why = list(self.ids), 'a reset'
             if notice is not None and notice['number'] > self.hosts_seen:
-                self.hosts_seen = notice['number']
+                seen = notice['number']
                 order = self._order(notice['members'])
                 why = "the launcher's notice %d" % notice['number']
             if self.id not in order:
                 log.info('mpi_kvstore elastic: worker %d left out by the host discovery '
-                         '(notice %d): leaving the job', self.id, self.hosts_seen)
+                         '(notice %d): leaving the job', self.id, seen)
                 raise SystemExit(0)
         self.generation += 1
         log.info('mpi_kvstore elastic: re-forming the world after %s: %d worker(s) of %d '
                  '(generation %d)', why, len(order), len(self.ids), self.generation)
         # the old communicator is abandoned, not freed: a collective with the lost peer may
         # still be pending on it, and freeing it could wait for that peer
-        self._settle_by = None
-        self._form(order)
+        self._settle_by, self._unsettled = None, {}
+        self._form(order, seen)
         self._wait_for_min_np()
-        # what the stores' reset waits for (the check their waits call) is bounded too
-        self._settle_by = time.monotonic() + self.deadline
+        self._bound_resets()
         self._reached('formed')
+
+    def _bound_resets(self):
+        """Bound the stores' reset (their waits' check) until the last one reset (settled)."""
+        self._unsettled = {job: job.design for job in list(store_job._ELASTIC)
+                           if job.world is self and not job.closed}
+        self._settle_by = time.monotonic() + self.deadline
 
     def _order(self, members):
         """The old members among ``members`` in their order, then the newcomers."""
@@ -180,7 +202,7 @@ class World:
             notice = None
             if self.rank == 0:
                 while notice is None and time.monotonic() < ends:
-                    found = self._notice()
+                    found = rendezvous.read_hosts(self.directory, self.secret, self._refused)
                     if found is not None and found['number'] > self.hosts_seen:
                         notice = found
                     else:
@@ -190,21 +212,20 @@ class World:
                 raise RuntimeError('mpi_kvstore elastic: %d worker(s), fewer than --min-np %d, '
                                    'and none came in %g s' % (self.size, self.min_np,
                                                               self.timeout))
-            self.hosts_seen = notice['number']
             order = self._order(notice['members'])
             if self.id not in order:
                 raise SystemExit(0)
             self.generation += 1
-            self._form(order)
+            self._form(order, notice['number'])
 
-    def _form(self, order):
-        """The world of the workers ``order``, in that rank order: its first (the root)
-        accepts the others one at a time (two processes connecting to one port at once
-        crashed MPICH's accept). ``order`` None: this worker connects when the root admits
-        it. A worker announced lost, or one for which the launcher's stand-in connects (it
-        died while the root waited for it), is left out. Every step is bounded (the module's
-        docstring): one given up on raises HorovodInternalError, and what MPI may still
-        touch is kept."""
+    def _form(self, order, seen=None):
+        """The world of the workers ``order`` in that rank order, on the launcher's notice
+        ``seen`` (default: the current world's): its first (the root) accepts the others one
+        at a time (two processes connecting to one port at once crashed MPICH's accept).
+        ``order`` None: this worker connects when the root admits it. A worker announced
+        lost, or one the launcher's stand-in answers for, is left out. Every step is bounded
+        (the module's docstring); one given up on raises HorovodInternalError, and tells the
+        others in the forming (forming.give_up)."""
         started = time.monotonic()
         is_root = order is not None and order[0] == self.id
         pending = list(order[1:]) if is_root else []
@@ -212,6 +233,7 @@ class World:
         # the workers whose loss ends this forming: those merged so far (the root for one
         # that waits to be admitted; a worker being admitted is not: a stand-in answers for it)
         self._forming = {order[0]} if order is not None else None
+        self._gave_up = set()
         world = None
         try:
             if is_root:
@@ -219,9 +241,14 @@ class World:
                 port = MPI.Open_port()
             else:
                 port = self._published_port(started)
-                world = forming.call(lambda: self._connect(port), 'joining the world',
+                log.debug('mpi_kvstore elastic: connects (generation %d)', self.generation)
+                world = forming.call(lambda: forming.connect(port, self.id, self.secret,
+                                                             self.deadline),
+                                     'joining the world',
                                      self._why('joining the world', self.deadline),
-                                     stale=self._newer_port, every=NOTICE_EVERY)
+                                     stale=lambda: forming.newer_port(
+                                         self.directory, self.secret, self.generation,
+                                         self._refused), every=NOTICE_EVERY)
             self._reached('joined')
             while True:   # the root says who comes next, or that the world is whole
                 admit, merged = forming.bcast(
@@ -242,11 +269,14 @@ class World:
             comm, request = world.Idup()
             forming.wait(request, self._why('the new communicator', self.deadline), keep=(comm,))
             self._reached('duplicated')
-            generation, seen = forming.bcast(comm, (self.generation, self.hosts_seen),
+            seen = self.hosts_seen if seen is None else seen
+            generation, seen = forming.bcast(comm, (self.generation, seen),
                                              self._why('the generation', self.deadline))
             ids = forming.allgather_ints(comm, self.id, self._why('the ids', self.deadline))
-        except BaseException:
+        except BaseException as err:
             abandoned.keep(world)   # a collective given up on may still be pending on it
+            if isinstance(err, HorovodInternalError) and not self.joining:
+                forming.give_up(self.directory, self.secret, self.generation, self.id, err)
             raise
         finally:
             self._forming = None
@@ -259,14 +289,6 @@ class World:
                 'time': '%.6f' % time.time()})
         log.info('mpi_kvstore elastic: world %d formed: %d worker(s) %s in %.3f s',
                  self.generation, len(self.ids), self.ids, time.monotonic() - started)
-
-    def _connect(self, port):
-        """A joining worker's side: connect, answer the challenge, merge (blocking calls:
-        _form runs them through forming.call)."""
-        inter = MPI.COMM_SELF.Connect(port, root=0)
-        if not forming.answer(inter, self.id, self.secret):
-            raise RuntimeError('mpi_kvstore elastic: the world refused this worker')
-        return inter.Merge(high=True)
 
     def _admit(self, world, port, admit, is_root):
         """Every member's side of admitting worker ``admit``: (the world with it merged
@@ -281,9 +303,11 @@ class World:
         # the newcomer takes its time to start (the launcher's stand-in answers for one
         # that died first): the job's timeout, and the members' losses
         what = 'accepting worker %d' % admit
-        inter = forming.call(lambda: world.Accept(port, root=0), what,
-                             self._why(what, self.timeout))
-        verdict = forming.challenge(inter, admit, self.secret) if world.Get_rank() == 0 else None
+        log.debug('mpi_kvstore elastic: accepts worker %d (generation %d)', admit,
+                  self.generation)
+        inter, verdict = forming.call(lambda: forming.accept(world, port, admit, self.secret),
+                                      what, self._why(what, self.timeout))
+        log.debug('mpi_kvstore elastic: accepted a connection for worker %d', admit)
         verdict = forming.bcast(world, verdict, self._why('the verdict', self.deadline))
         if verdict != ADMIT:
             inter.Free()
@@ -316,13 +340,20 @@ class World:
 
         def failed():
             self._look()
-            lost = self.lost_ids if self._forming is None else self.lost_ids & self._forming
-            if lost:
-                return '%s: worker(s) %s lost (the launcher says so)' % (what, sorted(lost))
-            if time.monotonic() > ends:
-                return '%s: no answer in %g s' % (what, deadline)
+            why = self._ended()
+            if why or time.monotonic() > ends:
+                return '%s: %s' % (what, why or 'no answer in %g s' % deadline)
             return None
         return failed
+
+    def _ended(self):
+        """Why the forming under way ends (a member lost, or one that gave up), or None."""
+        lost = self.lost_ids if self._forming is None else self.lost_ids & self._forming
+        if lost:
+            return 'worker(s) %s lost (the launcher says so)' % sorted(lost)
+        if self._gave_up:
+            return 'worker(s) %s gave up on this forming' % sorted(self._gave_up)
+        return None
 
     def _next(self, pending):
         """The root's next worker to admit: the first of ``pending`` not announced lost."""
@@ -332,9 +363,7 @@ class World:
         return pending[0] if pending else None
 
     def _announced_lost(self, worker):
-        found = rendezvous.read_signed(rendezvous.lost_path(self.directory, worker),
-                                       self.secret, self._refused)
-        return bool(found) and found.get('lost') == worker
+        return rendezvous.is_lost(self.directory, self.secret, worker, self._refused)
 
     def _published_port(self, started):
         """The port the root published for this worker; HorovodInternalError if the
@@ -343,10 +372,8 @@ class World:
         path = rendezvous.current_port_path(self.directory)
         while True:
             self._look()
-            lost = self.lost_ids & (self._forming or set())
-            if lost:
-                raise HorovodInternalError('waiting for the port: worker(s) %s lost (the '
-                                           'launcher says so)' % sorted(lost))
+            if self._ended():
+                raise HorovodInternalError('waiting for the port: %s' % self._ended())
             found = rendezvous.read_signed(path, self.secret, self._refused)
             if found and found.get('admit') == self.id and (
                     found.get('generation') > self.generation if self.joining
@@ -359,31 +386,7 @@ class World:
                                    'world in %g s' % (self.id, self.timeout))
             time.sleep(0.002)
 
-    def _newer_port(self):
-        """Why a worker joining through the port of this generation gives up: the root
-        published a newer one (it gave up on this forming after a member was lost), or
-        None."""
-        found = rendezvous.read_signed(rendezvous.current_port_path(self.directory),
-                                       self.secret, self._refused)
-        if found and isinstance(found.get('generation'), int) and \
-                found['generation'] > self.generation:
-            return ('joining the world: the root published the port of generation %d (it '
-                    'gave up on %d)' % (found['generation'], self.generation))
-        return None
-
     # -- the launcher's notices --------------------------------------------------------------
-    def _notice(self):
-        """The launcher's newest notice: {'number', 'members'}, or None."""
-        found = rendezvous.read_signed(rendezvous.hosts_path(self.directory), self.secret,
-                                       self._refused)
-        if not found:
-            return None
-        try:
-            members = [int(word) for word in str(found['members']).split(',') if word]
-            return {'number': int(found['number']), 'members': members}
-        except (KeyError, ValueError):
-            return None
-
     def _look(self, force=False):
         """Read the launcher's notices (at most every NOTICE_EVERY s unless ``force``): the
         lost workers, and on rank 0 new members, which the listeners hear of."""
@@ -391,12 +394,15 @@ class World:
         if not force and now < self._next_look:
             return
         self._next_look = now + NOTICE_EVERY
+        self._gave_up = set() if self._forming is None or self.joining else set(
+            forming.given_up(self.directory, self.secret, self.generation, self._refused)
+        ) - {self.id}
         for worker in set(self.ids) | (self._forming or set()):
             if worker not in self.lost_ids and worker != self.id \
                     and self._announced_lost(worker):
                 self.lost_ids.add(worker)
         if self.listeners and self.comm is not None and self.rank == 0:
-            notice = self._notice()
+            notice = rendezvous.read_hosts(self.directory, self.secret, self._refused)
             if notice is not None and notice['number'] > max(self.hosts_seen, self._reported):
                 self._reported = notice['number']
                 removed_only = set(notice['members']) <= set(self.ids)
@@ -416,9 +422,13 @@ class World:
                                        'not reset yet' % (what, self.deadline))
 
     def settled(self) -> None:
-        """The stores reset on the new world: :meth:`check` no longer ends their waits at
-        the deadline of the re-forming."""
-        self._settle_by = None
+        """A store reset on the new world (its job calls it, hvd's reset once every store
+        did): once every store on the world when it re-formed has reset (a new design) or
+        closed, :meth:`check` no longer ends their waits at the re-forming's deadline."""
+        if all(job.closed or job.design is not design
+               for job, design in list(self._unsettled.items())):
+            self._unsettled = {}
+            self._settle_by = None
 
     def _wait(self, request, what, keep=()):
         """Poll ``request`` until it completes; HorovodInternalError (``request`` and

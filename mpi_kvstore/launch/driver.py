@@ -307,15 +307,27 @@ class Driver:
         if not found or found.get('generation', -1) <= self.formed[0]:
             return None
         generation, admit, root = found['generation'], found['admit'], found['root']
+        if self.reform_root is None:   # a re-forming for a host update: it too has a limit
+            self.reform_root, self.reform_since = root, time.monotonic()
+            self.reform_limit = REFORM_LIMIT
         if self.workers.statuses.get(root, 0) != 0:
             if not self.members:
                 return None
             return 'worker %d, the root of the world being re-formed, was lost' % root
-        if self.workers.statuses.get(admit, 0) == 0 or (generation, admit) in self.standins:
+        if (generation, admit) in self.standins:
             return None
-        console.info('mpi_kvstore run: worker %d died while the world re-formed and worker %d '
-                     'waited for it: a stand-in connects in its place, and the world forms '
-                     'without it (recovery in memory)', admit, root)
+        if self.workers.statuses.get(admit, 0) != 0:
+            console.info('mpi_kvstore run: worker %d died while the world re-formed and worker '
+                         '%d waited for it: a stand-in connects in its place, and the world '
+                         'forms without it (recovery in memory)', admit, root)
+        elif rendezvous.read_signed(rendezvous.gave_up_path(self.workers.directory, generation,
+                                                            admit), self.secret):
+            # its connect ended, the root's accept did not: MPI's accept has no deadline
+            console.info('mpi_kvstore run: worker %d gave up joining the world of generation '
+                         '%d: a stand-in completes worker %d\'s accept, and the world forms '
+                         'again', admit, generation, root)
+        else:
+            return None
         script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               'elastic', 'standin.py')
         env = dict(self.env, **{rendezvous.SECRET_ENV: self.secret})

@@ -21,7 +21,7 @@ __all__ = ['SECRET_ENV', 'DIR_ENV', 'ID_ENV', 'NP_ENV', 'JOIN_ENV', 'MIN_NP_ENV'
            'GUARD_ENV',
            'new_secret', 'sign', 'verify', 'write_signed', 'read_signed', 'announce_lost',
            'lost_path', 'port_path', 'current_port_path', 'hosts_path', 'formed_path',
-           'ready_path', 'announce_hosts']
+           'ready_path', 'announce_hosts', 'read_hosts', 'gave_up_path', 'gave_up', 'is_lost']
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +112,43 @@ def ready_path(directory, worker):
     return os.path.join(directory, 'ready-%d.json' % worker)
 
 
+def gave_up_path(directory, generation, worker):
+    """A worker's word that it gave up on the forming of ``generation``: the others in that
+    forming give up too, and the launcher's stand-in completes the root's accept for it."""
+    return os.path.join(directory, 'gaveup-%d-%d.json' % (generation, worker))
+
+
+def gave_up(directory, generation):
+    """The workers that gave up on the forming of ``generation`` (unsigned names: read the
+    files with :func:`read_signed` before acting on them)."""
+    prefix = 'gaveup-%d-' % generation
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(int(name[len(prefix):-5]) for name in names
+                  if name.startswith(prefix) and name.endswith('.json')
+                  and name[len(prefix):-5].isdigit())
+
+
 def announce_hosts(directory, secret, number, members, removed_only, timestamp):
     """The launcher's notice ``number``: the world's members are now ``members`` (worker
     ids); ``removed_only`` when it only leaves workers out."""
     write_signed(hosts_path(directory), secret, {
         'number': int(number), 'members': ','.join(str(int(m)) for m in members),
         'removed_only': int(bool(removed_only)), 'time': '%.6f' % timestamp})
+
+
+def read_hosts(directory, secret, refused=None):
+    """The launcher's newest notice: {'number', 'members' (a list of ids)}, or None."""
+    found = read_signed(hosts_path(directory), secret, refused)
+    if not found:
+        return None
+    try:
+        members = [int(word) for word in str(found['members']).split(',') if word]
+        return {'number': int(found['number']), 'members': members}
+    except (KeyError, ValueError):
+        return None
 
 
 def lost_path(directory, worker):
@@ -128,3 +159,9 @@ def announce_lost(directory, secret, worker, status):
     """The launcher's word that ``worker`` ended (exit status ``status``)."""
     write_signed(lost_path(directory, worker), secret, {'lost': int(worker),
                                                         'status': int(status)})
+
+
+def is_lost(directory, secret, worker, refused=None):
+    """Whether the launcher announced ``worker`` lost."""
+    found = read_signed(lost_path(directory, worker), secret, refused)
+    return bool(found) and found.get('lost') == worker

@@ -4,7 +4,8 @@ notices grow and shrink, with the state told of them (``world.listeners``).
 
 usage: elastic_hosts_train.py OUT [--steps N] [--commit-every K] [--step-seconds T]
                               [--kill-id I --kill-at S] [--die-in-form I] [--root-dies I]
-                              [--disk] [--wait-at S --wait-for N]
+                              [--disk] [--wait-at S --wait-for N] [--connect-stalls I]
+                              [--deadline D]
 
 The global batch of step s is drawn from RandomState(700 + s) and split over the world's
 ranks; the gradient is summed and divided by the global batch, so the update does not depend
@@ -13,7 +14,9 @@ in a re-forming, once the root published the port it waits for it on (--die-in-f
 as the root of a re-forming, before it admits anyone (--root-dies); only in the supervisor's
 first launch. With --disk the state commits to the supervisor's --state-dir too. With
 --wait-at S --wait-for N the world checks for host updates after step S until it has N
-workers (a test then needs no race with the new worker's start). A
+workers (a test then needs no race with the new worker's start). With --connect-stalls I,
+worker I's first connect in a re-forming gets no answer: it gives up at the deadline (D s,
+default 30), as a connect to the root of a re-forming did once on the test bed. A
 worker started later joins the world at a commit and prints 'joined'. Each worker prints,
 for each step, the time it completed, and writes its weights to OUT.<id>.npy at the end.
 """
@@ -28,6 +31,7 @@ import mxnet as mx
 import numpy as np
 
 from mpi_kvstore import elastic
+from mpi_kvstore.elastic import forming
 from mpi_kvstore.elastic.world import World
 from mpi_kvstore.launch import supervision
 
@@ -45,9 +49,15 @@ parser.add_argument('--root-dies', type=int, default=None)
 parser.add_argument('--disk', action='store_true')
 parser.add_argument('--wait-at', type=int, default=None)
 parser.add_argument('--wait-for', type=int, default=None)
+parser.add_argument('--connect-stalls', type=int, default=None)
+parser.add_argument('--deadline', type=float, default=30.0)
 args = parser.parse_args()
-logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')
-logging.getLogger('mpi_kvstore.elastic.world').setLevel(logging.INFO)
+if os.environ.get('MPI_KVSTORE_TEST_DEBUG') == '1':   # the forming's steps, timed, by worker
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format='%%(created).3f w%s '
+                        '%%(name)s %%(message)s' % os.environ.get('MPI_KVSTORE_ELASTIC_ID', '?'))
+else:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')
+    logging.getLogger('mpi_kvstore.elastic.world').setLevel(logging.INFO)
 
 
 def die():
@@ -56,7 +66,7 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-world = World.from_environment(deadline=30.0)
+world = World.from_environment(deadline=args.deadline)
 if supervision.launch_index() > 0:   # a relaunch from disk: no death this time
     args.kill_id = args.die_in_form = args.root_dies = None
 if args.root_dies == world.id:
@@ -76,6 +86,17 @@ if args.die_in_form == world.id:
             die()
         return port
     world._published_port = published_then_die
+if args.connect_stalls == world.id:
+    connect = forming.connect
+
+    def stalled_connect(port, worker, secret, timeout):
+        if world.generation >= 1 and not stalled:
+            stalled.append(world.generation)
+            time.sleep(timeout + 1.0)   # MPI's connect, bounded by the same timeout
+            raise RuntimeError('no answer from the root (--connect-stalls)')
+        return connect(port, worker, secret, timeout)
+    stalled = []
+    forming.connect = stalled_connect
 joining = world.joining
 world.form()
 if joining:
