@@ -161,16 +161,6 @@ def test_a_worker_killed_on_another_host_the_survivors_go_on_in_memory(hosts, tm
     assert_equal_and_right(job, (0, 2), 50)
 
 
-# A host back after its cooldown joins through a host-update re-forming. In 1 of about 16
-# runs of this module (a fresh clone's CI run, under the suite's load) that re-forming ended
-# at its deadline instead: a survivor connecting to the root got no answer in 30 s, the retry
-# formed from the old members only, and the newcomer waited for the job's timeout (an open
-# defect of the bounded re-forming). Until it is understood this test runs only on request.
-REJOIN = os.environ.get('MPI_KVSTORE_TESTBED_REJOIN') == '1'
-
-
-@pytest.mark.skipif(not REJOIN, reason='set MPI_KVSTORE_TESTBED_REJOIN=1: a host-update '
-                    're-forming may end at its deadline (see the comment above)')
 def test_a_failed_host_comes_back_after_its_blacklist_cooldown(hosts, tmp_path, mpi_available):
     """--blacklist-cooldown-range 3 30: worker 1 SIGKILLed on h1; h1 is out for 3 s, then the
     script still lists it and a new worker starts there and joins; the job ends with workers
