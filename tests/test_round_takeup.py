@@ -13,16 +13,16 @@ from mpi_harness import result, run_designs
 
 
 def test_gather_and_scatter_move_bytes_as_numpy_does():
-    from mpi_kvstore.engine import native
+    from mpi_kvstore.engine import rounds
     rng = np.random.RandomState(0)
     parts = [rng.randint(0, 255, size=n).astype(np.uint8) for n in (1, 7, 4096, 3, 0, 1000)]
     addresses = np.array([p.ctypes.data for p in parts], dtype=np.int64)
     nbytes = np.array([p.nbytes for p in parts], dtype=np.int64)
     buf = np.zeros(int(nbytes.sum()), dtype=np.uint8)
-    native.gather(buf, addresses, nbytes)
+    rounds.gather(buf, addresses, nbytes)
     assert np.array_equal(buf, np.concatenate(parts))
     back = buf[::-1].copy()
-    native.scatter(back, addresses, nbytes)
+    rounds.scatter(back, addresses, nbytes)
     at = 0
     for part in parts:
         assert np.array_equal(part, back[at:at + part.size])
@@ -48,3 +48,20 @@ def test_bursts_taken_up_in_bulk_sum_right(design, designs):
             assert said['round'].get('bulk', 0) >= 18, (rank, said)
         else:
             assert said['round'] == {}, (rank, said)
+
+
+def test_round_calls_are_cached_by_the_source_they_compile_in(monkeypatch, tmp_path):
+    """numba keys its on-disk cache by the compiled function's own file only: the round
+    calls are keyed by the source of the files they take constants and code from too, so
+    a change there compiles them again instead of loading stale machine code."""
+    import numba
+
+    from mpi_kvstore.engine import rounds
+    monkeypatch.setattr(numba.config, 'CACHE_DIR', str(tmp_path))
+    hits = []
+    for key in ('one', 'one', 'another', 'one'):
+        monkeypatch.setattr(rounds, '_round', [])
+        monkeypatch.setattr(rounds, '_source_key', lambda key=key: key)
+        calls = rounds._round_calls()
+        hits.append([sum(fn.stats.cache_hits.values()) for fn in calls])
+    assert hits == [[0] * 4, [1] * 4, [0] * 4, [1] * 4]

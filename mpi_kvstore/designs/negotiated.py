@@ -37,7 +37,7 @@ from ..comm.progress import wait_polling
 from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
-from ..engine import native, records
+from ..engine import records, rounds
 from ..engine.arrays import host_view
 from . import autotune, schedule
 from .base import Design, complete_all, native_view
@@ -48,9 +48,9 @@ __all__ = ['Negotiated', 'tighten_timer_slack', 'TIMER_SLACK_NS']
 
 log = logging.getLogger(__name__)
 
-# the words of a native op that _collect reads (native.take_up's row)
+# the words of a native op that _collect reads (rounds.take_up's row)
 _T_COUNT, _T_MANAGED, _T_ADDRESS, _T_DEVICE = (
-    native.TAKEN.index(name) for name in ('count', 'managed', 'address', 'device'))
+    rounds.TAKEN.index(name) for name in ('count', 'managed', 'address', 'device'))
 # that row's device word of host memory: DLPack's kDLCPU, device 0 (id << 32 | type)
 _HOST_DEVICE = 1
 

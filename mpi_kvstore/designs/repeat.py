@@ -34,7 +34,7 @@ from .. import debug
 from ..comm import agreement
 from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
-from ..engine import native
+from ..engine import rounds
 
 __all__ = ['Repeat', 'MAX_BYTES', 'REQUEST_BYTES', 'DTYPES', 'GATHER_S', 'PAUSE_S', 'MAX_PAUSE_S',
            'HISTORY']
@@ -138,7 +138,7 @@ class Repeat:
                for r, sig in zip(reqs, sigs)):
             places = self._places_of([r.view for r in reqs], buf.nbytes)
             if places is not None:   # one compiled copy, not one numpy call a request
-                native.gather(buf.view(np.uint8), *places)
+                rounds.gather(buf.view(np.uint8), *places)
             elif len(reqs) == 1:
                 buf[...] = reqs[0].view.reshape(-1)
             else:
@@ -181,7 +181,7 @@ class Repeat:
         if every or not any(r.average for r in reqs):
             places = self._places_of([r.buffer() for r in reqs], buf.nbytes)
             if places is not None:   # one compiled copy back, not one numpy call a request
-                native.scatter(buf.view(np.uint8), *places)
+                rounds.scatter(buf.view(np.uint8), *places)
                 if complete:
                     for req in reqs:
                         req.complete()
@@ -198,7 +198,7 @@ class Repeat:
         return reqs
 
     def _places_of(self, views, nbytes):
-        """(addresses, bytes) of ``views`` for native.gather and scatter, kept while a bet
+        """(addresses, bytes) of ``views`` for rounds.gather and scatter, kept while a bet
         finds the very same views again (arrays.host_view keeps one a buffer); None where one
         is not a contiguous host array, or where they do not hold ``nbytes`` in all."""
         known = self._places

@@ -38,8 +38,6 @@ NaiveEngine runs every op inline on the pushing thread, which holds the GIL
 function returned: there the designs keep their Python op.
 """
 
-import ctypes
-
 import numba
 import numpy as np
 from numba import types
@@ -48,7 +46,7 @@ from ..comm import agreement, ccall, progress
 from . import arrays
 from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY...
 
-__all__ = ['address', 'take_up', 'complete_ops', 'gather', 'scatter', 'TAKEN']
+__all__ = ['address']
 
 _DL_CPU, _DL_CUDA_HOST = 1, 3         # dlpack.h's device types of host memory
 # numba keys a cached function by its own file and bytecode, not by the other files whose
@@ -460,103 +458,6 @@ def _entry_points(key):
 
     return {'mark_ready': mark_ready, 'run_chained': run_chained, 'run_queued': run_queued,
             'probe': probe}
-
-
-# take_up's words of an op, one row each: its record's state, the engine's completion
-# (callback, engine, param), its arrays, and its first array's pointer as records.NativeOp's
-# pointer reads it (managed: 0 where MXNDArrayToDLPack refused it; address; device word).
-TAKEN = ('state', 'callback', 'engine', 'param', 'count', 'managed', 'address', 'device')
-_T_STATE, _T_CALLBACK, _T_ENGINE, _T_PARAM, _T_COUNT, _T_MANAGED, _T_ADDRESS, _T_DEVICE = (
-    range(len(TAKEN)))
-
-
-def _round_functions(key):
-    """The negotiation thread's compiled calls over all the native ops of a round, called from
-    Python with the GIL held: closures over ``key``, as the entry points are."""
-    def take_up(addresses, out):
-        """Each record at ``addresses`` read into its row of ``out`` (TAKEN); -> how many are
-        ready. The state is read first: mark_ready writes the rest before it."""
-        _ = key
-        ready = 0
-        for i in range(addresses.shape[0]):
-            rec = numba.carray(_i64(addresses[i]), L.HEADER + L.SLOT)
-            row = out[i]
-            row[_T_STATE] = rec[L.STATE]
-            if row[_T_STATE] != L.READY:
-                continue
-            ready += 1
-            row[_T_CALLBACK], row[_T_ENGINE], row[_T_PARAM] = (
-                rec[L.CALLBACK], rec[L.ENGINE], rec[L.PARAM])
-            row[_T_COUNT] = rec[L.COUNT]
-            row[_T_MANAGED] = 0
-            if rec[L.COUNT] > 0:
-                row[_T_MANAGED] = rec[L.HEADER + L.A_MANAGED]
-                row[_T_ADDRESS] = rec[L.HEADER + L.A_DATA] + rec[L.HEADER + L.A_OFFSET]
-                row[_T_DEVICE] = rec[L.HEADER + L.A_DEVICE]
-        return ready
-
-    def complete_ops(words, rows):
-        """Complete, without error, the engine ops of ``rows`` of ``words`` (take_up's)."""
-        _ = key
-        for i in rows:
-            _call_void_3(words[i, _T_CALLBACK], (words[i, _T_ENGINE], words[i, _T_PARAM], 0))
-
-    def gather(buf, addresses, nbytes, memcpy):
-        """The memory at ``addresses`` (``nbytes`` each) one after the other into ``buf``,
-        by ``memcpy`` (libc's: numba copies a slice element by element)."""
-        _ = key
-        at = buf.ctypes.data
-        for i in range(addresses.shape[0]):
-            _call_i64_3(memcpy, (at, addresses[i], nbytes[i]))
-            at += nbytes[i]
-
-    def scatter(buf, addresses, nbytes, memcpy):
-        """``buf`` back to the memory at ``addresses``, as gather took it."""
-        _ = key
-        at = buf.ctypes.data
-        for i in range(addresses.shape[0]):
-            _call_i64_3(memcpy, (addresses[i], at, nbytes[i]))
-            at += nbytes[i]
-    return take_up, complete_ops, gather, scatter
-
-
-_COPY = types.void(types.uint8[::1], types.int64[::1], types.int64[::1], types.int64)
-_ROUND_SIGNATURES = (types.int64(types.int64[::1], types.int64[:, ::1]),
-                     types.void(types.int64[:, ::1], types.int64[::1]), _COPY, _COPY)
-_round = []      # [(take_up, complete_ops, gather, scatter)], compiled or loaded once
-_memcpy = []     # libc's memcpy, by address
-
-
-def _round_calls():
-    if not _round:
-        _memcpy.append(ctypes.cast(ctypes.CDLL(None).memcpy, ctypes.c_void_p).value)
-        fns = _round_functions(_source_key())
-        _round.append(tuple(numba.njit(sig, cache=True)(fn)
-                            for sig, fn in zip(_ROUND_SIGNATURES, fns)))
-    return _round[0]
-
-
-def take_up(addresses, out):
-    """Read the records at ``addresses`` (int64) into ``out`` (len(addresses) x len(TAKEN)
-    int64, one row per record, see TAKEN) in one compiled call; -> how many are ready."""
-    return _round_calls()[0](addresses, out)
-
-
-def complete_ops(words, rows):
-    """Complete the engine ops of ``rows`` (int64) of ``words`` (take_up's ``out``), without
-    error, in one compiled call (the GIL held, as engine.Completion.native's callback)."""
-    _round_calls()[1](words, rows)
-
-
-def gather(buf, addresses, nbytes):
-    """Copy host memory at ``addresses`` (int64), ``nbytes`` (int64) each, one after the
-    other into ``buf`` (bytes, uint8), in one compiled call."""
-    _round_calls()[2](buf, addresses, nbytes, _memcpy[0])
-
-
-def scatter(buf, addresses, nbytes):
-    """The reverse of :func:`gather`: ``buf`` back to the memory at ``addresses``."""
-    _round_calls()[3](buf, addresses, nbytes, _memcpy[0])
 
 
 _SIGNATURE = types.void(types.voidptr, types.voidptr, types.voidptr)

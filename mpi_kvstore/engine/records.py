@@ -12,7 +12,7 @@ import numpy as np
 from ..comm.mpiabi import c_api, c_datatype
 from . import core as engine
 from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY...
-from . import native
+from . import native, rounds
 from .libmxnet import address_of
 
 __all__ = ['mark_ready_address', 'run_chained_address', 'probe_address', 'function_table', 'NativeOp',
@@ -325,7 +325,7 @@ class ChainedOp(NativeOp):
 
 class Round:
     """The engine completions of the native ops that one take-up found ready: ``words``, a
-    row per op as native.take_up read it (native.TAKEN), and ``arrays``, each op's arrays
+    row per op as rounds.take_up read it (rounds.TAKEN), and ``arrays``, each op's arrays
     (which an error is raised on). Each is given at most once, by :meth:`done` (one op,
     maybe with an error) or :meth:`done_many` (many, without error, in one compiled call).
     It holds no op nor request: a request holds it (through its :class:`Slot`), and a
@@ -354,7 +354,7 @@ class Round:
                 self._done[i] = 1
                 self.arrays[i] = ()
         if rows:
-            native.complete_ops(self.words, np.array(rows, dtype=np.int64))
+            rounds.complete_ops(self.words, np.array(rows, dtype=np.int64))
 
 
 class Slot:
@@ -389,8 +389,8 @@ def complete_slots(slots):
 def take_up(ops, addresses):
     """The records of ``ops`` (NativeOps at ``addresses``) read in one compiled call ->
     (a :class:`Round` of the ready ones or None, the ready ones, the others), in order."""
-    words = np.empty((len(ops), len(native.TAKEN)), dtype=np.int64)
-    ready = native.take_up(np.array(addresses, dtype=np.int64), words)
+    words = np.empty((len(ops), len(rounds.TAKEN)), dtype=np.int64)
+    ready = rounds.take_up(np.array(addresses, dtype=np.int64), words)
     if not ready:
         return None, [], ops
     taken, waiting = ops, []
