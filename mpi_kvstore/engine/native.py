@@ -31,7 +31,8 @@ one taken before the op ran.
   then only completes (it runs after, behind the chain).
 
 The records they read are declared in layout.py; records.py builds them, and the table
-of C functions they call through.
+of C functions they call through. The negotiation thread's compiled calls over a round's
+ops, called from Python, are in rounds.py.
 
 NaiveEngine runs every op inline on the pushing thread, which holds the GIL
 (libmxnet.py) and, for mark_ready, checks that the op completed before its

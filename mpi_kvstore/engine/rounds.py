@@ -3,8 +3,8 @@
 Separate from native.py because they are a different kind of compiled code with another
 caller: native.py's entry points are ``@cfunc`` functions that MXNet's engine calls on its
 own threads, with no Python; these are ``njit`` functions that the negotiated designs'
-thread (designs/negotiated.py, designs/repeat.py, via records.py) calls from Python with
-the GIL held, one call for a whole round instead of one per op:
+thread calls from Python with the GIL held, one call for a whole round instead of one per
+op (take_up and complete_ops through records.py, gather and scatter from designs/repeat.py):
 
 - ``take_up``: reads every op's record (what ``mark_ready`` wrote) into one row each;
 - ``complete_ops``: completes their engine ops;
