@@ -69,3 +69,24 @@ def test_design_auto_is_chained_on_one_host_else_funneled(monkeypatch, hosts, op
     else:
         assert given.design == 'auto'
         assert 'design=%s' % chosen in why and config.origin('design').startswith('auto: ')
+
+
+@pytest.mark.parametrize('names', ['a,b,a', 'h1,h1', 'x,y', '-,-,-'])
+def test_an_elastic_world_counts_the_hosts_its_launcher_named(names):
+    """A world of separate launches (run --elastic) cannot ask MPI which ranks share a host:
+    MPICH's Split_type put workers of 2 test hosts in one node, and the job scheduled as on
+    one host. The host each worker's launcher names decides instead; none named: MPI's split
+    (every rank here is on this machine)."""
+    from mpi_harness import result, run_mpi
+    given = names.split(',')
+    out = run_mpi(len(given), 'topology_hosts.py', names, timeout=120)
+    hosts = [name if name != '-' else 'this machine' for name in given]
+    expected_hosts = len(set(hosts))
+    for rank, got in enumerate(result(out, 'topology_hosts')['ranks']):
+        assert got['hosts'] == expected_hosts, (rank, got)
+        assert got['node'] == [r for r, h in enumerate(hosts) if h == hosts[rank]], (rank, got)
+        across = expected_hosts > 1
+        assert got['partition_bytes'] == (topology.ACROSS_HOSTS['partition_bytes'] if across
+                                          else topology.ONE_HOST['partition_bytes']), (rank, got)
+        assert got['credit_bytes'] == (topology.ACROSS_HOSTS['credit_bytes'] if across
+                                       else topology.ONE_HOST['credit_bytes']), (rank, got)

@@ -12,6 +12,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
+from ..comm import topology
 from ..comm.mpiabi import MPI
 from ..comm.timeline import trace_path
 from ..config import launcher_local_rank
@@ -168,7 +169,7 @@ def _identify(comm: MPI.Comm) -> None:
     me, count = comm.Get_rank(), comm.Get_size()
     found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
     if found is None:
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+        node = topology.node_comm(comm)   # on an elastic world: by the launcher's host names
         found = (node.Get_rank(), node.Get_size())
         node.Free()
     cross = comm.Split(found[0], me)

@@ -32,7 +32,8 @@ NP_ENV = 'MPI_KVSTORE_ELASTIC_NP'           # how many workers the first world w
 JOIN_ENV = 'MPI_KVSTORE_ELASTIC_JOIN'       # '1': this worker joins a running world
 MIN_NP_ENV = 'MPI_KVSTORE_ELASTIC_MIN_NP'   # below this many workers the world waits
 TIMEOUT_ENV = 'MPI_KVSTORE_ELASTIC_TIMEOUT'  # seconds the world waits for workers
-# '1': the worker's UCX sends to a lost peer stay pending (comm/mpiabi.py reads the same name)
+HOST_ENV = 'MPI_KVSTORE_ELASTIC_HOST'        # the host a worker runs on (comm.topology splits by it)
+# '1': the worker's UCX sends to a lost peer stay pending (comm/sendguard.py reads the same name)
 GUARD_ENV = 'MPI_KVSTORE_GUARD_SENDS'
 
 

@@ -54,7 +54,9 @@ class Workers:
                                 rendezvous.NP_ENV: str(self.count),
                                 rendezvous.JOIN_ENV: '1' if join else '0',
                                 rendezvous.GUARD_ENV: self.env.get(rendezvous.GUARD_ENV, '1')})
-        where = [] if host is None or discovery.is_local(host) else ['-hosts', host]
+        local = host is None or discovery.is_local(host)
+        env[rendezvous.HOST_ENV] = 'localhost' if local else host   # every local name alike
+        where = [] if local else ['-hosts', host]
         self.procs[worker] = processes.start_group(
             self.launcher + where + ['-n', '1'] + self.argv, env=env, stdin=subprocess.DEVNULL,
             stdout=self.stdout, stderr=self.stderr)
