@@ -38,7 +38,6 @@ from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
 from ..engine import records, rounds
-from ..engine.arrays import host_view
 from . import autotune, schedule
 from .base import Design, complete_all, native_view
 from .repeat import REQUEST_BYTES, Repeat
@@ -51,8 +50,6 @@ log = logging.getLogger(__name__)
 # the words of a native op that _collect reads (rounds.take_up's row)
 _T_COUNT, _T_MANAGED, _T_ADDRESS, _T_DEVICE = (
     rounds.TAKEN.index(name) for name in ('count', 'managed', 'address', 'device'))
-# that row's device word of host memory: DLPack's kDLCPU, device 0 (id << 32 | type)
-_HOST_DEVICE = 1
 
 # The communication threads' timer slack. Linux lets a sleep of a normal thread overrun by
 # its slack, 50 us by default: each of a polled wait's short sleeps (progress.wait_polling's
@@ -191,11 +188,8 @@ class Negotiated(Design):
                 req.complete_with(slot(round_, index, req.in_place))
                 device = row[_T_DEVICE]
                 try:
-                    if device == _HOST_DEVICE:   # native_view's, without its two calls
-                        req.attach(host_view(row[_T_ADDRESS], req.nbytes, req.dtype))
-                    else:
-                        req.attach(native_view(req, (row[_T_ADDRESS], device & 0xffffffff,
-                                                     device >> 32)))
+                    req.attach(native_view(req, (row[_T_ADDRESS], device & 0xffffffff,
+                                                 device >> 32)))
                 except Exception as err:  # keep this rank in step with the others
                     self.fail_all([req], err)
                 reqs.append(req)
