@@ -407,22 +407,17 @@ def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstor
     ``may_block``: the op may run inline and wait for other ranks (the chained op), so
     the push gives the GIL up meanwhile: other threads (the stall inspector) go on.
     """
-    fn = _state.native_fns.get(fn_address)
-    if fn is None:
-        fn = _state.native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
+    fn = native_fn(fn_address)
     if not isinstance(mutable, Handles):
         mutable = Handles(list(mutable))
-    if may_block:
-        ret = _push_async_released(
+    if not may_block:   # once a call for each op of a burst: its arguments as ctypes objects
+        _push_held(fn, param_address, mutable, _PROPERTY_ARGS[bool(inline_when_ready)],
+                   ctypes.c_int(priority), _encoded(name))
+        return
+    if _push_async_released(
             fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0, mutable.array,
             mutable.count, _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED],
-            priority, _encoded(name), False)
-    else:   # once a call for each op of a burst: its arguments as ctypes objects
-        ret = _push_plain(fn, ctypes.c_void_p(param_address), None, _CPU_CONTEXT_ARG,
-                          _NO_HANDLES, _NONE, mutable.array, mutable.count_arg,
-                          _PROPERTY_ARGS[bool(inline_when_ready)], ctypes.c_int(priority),
-                          _encoded(name), _NO_WAIT)
-    if ret != 0:
+            priority, _encoded(name), False) != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 
@@ -447,8 +442,13 @@ def push_inline(fn, param_address, handles, priority, name):
     """push_native(..., inline_when_ready=True) for a caller that pushes an op per call:
     ``fn`` from :func:`native_fn`, ``handles`` a :class:`Handles`, ``name`` from
     :func:`encoded`; ``priority`` a plain int (ctypes passes it as a C int)."""
+    _push_held(fn, param_address, handles, _INLINE, priority, name)
+
+
+def _push_held(fn, param_address, handles, prop, priority, name):
+    """MXEnginePushAsyncND with the GIL held (the op does not wait for other ranks)."""
     if _push_plain(fn, ctypes.c_void_p(param_address), None, _CPU_CONTEXT_ARG, _NO_HANDLES,
-                   _NONE, handles.array, handles.count_arg, _INLINE, priority, name,
+                   _NONE, handles.array, handles.count_arg, prop, priority, name,
                    _NO_WAIT) != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
