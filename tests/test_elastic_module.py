@@ -48,13 +48,17 @@ def test_a_module_job_that_a_worker_joins_then_loses_a_worker(tmp_path, mpi_avai
     assert 'worker 0: reset at step 3, rank 0 of 3' in out, out[-4000:]   # no rollback
     assert 'worker 2: step 4 done (2 of 3)' in out, out[-4000:]
     assert 'worker 1 on 127.0.0.2 was lost (status 9)' in out, out[-4000:]
+    raised = 'worker %d: %s read %d raised LostWorldRead (HorovodInternalError True)'
+    nan = 'worker %d: %s read %d gave NaN values'
     for worker in (0, 2):
         for index in range(PARAMS):
-            assert ('worker %d: first read %d raised LostWorldRead (HorovodInternalError '
-                    'True)' % (worker, index)) in out, out[-4000:]
-            assert ('worker %d: second read %d gave NaN values' % (worker, index) in out
-                    or 'worker %d: second read %d raised LostWorldRead (HorovodInternalError'
-                    ' True)' % (worker, index) in out), out[-4000:]
+            # A read may come before the loss poisons the Module's arrays: it then sees the
+            # failed collective's NaN. Each array raises at one of its two reads, and no read
+            # gives a number (below).
+            reads = {when: (raised % (worker, when, index) in out, nan % (worker, when, index)
+                            in out) for when in ('first', 'second')}
+            assert all(any(seen) for seen in reads.values()), (worker, index, out[-4000:])
+            assert any(r for r, _ in reads.values()), (worker, index, out[-4000:])
     assert 'gave finite' not in out and 'gave mixed' not in out, out[-4000:]
     assert 'worker 0: reset at step 9, rank 0 of 2' in out, out[-4000:]
     assert 'worker 2: reset at step 9, rank 1 of 2' in out, out[-4000:]
