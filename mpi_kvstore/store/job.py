@@ -34,7 +34,7 @@ from ..faults.stall import StallInspector
 from .contract import check_priority
 from .deferred import DeferredErrors
 
-__all__ = ['Job', 'lost_world', 'on_world_lost']
+__all__ = ['Job', 'jobs_on', 'lost_world', 'on_world_lost']
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +302,11 @@ def on_world_lost(hook):
     failed step leaves unfinished)."""
     if hook not in _LOST_HOOKS:
         _LOST_HOOKS.append(hook)
+
+
+def jobs_on(world):
+    """The open jobs of the stores on the elastic ``world``."""
+    return [job for job in list(_ELASTIC) if job.world is world and not job.closed]
 
 
 def lost_world():
