@@ -24,9 +24,8 @@ Every step of a forming ends (forming.py): at ``deadline``, or when the launcher
 member of the forming world lost, with HorovodInternalError, so that ``elastic.run`` re-forms
 again without it; a worker that gives up on a forming says so (forming.give_up), and the
 others in it give up too. A re-forming given up on leaves the launcher's notice to the next
-one, which admits its newcomers again. After :meth:`World.reform`, :meth:`World.check` also
-ends the waits of the stores' reset once ``deadline`` seconds pass (until
-:meth:`World.settled`).
+one, which admits its newcomers again. The launcher's notices are read in notices.py, which
+also bounds the stores' reset after :meth:`World.reform` (``check``, ``settled``).
 """
 from __future__ import annotations
 
@@ -41,19 +40,17 @@ import numpy as np
 from ..comm import abandoned
 from ..comm.mpiabi import MPI
 from ..launch import rendezvous
-from ..store import job as store_job
 from . import forming, leave
 from .exceptions import HorovodInternalError
 from .forming import ADMIT, REFUSED
+from .notices import NOTICE_EVERY, Notices
 
 __all__ = ['World']
 
 log = logging.getLogger(__name__)
 
-NOTICE_EVERY = 0.01    # seconds between looks for the launcher's notices
 
-
-class World:
+class World(Notices):
     """This worker's view of the elastic world: ``comm`` (an intracommunicator), ``rank``,
     ``size`` and ``ids`` (the workers' ids by rank). Build it with :meth:`from_environment`
     (the launcher's variables), then :meth:`form`.
@@ -71,16 +68,9 @@ class World:
         self.generation = -1 if self.joining else 0
         self.comm: Any = None
         self.ids: list[int] = []
-        self.lost_ids: set[int] = set()
         self.hosts_seen = 0   # the number of the launcher's notice this world formed on
-        self.listeners: list[Callable[[float, bool], Any]] = []
-        self._reported = 0    # the newest notice handed to the listeners
-        self._refused: set[str] = set()
-        self._next_look = 0.0
         self._forming: set[int] | None = None   # the members of the world being formed
-        self._gave_up: set[int] = set()   # the workers that gave up on the forming under way
-        self._settle_by: float | None = None    # the stores' reset must be done by then
-        self._unsettled: dict = {}   # the stores' jobs not reset yet -> their old design
+        self._init_notices()
 
     @classmethod
     def from_environment(cls, **kwargs: Any) -> World:
@@ -173,12 +163,6 @@ class World:
         self._wait_for_min_np()
         self._bound_resets()
         self._reached('formed')
-
-    def _bound_resets(self):
-        """Bound the stores' reset (their waits' check) until the last one reset (settled)."""
-        self._unsettled = {job: job.design for job in list(store_job._ELASTIC)
-                           if job.world is self and not job.closed}
-        self._settle_by = time.monotonic() + self.deadline
 
     def _order(self, members):
         """The old members among ``members`` in their order, then the newcomers."""
@@ -362,9 +346,6 @@ class World:
                         'forms without it', pending.pop(0))
         return pending[0] if pending else None
 
-    def _announced_lost(self, worker):
-        return rendezvous.is_lost(self.directory, self.secret, worker, self._refused)
-
     def _published_port(self, started):
         """The port the root published for this worker; HorovodInternalError if the
         launcher announces the root lost meanwhile. A port of a later generation serves
@@ -385,50 +366,6 @@ class World:
                 raise RuntimeError('mpi_kvstore elastic: worker %d was not admitted to the '
                                    'world in %g s' % (self.id, self.timeout))
             time.sleep(0.002)
-
-    # -- the launcher's notices --------------------------------------------------------------
-    def _look(self, force=False):
-        """Read the launcher's notices (at most every NOTICE_EVERY s unless ``force``): the
-        lost workers, and on rank 0 new members, which the listeners hear of."""
-        now = time.monotonic()
-        if not force and now < self._next_look:
-            return
-        self._next_look = now + NOTICE_EVERY
-        self._gave_up = set() if self._forming is None or self.joining else set(
-            forming.given_up(self.directory, self.secret, self.generation, self._refused)
-        ) - {self.id}
-        for worker in set(self.ids) | (self._forming or set()):
-            if worker not in self.lost_ids and worker != self.id \
-                    and self._announced_lost(worker):
-                self.lost_ids.add(worker)
-        if self.listeners and self.comm is not None and self.rank == 0:
-            notice = rendezvous.read_hosts(self.directory, self.secret, self._refused)
-            if notice is not None and notice['number'] > max(self.hosts_seen, self._reported):
-                self._reported = notice['number']
-                removed_only = set(notice['members']) <= set(self.ids)
-                for listener in self.listeners:
-                    listener(time.time(), removed_only)
-
-    def check(self, what: str = 'collective') -> None:
-        """Raise HorovodInternalError if the launcher announced a lost worker (any thread
-        may call it: the store's threads do, while their collectives wait)."""
-        self._look()
-        if self.lost_ids:
-            raise HorovodInternalError('%s: worker(s) %s lost (the launcher says so)'
-                                       % (what, sorted(self.lost_ids)))
-        settle_by = self._settle_by
-        if settle_by is not None and time.monotonic() > settle_by:
-            raise HorovodInternalError('%s: the world re-formed %g s ago and its stores have '
-                                       'not reset yet' % (what, self.deadline))
-
-    def settled(self) -> None:
-        """A store reset on the new world (its job calls it, hvd's reset once every store
-        did): once every store on the world when it re-formed has reset (a new design) or
-        closed, :meth:`check` no longer ends their waits at the re-forming's deadline."""
-        if all(job.closed or job.design is not design
-               for job, design in list(self._unsettled.items())):
-            self._unsettled = {}
-            self._settle_by = None
 
     def _wait(self, request, what, keep=()):
         """Poll ``request`` until it completes; HorovodInternalError (``request`` and
