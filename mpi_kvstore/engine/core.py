@@ -1,5 +1,5 @@
-"""The only file that pushes work into MXNet's dependency engine through ctypes
-(NDArray queries live in arrays.py).
+"""Python functions as MXNet engine ops, and their completion (push.py makes the
+engine calls and pushes compiled ops; NDArray queries live in arrays.py).
 
 An op is a Python callable ``run(completion)`` pushed with the NDArrays it reads
 (const) and writes (mutable). The engine calls it once every const array is
@@ -21,27 +21,27 @@ import threading
 import time
 
 from .. import debug
-from .libmxnet import bind, bind_plain, last_error
+from .push import (  # the pushes of compiled ops, re-exported: callers use engine.core
+    ASYNC,
+    ASYNC_FN,
+    CPU_PRIORITIZED,
+    NO_SKIP,
+    Handles,
+    encoded,
+    native_fn,
+    native_push_constants,
+    property_address,
+    push_async,
+    push_inline,
+    push_native,
+)
 
-__all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'python_entry', 'consume_raised',
-           'quiesce']
+__all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'push_inline',
+           'native_fn', 'encoded', 'native_push_constants', 'python_entry', 'consume_raised',
+           'quiesce', 'ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP']
 
 log = logging.getLogger(__name__)
 
-# FnProperty values of include/mxnet/engine.h: Horovod and BytePS push their
-# collectives as kCPUPrioritized on the CPU context, so the engine's priority
-# queue honours the priorities gluon.Trainer and Module pass.
-CPU_PRIORITIZED = 3
-# An op pushed as kAsync whose arrays are ready at push time runs inline on the
-# pushing thread (ThreadedEnginePerDevice::PushToExecute); otherwise it queues
-# on the normal CPU worker. Only for ops that return at once and never block.
-ASYNC = 4
-# kNoSkip: the engine runs such an op even where an earlier op's error sits on its arrays
-# (any other op is skipped and passes that error on, leaving its outputs as they were).
-NO_SKIP = 7
-_CPU = 1
-
-_ASYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 _ENGINE_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 # The same, called with the GIL held (a native op's completion, see Completion.native).
 _ENGINE_CALLBACK_HELD = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p,
@@ -54,39 +54,11 @@ class _CallbackOnComplete(ctypes.Structure):
                 ('param', ctypes.c_void_p)]
 
 
-class _Context(ctypes.Structure):
-    _fields_ = [('dev_type', ctypes.c_int32), ('dev_id', ctypes.c_int32)]
-
-
-# Pushing never waits either, and keeping the GIL means the engine worker that
-# picks the op up cannot take it from us half-way through a pushpull call. The
-# engine runs ops without holding its own locks, so no lock order inverts; under
-# NaiveEngine the op runs inline on this thread, which re-enters the GIL.
-_push_async = bind('MXEnginePushAsyncND', _ASYNC_FN, ctypes.c_void_p, ctypes.c_void_p,
-                     ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                     ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_void_p,
-                     ctypes.c_int, ctypes.c_char_p, ctypes.c_bool)
-
-_push_async_released = bind('MXEnginePushAsyncND', *_push_async.argtypes, release_gil=True)
-# The same without argument types, for push_native (its arguments as ctypes objects).
-_push_plain = bind_plain('MXEnginePushAsyncND')
-
-_cpu_context = _Context(_CPU, 0)
-_properties = {prop: ctypes.c_int(prop) for prop in (CPU_PRIORITIZED, ASYNC, NO_SKIP)}
-_CPU_CONTEXT = ctypes.addressof(_cpu_context)
-_PROPERTY_ADDRESSES = {prop: ctypes.addressof(value) for prop, value in _properties.items()}
-# push_native's arguments that never change, as _push_plain takes them
-_CPU_CONTEXT_ARG = ctypes.c_void_p(_CPU_CONTEXT)
-_PROPERTY_ARGS = {inline: ctypes.c_void_p(_PROPERTY_ADDRESSES[ASYNC if inline else CPU_PRIORITIZED])
-                  for inline in (False, True)}
-_NO_WAIT, _NONE = ctypes.c_bool(False), ctypes.c_int(0)
-
-
 class _State:
     """What this process keeps about the engine, all of it here (one instance, ``_state``)."""
 
     __slots__ = ('live', 'ids', 'active', 'active_lock', 'naive', 'raised', 'callbacks',
-                 'held_callbacks', 'entries', 'native_fns', 'names', 'kept')
+                 'held_callbacks', 'entries', 'kept')
 
     def __init__(self):
         self.live = {}                 # op id -> _Op, until the engine runs it
@@ -101,8 +73,6 @@ class _State:
         self.callbacks = {}            # engine callback address -> ctypes function
         self.held_callbacks = {}       # the same, called with the GIL held (native ops')
         self.entries = []              # python_entry's ctypes thunks, alive for the process
-        self.native_fns = {}           # C function address -> its ctypes function
-        self.names = {}                # op name -> its bytes
         self.kept = threading.local()  # .thread_state: this thread keeps its thread state
 
 
@@ -288,7 +258,7 @@ def _python_on_engine_thread():
             _state.active -= 1
 
 
-@_ASYNC_FN
+@ASYNC_FN
 def _trampoline(_run_ctx, on_complete, param):
     with _python_on_engine_thread():
         # The op runs exactly once: dropping it here needs no Python deleter,
@@ -352,10 +322,6 @@ def set_naive(flag):
     _state.naive = bool(flag)
 
 
-def _handles(arrays):
-    return (ctypes.c_void_p * max(1, len(arrays)))(*[a.handle.value for a in arrays])
-
-
 def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=None,
          inline_when_ready=False, always=False):
     """Push ``run(completion)`` as an async engine op on the CPU priority queue
@@ -368,106 +334,15 @@ def push(run, const=(), mutable=(), priority=0, name='mpi_kvstore', on_error=Non
     ``always``: run it even where an earlier op failed on its arrays (kNoSkip, the normal
     CPU worker).
     """
-    prop = _PROPERTY_ADDRESSES[NO_SKIP if always else ASYNC if inline_when_ready
-                               else CPU_PRIORITIZED]
     const, mutable = list(const), list(mutable)
     op_id = next(_state.ids)
     _state.live[op_id] = _Op(run, on_error or _log_error, (const, mutable))
-    ret = _push_async(_trampoline, op_id, None, _CPU_CONTEXT,
-                      _handles(const), len(const), _handles(mutable), len(mutable),
-                      prop, int(priority), _encoded(name), False)
-    if ret != 0:
+    try:
+        push_async(_trampoline, op_id, const, mutable,
+                   property_address(inline_when_ready, always), priority, name)
+    except RuntimeError:
         _state.live.pop(op_id, None)
-        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
-
-
-class Handles:
-    """The engine's array of NDArray handles for ``arrays``, built once for many pushes.
-
-    It holds the handle values only: whoever pushes keeps the arrays alive until the op
-    completes (a handle reused by a new NDArray names that array, which is what a cache
-    keyed by handle values wants)."""
-
-    __slots__ = ('array', 'count', 'count_arg')
-
-    def __init__(self, arrays):
-        self.array, self.count = _handles(arrays), len(arrays)
-        self.count_arg = ctypes.c_int(self.count)
-
-
-_NO_HANDLES = _handles(())
-
-
-def push_native(fn_address, param_address, mutable, priority=0, name='mpi_kvstore',
-                inline_when_ready=False, may_block=False):
-    """Push a C function (``void f(run_ctx, on_complete, param)``) as an async engine op.
-
-    No Python runs when the engine calls it. The caller keeps ``param``'s memory and
-    the arrays alive until the op completes. ``mutable``: arrays, or :class:`Handles`.
-    ``may_block``: the op may run inline and wait for other ranks (the chained op), so
-    the push gives the GIL up meanwhile: other threads (the stall inspector) go on.
-    """
-    fn = native_fn(fn_address)
-    if not isinstance(mutable, Handles):
-        mutable = Handles(list(mutable))
-    if not may_block:   # once a call for each op of a burst: its arguments as ctypes objects
-        _push_held(fn, param_address, mutable, _PROPERTY_ARGS[bool(inline_when_ready)],
-                   ctypes.c_int(priority), _encoded(name))
-        return
-    if _push_async_released(
-            fn, param_address, None, _CPU_CONTEXT, _NO_HANDLES, 0, mutable.array,
-            mutable.count, _PROPERTY_ADDRESSES[ASYNC if inline_when_ready else CPU_PRIORITIZED],
-            priority, _encoded(name), False) != 0:
-        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
-
-
-def native_fn(fn_address):
-    """The engine's function object of the C function at ``fn_address``, for
-    :func:`push_inline` (made once per address)."""
-    fn = _state.native_fns.get(fn_address)
-    if fn is None:
-        fn = _state.native_fns.setdefault(fn_address, _ASYNC_FN(fn_address))
-    return fn
-
-
-def encoded(name):
-    """An op name as the engine takes it, for :func:`push_inline` (made once per name)."""
-    return _encoded(name)
-
-
-_INLINE = _PROPERTY_ARGS[True]
-
-
-def push_inline(fn, param_address, handles, priority, name):
-    """push_native(..., inline_when_ready=True) for a caller that pushes an op per call:
-    ``fn`` from :func:`native_fn`, ``handles`` a :class:`Handles`, ``name`` from
-    :func:`encoded`; ``priority`` a plain int (ctypes passes it as a C int)."""
-    _push_held(fn, param_address, handles, _INLINE, priority, name)
-
-
-def _push_held(fn, param_address, handles, prop, priority, name):
-    """MXEnginePushAsyncND with the GIL held (the op does not wait for other ranks)."""
-    if _push_plain(fn, ctypes.c_void_p(param_address), None, _CPU_CONTEXT_ARG, _NO_HANDLES,
-                   _NONE, handles.array, handles.count_arg, prop, priority, name,
-                   _NO_WAIT) != 0:
-        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
-
-
-_native_name = ctypes.create_string_buffer(b'mpi_kvstore_chained')
-
-
-def native_push_constants():
-    """(CPU context, kCPUPrioritized property, op name) addresses, for native code that
-    pushes an op itself (the chained op's re-push to the priority worker)."""
-    return (_CPU_CONTEXT, _PROPERTY_ADDRESSES[CPU_PRIORITIZED],
-            ctypes.addressof(_native_name))
-
-
-def _encoded(name):
-    text = _state.names.get(name)
-    if text is None:
-        text = _state.names.setdefault(name, name.encode())
-    return text
+        raise
 
 
 def _log_error(err):
