@@ -51,8 +51,8 @@ def allreduce_(tensor: NDArray, average: bool = False, name: str = 'allreduce',
 
 def allreduce(tensor: NDArray, average: bool = False, name: str = 'allreduce',
               store: MPIKVStore | None = None) -> NDArray:
-    """Sum (or average) over ranks into a new NDArray."""
-    return _store(store).collectives.allreduce([name], [tensor.copy()], average, again=False)[0]
+    """Sum (or average) over ranks into a new NDArray; ``tensor`` is left as it was."""
+    return _store(store).collectives.allreduce_copy(name, tensor, average)
 
 
 def broadcast_(tensor: NDArray, root: int = 0, name: str = 'broadcast',

@@ -100,7 +100,7 @@ def check(out, design, nprocs):
                 'hvd 2': hit, 'hvd shape': miss, 'hvd shape again': hit, 'hvd dtype': miss,
                 'hvd dtype again': hit, 'hvd context': miss, 'hvd context again': hit,
                 'hvd average': miss, 'hvd average again': hit, 'hvd copy': miss,
-                'hvd copy again': miss}
+                'hvd copy again': hit}
     shapes = ["rank 0 has key 'm3' shape (4,) float32"] + [
         "rank %d has key 'm_odd' shape (%d,) float32" % (r, 4 + r) for r in range(1, nprocs)]
     for rank, said in enumerate(info):

@@ -5,7 +5,8 @@ as numpy does over 4 steps on the same arrays; the 'again' debug counter shows t
 one-function path taken from the third call of a key (the second prepares it) and from the
 second of a group or a pull; another array, a context, a priority, compression, a pull into
 another array or a list, and a group whose tensors changed or share storage fall back to the
-full path and sum right; a new shape for a key raises ValueError.
+full path and sum right; a new shape for a key raises ValueError. scenarios/kv_copy.py: the
+same for the out-of-place allreduces (hvd.allreduce, mpi_kvstore.allreduce).
 """
 import pytest
 
@@ -37,3 +38,38 @@ def test_repeated_calls_are_one_function_and_sum_right(design, designs):
         for what, (shape, total) in checked.items():
             assert shape == expected[what][0], what
             assert total == pytest.approx(expected[what][1], rel=1e-6), what
+
+
+COPY = [{}, {'copy': 1}, {'copy': 1}]   # a name's first call, then its one-function path
+
+
+@pytest.mark.parametrize('design', NAMES)
+def test_out_of_place_allreduce_again_is_one_function_and_sums_right(design, designs):
+    """scenarios/kv_copy.py: hvd.allreduce and mpi_kvstore.allreduce called again on the
+    very same input take Collectives.again_copy from their second call; another input, shape,
+    dtype, context or op falls back to the full path and is taken again from its second
+    call; an integer average and a scale factor stay on the full path; every result (a new
+    array each call) equals numpy's sum and the input is left as it was. A repeated call
+    meeting another shape fails on every rank naming both shapes, and the name goes on."""
+    out = run_designs(2, 'kv_copy.py', design, designs, timeout=240)
+    name = 'kv_copy[%s]' % design
+    assert '%s: OK at 2 ranks' % name in out, out[-3000:]
+    for rank, seen in enumerate(result(out, name)['ranks']):
+        full = [{}, {}, {}]
+        assert seen['fallback'] == {
+            'sum': COPY, 'average': COPY, 'array': COPY, 'back': [{}], 'shape': COPY,
+            'dtype': COPY, 'context': COPY, 'int average': full, 'postscale': full,
+            'functional': COPY, 'functional mean': COPY}, (rank, seen['fallback'])
+        said = seen['mismatch']
+        assert 'rank 0 has shape (16,) float32' in said, said
+        assert 'rank 1 has shape (17,) float32' in said, said
+        assert seen['raised'] == ['RankMismatchError']
+        # rank 0 repeated its call; rank 1's other array took the full path and became
+        # the name's record, so its next call on the first array takes the full path again
+        assert seen['mismatch_again'] == ({'copy': 1} if rank == 0 else {})
+        assert seen['after'] == ([{'copy': 1}] * 2 if rank == 0 else [{}, {'copy': 1}])
+        assert len(seen['checked']) >= 60
+        for what, got in seen['checked'].items():
+            shape, total = seen['expected'][what]
+            assert got[0] == shape, what
+            assert got[1] == pytest.approx(total, rel=1e-6), what

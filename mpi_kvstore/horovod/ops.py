@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import functional
 from ..comm.mpiabi import MPI
+from ..engine.arrays import copy_of
 from .basics import (
     _MPI_OPS,
     _OP_NAMES,
@@ -72,12 +73,12 @@ def _set_root(process_set, root_rank, what):
 
 
 def _copy(tensor):
-    """A new array of ``tensor``'s values. A legacy NDArray goes through MXNet's identity op:
-    one engine call where NDArray.copy makes two (an allocation, then a copy), about half
-    its 30 us on a 16 KB tensor; its output is row-major (and dense or sparse) as copy's is,
+    """A new array of ``tensor``'s values. A legacy NDArray goes through MXNet's identity op
+    in one C call (engine.arrays.copy_of): one engine op where NDArray.copy makes two (an
+    allocation, then a copy); its output is row-major (and dense or sparse) as copy's is,
     also from an input in an MKLDNN layout. Any other array type copies itself."""
     if tensor.__class__ is mx.nd.NDArray:
-        return mx.nd.identity(tensor)
+        return copy_of(tensor)
     return tensor.copy()
 
 
@@ -111,13 +112,14 @@ def _mpi_reduce(kv, tensor, op):
 
 
 def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, process_set,
-                       what, again=True, group=None):
+                       what, again=True, group=None, sources=None):
     """op over the set of each tensor, in place (collectives.allreduce). A float Average is
     the reduction's own (the fused buffer divided once); an integer one, the scale factors
     and Min/Max/Product are engine ops or collectives of their own, as before. A call on
     the very arrays of its names' last calls takes the store's prepared path (their
     dtypes known, their requests and engine call prepared); ``again=False``: the tensors
-    are fresh copies, which never come again."""
+    are fresh copies, which never come again, of ``sources`` where given (collectives.allreduce
+    remembers them for its again_copy)."""
     kv = _set_store(process_set, what)
     if prescale_factor != 1.0:
         for tensor in tensors:
@@ -129,7 +131,8 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
         return tensors
     folded = op == Average and all(dtype.kind == 'f'
                                    for dtype in kv.collectives.dtypes(names, tensors))
-    kv.collectives.allreduce(names, tensors, average=folded, again=again, group=group)
+    kv.collectives.allreduce(names, tensors, average=folded, again=again, group=group,
+                             sources=sources if prescale_factor == 1.0 else None)
     # the set's store spans exactly its ranks
     factor = (postscale_factor / kv.num_workers if op == Average and not folded
               else postscale_factor)
@@ -162,10 +165,20 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
               priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set, op: int | None = None) -> NDArray:
     """As :func:`allreduce_`, into a new NDArray; ``tensor`` is left as it was."""
+    if (op is None or (op.__class__ is int and (op == Sum or op == Average))) \
+            and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+        # a repeated call on the very same input: its copy reduced as the last one was, in
+        # one function (Collectives.again_copy)
+        kv = getattr(process_set, '_store', None)
+        if kv is not None:
+            found = kv.collectives.again_copy(name or 'hvd.allreduce', tensor, op != Sum)
+            if found is not None:
+                return found
     op = _op_of(op, average, 'allreduce')
     _set_store(process_set, 'allreduce')
     return _allreduce_inplace([_copy(tensor)], op, [name or 'hvd.allreduce'], prescale_factor,
-                              postscale_factor, process_set, 'allreduce', again=False)[0]
+                              postscale_factor, process_set, 'allreduce', again=False,
+                              sources=[tensor])[0]
 
 
 def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,

@@ -8,7 +8,7 @@ import numpy as np
 from .. import debug
 from ..comm.collective import Collective, signature
 from ..comm.host import PolledComm
-from ..engine.arrays import dense_meta, storage_of
+from ..engine.arrays import copy_of, dense_meta, storage_of
 from ..engine.records import Prepared
 from .contract import check_root
 from .namecache import Batch, NameCache
@@ -35,6 +35,9 @@ class Collectives:
         # same array with the same average; as many as the staging buffers, least recently
         # used out (an entry holds its array)
         self._again = NameCache(config.name_cache_capacity)
+        # name -> its last out-of-place allreduce (_Copy), taken again by a call on the very
+        # same input with the same average (again_copy); as many, least recently used out
+        self._copies = NameCache(config.name_cache_capacity)
         # a group's name -> its last in-place allreduce (_Again of the whole list), whose
         # tensors share no storage: taken again as one engine op (again_group)
         self._groups = NameCache(config.name_cache_capacity)
@@ -79,7 +82,7 @@ class Collectives:
         buf.copyto(tensor)
         return tensor
 
-    def allreduce(self, names, tensors, average=False, again=True, group=None):
+    def allreduce(self, names, tensors, average=False, again=True, group=None, sources=None):
         """Sum (the mean with ``average``) each tensor over the ranks, in place; ``names[i]``
         identifies tensor i's collective across ranks. One engine op per tensor: two tensors
         of one list may be views of one array, which share an engine variable, and an op
@@ -99,11 +102,13 @@ class Collectives:
         call (engine.records.Prepared). ``again=False``: the tensors are fresh copies, never
         called again (kept for nothing). ``group``: the name of the list as a whole (a
         grouped allreduce), kept for :meth:`again_group` where every tensor went in place
-        and no two share storage.
+        and no two share storage. ``sources``: of an out-of-place call (``again=False``), the
+        arrays the tensors are copies of (:func:`engine.arrays.copy_of`), each kept with its
+        request for :meth:`again_copy` where its copy went in place.
         """
         self._job.begin()
         reqs, staged, seen, made = [], [], set(), []
-        for name, tensor in zip(names, tensors):
+        for i, (name, tensor) in enumerate(zip(names, tensors)):
             handle = tensor.handle.value
             if handle not in seen:
                 found = self._repeat(name, tensor, average)
@@ -118,6 +123,8 @@ class Collectives:
                 req = self._in_place_request(name, tensor, meta, average)
                 if again:
                     self._again.keep(name, _Again(tensor, req, self._job.design))
+                elif sources is not None and sources[i].__class__ is mx.nd.NDArray:
+                    self._copies.keep(name, _Copy(sources[i], req, self._job.design))
                 reqs.append([req])
                 made.append(req)
                 continue
@@ -184,6 +191,41 @@ class Collectives:
         reqs.prepared = known.prepared
         job.submit(reqs, 0)
         return True
+
+    def again_copy(self, name, tensor, mean):
+        """:meth:`again` of an out-of-place allreduce (hvd.allreduce, functional.allreduce):
+        a new NDArray of ``tensor``'s values summed over the ranks (with ``mean`` their mean,
+        folded into the reduction), ``tensor`` left as it was, where ``tensor`` is the very
+        array (its handle too) whose copy the name's last out-of-place call reduced in place
+        with the same ``mean``. Its copy made by one engine op (engine.arrays.copy_of), its
+        request from that call's arguments: nothing asked of MXNet but the copy (debug
+        counters ``again``: 'copy', and ``fastpath``: 'hit'; the full path counts a miss).
+        None: nothing was done, the caller takes the full path (which also says what is
+        wrong, and makes the record: ``sources`` of :meth:`allreduce`)."""
+        known = self._copies.get(name)
+        job = self._job
+        if (known is None or known.tensor is not tensor or known.average is not mean
+                or known.handle != tensor.handle.value or known.design is not job.design):
+            return None
+        job.begin()
+        out = copy_of(tensor)
+        debug.count('again', 'copy')
+        debug.count('fastpath', 'hit')
+        debug.count('named', 'hit')   # its signature, too, is the one made before
+        args = known.args
+        job.submit([Collective(*args[:4], out, *args[5:])], 0)
+        return out
+
+    def allreduce_copy(self, name, tensor, average=False):
+        """A new NDArray of ``tensor``'s values summed over the ranks (the mean with
+        ``average``), ``tensor`` left as it was: :meth:`again_copy`, else a copy (one engine
+        op for a legacy NDArray, engine.arrays.copy_of) allreduced in place and remembered
+        for the next call (``sources`` of :meth:`allreduce`)."""
+        found = self.again_copy(name, tensor, average) if average.__class__ is bool else None
+        if found is not None:
+            return found
+        copy = copy_of(tensor) if tensor.__class__ is mx.nd.NDArray else tensor.copy()
+        return self.allreduce([name], [copy], average, again=False, sources=[tensor])[0]
 
     def _repeat(self, name, tensor, average):
         """The requests of a call on the very array of ``name``'s last one (_Again), or
@@ -275,6 +317,17 @@ class _Again:
         self.average, self.dtype = bool(req.average), req.dtype
         self.args = _args(req)
         self.prepared = Prepared([tensor], design)
+
+
+class _Copy:
+    """A name's last out-of-place allreduce: the array it copied (and its handle), the
+    average, the copy's request's arguments and the design it went to."""
+
+    __slots__ = ('tensor', 'handle', 'average', 'args', 'design')
+
+    def __init__(self, tensor, req, design):
+        self.tensor, self.handle = tensor, tensor.handle.value
+        self.average, self.args, self.design = bool(req.average), _args(req), design
 
 
 def _polled(fn, poll_us):

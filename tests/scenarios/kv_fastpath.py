@@ -159,7 +159,7 @@ def fallback():
         t[:] = RANK + 1
         found[case] = fastpath(lambda: hvd.allreduce_(t, name='n'))
         close(t.asnumpy(), FACTOR / SIZE, case)
-    for case in ('hvd copy', 'hvd copy again'):   # a fresh copy a call: never prepared
+    for case in ('hvd copy', 'hvd copy again'):   # the same input again: its copy path
         t[:] = RANK + 1
         copies = []
 
