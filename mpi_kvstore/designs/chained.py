@@ -44,17 +44,18 @@ class Chained(Design):
     Each op first MIN-allreduces a 4-int fingerprint of its requests, so ranks
     that disagree fail loudly instead of summing different keys.
 
-    A burst fuses. An op of one allreduce bucket pushed while the op before it is still
-    pending, whose arrays nothing else reads or writes then (a probe op pushed just before
-    it runs at once; after a probe that did not, none until the ops catch up), may be run
-    by an earlier op: each op offers, after its own
-    fingerprint, those of the ops pushed after it that it can take, and every rank runs the
-    MIN of the counts offered (cut before the first that differs) in allreduces of up to
-    ``fusion_threshold`` bytes. An op that was run so only completes when the chain reaches
-    it. Ranks that offer different counts line up again: each op's round on every rank
-    starts at the same place in the sequence.
+    A burst fuses. A call of one allreduce bucket made while the op before it is still
+    pending is pushed without the chain, so that its engine op runs at once exactly when
+    nothing else reads or writes its arrays; it then holds them, and the op that leads the
+    burst runs it in its walk (after a call whose arrays were busy, none until the ops catch
+    up: that one is pushed as a chained op). Each round of the walk offers, after its first
+    call's fingerprint, those of the calls linked after it, and every rank runs the MIN of
+    the counts offered (cut before the first that differs) in allreduces of up to
+    ``fusion_threshold`` bytes. The leader holds the chain until its walk ends. Ranks that
+    offer different counts line up again: each round on every rank starts at the same place
+    in the sequence.
 
-    The op is native (engine/native.py, run_chained): machine code calls MPI, so
+    The op is native (engine/fuse.py, run_chained): machine code calls MPI, so
     no Python runs on the engine worker. It hands the rare cases to Python on
     the same worker (:meth:`_in_python`). Requests are marked done lazily
     (:meth:`reap`), by whoever asks: the next call, ``wait()``, the stall
@@ -80,7 +81,7 @@ class Chained(Design):
         self._inflight = collections.deque()  # native ops, in push (= completion) order
         self._tail = None                     # the last op pushed, where it is native
         self._fuse = None                     # the host buffer of fused runs
-        self._probing = True                  # no probe found busy arrays since ops were idle
+        self._probing = True                  # no call found busy arrays since ops were idle
         self._reap_lock = threading.Lock()
         self._waker = None
         # Ready data at push time: the op runs on this thread, no engine hand-offs
@@ -91,7 +92,7 @@ class Chained(Design):
             self._waker = records.Waker()
             if self.size > 1 and config.fusion_threshold > 0:
                 self._fuse = np.empty(config.fusion_threshold, dtype=np.uint8)
-                self._probe = records.probe_address()
+                self._follow = records.follow_address()
 
     def _submit(self, reqs, priority):
         arrays = [r.array for r in reqs if r.array is not None]
@@ -103,31 +104,37 @@ class Chained(Design):
             prev = self._inflight[-1] if self._inflight else None
             pending = prev is not None and not prev.done
             self._inflight.append(op)
+            if not pending:
+                self._probing = True
+            elif (plan_.leads and self._probing and prev is self._tail
+                  and prev.record[layout.LEADS]):
+                # Pushed without the chain: at once exactly when nothing else reads or
+                # writes its arrays, which it then holds, and the walk of the burst the
+                # op before it belongs to runs it (fuse.py). One that finds them busy runs
+                # later on MXNet's compute worker, doing nothing, and the call goes on as a
+                # chained op, which waits for it: one such a burst (the gradients of a
+                # backward pass still being computed), until the ops catch up.
+                op.pushed_from(_pthread_self(), priority)
+                engine.push_native(self._follow, op.address, plan_.follow_handles,
+                                   inline_when_ready=True)
+                if op.started:
+                    if op.link_after(prev):
+                        self._tail = op
+                        return
+                    op.let_go()       # the walk ended before the link: a chained op
+                else:
+                    self._probing = False
+                    debug.count('fuse', 'busy')
+                op.pushed_from(0, priority)
             # Offered inline only when no earlier op is pending: one that is would hold this
             # one back, and an op offered inline whose data is not ready takes a detour
-            # through MXNet's compute worker (native.py), which slowed per-key training.
+            # through MXNet's compute worker (fuse.py), which slowed per-key training.
             inline = plan_.nbytes <= self._inline_max and not pending
             if inline:
                 op.pushed_from(_pthread_self(), priority)
-            follows = pending and prev is self._tail
-            if not pending:
-                self._probing = True
-            elif follows and plan_.leads and self._probing:
-                # Its arrays free now (the probe ran at once), the op pending before it may
-                # run it: nothing else touches them until this op completes, which is after.
-                # A probe that finds them busy runs later on MXNet's compute worker, which
-                # the op then waits for: one such a burst (the gradients of a backward pass
-                # still being computed), until the ops catch up.
-                engine.push_native(self._probe, op.address, plan_.probe_handles,
-                                   inline_when_ready=True)
-                if not op.may_be_absorbed():
-                    self._probing = False
-                    debug.count('fuse', 'busy')
             engine.push_native(self._address, op.address, plan_.handles, priority=priority,
                                name=op_name(reqs[0].kind), inline_when_ready=inline,
                                may_block=inline)
-            if follows:
-                op.follows(prev)
             self._tail = op
             return
         self._tail = None     # a Python op: no native op may run past it
@@ -185,7 +192,7 @@ class Chained(Design):
                                     AGREEMENT_POLL_US, fuse)
         found.handles = engine.Handles(arrays + [self._chain])
         if found.leads:
-            found.probe_handles = engine.Handles(arrays)
+            found.follow_handles = engine.Handles(arrays)
         return found
 
     def group_message(self, sigs, joined=False):
@@ -210,8 +217,9 @@ class Chained(Design):
             else:
                 self._after_mpi_error(op, failed_bucket, MPI.Exception(code))
         finally:
-            engine.Completion.native(*op.callback(), op.arrays).done()
-            op.finish_in_python()
+            if not op.held:      # else the walk that holds it completes it (fuse.py)
+                engine.Completion.native(*op.callback(), op.arrays).done()
+                op.finish_in_python()
 
     def _after_mpi_error(self, op, failed_bucket, err):
         """An MPI call of the native op failed at ``failed_bucket`` (-1: the agreement)."""

@@ -10,10 +10,10 @@ A record is an int64 array that Python owns until its op completes::
 Every record carries the address of a table of the C functions and MPI constants that
 compiled code calls (TABLE_DTYPE), so that the machine code holds no address of this
 process and numba can cache it on disk. Compiled code reads the offsets below as
-constants (numba freezes module-level ints when it compiles); native.py keys its cache by
-this file's source, so a change here compiles it again. The offsets are named by where
-they point: a header word bare (COUNT), within an array's slot A_ (A_DATA), within a
-bucket's B_ (B_KIND), within the table F_ (a function) and C_ (an MPI constant).
+constants (numba freezes module-level ints when it compiles); native.py and fuse.py key
+their caches by this file's source, so a change here compiles them again. The offsets are
+named by where they point: a header word bare (COUNT), within an array's slot A_ (A_DATA),
+within a bucket's B_ (B_KIND), within the table F_ (a function) and C_ (an MPI constant).
 """
 import enum
 
@@ -26,10 +26,10 @@ __all__ = ['HEADER_DTYPE', 'ARRAY_DTYPE', 'DL_TENSOR_DTYPE', 'BUCKET_DTYPE', 'TA
            'FUSE_OPS', 'offer_message']
 
 _I64 = np.int64
-# A chained op offers itself and up to FUSE_OPS - 1 ops pushed after it whose data was ready
-# then (native.py, _offer): its agreement message is agreement.group_message of its own
-# requests, then how many ops it offers (OFFERED, MIN over ranks: how many run fused), then
-# the group body of each further op (BODY ints each, WILDCARD where not offered).
+# A chained op offers itself and up to FUSE_OPS - 1 ops linked after it (fuse.py, _offer):
+# its agreement message is agreement.group_message of its own requests, then how many ops it
+# offers (OFFERED, MIN over ranks: how many run fused), then the group body of each further
+# op (BODY ints each, WILDCARD where not offered).
 FUSE_OPS = 32
 _GROUP = len(agreement.group_message(()))
 BODY = _GROUP - agreement.HEADER
@@ -72,13 +72,14 @@ HEADER_DTYPE = np.dtype([
     # pthread_self() of the thread that pushed a chained op inline-when-ready (0: pushed
     # to the priority worker), and the call's priority, for a re-push.
     ('pusher', _I64), ('priority', _I64),
-    # Fusing later ops (native.py): the next native op pushed after this one (its record's
-    # address, 0: none yet or not next in the chain); whether this op may lead a fused round
-    # (one allreduce bucket) and whether it may be absorbed (that, and its arrays were
-    # free when it was pushed: the probe op wrote PROBED at once); set by the op that absorbed
+    # Fusing a burst (fuse.py): the next op linked after this one (its record's address; 0:
+    # none yet, CLOSED: the walk of its burst ended there, none may link); whether this op
+    # may lead a burst (one allreduce bucket); whether its engine op was pushed without the
+    # chain and ran at once (STARTED: arrays free and held; then only the burst's walk may run
+    # it); whether its completion waits for its walk (HOLD); set by the op that absorbed
     # it (ABSORBED_OK, or ABSORBED_FAILED with ERRCODE); the ops this op ran fused (itself
     # included); the host buffer that a fused round reduces in, and its size in bytes.
-    ('next', _I64), ('leads', _I64), ('absorbable', _I64), ('probed', _I64),
+    ('next', _I64), ('leads', _I64), ('started', _I64), ('hold', _I64),
     ('absorbed', _I64), ('fused', _I64), ('fuse_buf', _I64), ('fuse_cap', _I64),
 ])
 
@@ -107,7 +108,7 @@ TABLE_DTYPE = np.dtype([(name, _I64) for name in (
     'allreduce', 'bcast', 'barrier', 'iallreduce', 'test',   # MPI (mpiabi.CApi)...
     'in_place', 'sum', 'min', 'int32',                       # ...and its constants
     'cpu_context', 'prioritized', 'name',   # what a re-push passes (core.native_push_constants)
-    'queued',                               # the compiled op a re-push runs (native.py)
+    'queued',                               # the compiled op a re-push runs (fuse.py)
 )])
 
 
@@ -129,12 +130,12 @@ HEADER, SLOT, BSLOT, TABLE = (d.itemsize // 8 for d in (
     HEADER_DTYPE, ARRAY_DTYPE, BUCKET_DTYPE, TABLE_DTYPE))
 (STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
  BUCKET, ERRCODE, MSGLEN, FNS, MSG, MINE, POLL_US, PROGRESS_US, REQUEST, FLAG, STATUS,
- PUSHER, PRIORITY, NEXT, LEADS, ABSORBABLE, PROBED, ABSORBED, FUSED, FUSE_BUF,
+ PUSHER, PRIORITY, NEXT, LEADS, STARTED, HOLD, ABSORBED, FUSED, FUSE_BUF,
  FUSE_CAP) = _words(
     HEADER_DTYPE, 'state', 'callback', 'engine', 'param', 'count', 'eventfd', 'self', 'one',
     'comm', 'size', 'nbuckets', 'stage', 'bucket', 'errcode', 'msglen', 'fns', 'msg', 'mine',
     'poll_us', 'progress_us', 'request', 'flag', 'status', 'pusher', 'priority', 'next',
-    'leads', 'absorbable', 'probed', 'absorbed', 'fused', 'fuse_buf', 'fuse_cap')
+    'leads', 'started', 'hold', 'absorbed', 'fused', 'fuse_buf', 'fuse_cap')
 # Within an array's slot; A_DEVICE holds device_type (low half) and device_id.
 A_HANDLE, A_MANAGED, A_TENSOR, A_DATA, A_DEVICE, A_OFFSET, A_NBYTES = _words(
     ARRAY_DTYPE, 'handle', 'managed', 'tensor', 'tensor.data', 'tensor.device_type',
@@ -153,6 +154,7 @@ B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION = _words(
 
 PENDING, READY, DONE = 0, 1, 2        # STATE
 ABSORBED_OK, ABSORBED_FAILED = 1, 2   # ABSORBED (0: run by its own op)
+CLOSED = 1                            # NEXT: no op may link after this one
 ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # a bucket's kind
 # How an averaged bucket is divided by the number of ranks, by dtype (as reduce.Reducer
 # does: floats multiply by 1/size in their own precision, integers floor-divide).

@@ -1,6 +1,6 @@
-"""The Python side of the native engine ops (native.py): the table of C functions they
-call through, building a record (layout.py declares it), reading what the op took, and the
-eventfd that wakes the thread waiting for ops."""
+"""The Python side of the native engine ops (native.py, fuse.py): the table of C functions
+they call through, building a record (layout.py declares it), reading what the op took, and
+the eventfd that wakes the thread waiting for ops."""
 import ctypes
 import functools
 import os
@@ -11,11 +11,11 @@ import numpy as np
 
 from ..comm.mpiabi import c_api, c_datatype
 from . import core as engine
+from . import fuse, native, rounds
 from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY...
-from . import native, rounds
 from .libmxnet import address_of
 
-__all__ = ['mark_ready_address', 'run_chained_address', 'probe_address', 'function_table', 'NativeOp',
+__all__ = ['mark_ready_address', 'run_chained_address', 'follow_address', 'function_table', 'NativeOp',
            'Prepared', 'ChainedPlan', 'ChainedOp', 'Waker', 'KINDS', 'Round', 'Slot',
            'complete_slots', 'take_up']
 
@@ -82,7 +82,7 @@ def mark_ready_address():
 
 
 def run_chained_address():
-    """The address of the chained op (native.py)."""
+    """The address of the chained op (fuse.py)."""
     table = function_table()
     if not table[L.F_ALLREDUCE]:
         api = c_api()
@@ -90,13 +90,13 @@ def run_chained_address():
               in_place=api.in_place, sum=api.sum, min=api.min, int32=api.int32,
               iallreduce=api.iallreduce, test=api.test)
     if not table[L.F_QUEUED]:
-        table[L.F_QUEUED] = native.address('run_queued')
-    return native.address('run_chained')
+        table[L.F_QUEUED] = fuse.address('run_queued')
+    return fuse.address('run_chained')
 
 
-def probe_address():
-    """The address of the probe a chained op that may be absorbed is pushed after (native.py)."""
-    return native.address('probe')
+def follow_address():
+    """The address of the op of a call that a burst's walk may run (fuse.py)."""
+    return fuse.address('follow')
 
 
 class NativeOp:
@@ -199,11 +199,11 @@ class ChainedPlan:
     progress_sleep_us and progress_min_bytes; a sleep of 0: every MPI call blocks);
     where it polls, the agreement is polled too, with sleeps of up to ``poll_us``.
     ``fuse``: (address, bytes) of the host buffer in which an op reduces the ops it runs
-    fused with it (native.py), bytes 0: it runs none. A call of one allreduce bucket may do
+    fused with it (fuse.py), bytes 0: it runs none. A call of one allreduce bucket may do
     so (``leads``), and be run by an earlier op.
     """
 
-    __slots__ = ('record', 'spans', 'keep', 'handles', 'nbytes', 'leads', 'probe_handles')
+    __slots__ = ('record', 'spans', 'keep', 'handles', 'nbytes', 'leads', 'follow_handles')
 
     def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0,
                  fuse=(0, 0)):
@@ -252,7 +252,7 @@ class ChainedPlan:
             rec[L.LEADS] = 1
             rec[L.FUSE_BUF], rec[L.FUSE_CAP] = fuse
         self.handles = None   # the engine's handle array, which the design builds once
-        self.probe_handles = None   # the same without the chain: what the probe is pushed with
+        self.follow_handles = None  # the same without the chain: what ``follow`` is pushed with
         self.nbytes = sum(r.nbytes for r in reqs)   # the design decides by them whether inline
 
 
@@ -296,17 +296,25 @@ class ChainedOp(NativeOp):
         op goes on from the priority worker, at ``priority``."""
         self.record[L.PUSHER], self.record[L.PRIORITY] = thread, priority
 
-    def may_be_absorbed(self):
-        """Its probe ran at once: an earlier op may run it (native.py)."""
-        rec = self.record
-        if rec[L.PROBED]:
-            rec[L.ABSORBABLE] = 1
-            return True
-        return False
+    @property
+    def started(self):
+        """Its ``follow`` op ran at once: it holds the arrays for a burst's walk (fuse.py)."""
+        return self.record[L.STARTED] != 0
 
-    def follows(self, earlier):
-        """Pushed right after ``earlier``, whose op may take it up from now on."""
-        earlier.record[L.NEXT] = self._address
+    def link_after(self, earlier):
+        """Link it after ``earlier``, whose walk runs it -> False where that walk ended
+        first (then :meth:`let_go`, and push it as a chained op)."""
+        return fuse.link(earlier.address + 8 * L.NEXT, self._address)
+
+    def let_go(self):
+        """Complete its ``follow`` op, which holds its arrays, that no walk will run."""
+        engine.Completion.native(*self.callback(), self.arrays).done()
+        self.record[L.STARTED] = 0
+
+    @property
+    def held(self):
+        """Its walk completes it: a hand-over to Python leaves that to the walk (HOLD)."""
+        return self.record[L.HOLD] != 0
 
     @property
     def fused(self):
