@@ -15,8 +15,15 @@ the buffers MPI may still write into.
 
 A connect or an accept pending in MPI blocks every other MPI call of its process (MPICH
 holds its lock while it waits for the other side): the connect ends by MPI's own timeout
-(:func:`connect`), and the root's accept, which has none, is completed by the launcher's
-stand-in once the worker it waited for gave up (:func:`give_up`, launch/driver.py).
+(:func:`connect`), and the root's accept is completed by the launcher's stand-in once the
+worker it waited for gave up (:func:`give_up`, launch/driver.py). (MPICH's accept takes an
+info 'timeout' too, but one that timed out left its receive posted on the port: a later
+accept on that port hung, and the connect meant for it got no answer.)
+
+A root never closes its ports (:func:`open_port`): MPICH names a port by its process's
+address and a tag, the lowest one not open in that process, so a port opened after
+``Close_port`` had the same name as the one closed, and a connect meant for an earlier forming
+reached the new one's ``Accept``, which crashed.
 """
 import logging
 import os
@@ -31,8 +38,8 @@ from ..comm.mpiabi import MPI
 from ..launch import rendezvous
 from .exceptions import HorovodInternalError
 
-__all__ = ['ADMIT', 'SKIP', 'REFUSED', 'challenge', 'answer', 'accept', 'connect', 'wait',
-           'call', 'bcast', 'allgather_ints', 'newer_port', 'give_up', 'given_up']
+__all__ = ['ADMIT', 'SKIP', 'REFUSED', 'challenge', 'answer', 'open_port', 'accept', 'connect',
+           'wait', 'call', 'bcast', 'allgather_ints', 'newer_port', 'give_up', 'given_up']
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,33 @@ def answer(inter, worker, secret):
     nonce = inter.recv(source=0)
     inter.send({'id': worker, 'mac': rendezvous.sign(secret, 'join', nonce, worker)}, dest=0)
     return inter.recv(source=0)
+
+
+_ports: list[str] = []   # this process's ports, kept open for its life (open_port)
+
+
+def open_port():
+    """A new MPI port, never closed, so that no two ports of this process share a name.
+
+    MPICH 5.0.2 (ch4) names a port ``tag#T$connentry#<address>``: T is the lowest tag not
+    open in this process, so after ``Close_port`` the next port had the same name. A connect
+    sends its request to that address and tag at once, and it waits in the acceptor's queue
+    until an ``Accept`` on the tag takes it: a connect that timed out, or one still waiting
+    from a forming given up on, was taken by the next forming's ``Accept`` on the reused
+    name. In a standalone test (three ``mpiexec -n 1`` launches) that ``Accept`` crashed
+    (SIGSEGV) each time, whether the connecting process had given up, exited or still
+    waited, and the newcomer's connect got no answer; with the first port kept open the
+    second one's tag differed and the newcomer was admitted each time. No message of our own
+    after the connect can tell the two apart: the crash comes first. MPICH allows 2048 open
+    ports a process: one for each world this process forms as the root."""
+    try:
+        port = MPI.Open_port()
+    except MPI.Exception as err:
+        raise RuntimeError('mpi_kvstore elastic: this worker cannot open an MPI port for the '
+                           'world it forms (%d open, none closed: see forming.open_port): %s'
+                           % (len(_ports), err)) from err
+    _ports.append(port)
+    return port
 
 
 def accept(world, port, admit, secret):

@@ -17,8 +17,8 @@ is ready and waits to be admitted, then writes a signed notice of the world's me
 hands it to the listeners (the state), so the next commit raises HostsUpdatedInterrupt on
 every rank; :meth:`World.reform` then admits the newcomers after the old members, and a
 worker left out leaves. A worker that dies while the root waits for it in ``Accept`` cannot
-be waited out (MPI's accept has no deadline): the launcher connects a stand-in in its place
-(standin.py), signed with the secret, and the world forms without it.
+be waited out (the accept has no deadline: forming.py): the launcher connects a stand-in in
+its place (standin.py), signed with the secret, and the world forms without it.
 
 Every step of a forming ends (forming.py): at ``deadline``, or when the launcher announces a
 member of the forming world lost, with HorovodInternalError, so that ``elastic.run`` re-forms
@@ -222,7 +222,7 @@ class World(Notices):
         try:
             if is_root:
                 world = MPI.COMM_SELF.Dup()
-                port = MPI.Open_port()
+                port = forming.open_port()   # never closed (its docstring says why)
             else:
                 port = self._published_port(started)
                 log.debug('mpi_kvstore elastic: connects (generation %d)', self.generation)
@@ -247,8 +247,6 @@ class World(Notices):
                 if is_root and verdict == ADMIT:
                     members.append(admit)
             self._reached('admitted')
-            if is_root:
-                MPI.Close_port(port)
             # Split(0, rank) keeps the order: a duplicate, which MPI has in nonblocking form
             comm, request = world.Idup()
             forming.wait(request, self._why('the new communicator', self.deadline), keep=(comm,))

@@ -331,9 +331,10 @@ class Driver:
         script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                               'elastic', 'standin.py')
         env = dict(self.env, **{rendezvous.SECRET_ENV: self.secret})
+        # its connect ends with the re-forming's limit, past which the driver relaunches
         self.standins[(generation, admit)] = processes.start_group(
             self.launcher + ['-n', '1', sys.executable, script, self.workers.directory,
-                             str(generation), str(admit)],
+                             str(generation), str(admit), '%g' % self.reform_limit],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         return None
 
