@@ -189,6 +189,11 @@ class Countdown:
         self._error = None
         self._forward = forward_errors
 
+    def pass_errors(self):
+        """Let the first error of the parts not done yet reach the engine (a lost world's
+        op, whose outputs' readers must raise: store.job)."""
+        self._forward = True
+
     def done(self, error=None):
         with self._lock:
             self._left -= 1

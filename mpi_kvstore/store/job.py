@@ -11,12 +11,18 @@ between its slices (progress.set_abort_check). The first check that raises ends 
 world: its design is swapped for one that fails every later call at once, its thread is
 stopped without an MPI call, and each request still pending completes with the error (its
 output poisoned, its engine op failed, the error raised as it was on the user's thread).
+A lost world's op fails in the engine even where its array is a staging buffer: a read the
+user began before the loss is queued before the state's poisoning (:func:`on_world_lost`),
+so the error must reach it along the ops that deliver the buffer (which MXNet then skips),
+not as NaN delivered without an error. A request whose engine op MXNet skipped (an earlier
+op on its array failed) never reaches the design; a fence behind it tells the drain so.
 :meth:`Job.reset` then builds the design on the new communicator; the old one's
 communicators are abandoned, not freed (freeing may wait for the lost peer). Until the reset
 ends, the world's check also ends its waits at the re-forming's deadline
 (World.settled), so that a peer lost during the reset ends it too.
 """
 import collections
+import functools
 import logging
 import threading
 import time
@@ -28,6 +34,7 @@ from mxnet.base import MXNetError
 from ..comm import abandoned, progress
 from ..designs.base import new_comm
 from ..engine import core as engine
+from ..engine.records import Slot
 from ..errors import MPIKVStoreError
 from ..faults.abort import install_abort_hook
 from ..faults.stall import StallInspector
@@ -172,8 +179,11 @@ class Job:
         self._inspector.stop()
         _stop_without_mpi(design)
         collect = getattr(design, '_collect', None)
+        fences = {}   # request -> Event: every op pushed on its array before the fence is past
+        seen = set()
         ends = time.monotonic() + DRAIN_TIMEOUT
         while time.monotonic() < ends:
+            past = {req for req, fence in fences.items() if fence.is_set()}   # before collect
             if collect is not None:
                 with _quiet():
                     collect()       # native ops that ran since: their requests get completions
@@ -182,10 +192,19 @@ class Job:
                 if req.done:
                     continue
                 if req.completion is None and req.array is not None:
-                    left += 1       # its engine op has not run yet: its inputs are computed
+                    if req in past:   # MXNet skipped its op (an earlier op on it failed)
+                        if req.error is None:
+                            req.fail(err)
+                        req.finish()
+                        continue
+                    if req in seen and req not in fences:   # its op waits, or was skipped
+                        fences[req] = _fence(req.array)
+                    seen.add(req)   # (a pass later: its op was pushed before the fence)
+                    left += 1
                     continue
                 if req.error is None:
                     req.fail(err)
+                _pass_errors(req.completion)
                 req.complete()
             if not left:
                 return
@@ -247,6 +266,29 @@ class _Lost:
 
     def join(self):
         raise self._err
+
+
+def _fence(array):
+    """An Event set once every op pushed on ``array`` so far ran or was skipped: an op that
+    writes it and that MXNet runs even after a failure (kNoSkip)."""
+    passed = threading.Event()
+    engine.push(functools.partial(_pass_fence, passed), mutable=[array],
+                name='mpi_kvstore_lost_world_fence', always=True)
+    return passed
+
+
+def _pass_fence(passed, completion):
+    passed.set()
+    completion.done()
+
+
+def _pass_errors(completion):
+    """Have a lost world's failing op pass its error to the engine, also where its array is
+    a staging buffer (a Slot or Countdown that would drop it: see the module's docstring)."""
+    if isinstance(completion, Slot):
+        completion.forward = True
+    elif isinstance(completion, engine.Countdown):
+        completion.pass_errors()
 
 
 def _stop_without_mpi(design):
