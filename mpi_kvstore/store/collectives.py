@@ -321,13 +321,15 @@ class _Again:
 
 class _Copy:
     """A name's last out-of-place allreduce: the array it copied (and its handle), the
-    average, the copy's request's arguments and the design it went to."""
+    average, the copy's request's arguments without the copy (the caller's result, not
+    kept here) and the design it went to."""
 
     __slots__ = ('tensor', 'handle', 'average', 'args', 'design')
 
     def __init__(self, tensor, req, design):
         self.tensor, self.handle = tensor, tensor.handle.value
-        self.average, self.args, self.design = bool(req.average), _args(req), design
+        args = _args(req)
+        self.average, self.args, self.design = bool(req.average), args[:4] + (None,) + args[5:], design
 
 
 def _polled(fn, poll_us):
