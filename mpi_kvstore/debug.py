@@ -28,8 +28,9 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # completions of many of their engine ops in one compiled call ('bulk', designs/base.py);
 # again: repeated calls that took their one-function path, by call ('pushpull', 'push',
 # 'pull', 'group', 'copy': store/exchange.py, store/collectives.py); fuse: chained ops that led a
-# fused run ('led'), ran in an earlier op's ('absorbed'), or whose arrays were still busy
-# when pushed, so that none could ('busy', designs/chained.py).
+# fused run ('led'), ran in an earlier op's ('absorbed'), were linked into a burst as one
+# engine op ('linked'), or whose arrays were still busy when pushed, so that none could
+# ('busy', designs/chained.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
          'optimizer', 'repeat', 'fastpath', 'loop', 'round', 'again', 'fuse')
 

@@ -120,6 +120,7 @@ class Chained(Design):
                 if op.started:
                     if op.link_after(prev):
                         self._tail = op
+                        debug.count('fuse', 'linked')
                         return
                     op.let_go()       # the walk ended before the link: a chained op
                 else:

@@ -1,4 +1,4 @@
-"""The chained design fuses a burst (designs/chained.py, engine/native.py).
+"""The chained design fuses a burst (designs/chained.py, engine/fuse.py).
 
 usage: chained_fuse.py [MAX_EXAMPLES]
 
@@ -13,11 +13,14 @@ sums      Hypothesis draws bursts of 2-70 tensors (1 to 5,000 elements, float32,
           hvd.allreduce_ (op=Sum). Each result is checked against numpy (rank r contributes
           (r + 1) * base, base small integers, exact in every dtype); in each store, the
           first op runs the first FUSE_OPS calls, the next the next FUSE_OPS, and so on:
-          'absorbed' and 'led' count exactly that.
+          'absorbed' and 'led' count exactly that; every call but the first is 'linked'
+          (one engine op, pushed without the chain).
 busy      The same burst whose arrays are all written by held engine ops: none is free when
-          its call is made, so no op runs another (the second call's probe finds its arrays
-          'busy', and no later call is probed until the ops catch up; nothing absorbed), and
-          every sum is right.
+          its call is made, so no op runs another (the second call finds its arrays 'busy',
+          and no later call is linked until the ops catch up; nothing absorbed), and every
+          sum is right.
+busy0     The same, held so on rank 0 only: rank 0 counts 'busy' once, the others link their
+          9 calls, every round runs one call (the MIN), and every sum is right.
 mismatch  A held burst of 7 pushpulls whose fourth has shape (4 + rank,): the wait raises
           RankMismatchError on every rank naming every rank's shape; the three before it ran
           fused, as did the three after it, and they sum right, as does a fresh key after.
@@ -108,10 +111,10 @@ def burst(calls, tag, hold_all=False):
 
 
 def expected_counts(calls):
-    runs = [min(FUSE_OPS, n - start) for n in (sum(c[3] == api for c in calls)
-                                               for api in ('pushpull', 'hvd'))
-            for start in range(0, n, FUSE_OPS)]
-    found = {'absorbed': sum(r - 1 for r in runs), 'led': sum(r > 1 for r in runs)}
+    counts = [sum(c[3] == api for c in calls) for api in ('pushpull', 'hvd')]
+    runs = [min(FUSE_OPS, n - start) for n in counts for start in range(0, n, FUSE_OPS)]
+    found = {'absorbed': sum(r - 1 for r in runs), 'led': sum(r > 1 for r in runs),
+             'linked': sum(max(n - 1, 0) for n in counts)}
     return {k: v for k, v in found.items() if v}
 
 
@@ -137,6 +140,13 @@ def sums(calls):
 def busy():
     calls = [(256, 'float32', 0, 'pushpull')] * 10
     return burst(calls, 'busy', hold_all=True)
+
+
+def busy_on_rank0():
+    """Busy on rank 0 only: its calls go as chained ops while the others link theirs into
+    a walk; each round then runs one call (MIN), and the rounds line up."""
+    calls = [(256, 'float32', 0, 'pushpull')] * 10
+    return burst(calls, 'busy0', hold_all=RANK == 0)
 
 
 def mismatch():
@@ -166,8 +176,9 @@ def mismatch():
 sums()
 kv.wait()
 busy_counts = busy()
+busy0_counts = busy_on_rank0()
 said, mismatch_counts = mismatch()
-report('chained_fuse_info', seen=SEEN, busy=busy_counts, mismatch=said,
+report('chained_fuse_info', seen=SEEN, busy=busy_counts, busy0=busy0_counts, mismatch=said,
        mismatch_counts=mismatch_counts)
 done('chained_fuse')
 hvd.shutdown()
