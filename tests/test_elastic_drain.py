@@ -1,0 +1,56 @@
+"""One process: what a lost world's drain (mpi_kvstore.store.job) does with a request whose
+engine op MXNet skipped. An op that failed on an array makes MXNet skip every later op on
+it: a store request on that array then never reaches its design. The drain must see that
+(a fence behind the request's op) and end the request with the world's error, not wait
+DRAIN_TIMEOUT for an engine op that never runs; the store sums again after the reset.
+"""
+import logging
+
+import mxnet as mx
+import pytest
+
+import mpi_kvstore
+from mpi_kvstore.engine import core as engine
+from mpi_kvstore.store import job as job_module
+
+
+class _FakeWorld:
+    """A world of this one process whose check() raises once ``lost`` is set."""
+
+    def __init__(self):
+        from mpi_kvstore.comm.mpiabi import MPI
+        self.comm, self.lost = MPI.COMM_WORLD, None
+
+    def check(self, what='collective'):
+        if self.lost:
+            raise RuntimeError('%s: %s' % (what, self.lost))
+
+
+def test_a_request_whose_engine_op_mxnet_skipped_ends_with_the_lost_world(monkeypatch, caplog):
+    monkeypatch.setattr(job_module, 'DRAIN_TIMEOUT', 20.0)
+    world = _FakeWorld()
+    with mpi_kvstore.create('dist_mpi', world=world) as kv:
+        x = mx.nd.full((5,), 2.0)
+        kv.pushpull('g', x)
+        assert x.asnumpy().tolist() == [2.0] * 5
+        # an op of the failed step fails on x: MXNet skips the store's next op on it
+        engine.push(lambda completion: completion.done('mpi_kvstore: the step failed'),
+                    mutable=[x], name='test_failed_step')
+        kv.pushpull('g', x)
+        job = kv._job
+        waiting = [req for req in job.pending if not req.done]
+        assert len(waiting) == 1 and waiting[0].completion is None
+        world.lost = 'worker 1 lost'
+        with caplog.at_level(logging.ERROR, logger='mpi_kvstore.store.job'):
+            with pytest.raises(RuntimeError, match='worker 1 lost'):
+                job.check_world()
+            job._join_drainer()
+        assert waiting[0].done, 'the drain waited for an op MXNet skipped'
+        assert 'worker 1 lost' in str(waiting[0].error)
+        assert waiting[0].completion is None   # no engine op of its ever ran
+        assert 'never reached their engine op' not in caplog.text
+        world.lost = None
+        kv.reset()
+        y = mx.nd.full((3,), 4.0)
+        kv.pushpull('h', y)
+        assert y.asnumpy().tolist() == [4.0] * 3
