@@ -54,3 +54,48 @@ def test_a_request_whose_engine_op_mxnet_skipped_ends_with_the_lost_world(monkey
         y = mx.nd.full((3,), 4.0)
         kv.pushpull('h', y)
         assert y.asnumpy().tolist() == [4.0] * 3
+
+
+def test_a_read_begun_before_the_loss_raises_where_the_collective_went_through_staging():
+    """The optimizer in the store: the push reduces the gradient in a staging buffer, then
+    the update and the pull deliver it. A read of the pull's output begun before the loss
+    (queued before any poisoning) raises the lost world's error, not the poisoned buffer's
+    NaN delivered as data."""
+    import threading
+
+    from mpi_kvstore.elastic.exceptions import LostWorldRead
+    world = _FakeWorld()
+    kv = mpi_kvstore.create('dist_mpi', world=world)
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+    kv.init('w', mx.nd.ones((5,)))
+    grad, out = mx.nd.ones((5,)), mx.nd.zeros((5,))
+    held = []   # the gradient's last op of the step: it completes once the world is lost
+    engine.push(held.append, mutable=[grad], name='test_backward')
+    kv.push('w', grad)
+    kv.pull('w', out=out)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(_read(out)))
+    reader.start()
+    world.lost = 'worker 1 lost'
+    with pytest.raises(RuntimeError, match='worker 1 lost'):
+        kv._job.check_world()
+    kv._job._ended._thread.join(10)   # one rank's collective would not wait for the others
+    held[0].done()
+    reader.join(30)
+    kv._job._join_drainer()
+    assert got and isinstance(got[0], LostWorldRead), got
+    assert 'worker 1 lost' in str(got[0])
+    world.lost = None
+    kv.reset()
+    kv.init('v', mx.nd.full((3,), 2.0))
+    y = mx.nd.zeros((3,))
+    kv.pull('v', out=y)
+    assert y.asnumpy().tolist() == [2.0] * 3
+    kv.close()
+
+
+def _read(array):
+    try:
+        return array.asnumpy().tolist()
+    except Exception as err:   # what the read raised is what is looked at
+        return err
