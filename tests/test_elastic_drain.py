@@ -1,8 +1,10 @@
-"""One process: what a lost world's drain (mpi_kvstore.store.job) does with a request whose
-engine op MXNet skipped. An op that failed on an array makes MXNet skip every later op on
-it: a store request on that array then never reaches its design. The drain must see that
-(a fence behind the request's op) and end the request with the world's error, not wait
-DRAIN_TIMEOUT for an engine op that never runs; the store sums again after the reset.
+"""One process: what a lost world's drain (mpi_kvstore.store.job) does with the requests
+still pending. A request whose engine op MXNet skipped (an op failed on its array first)
+never reaches its design: the drain must see that (a fence behind its op) and end it with
+the world's error, not wait DRAIN_TIMEOUT for an op that never runs. A request whose
+collective went through a staging buffer must pass the error on to what delivers it, so
+that a read begun before the loss raises rather than get NaN. The store works after the
+reset.
 """
 import logging
 
