@@ -105,9 +105,10 @@ class Exchange:
         if not entry.matches(value, out):
             return False
         job, gate = self._direct, self._job
-        if (job.closed or entry.codec is not self.codec or entry.prepared.owner is not job.design
-                or self._keys.updater is not None):
+        if job.closed or entry.codec is not self.codec or entry.prepared.owner is not job.design:
             return False
+        if self._keys.updater is not None:   # a held call of an MXNet loop, or the full path
+            return self._optimizer.again(entry, priority)
         staged = entry.staged
         # gluon.Trainer's loop of pushpulls (update_on_kvstore=False), in place: held until
         # the loop's last key (optimizer.LoopGate.hold_loop); any other call goes once the
@@ -146,7 +147,8 @@ class Exchange:
         With the store's optimizer the optimizer unit runs before and after the
         collectives exactly as in :meth:`run` (its batching, clipping and aim); only the
         requests and the engine op are the prepared ones. True where the entry is prepared
-        for the one-function path (:meth:`again`: no optimizer)."""
+        for the one-function path (:meth:`again`; with the optimizer, for a held loop's
+        calls: optimizer.StoreOptimizer.again)."""
         codec = self.codec
         optimizer = self._keys.updater is not None
         if optimizer:
@@ -186,7 +188,7 @@ class Exchange:
         self._job.submit(reqs, priority)
         if optimizer:
             self._optimizer.after(entry.plans, priority)
-            return False
+            return True
         deliver = self._keys.deliver
         for plan in entry.staged:
             deliver(plan)

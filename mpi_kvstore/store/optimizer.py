@@ -21,7 +21,7 @@ from .. import debug
 from ..comm.collective import CLIP_NORM, LAMB_NORMS, Collective
 from ..engine.records import Prepared
 from ..errors import MPIKVStoreError
-from ..optim import shards
+from ..optim import batched, shards
 from .keys import fill, note_weights, request
 from .namecache import Batch
 
@@ -213,7 +213,7 @@ class StoreOptimizer:
             why = shards.refuse(optimizer)
             if why is not None:
                 raise ValueError(why)
-        self._keys.set_updater(mx.optimizer.get_updater(optimizer))
+        self._keys.set_updater(batched.Updater(optimizer))
         self._fitted.clear()
 
     def require(self):
@@ -287,6 +287,45 @@ class StoreOptimizer:
         for plan in plans:
             if plan.share is not None:
                 self._fit_state(plan.state.key, plan.state.count, plan.share)
+
+    def again(self, entry, priority):
+        """A prepared call (namecache.Replay ``entry``, its codec, priority and design
+        unchanged: Exchange.again) of the loop whose earlier call :meth:`before` held, other
+        than its last key, in one function: its keys aimed as :meth:`before` aims them, its
+        requests (made from the entry's templates) held by the gate, its delivery waiting
+        for the loop's last key, as the full path (Exchange.replay) would. True once done;
+        False, with nothing sent, for any other call (another caller, the loop's last key, a
+        clipped step, a sharded or held key, arrays aimed elsewhere): the full path."""
+        frame = self._frame
+        if (frame is None or sys._getframe(3) is not frame or self.clip is not None
+                or entry.sharded is not False):
+            return False
+        plans, keys, last = entry.plans, self._keys, self._frame_last
+        for plan in plans:
+            if plan.state.key == last:
+                return False
+        if keys.holds(plans):
+            return False
+        config = self._config
+        direct = frame.f_code is _TRAINER and config.zero_copy and not config.shard_optimizer
+        for plan, work in zip(plans, entry.works):
+            keys.aim(plan, direct)
+            if plan.work is not work:
+                return False
+        self._job.errors.raise_pending()
+        debug.count('call_cache', 'hit')
+        debug.count('fastpath', 'hit')
+        debug.count('loop', 'again')
+        if self._last is None:
+            keys.flush()
+        reqs = [Collective(*args) for args in entry.templates]
+        for plan in entry.staged:
+            plan.stage()
+        gate = self.gate
+        gate.holding = True
+        gate.submit(reqs, priority)
+        self.after(plans, priority)
+        return True
 
     def after(self, plans, priority):
         """After a call's collectives were submitted (or, in a loop, held by the gate):

@@ -22,6 +22,9 @@ from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
 DESIGN = design_arg()
 PER_RANK, STEPS, LAYERS = 3, 3, 12
 FROZEN = 5   # this layer's parameters sort last (prefix zz_) and are not trained
+# the Trainer loop's calls that take the store optimizer's one function: from the third step
+# on (the second prepares them), all but the loop's first key and its last
+AGAIN = (STEPS - 2) * (2 * LAYERS - 2 - 2)
 COUNTS = {}   # what the optimizer's debug counters saw, by run
 OPTIMIZERS = {
     'sgd': ('sgd', {'learning_rate': 0.1, 'momentum': 0.9}),
@@ -82,6 +85,7 @@ def gluon_run(opt, kv=None, **trainer_kw):
         grads.append([p.grad().asnumpy() for p in params if p.grad_req != 'null'])
     counts = debug.since(before, 'optimizer')
     fast = debug.since(before, 'fastpath')
+    fast['loop again'] = debug.since(before, 'loop').get('again', 0)
     if kv is not None and trainer._update_on_kvstore:
         own_pushpull(kv, trainer, params)
     return (weights, grads), counts, fast
@@ -122,23 +126,30 @@ def check_gluon(opt):
         want = {'key': STEPS * trainable}
     assert counts == want, '%s: updates %s, expected %s' % (opt, counts, want)
     COUNTS['gluon ' + opt] = counts
+    # SGD's batches from the second step on (the first makes the states): from the groups
+    # the store's updater keeps (optim.batched)
+    COUNTS['planned gluon ' + opt] = kv._updater.planned
+    assert kv._updater.planned == (STEPS - 1 if opt.startswith('sgd') else 0), opt
     # from the second step on, every pushpull of the Trainer's loop takes the prepared path
-    # (the store's optimizer set: namecache.Replay, exchange.Exchange.replay)
-    assert fast == {'hit': (STEPS - 1) * trainable}, fast
+    # (the store's optimizer set: namecache.Replay, exchange.Exchange.replay), and from the
+    # third on, each but the loop's first and last key its one function
+    # (optimizer.StoreOptimizer.again)
+    assert fast == {'hit': (STEPS - 1) * trainable, 'loop again': AGAIN}, fast
     COUNTS['fastpath gluon ' + opt] = fast
     aggregation(1)    # SGD with aggregate_num 1: one key an update, as before batching
     try:
-        one_by_one, counts, fast = gluon_run(opt, mpi_kvstore.create('dist_mpi',
-                                                                     design=DESIGN))
+        kv = mpi_kvstore.create('dist_mpi', design=DESIGN)
+        one_by_one, counts, fast = gluon_run(opt, kv)
     finally:
         aggregation(None)
     assert counts == {'key': STEPS * trainable}, counts
+    assert kv._updater.planned == 0, kv._updater.planned
     COUNTS['gluon %s, aggregate_num 1' % opt] = counts
-    assert fast == {'hit': (STEPS - 1) * trainable}, fast
+    assert fast == {'hit': (STEPS - 1) * trainable, 'loop again': AGAIN}, fast
     local, counts, fast = gluon_run(opt, mpi_kvstore.create('dist_mpi', design=DESIGN),
                                     update_on_kvstore=False)
     assert counts == {}, counts
-    assert fast == {'hit': (STEPS - 1) * trainable}, fast
+    assert fast == {'hit': (STEPS - 1) * trainable, 'loop again': 0}, fast
     for step in range(STEPS):
         for i, value in enumerate(batched[0][step]):
             what = 'gluon %s step %d parameter %d' % (opt, step, i)

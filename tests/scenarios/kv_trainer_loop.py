@@ -26,6 +26,7 @@ from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
 DESIGN = design_arg()
 PER_RANK, STEPS, LAYERS, UNITS = 2, 4, 6, 16
 KEYS = 2 * LAYERS
+AGAIN = (STEPS - 2) * (KEYS - 2)   # the loop's calls in one function (StoreOptimizer.again)
 KEY_BYTES = (UNITS * UNITS + UNITS) * 4   # a layer's weight and bias, float32
 COUNTS = {}
 OPTIMIZERS = {'sgd': ('sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}),
@@ -101,8 +102,9 @@ def train(opt, kv=None, steps=STEPS, trainer=gluon.Trainer, **trainer_kw):
 def check_trainer(opt):
     ref, _, _, _ = train(opt)
     held, counts, _, _ = train(opt, mpi_kvstore.create('dist_mpi', design=DESIGN))
-    # every call but the loop's last waits; one submit a step sends them all
-    want = {'held': STEPS * (KEYS - 1), 'submit': STEPS}
+    # every call but the loop's last waits; one submit a step sends them all; from the third
+    # step each call but the loop's first and last is one function (StoreOptimizer.again)
+    want = {'held': STEPS * (KEYS - 1), 'submit': STEPS, 'again': AGAIN}
     assert counts == want, '%s: loop counts %s, expected %s' % (opt, counts, want)
     COUNTS['gluon ' + opt] = counts
     # the Trainer's own updates: its pushpulls are held too once prepared (from the third
@@ -142,7 +144,7 @@ def check_groups():
         store_optimizer.LOOP_GROUP_BYTES = bound
     # keys alternate a bias (UNITS floats) and a weight (UNITS**2): a group closes at its
     # third weight, on the sixth key, then on the twelfth (the last)
-    assert counts == {'held': STEPS * (KEYS - 2), 'submit': STEPS * 2}, counts
+    assert counts == {'held': STEPS * (KEYS - 2), 'submit': STEPS * 2, 'again': AGAIN}, counts
     COUNTS['gluon sgd, groups'] = counts
     whole, _, _, _ = train('sgd', mpi_kvstore.create('dist_mpi', design=DESIGN))
     for step in range(STEPS):
