@@ -22,8 +22,9 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # batch of keys in one updater call ('batch'); repeat: negotiated rounds whose data went
 # beside their agreement ('won') and bets the round did not repeat ('lost', designs/repeat.py);
 # fastpath: repeated calls that took their prepared path ('hit') or today's ('miss'); loop:
-# calls of MXNet's per-key loops whose collectives waited for the loop's next ('held'), and
-# the submits that sent a loop's collectives together ('submit', store/optimizer.py); round:
+# calls of MXNet's per-key loops whose collectives waited for the loop's next ('held'), the
+# submits that sent a loop's collectives together ('submit'), and held calls that took the
+# optimizer's one-function path ('again', store/optimizer.py); round:
 # take-ups of a negotiation thread's native ops in one compiled read ('taken') and
 # completions of many of their engine ops in one compiled call ('bulk', designs/base.py);
 # again: repeated calls that took their one-function path, by call ('pushpull', 'push',
