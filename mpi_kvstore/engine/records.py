@@ -95,7 +95,9 @@ def run_chained_address():
 
 
 def follow_address():
-    """The address of the op of a call that a burst's walk may run (fuse.py)."""
+    """The address of the op of a call that a burst's walk may run (fuse.py); fuse.link,
+    which Python calls to link it, compiled (or loaded) now, not at a burst's first call."""
+    fuse.link.compile('(int64, int64)')
     return fuse.address('follow')
 
 
