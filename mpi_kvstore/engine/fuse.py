@@ -48,9 +48,9 @@ from .native import (
     _run_bucket,
     _runs_as_offered,
     _scale,
+    _signal,
     _table_of,
     _take_pointers,
-    _wake,
 )
 
 __all__ = ['address', 'link']
@@ -174,8 +174,11 @@ def _run_group(rec, start, ops, total, dtype, size, comm):
 @numba.njit
 def _complete(rec):
     _call_void_3(rec[L.CALLBACK], (rec[L.ENGINE], rec[L.PARAM], 0))   # complete, no error
+    # Once DONE is seen, a reaper may drop the op and free its record: read what the wake
+    # needs first, and add the table's 1 (it lives as long as the process), not the record's.
+    fns, eventfd = rec[L.FNS], rec[L.EVENTFD]
     rec[L.STATE] = L.DONE
-    _wake(rec)
+    _signal(fns, eventfd)
 
 
 @numba.njit

@@ -109,6 +109,7 @@ TABLE_DTYPE = np.dtype([(name, _I64) for name in (
     'in_place', 'sum', 'min', 'int32',                       # ...and its constants
     'cpu_context', 'prioritized', 'name',   # what a re-push passes (core.native_push_constants)
     'queued',                               # the compiled op a re-push runs (fuse.py)
+    'one',             # 1: what a completion's eventfd write adds (the table outlives records)
 )])
 
 
@@ -147,10 +148,10 @@ B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION = _words(
 # Within the table.
 (F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_USLEEP, F_PTHREAD_SELF,
  F_PUSH, F_MADVISE, F_ALLREDUCE, F_BCAST, F_BARRIER, F_IALLREDUCE, F_TEST, C_IN_PLACE,
- C_SUM, C_MIN, C_INT32, C_CPU_CONTEXT, C_PRIORITIZED, C_NAME, F_QUEUED) = _words(
+ C_SUM, C_MIN, C_INT32, C_CPU_CONTEXT, C_PRIORITIZED, C_NAME, F_QUEUED, C_ONE) = _words(
     TABLE_DTYPE, 'to_dlpack', 'dlpack_delete', 'memcpy', 'write', 'python', 'usleep',
     'pthread_self', 'push', 'madvise', 'allreduce', 'bcast', 'barrier', 'iallreduce', 'test',
-    'in_place', 'sum', 'min', 'int32', 'cpu_context', 'prioritized', 'name', 'queued')
+    'in_place', 'sum', 'min', 'int32', 'cpu_context', 'prioritized', 'name', 'queued', 'one')
 
 PENDING, READY, DONE = 0, 1, 2        # STATE
 ABSORBED_OK, ABSORBED_FAILED = 1, 2   # ABSORBED (0: run by its own op)

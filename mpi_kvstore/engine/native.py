@@ -88,7 +88,14 @@ def _take_pointers(rec, count):
 
 @numba.njit
 def _wake(rec):
-    _call_write(_table_of(rec)[L.F_WRITE], (rec[L.EVENTFD], rec[L.SELF] + 8 * L.ONE, 8))
+    _signal(rec[L.FNS], rec[L.EVENTFD])
+
+
+@numba.njit
+def _signal(fns, eventfd):
+    """Add 1 to ``eventfd``, read from the table at ``fns``, which outlives every record:
+    a completion that has marked its record DONE may no longer read it (fuse._complete)."""
+    _call_write(numba.carray(_i64(fns), L.TABLE)[L.F_WRITE], (eventfd, fns + 8 * L.C_ONE, 8))
 
 
 @numba.njit

@@ -68,7 +68,7 @@ def function_table():
               python=_address(_state.entry), usleep=_address(libc.usleep),
               pthread_self=_address(libc.pthread_self), push=address_of('MXEnginePushAsyncND'),
               madvise=_address(libc.madvise), cpu_context=cpu_context,
-              prioritized=prioritized, name=name)
+              prioritized=prioritized, name=name, one=1)
         _state.table, _state.address = table, table.ctypes.data
     return _state.table
 
