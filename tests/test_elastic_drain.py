@@ -10,22 +10,11 @@ import logging
 
 import mxnet as mx
 import pytest
+from test_elastic_store import _FakeWorld  # a world of this one process, lost on demand
 
 import mpi_kvstore
 from mpi_kvstore.engine import core as engine
 from mpi_kvstore.store import job as job_module
-
-
-class _FakeWorld:
-    """A world of this one process whose check() raises once ``lost`` is set."""
-
-    def __init__(self):
-        from mpi_kvstore.comm.mpiabi import MPI
-        self.comm, self.lost = MPI.COMM_WORLD, None
-
-    def check(self, what='collective'):
-        if self.lost:
-            raise RuntimeError('%s: %s' % (what, self.lost))
 
 
 def test_a_request_whose_engine_op_mxnet_skipped_ends_with_the_lost_world(monkeypatch, caplog):
