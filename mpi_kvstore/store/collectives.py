@@ -213,7 +213,7 @@ class Collectives:
         debug.count('fastpath', 'hit')
         debug.count('named', 'hit')   # its signature, too, is the one made before
         args = known.args
-        job.submit([Collective(*args[:4], out, *args[5:])], 0)
+        job.submit([Collective(*args[:_ARRAY], out, *args[_ARRAY + 1:])], 0)
         return out
 
     def allreduce_copy(self, name, tensor, average=False):
@@ -293,6 +293,9 @@ class Collectives:
         self._job.errors.raise_pending()
 
 
+_ARRAY = 4   # where _args puts the request's array (a _Copy keeps None there)
+
+
 def _args(req):
     return (req.kind, req.key, req.dtype, req.shape, req.array, req.root, None, req.average,
             0, req.nbytes, req.sig, req.place, 1, req.codec, False, req.in_place)
@@ -329,7 +332,7 @@ class _Copy:
     def __init__(self, tensor, req, design):
         self.tensor, self.handle = tensor, tensor.handle.value
         args = _args(req)
-        self.average, self.args, self.design = bool(req.average), args[:4] + (None,) + args[5:], design
+        self.average, self.args, self.design = bool(req.average), args[:_ARRAY] + (None,) + args[_ARRAY + 1:], design
 
 
 def _polled(fn, poll_us):
