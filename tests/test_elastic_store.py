@@ -88,7 +88,10 @@ def test_a_survivor_reads_the_error_and_the_store_goes_on_after_the_reset(tmp_pa
 # -- one process: the options, the refusals and the reset ------------------------------------
 
 class _FakeWorld:
-    """A world of this one process whose check() raises once ``lost`` is set."""
+    """A world of this one process whose check() raises once ``lost`` is set (the store's
+    build, a world of one, waits for no request: waiter's wait is never called)."""
+
+    timeout = 120.0
 
     def __init__(self):
         from mpi_kvstore.comm.mpiabi import MPI
@@ -97,6 +100,11 @@ class _FakeWorld:
     def check(self, what='collective'):
         if self.lost:
             raise RuntimeError('%s: %s' % (what, self.lost))
+
+    def waiter(self, what, deadline=None):
+        def wait(request, keep=()):
+            raise AssertionError('a world of one waited for %s' % what)
+        return wait
 
 
 def test_an_elastic_store_polls_every_wait_on_the_flat_communicator():

@@ -76,7 +76,8 @@ def test_an_elastic_world_counts_the_hosts_its_launcher_named(names):
     """A world of separate launches (run --elastic) cannot ask MPI which ranks share a host:
     MPICH's Split_type put workers of 2 test hosts in one node, and the job scheduled as on
     one host. The host each worker's launcher names decides instead; none named: MPI's split
-    (every rank here is on this machine)."""
+    (every rank here is on this machine). host_spread, what an elastic store's build counts
+    with (one bounded allgather, no Split_type), gives the same hosts and oversubscription."""
     from mpi_harness import result, run_mpi
     given = names.split(',')
     out = run_mpi(len(given), 'topology_hosts.py', names, timeout=120)
@@ -90,3 +91,5 @@ def test_an_elastic_world_counts_the_hosts_its_launcher_named(names):
                                           else topology.ONE_HOST['partition_bytes']), (rank, got)
         assert got['credit_bytes'] == (topology.ACROSS_HOSTS['credit_bytes'] if across
                                        else topology.ONE_HOST['credit_bytes']), (rank, got)
+        # an elastic store's build counts by one allgather (no Split_type): the same answers
+        assert got['spread'] == [got['hosts'], got['oversubscribed']], (rank, got)

@@ -2,8 +2,9 @@
 
 ``partition_bytes``, ``credit_bytes`` and ``progress_sleep_us`` default to 'auto'. Every rank
 resolves them from facts all ranks share, so they are the same everywhere: the number of
-hosts the communicator spans (one Split_type and one allreduce), and the tune table, whose
-content the ranks have agreed on (:func:`agree`). A value the user gave is kept.
+hosts the communicator spans (one Split_type and one allreduce; on an elastic world one
+bounded allgather of the hosts' names and cores, :func:`host_spread`), and the tune table,
+whose content the ranks have agreed on (:func:`agree`). A value the user gave is kept.
 
 - One host: the exchange runs over shared memory, where a negotiation round costs about as
   much as a piece; nothing is cut, everything agreed starts at once, MPI calls block,
@@ -21,6 +22,7 @@ and no one setting won everywhere (docs/tuning.md), unless the tune table holds 
 which a search (this job's, or ``tune``) already chose for this topology; off on one host,
 where nothing is cut.
 """
+import functools
 import importlib.metadata
 import logging
 import os
@@ -36,7 +38,8 @@ from .mpiabi import MPI
 from .progress import AGREEMENT_POLL_US, wait_polling
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',
-           'auto_design', 'resolve', 'design_warning', 'settings', 'agree', 'agreed_config']
+           'host_spread', 'spread_of', 'auto_design', 'resolve', 'design_warning', 'settings',
+           'agree', 'agreed_config']
 
 log = logging.getLogger(__name__)
 
@@ -52,34 +55,41 @@ ONE_HOST = {'partition_bytes': 0, 'credit_bytes': 0, 'progress_sleep_us': 0.0,
 OVERSUBSCRIBED = dict(ONE_HOST, progress_sleep_us=200.0)
 
 
-class _Polled:
-    """``comm`` whose Allreduce, Barrier and object allgather are polled nonblocking calls
-    (progress.wait_polling): an elastic world's abort check ends their waits when a peer is
-    lost while the world re-forms and its stores reset. What consensus.check and the host
-    count call; the rest is the communicator's own."""
+def _wait_polled(request, keep=()):
+    """The wait of a polled agreement: ended only by progress's abort check."""
+    wait_polling(request, AGREEMENT_POLL_US)
 
-    def __init__(self, comm):
+
+class _Polled:
+    """``comm`` whose Allreduce, Barrier and object allgather are nonblocking calls waited by
+    ``wait(request, keep)``: by default polled (progress.wait_polling), so that an elastic
+    world's abort check ends their waits when a peer is lost while the world re-forms and
+    its stores reset; a store's build on an elastic world passes the world's own bounded wait
+    (World.waiter). What consensus.check and the host count call; the rest is the
+    communicator's own."""
+
+    def __init__(self, comm, wait=None):
         self.comm = comm
+        self._wait = wait or _wait_polled
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
 
     def Allreduce(self, send, recv, op):
-        wait_polling(self.comm.Iallreduce(send, recv, op=op), AGREEMENT_POLL_US)
+        self._wait(self.comm.Iallreduce(send, recv, op=op), (send, recv))
 
     def Barrier(self):
-        wait_polling(self.comm.Ibarrier(), AGREEMENT_POLL_US)
+        self._wait(self.comm.Ibarrier())
 
     def allgather(self, obj):
         """Every rank's picklable ``obj`` in rank order (lengths, then the pickles)."""
         data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        mine = np.array([data.size], np.int64)
         lengths = np.empty(self.comm.Get_size(), np.int64)
-        wait_polling(self.comm.Iallgather(np.array([data.size], np.int64), lengths),
-                     AGREEMENT_POLL_US)
+        self._wait(self.comm.Iallgather(mine, lengths), (mine, lengths))
         starts = [0] + np.cumsum(lengths)[:-1].tolist()
         out = np.empty(int(lengths.sum()), np.uint8)
-        wait_polling(self.comm.Iallgatherv(data, (out, (lengths.tolist(), starts))),
-                     AGREEMENT_POLL_US)
+        self._wait(self.comm.Iallgatherv(data, (out, (lengths.tolist(), starts))), (data, out))
         return [pickle.loads(out[lo:lo + n].tobytes()) for lo, n in zip(starts, lengths)]
 
 
@@ -127,6 +137,32 @@ def oversubscribed(comm):
     return bool(flag[0])
 
 
+def host_spread(comm, wait=None):
+    """Collective, with no blocking MPI call: (how many hosts the ranks of ``comm`` span,
+    whether one of them runs more of its ranks than those ranks' cores), what
+    :func:`count_hosts` and :func:`oversubscribed` answer, from ONE object allgather of each
+    rank's host and cores whose requests ``wait(request, keep)`` waits for. A store's build
+    on an elastic world calls it with the world's wait, which ends when a worker is lost or
+    the world's deadline passes: Split_type, which MPI has in blocking form only, would wait
+    for a peer lost during the reset forever. A rank's host is the one its launcher named
+    (:data:`HOST_ENV`), else MPI's processor name (the host's name: Split_type's
+    shared-memory domain on a cluster's hosts)."""
+    if comm.Get_size() == 1:
+        return 1, False
+    host = os.environ.get(HOST_ENV) or MPI.Get_processor_name()
+    return spread_of(_Polled(comm, wait).allgather((host, sorted(_cores()))))
+
+
+def spread_of(facts):
+    """(hosts, oversubscribed) of every rank's (host, cores): ranks on a host outnumber the
+    union of their cores (as :func:`oversubscribed`)."""
+    cores, ranks = {}, {}
+    for host, mine in facts:
+        cores.setdefault(host, set()).update(mine)
+        ranks[host] = ranks.get(host, 0) + 1
+    return len(cores), any(ranks[host] > len(found) for host, found in cores.items())
+
+
 def _cores():
     try:
         return os.sched_getaffinity(0)
@@ -160,21 +196,28 @@ def auto_design(hosts, config, elastic=False):
     return 'chained'
 
 
-def resolve(config, comm, table=None, warn=True, elastic=False):
+def resolve(config, comm, table=None, warn=True, elastic=False, wait=None):
     """Collective: ``config`` with every 'auto' of :data:`ACROSS_HOSTS` and the design
     decided (:func:`auto_design`; ``elastic``: the store is on an elastic world), and a line
     that says what was chosen and why (None when nothing was 'auto'). Ranks that were given
     the same options (:func:`agree`) decide the same values: every fact used is agreed.
     Rank 0 logs :func:`design_warning` where it applies (unless ``warn`` is false: doctor
-    shows it in its report)."""
-    hosts = count_hosts(comm)
+    shows it in its report). ``wait``: given (a store's build on an elastic world), the
+    hosts come from :func:`host_spread` waited so, with no blocking MPI call; otherwise from
+    :func:`count_hosts` and, on one host only, :func:`oversubscribed`, as before."""
+    if wait is None:
+        hosts = count_hosts(comm)
+        crowded = functools.partial(oversubscribed, comm)   # asked on one host only
+    else:
+        hosts, over = host_spread(comm, wait)
+        crowded = functools.partial(bool, over)
     warning = design_warning(config.design, hosts) if warn else None
     if warning and comm.Get_rank() == 0:
         log.warning(warning)
     source = '%d host%s' % (hosts, '' if hosts == 1 else 's')
     if hosts > 1:
         chosen = dict(ACROSS_HOSTS)
-    elif oversubscribed(comm):
+    elif crowded():
         chosen = dict(OVERSUBSCRIBED)
         source += ', more ranks than cores'
     else:
@@ -249,17 +292,20 @@ def _show(value):
     return '%g' % value if isinstance(value, float) else format_bytes(value)
 
 
-def agreed_config(comm, options):
+def agreed_config(comm, options, wait=None):
     """Collective: (Config of ``options``, tune table) once every rank of ``comm`` was given
     the same design, schedule, compression, tune table... (:func:`agree`); else
     ConfigError on every rank alike, naming each option that differs with every rank's value
     and where it came from. An invalid option on one rank is compared too, so that the
-    others raise with it instead of waiting for it in the store's first collective."""
+    others raise with it instead of waiting for it in the store's first collective.
+    ``wait(request, keep)``: how the agreement's requests are waited for (default: polled,
+    progress's abort check ends them); an elastic world's bounds them. Its stores have no
+    tune table (kvstore.elastic_options), whose load would be a blocking bcast."""
     try:
         config, problem = Config(**options), None
     except ConfigError as err:
         config, problem = None, err
-    agree(_Polled(comm), config, _version(), problem)
+    agree(_Polled(comm, wait), config, _version(), problem)
     if problem is not None:
         # Raised here, not deep in config.py, so the traceback ends at the user's call.
         raise problem.with_traceback(None)

@@ -307,6 +307,17 @@ class World(Notices):
         or the launcher announces a worker lost (forming.call)."""
         return forming.call(call, what, self._why(what, self.deadline))
 
+    def waiter(self, what: str, deadline: float | None = None) -> Callable[..., None]:
+        """A wait ``wait(request, keep=())`` for the nonblocking requests of ``what`` on the
+        world outside its forming (a store's build: its agreed options and host count):
+        HorovodInternalError once the launcher announces a worker lost or ``deadline``
+        seconds (default the world's) pass from this call, ``request`` and ``keep`` kept."""
+        failed = self._why(what, self.deadline if deadline is None else deadline)
+
+        def wait(request: Any, keep: tuple = ()) -> None:
+            forming.wait(request, failed, keep)
+        return wait
+
     def _reached(self, step: str) -> None:
         """A step of the forming reached ('joined', 'admitted', 'duplicated'; 'formed': the end
         of a re-forming, before the stores' reset): a hook for tests that make a worker die

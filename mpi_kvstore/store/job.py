@@ -68,11 +68,16 @@ class Job:
         self.lost = None     # the error that ended this job's world (elastic), else None
         self._drainer = None
         self._ended = None   # the design of a world that end_world ended
-        self.design = self._design(design, comm, config, table, shares)
+        self.design = None
+        if world is not None:   # first: the design's build waits (its Idup) end at a loss too
+            _watch(self)
+        try:
+            self.design = self._design(design, comm, config, table, shares)
+        except BaseException:
+            _ELASTIC.discard(self)   # a job never built holds no world's loss
+            raise
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
-        if world is not None:
-            _watch(self)
 
     def _design(self, design, comm, config, table, shares):
         """The design on ``comm``; on an elastic world its communicators broadcast and wait
@@ -149,7 +154,8 @@ class Job:
             self.world.check("the store's collectives")
         except Exception as err:
             setattr(err, _MARK, True)
-            self.end_world(err)
+            if self.design is not None:   # a design still being built has nothing pending
+                self.end_world(err)
             raise
 
     def end_world(self, err):

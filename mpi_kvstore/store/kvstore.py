@@ -106,14 +106,22 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         """Everything that depends on the communicator: the agreed options, the design, the
         key table, the named buffers, the optimizer's shares. ``job``: the store's Job to
         reset on ``comm`` (None: a new one)."""
-        config, table = topology.agreed_config(comm, self._options)
+        # On an elastic world every wait of the agreement and of the host count ends when a
+        # worker is lost or at a deadline (World.waiter): MPI never completes a collective
+        # with a lost peer. A reset's deadline is the re-forming's (World.check bounds the
+        # design's waits by it too); a first build's is the world's timeout, since its ranks
+        # may come to it apart.
+        wait = None if self._world is None else self._world.waiter(
+            "the store's build", None if job is not None else self._world.timeout)
+        config, table = topology.agreed_config(comm, self._options, wait)
         if self._world is not None and config.design not in ELASTIC_DESIGNS + ('auto',):
             raise ConfigError('design %r cannot run on an elastic world: choose one of %s'
                               % (config.design, ', '.join(ELASTIC_DESIGNS)))
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         # the options left 'auto' (the design too), decided before anything is built from
         # the config
-        config, chosen = topology.resolve(config, comm, table, elastic=self._world is not None)
+        config, chosen = topology.resolve(config, comm, table, elastic=self._world is not None,
+                                          wait=wait)
         if chosen and self._rank == 0:
             log.info('%s', chosen)
         design = get_design(config.design)

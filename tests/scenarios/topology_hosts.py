@@ -1,6 +1,8 @@
 """The hosts of a world whose launcher names each rank's host (an elastic worker's
 MPI_KVSTORE_ELASTIC_HOST, set here per rank from argv[1]: names, ',' between ranks, '-' for
-none): topology.count_hosts, the node communicator, and the schedule a store resolves."""
+none): topology.count_hosts, the node communicator, and the schedule a store resolves; and
+host_spread, the count of an elastic store's build (one allgather), beside count_hosts and
+oversubscribed."""
 import os
 import sys
 
@@ -18,4 +20,6 @@ members = sorted(node.allgather(RANK))
 node.Free()
 config, _ = topology.resolve(Config(design='funneled'), WORLD, warn=False)
 report('topology_hosts', hosts=topology.count_hosts(WORLD), node=members,
-       partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes)
+       partition_bytes=config.partition_bytes, credit_bytes=config.credit_bytes,
+       oversubscribed=topology.oversubscribed(WORLD),
+       spread=list(topology.host_spread(WORLD)))   # an elastic build's count, no Split_type

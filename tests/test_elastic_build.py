@@ -1,0 +1,141 @@
+"""A store's build on an elastic world is bounded, in one process: every collective of it
+(the agreed options, the host count) is a nonblocking request waited by the world's
+World.waiter, so a peer that never comes, or one the launcher announces lost, ends the build
+with HorovodInternalError instead of a wait in MPI forever (Split_type, which MPI has in
+blocking form only, is not called on an elastic world: topology.host_spread counts the hosts
+and the oversubscription from one allgather). The peer here is a rank of a communicator of
+2 that is COMM_SELF underneath, whose requests of the missing peer's part never complete.
+tests/test_elastic_reform.py has a worker SIGKILLed inside the host count of a real reset.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import mpi_kvstore
+from mpi_kvstore.comm import abandoned, topology
+from mpi_kvstore.comm.mpiabi import MPI
+from mpi_kvstore.elastic.exceptions import HorovodInternalError
+from mpi_kvstore.elastic.world import World
+from mpi_kvstore.launch import rendezvous
+
+pytestmark = pytest.mark.unit
+
+SECRET = rendezvous.new_secret()
+_TAG = 4242   # the tag of the receives that stand for a peer's part that never comes
+
+
+class _TwoRanks:
+    """Rank 0 of 2 on COMM_SELF: the agreement's allreduce completes (every rank alike: the
+    options agree) unless ``agrees`` is false; the host count's allgather never does, as a
+    peer's that is gone. Each request left pending is a receive on COMM_SELF, completed by
+    :meth:`release` once the test is done (so that MPI ends with none pending)."""
+
+    def __init__(self, agrees=True):
+        self.agrees = agrees
+        self.pending = []   # the receives left pending, with their buffers
+
+    def Get_size(self):
+        return 2
+
+    def Get_rank(self):
+        return 0
+
+    def _never(self):
+        buf = np.zeros(1, np.uint8)
+        request = MPI.COMM_SELF.Irecv([buf, MPI.BYTE], source=0, tag=_TAG)
+        self.pending.append((request, buf))
+        return request
+
+    def Iallreduce(self, send, recv, op):
+        return MPI.COMM_SELF.Iallreduce(send, recv, op=op) if self.agrees else self._never()
+
+    def Iallgather(self, send, recv):
+        return self._never()
+
+    def release(self):
+        for request, _ in self.pending:
+            MPI.COMM_SELF.Send([np.zeros(1, np.uint8), MPI.BYTE], dest=0, tag=_TAG)
+            request.Wait()   # freed: MPI ends with no request of COMM_SELF left
+        self.pending = []
+
+
+def _world(directory, deadline=60.0, timeout=60.0):
+    world = World(str(directory), SECRET, 0, 2, deadline=deadline, timeout=timeout)
+    world.comm, world.ids = MPI.COMM_SELF, [0, 1]
+    return world
+
+
+@pytest.mark.parametrize('agrees, where', [(False, 'the agreed options'),
+                                           (True, 'the host count')])
+def test_a_peer_that_never_comes_ends_a_first_build_at_the_worlds_timeout(tmp_path, agrees,
+                                                                          where):
+    """A store's first build waits up to the world's timeout (its ranks may come to it
+    apart), then raises HorovodInternalError; the requests it gave up on are kept."""
+    comm, world = _TwoRanks(agrees), _world(tmp_path, deadline=60.0, timeout=0.3)
+    before = abandoned.count()
+    started = time.monotonic()
+    try:
+        with pytest.raises(HorovodInternalError,
+                           match=r"the store's build: no answer in 0\.3 s"):
+            mpi_kvstore.create('dist_mpi', comm=comm, world=world)
+        took = time.monotonic() - started
+        assert 0.3 <= took < 10.0, (where, took)
+        assert abandoned.count() > before   # MPI may still write into the request's buffers
+    finally:
+        comm.release()
+
+
+def test_a_peer_announced_lost_ends_the_host_count_before_the_deadline(tmp_path):
+    comm, world = _TwoRanks(), _world(tmp_path, deadline=60.0, timeout=60.0)
+    threading.Timer(0.2, rendezvous.announce_lost, (str(tmp_path), SECRET, 1, 9)).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(HorovodInternalError,
+                           match=r"the store's build: worker\(s\) \[1\] lost"):
+            topology.resolve(mpi_kvstore.Config(environ={}), comm, elastic=True,
+                             wait=world.waiter("the store's build"))
+        assert 0.2 <= time.monotonic() - started < 30.0
+    finally:
+        comm.release()
+
+
+def test_a_reset_is_bounded_by_the_worlds_deadline_and_the_store_goes_on_after_it(tmp_path):
+    """A reset's build waits up to the world's deadline (the re-forming's), not its timeout;
+    the store stays on its old world and resets again once the world re-forms."""
+    import mxnet as mx
+    world = _world(tmp_path, deadline=0.3, timeout=600.0)
+    comm = _TwoRanks()
+    with mpi_kvstore.create('dist_mpi', world=world) as kv:
+        started = time.monotonic()
+        try:
+            with pytest.raises(HorovodInternalError,
+                               match=r"the store's build: no answer in 0\.3 s"):
+                kv.reset(comm)
+            assert time.monotonic() - started < 10.0
+        finally:
+            comm.release()
+        kv.reset(MPI.COMM_SELF)
+        x = mx.nd.full((3,), 2.0)
+        kv.pushpull('g', x)
+        assert x.asnumpy().tolist() == [2.0] * 3 and (kv.rank, kv.num_workers) == (0, 1)
+
+
+@pytest.mark.parametrize('facts, spread', [
+    ([('a', [0, 1]), ('a', [0, 1])], (1, False)),         # 2 ranks, 2 cores
+    ([('a', [0]), ('a', [0])], (1, True)),                # both on core 0
+    ([('a', [0]), ('a', [1]), ('a', [0])], (1, True)),    # 3 ranks, the union is 2 cores
+    ([('a', [0]), ('b', [0]), ('c', [0])], (3, False)),   # one rank a host
+    ([('a', [0]), ('b', [0]), ('b', [0])], (2, True)),    # host b outnumbers its core
+])
+def test_the_host_spread_counts_hosts_and_their_cores_as_split_type_would(facts, spread):
+    assert topology.spread_of(facts) == spread
+
+
+def test_one_rank_spans_one_host_with_no_request():
+    assert topology.host_spread(MPI.COMM_SELF, wait=_no_wait) == (1, False)
+
+
+def _no_wait(request, keep=()):
+    raise AssertionError('a world of one waited for a request')
