@@ -6,7 +6,7 @@ own pushpull leaves its input as it was; a step's updates are one updater call (
 counter), which MXNet's SGD runs aggregate_num keys an operator; from the second step on the
 Trainer's pushpulls take the prepared path (the 'fastpath' counter's hits), and from the
 third on each call of the loop but its first and last its one function (the 'loop' counter's
-'again', optimizer.StoreOptimizer.again)."""
+'again', heldloop.HeldLoop.again)."""
 import pytest
 
 from mpi_harness import result, run_designs
@@ -29,7 +29,7 @@ def test_batched_updates_give_the_same_weights(design, designs):
         counts = rank['counts']
         for opt in OPTS:   # the prepared path from the second step on, optimizer set
             # and from the third step on each of the loop's keys but its first and last
-            # in one function (StoreOptimizer.again)
+            # in one function (HeldLoop.again)
             assert counts['fastpath gluon ' + opt] == {'hit': (STEPS - 1) * GLUON_KEYS,
                                                        'loop again': AGAIN}
         for opt in ('sgd', 'sgd_wd'):

@@ -1,5 +1,5 @@
 """The store's optimizer sends the collectives of MXNet's per-key loops together
-(scenarios/kv_trainer_loop.py, store/optimizer.LoopGate): in gluon.Trainer's loop with the
+(scenarios/kv_trainer_loop.py, store/heldloop.LoopGate): in gluon.Trainer's loop with the
 optimizer in the store, every call but the loop's last is held and one submit a step sends
 them all (the 'loop' debug counter), or one per group of LOOP_GROUP_BYTES; the weights after
 every step are bitwise those of the Trainer's own updates (update_on_kvstore=False) and, to

@@ -247,6 +247,14 @@ class KeyTable:
             plan.work, plan.in_place, plan.place = work, weights is not None, place_of(work)
         plan.views = (work, state.value)
 
+    def aimed(self, plan, direct):
+        """The array :meth:`aim` makes ``plan``'s work (read as aim reads it), found without
+        changing anything (heldloop.HeldLoop.again asks before it commits): a direct key's
+        gradient, else the key's staging buffer, None until made."""
+        if direct and plan.weights is not None:
+            return plan.values[0]
+        return plan.state._staging
+
     def share_of(self, state):
         """[start, stop) of the flat key that this rank's sharded optimizer updates."""
         return share(state.count, self._size, self._rank)

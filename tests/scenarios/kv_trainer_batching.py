@@ -133,7 +133,7 @@ def check_gluon(opt):
     # from the second step on, every pushpull of the Trainer's loop takes the prepared path
     # (the store's optimizer set: namecache.Replay, exchange.Exchange.replay), and from the
     # third on, each but the loop's first and last key its one function
-    # (optimizer.StoreOptimizer.again)
+    # (heldloop.HeldLoop.again)
     assert fast == {'hit': (STEPS - 1) * trainable, 'loop again': AGAIN}, fast
     COUNTS['fastpath gluon ' + opt] = fast
     aggregation(1)    # SGD with aggregate_num 1: one key an update, as before batching

@@ -1,6 +1,6 @@
 """The store's optimizer holds the collectives of MXNet's per-key loops (gluon.Trainer with
 update_on_kvstore, Module) and sends them with the loop's last key as one submit
-(store/optimizer.LoopGate): the 'loop' debug counter says how many calls waited and how
+(store/heldloop.LoopGate): the 'loop' debug counter says how many calls waited and how
 many submits went; the weights after every step are bitwise those of the Trainer's own
 updates (update_on_kvstore=False) and, to float32 tolerance, those of one process on the
 whole batch. The Trainer's own updates' loop of pushpulls is held likewise once its calls
@@ -19,14 +19,14 @@ from mxnet import autograd, gluon
 
 import mpi_kvstore
 from mpi_kvstore import debug
-from mpi_kvstore.store import optimizer as store_optimizer
+from mpi_kvstore.store import heldloop
 
 from common import RANK, SIZE, close, design_arg, done, same_on_all_ranks
 
 DESIGN = design_arg()
 PER_RANK, STEPS, LAYERS, UNITS = 2, 4, 6, 16
 KEYS = 2 * LAYERS
-AGAIN = (STEPS - 2) * (KEYS - 2)   # the loop's calls in one function (StoreOptimizer.again)
+AGAIN = (STEPS - 2) * (KEYS - 2)   # the loop's calls in one function (HeldLoop.again)
 KEY_BYTES = (UNITS * UNITS + UNITS) * 4   # a layer's weight and bias, float32
 COUNTS = {}
 OPTIMIZERS = {'sgd': ('sgd', {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}),
@@ -103,7 +103,7 @@ def check_trainer(opt):
     ref, _, _, _ = train(opt)
     held, counts, _, _ = train(opt, mpi_kvstore.create('dist_mpi', design=DESIGN))
     # every call but the loop's last waits; one submit a step sends them all; from the third
-    # step each call but the loop's first and last is one function (StoreOptimizer.again)
+    # step each call but the loop's first and last is one function (HeldLoop.again)
     want = {'held': STEPS * (KEYS - 1), 'submit': STEPS, 'again': AGAIN}
     assert counts == want, '%s: loop counts %s, expected %s' % (opt, counts, want)
     COUNTS['gluon ' + opt] = counts
@@ -136,12 +136,12 @@ def check_trainer(opt):
 
 def check_groups():
     """A group bound of 3 keys' bytes: the loop's collectives go in groups of 3 keys."""
-    bound = store_optimizer.LOOP_GROUP_BYTES
-    store_optimizer.LOOP_GROUP_BYTES = 3 * KEY_BYTES
+    bound = heldloop.LOOP_GROUP_BYTES
+    heldloop.LOOP_GROUP_BYTES = 3 * KEY_BYTES
     try:
         grouped, counts, _, _ = train('sgd', mpi_kvstore.create('dist_mpi', design=DESIGN))
     finally:
-        store_optimizer.LOOP_GROUP_BYTES = bound
+        heldloop.LOOP_GROUP_BYTES = bound
     # keys alternate a bias (UNITS floats) and a weight (UNITS**2): a group closes at its
     # third weight, on the sixth key, then on the twelfth (the last)
     assert counts == {'held': STEPS * (KEYS - 2), 'submit': STEPS * 2, 'again': AGAIN}, counts
