@@ -90,3 +90,57 @@ def _read(array):
         return array.asnumpy().tolist()
     except Exception as err:   # what the read raised is what is looked at
         return err
+
+
+def test_a_request_whose_op_is_pushed_after_the_drain_began_is_not_fenced_before_it(
+        monkeypatch, caplog):
+    """The world is lost while a call is between its request's entry in the pending list and
+    its engine op's push (held there): the drain must not push its fence meanwhile. A fence
+    before the op passes at once, the drain ends the request as skipped, and the op, pushed
+    next onto a design that no longer runs, never completes: the output's read would wait
+    forever. The drain fences a request only once no call is pushing its ops: the op runs,
+    the drain fails it with the world's error, the read raises it, and the store goes on."""
+    import threading
+
+    monkeypatch.setattr(job_module, 'DRAIN_TIMEOUT', 20.0)
+    world = _FakeWorld()
+    kv = mpi_kvstore.create('dist_mpi', world=world)
+    design = kv._job.design
+    pushing, go = threading.Event(), threading.Event()
+    real_submit = design._submit
+
+    def held_submit(reqs, priority):   # the request is pending, its op not pushed yet
+        pushing.set()
+        go.wait(30)
+        real_submit(reqs, priority)
+    monkeypatch.setattr(design, '_submit', held_submit)
+    x = mx.nd.full((5,), 2.0)
+    caller = threading.Thread(target=kv.pushpull, args=('g', x))
+    caller.start()
+    assert pushing.wait(30)
+    req = kv._job.pending[-1]
+    world.lost = 'worker 1 lost'
+    with caplog.at_level(logging.ERROR, logger='mpi_kvstore.store.job'):
+        with pytest.raises(RuntimeError, match='worker 1 lost'):
+            kv._job.check_world()
+        drainer = kv._job._drainer
+        drainer.join(0.3)   # the drain's passes, with the push still held
+        assert drainer.is_alive() and not req.done, 'the drain ended a request not pushed'
+        go.set()
+        caller.join(30)
+        got = []
+        reader = threading.Thread(target=lambda: got.append(_read(x)), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive(), "the read of the op's output waits forever"
+        kv._job._join_drainer()
+    assert req.done and 'worker 1 lost' in str(req.error)
+    assert req.completion is not None   # its engine op ran, and completed with the error
+    assert got and isinstance(got[0], Exception) and 'worker 1 lost' in str(got[0]), got
+    assert 'never reached their engine op' not in caplog.text
+    world.lost = None
+    kv.reset()
+    y = mx.nd.full((3,), 4.0)
+    kv.pushpull('h', y)
+    assert y.asnumpy().tolist() == [4.0] * 3
+    kv.close()

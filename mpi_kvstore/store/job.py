@@ -68,6 +68,8 @@ class Job:
         self.lost = None     # the error that ended this job's world (elastic), else None
         self._drainer = None
         self._ended = None   # the design of a world that end_world ended
+        # held by a call while its requests are pending and their ops not all pushed
+        self._pushing = None if world is None else threading.Lock()
         self.design = None
         if world is not None:   # first: the design's build waits (its Idup) end at a loss too
             _watch(self)
@@ -110,8 +112,13 @@ class Job:
         self.design.reap()
         while pending and pending[0].done:
             pending.popleft()
-        pending.extend(reqs)
-        self.design.submit(reqs, priority)
+        if self._pushing is None:
+            pending.extend(reqs)
+            self.design.submit(reqs, priority)
+        else:   # elastic: the drain fences no request whose op is not pushed yet (_drain)
+            with self._pushing:
+                pending.extend(reqs)
+                self.design.submit(reqs, priority)
         if self.design.synchronous:
             self.errors.raise_pending()
 
@@ -186,7 +193,6 @@ class Job:
         _stop_without_mpi(design)
         collect = getattr(design, '_collect', None)
         fences = {}   # request -> Event: every op pushed on its array before the fence is past
-        seen = set()
         ends = time.monotonic() + DRAIN_TIMEOUT
         while time.monotonic() < ends:
             past = {req for req, fence in fences.items() if fence.is_set()}   # before collect
@@ -194,7 +200,16 @@ class Job:
                 with _quiet():
                     collect()       # native ops that ran since: their requests get completions
             left = 0
-            for req in list(self.pending):
+            reqs = list(self.pending)
+            # A fence must follow its request's op: one pushed first passes at once, the
+            # request ends as skipped, and its op, pushed next onto a design that no longer
+            # runs, never completes. A call holds _pushing from its requests' entry in
+            # pending to the push of their ops: free now, every op of ``reqs`` is pushed.
+            # (Without a world, reset drains from the only calling thread.)
+            pushed = self._pushing is None or self._pushing.acquire(blocking=False)
+            if pushed and self._pushing is not None:
+                self._pushing.release()
+            for req in reqs:
                 if req.done:
                     continue
                 if req.completion is None and req.array is not None:
@@ -203,9 +218,8 @@ class Job:
                             req.fail(err)
                         req.finish()
                         continue
-                    if req in seen and req not in fences:   # its op waits, or was skipped
+                    if pushed and req not in fences:   # its op waits, or was skipped
                         fences[req] = _fence(req.array)
-                    seen.add(req)   # (a pass later: its op was pushed before the fence)
                     left += 1
                     continue
                 if req.error is None:
