@@ -49,6 +49,8 @@ __all__ = ['World']
 
 log = logging.getLogger(__name__)
 
+CONNECT_MARGIN = 5.0   # s past MPI's connect timeout before a joining worker gives up on it
+
 
 class World(Notices):
     """This worker's view of the elastic world: ``comm`` (an intracommunicator), ``rank``,
@@ -229,7 +231,11 @@ class World(Notices):
                 world = forming.call(lambda: forming.connect(port, self.id, self.secret,
                                                              self.deadline),
                                      'joining the world',
-                                     self._why('joining the world', self.deadline),
+                                     # MPI's connect ends first (its own timeout): a connect
+                                     # given up on while still in MPI would hold MPICH's lock
+                                     # and block this process's next connect
+                                     self._why('joining the world',
+                                               self.deadline + CONNECT_MARGIN),
                                      stale=lambda: forming.newer_port(
                                          self.directory, self.secret, self.generation,
                                          self._refused), every=NOTICE_EVERY)
