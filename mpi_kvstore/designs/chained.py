@@ -1,6 +1,5 @@
 """The dependency-chained design."""
 import collections
-import ctypes
 import functools
 import threading
 import time
@@ -9,6 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import debug
+from ..comm.collective import finish_all
 from ..comm.fusion import BufferPool
 from ..comm.mpiabi import MPI, c_datatype
 from ..comm.progress import AGREEMENT_POLL_US
@@ -21,10 +21,27 @@ from .base import progress as _progress
 __all__ = ['Chained']
 
 _INT_MAX = (1 << 31) - 1   # MPI counts are C ints in the native op
-_pthread_self = ctypes.CDLL(None).pthread_self
-_pthread_self.restype = ctypes.c_uint64
+# pthread_self() of the calling thread, which the native op compares with its own: CPython's
+# thread id is that value on Linux, and costs a third of a ctypes call of it.
+_pthread_self = threading.get_ident
 _MAX_PLANS = 4096          # call shapes remembered (a training loop has a few)
 _WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the records
+
+
+_FOLLOW_NAME = b'mpi_kvstore'   # what push_native names an op by default, encoded
+
+
+class _Kept:
+    """What the repeated calls of one prepared call (engine.records.Prepared) keep on the
+    chained design: its plan (None: the Python op) at the priority it was made for (the
+    priority is in the signatures the plan is keyed by), the op's encoded name, and its
+    last two ops, whose records the next calls take again once reaped (ChainedOp.again)."""
+
+    __slots__ = ('plan', 'priority', 'name', 'op', 'spare')
+
+    def __init__(self, plan, priority, name):
+        self.plan, self.priority, self.name = plan, priority, engine.encoded(name)
+        self.op = self.spare = None
 
 
 class Chained(Design):
@@ -89,59 +106,93 @@ class Chained(Design):
         self._inline_max = config.inline_max_bytes if self._native else -1
         if self._native:
             self._address = records.run_chained_address()   # compiled now, not in step one
+            self._chained_fn = engine.native_fn(self._address)
             self._waker = records.Waker()
             if self.size > 1 and config.fusion_threshold > 0:
                 self._fuse = np.empty(config.fusion_threshold, dtype=np.uint8)
-                self._follow = records.follow_address()
+                self._follow_fn = engine.native_fn(records.follow_address())
 
     def _submit(self, reqs, priority):
-        arrays = [r.array for r in reqs if r.array is not None]
-        plan_ = self._plan(reqs, arrays) if self._native else None
-        if plan_ is not None:
-            op = records.ChainedOp(plan_, reqs, arrays, self._in_python)
-            for req in reqs:
-                req.wait_with(self._wait)
-            prev = self._inflight[-1] if self._inflight else None
-            pending = prev is not None and not prev.done
-            self._inflight.append(op)
-            if not pending:
-                self._probing = True
-            elif (plan_.leads and self._probing and prev is self._tail
-                  and prev.record[layout.LEADS]):
-                # Pushed without the chain: at once exactly when nothing else reads or
-                # writes its arrays, which it then holds, and the walk of the burst the
-                # op before it belongs to runs it (fuse.py). One that finds them busy runs
-                # later on MXNet's compute worker, doing nothing, and the call goes on as a
-                # chained op, which waits for it: one such a burst (the gradients of a
-                # backward pass still being computed), until the ops catch up.
-                op.pushed_from(_pthread_self(), priority)
-                engine.push_native(self._follow, op.address, plan_.follow_handles,
-                                   inline_when_ready=True)
-                if op.started:
-                    if op.link_after(prev):
-                        self._tail = op
-                        debug.count('fuse', 'linked')
-                        return
-                    op.let_go()       # the walk ended before the link: a chained op
+        prepared = getattr(reqs, 'prepared', None)
+        if prepared is not None and prepared.owner is self and self._native:
+            # A prepared call again (store.namecache.Batch): its plan, the record of its
+            # last op and the push's arguments are kept on it (_Kept), not made per call.
+            kept = prepared.kept
+            if kept is None or kept.priority != priority:
+                plan_ = self._plan(reqs, prepared.arrays)
+                kept = prepared.kept = _Kept(plan_, priority, op_name(reqs[0].kind))
+            plan_ = kept.plan
+            if plan_ is not None:
+                op = kept.op
+                if op is not None and op.reaped:
+                    op.again(plan_, reqs)
                 else:
-                    self._probing = False
-                    debug.count('fuse', 'busy')
-                op.pushed_from(0, priority)
-            # Offered inline only when no earlier op is pending: one that is would hold this
-            # one back, and an op offered inline whose data is not ready takes a detour
-            # through MXNet's compute worker (fuse.py), which slowed per-key training.
-            inline = plan_.nbytes <= self._inline_max and not pending
-            if inline:
-                op.pushed_from(_pthread_self(), priority)
-            engine.push_native(self._address, op.address, plan_.handles, priority=priority,
-                               name=op_name(reqs[0].kind), inline_when_ready=inline,
-                               may_block=inline)
-            self._tail = op
-            return
+                    # the last op may wait to be reaped behind its burst's leader, whose
+                    # thread marks it done after the engine's completion: two are kept
+                    spare, kept.spare = kept.spare, op
+                    if spare is not None and spare.reaped:
+                        op = kept.op = spare.again(plan_, reqs)
+                    else:
+                        op = kept.op = records.ChainedOp(plan_, reqs, prepared.arrays,
+                                                         self._in_python)
+                self._push(op, plan_, reqs, priority, kept.name)
+                return
+            arrays = prepared.arrays
+        else:
+            arrays = [r.array for r in reqs if r.array is not None]
+            plan_ = self._plan(reqs, arrays) if self._native else None
+            if plan_ is not None:
+                op = records.ChainedOp(plan_, reqs, arrays, self._in_python)
+                self._push(op, plan_, reqs, priority, engine.encoded(op_name(reqs[0].kind)))
+                return
         self._tail = None     # a Python op: no native op may run past it
         engine.push(functools.partial(self._run, reqs), mutable=arrays + [self._chain],
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
+
+    def _push(self, op, plan_, reqs, priority, name):
+        """Push the native ``op`` of ``reqs`` (its plan ``plan_``; ``name``: encoded)."""
+        wait = self._wait
+        for req in reqs:
+            req.wait_with(wait)
+        inflight = self._inflight
+        prev = inflight[-1] if inflight else None
+        pending = prev is not None and not prev.done
+        inflight.append(op)
+        if not pending:
+            self._probing = True
+        elif (plan_.leads and self._probing and prev is self._tail
+              and prev.record[layout.LEADS]):
+            # Pushed without the chain: at once exactly when nothing else reads or
+            # writes its arrays, which it then holds, and the walk of the burst the
+            # op before it belongs to runs it (fuse.py). One that finds them busy runs
+            # later on MXNet's compute worker, doing nothing, and the call goes on as a
+            # chained op, which waits for it: one such a burst (the gradients of a
+            # backward pass still being computed), until the ops catch up.
+            op.pushed_from(_pthread_self(), priority)
+            engine.push_inline(self._follow_fn, op.param, plan_.follow_handles, 0,
+                               _FOLLOW_NAME)
+            if op.started:
+                if op.link_after(prev):
+                    self._tail = op
+                    debug.count('fuse', 'linked')
+                    return
+                op.let_go()       # the walk ended before the link: a chained op
+            else:
+                self._probing = False
+                debug.count('fuse', 'busy')
+            op.pushed_from(0, priority)
+        # Offered inline only when no earlier op is pending: one that is would hold this
+        # one back, and an op offered inline whose data is not ready takes a detour
+        # through MXNet's compute worker (fuse.py), which slowed per-key training.
+        if plan_.nbytes <= self._inline_max and not pending:
+            op.pushed_from(_pthread_self(), priority)
+            engine.push_native(self._address, op.address, plan_.handles, priority=priority,
+                               name=op_name(reqs[0].kind), inline_when_ready=True,
+                               may_block=True)
+        else:
+            engine.push_op(self._chained_fn, op.param, plan_.handles, priority, name)
+        self._tail = op
 
     def _run(self, reqs, completion):
         try:
@@ -243,16 +294,17 @@ class Chained(Design):
         if not (self._inflight and self._inflight[0].done):  # the common case: no lock
             return
         with self._reap_lock:
-            while self._inflight and self._inflight[0].done:
-                op = self._inflight.popleft()
+            inflight, reqs = self._inflight, []
+            while inflight and inflight[0].done:
+                op = inflight.popleft()
                 op.forget()
                 fused, absorbed = op.fused
                 if fused:
                     debug.count('fuse', 'led')
                 if absorbed:
                     debug.count('fuse', 'absorbed')
-                for req in op.reqs:
-                    req.finish()
+                reqs += op.reqs
+            finish_all(reqs)   # the waiters woken once, not once a request
 
     def _wait(self, req, timeout):
         """Collective.wait of a native op's request: reap, else sleep until an op writes

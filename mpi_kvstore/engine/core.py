@@ -34,10 +34,11 @@ from .push import (  # the pushes of compiled ops, re-exported: callers use engi
     push_async,
     push_inline,
     push_native,
+    push_op,
 )
 
 __all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'push_inline',
-           'native_fn', 'encoded', 'native_push_constants', 'python_entry', 'consume_raised',
+           'push_op', 'native_fn', 'encoded', 'native_push_constants', 'python_entry', 'consume_raised',
            'quiesce', 'ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP']
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ import ctypes
 from .libmxnet import bind, bind_plain, last_error
 
 __all__ = ['ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP', 'ASYNC_FN', 'Handles', 'push_async',
-           'push_native', 'push_inline', 'native_fn', 'encoded', 'native_push_constants',
-           'property_address']
+           'push_native', 'push_inline', 'push_op', 'native_fn', 'encoded',
+           'native_push_constants', 'property_address']
 
 # FnProperty values of include/mxnet/engine.h: Horovod and BytePS push their
 # collectives as kCPUPrioritized on the CPU context, so the engine's priority
@@ -136,13 +136,26 @@ _INLINE = _PROPERTY_ARGS[True]
 def push_inline(fn, param_address, handles, priority, name):
     """push_native(..., inline_when_ready=True) for a caller that pushes an op per call:
     ``fn`` from :func:`native_fn`, ``handles`` a :class:`Handles`, ``name`` from
-    :func:`encoded`; ``priority`` a plain int (ctypes passes it as a C int)."""
+    :func:`encoded`; ``priority`` a plain int (ctypes passes it as a C int);
+    ``param_address`` an int or its ctypes.c_void_p."""
     _push_held(fn, param_address, handles, _INLINE, priority, name)
 
 
+def push_op(fn, param_address, handles, priority, name):
+    """push_native(..., inline_when_ready=False) for a caller that pushes an op per call,
+    with :func:`push_inline`'s arguments: to the engine's priority worker, at ``priority``."""
+    _push_held(fn, param_address, handles, _QUEUED, priority, name)
+
+
+_QUEUED = _PROPERTY_ARGS[False]
+
+
 def _push_held(fn, param_address, handles, prop, priority, name):
-    """MXEnginePushAsyncND with the GIL held (the op does not wait for other ranks)."""
-    if _push_plain(fn, ctypes.c_void_p(param_address), None, _CPU_CONTEXT_ARG, _NO_HANDLES,
+    """MXEnginePushAsyncND with the GIL held (the op does not wait for other ranks).
+    ``param_address``: an int, or the c_void_p of one that a caller made once."""
+    if param_address.__class__ is int:
+        param_address = ctypes.c_void_p(param_address)
+    if _push_plain(fn, param_address, None, _CPU_CONTEXT_ARG, _NO_HANDLES,
                    _NONE, handles.array, handles.count_arg, prop, priority, name,
                    _NO_WAIT) != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())

@@ -170,12 +170,13 @@ class Prepared:
     the last op, taken again once that op is done (:meth:`NativeOp.reusable`). ``owner``:
     the design that made it; a design takes only its own."""
 
-    __slots__ = ('arrays', 'handles', 'owner', '_op')
+    __slots__ = ('arrays', 'handles', 'owner', '_op', 'kept')
 
     def __init__(self, arrays, owner):
         self.arrays, self.owner = list(arrays), owner
         self.handles = engine.Handles(self.arrays)
         self._op = None
+        self.kept = None   # what the owner keeps for the repeats (the chained design's plan)
 
     def op(self, reqs, eventfd):
         """The record of the next op over the arrays, for ``reqs``."""
@@ -266,16 +267,31 @@ class ChainedOp(NativeOp):
     :meth:`finish_in_python`.
     """
 
-    # Built on every call: only what the compiled op needs is made now; the buckets, which
-    # only the rare Python paths read, are cut from the plan's spans when asked for.
-    __slots__ = ('_spans',)
+    # Built on a call: only what the compiled op needs is made now; the buckets, which
+    # only the rare Python paths read, are cut from the plan's spans when asked for. A
+    # repeated call of a prepared call takes its last op's record again (:meth:`again`).
+    __slots__ = ('_spans', '_on_python', 'reaped', 'param')
 
     def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
         rec = plan.record.copy()
         self._address = rec[L.SELF] = rec.ctypes.data
+        self.param = ctypes.c_void_p(self._address)   # as a push passes it (engine.push_op)
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
-        self._spans = plan.spans
+        self._spans, self._on_python, self.reaped = plan.spans, on_python, False
         _state.fallbacks[self._address] = functools.partial(on_python, self)
+
+    def again(self, plan, reqs):
+        """This op for the next call of ``plan`` (the one it was made from) with ``reqs``,
+        once :meth:`forget` was called: its record copied from the plan's again, in place,
+        so that its address (.ctypes, a few us) is known and no record is allocated. Safe
+        as dropping it is: the reaper forgets an op only once it and every op before it are
+        DONE, and no compiled code reads a record after that (fuse._complete)."""
+        rec = self.record
+        rec[:] = plan.record
+        rec[L.SELF] = self._address
+        self.reqs, self.reaped = reqs, False
+        _state.fallbacks[self._address] = functools.partial(self._on_python, self)
+        return self
 
     @property
     def buckets(self):
@@ -330,7 +346,9 @@ class ChainedOp(NativeOp):
         os.eventfd_write(int(self.record[L.EVENTFD]), 1)
 
     def forget(self):
+        """Reaped (Chained.reap): no hand-over can come, and :meth:`again` may take it."""
         _state.fallbacks.pop(self._address, None)
+        self.reaped = True
 
 
 class Round:

@@ -122,7 +122,10 @@ class Exchange:
         debug.count('call_cache', 'hit')
         debug.count('fastpath', 'hit')
         debug.count('again', entry.call)
-        reqs = Batch([Collective(*args) for args in entry.templates])
+        templates = entry.templates
+        # a key alone (the common call) without a comprehension's frame
+        reqs = Batch([Collective(*templates[0])] if len(templates) == 1
+                     else [Collective(*args) for args in templates])
         reqs.prepared = entry.prepared
         if loop is not None:
             gate.hold_loop(loop, key, reqs, priority)
