@@ -1,4 +1,4 @@
-"""The sharded optimizer (shard_optimizer, issue 22) under mpiexec: 20 gluon steps with SGD +
+"""The sharded optimizer (shard_optimizer, issue 22) under mpiexec: 8 gluon steps with SGD +
 momentum, Adam and LAMB, and float16 multi_precision pushpulls (SGD, LAMB), equal an unsharded store and one
 process (numpy for float16) with 1/N of the optimizer state on each rank; the fp16 and bf16
 wire casts reduce-scatter with compress-once's sums (numpy); states saved
