@@ -24,7 +24,7 @@ __all__ = ['count', 'snapshot', 'since', 'KINDS']
 # fastpath: repeated calls that took their prepared path ('hit') or today's ('miss'); loop:
 # calls of MXNet's per-key loops whose collectives waited for the loop's next ('held'), the
 # submits that sent a loop's collectives together ('submit'), and held calls that took the
-# optimizer's one-function path ('again', store/optimizer.py); round:
+# optimizer's one-function path ('again', store/heldloop.py); round:
 # take-ups of a negotiation thread's native ops in one compiled read ('taken') and
 # completions of many of their engine ops in one compiled call ('bulk', designs/base.py);
 # again: repeated calls that took their one-function path, by call ('pushpull', 'push',
