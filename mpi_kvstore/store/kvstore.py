@@ -151,7 +151,7 @@ class MPIKVStore(KVStoreBase, AbstractContextManager):
         self._optimizer = StoreOptimizer(self._keys, config, self._rank, self._size,
                                          self._job, self.collectives.run)
         # the exchange submits through the optimizer's gate, which holds the collectives of
-        # MXNet's per-key loops until the loop's last key (optimizer.LoopGate)
+        # MXNet's per-key loops until the loop's last key (heldloop.LoopGate)
         self._exchange = Exchange(self._keys, config, self._optimizer.gate, self._optimizer,
                                   self.collectives.run, self._job)
 
