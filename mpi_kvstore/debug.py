@@ -10,7 +10,7 @@ transport, or whether Python on an engine thread ran; the library only counts.
 """
 import collections
 
-__all__ = ['count', 'snapshot', 'since', 'KINDS']
+__all__ = ['count', 'count_all', 'snapshot', 'since', 'KINDS']
 
 # algorithm: Comm.allreduce_host by algorithm name; transport: device collectives by
 # transport name; engine_python: engine ops that ran Python code (name ''); call_cache:
@@ -36,19 +36,33 @@ KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'n
          'optimizer', 'repeat', 'fastpath', 'loop', 'round', 'again', 'fuse')
 
 _counts = collections.Counter()
+# counters that always move together (a repeated call's three: store/exchange.py), by the
+# tuple of their (kind, name) keys: one plain dict entry bumped per call, not three Counter
+# entries (a Counter's += is ~3x a dict's); never reset, added to _counts where read
+_together = {}
 
 
-def count(kind, name=''):
-    """One more run of ``name`` of ``kind`` (one of :data:`KINDS`)."""
-    _counts[kind, name] += 1
+def count(kind, name='', runs=1):
+    """``runs`` more runs (one by default) of ``name`` of ``kind`` (one of :data:`KINDS`)."""
+    _counts[kind, name] += runs
+
+
+def count_all(keys):
+    """One more run of each (kind, name) of ``keys``, a tuple its caller made once (the
+    same object every time): one dict entry for the counters of a repeated call."""
+    _together[keys] = _together.get(keys, 0) + 1
 
 
 def snapshot():
     """A copy of every counter, to subtract later with :func:`since`."""
-    return collections.Counter(_counts)
+    counts = collections.Counter(_counts)
+    for keys, runs in list(_together.items()):
+        for key in keys:
+            counts[key] += runs
+    return counts
 
 
 def since(before, kind):
     """{name: runs} of ``kind`` since ``before`` (a :func:`snapshot`), non-zero only."""
-    return {name: n - before[k, name] for (k, name), n in _counts.items()
+    return {name: n - before[k, name] for (k, name), n in snapshot().items()
             if k == kind and n != before[k, name]}

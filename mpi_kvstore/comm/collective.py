@@ -51,6 +51,10 @@ def _read_only(name, doc):
     return property(operator.attrgetter('_' + name), doc=doc)
 
 
+# an instance with no __init__ run (Collective.renewed sets every slot itself)
+_blank = object.__new__
+
+
 class Collective:
     """A collective with its place in the push sequence.
 
@@ -154,6 +158,23 @@ class Collective:
     def extent(self):
         """Elements of the flat buffer it reads and writes."""
         return self._nbytes // self._dtype.itemsize
+
+    def renewed(self):
+        """A new unnumbered request that is what this unnumbered one is (a prepared call's
+        model, store/exchange.py), with nothing of what happened to it: the constructor's
+        work without its argument binding, checks and signature (issue 43)."""
+        new = _blank(Collective)
+        new._kind, new._key, new._fn, new._dtype = self._kind, self._key, self._fn, self._dtype
+        new._shape, new._array, new._nbytes, new._root = (self._shape, self._array,
+                                                          self._nbytes, self._root)
+        new._place, new._unit, new._sig, new._average = (self._place, self._unit, self._sig,
+                                                         self._average)
+        new._codec, new._shard, new._in_place, new._mirror = (self._codec, self._shard,
+                                                              self._in_place, self._mirror)
+        new._seq, new._priority, new._done = -1, self._priority, False
+        new._scratch = new._completion = new._result = new._error = new._waiter = None
+        new._view = self._view
+        return new
 
     # -- set once, on the user's thread --------------------------------------
     def number(self, seq, priority):

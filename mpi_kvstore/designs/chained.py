@@ -295,15 +295,19 @@ class Chained(Design):
             return
         with self._reap_lock:
             inflight, reqs = self._inflight, []
+            led = absorbed = 0
             while inflight and inflight[0].done:
                 op = inflight.popleft()
                 op.forget()
-                fused, absorbed = op.fused
-                if fused:
-                    debug.count('fuse', 'led')
-                if absorbed:
-                    debug.count('fuse', 'absorbed')
+                fused, was_absorbed = op.fused
+                led += fused != 0
+                absorbed += was_absorbed != 0
                 reqs += op.reqs
+            # counted once a reap, not once an op
+            if led:
+                debug.count('fuse', 'led', led)
+            if absorbed:
+                debug.count('fuse', 'absorbed', absorbed)
             finish_all(reqs)   # the waiters woken once, not once a request
 
     def _wait(self, req, timeout):

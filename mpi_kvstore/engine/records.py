@@ -322,7 +322,7 @@ class ChainedOp(NativeOp):
     def link_after(self, earlier):
         """Link it after ``earlier``, whose walk runs it -> False where that walk ended
         first (then :meth:`let_go`, and push it as a chained op)."""
-        return fuse.link(earlier.address + 8 * L.NEXT, self._address)
+        return fuse.link(earlier._address + 8 * L.NEXT, self._address)
 
     def let_go(self):
         """Complete its ``follow`` op, which holds its arrays, that no walk will run."""

@@ -31,6 +31,9 @@ class DeferredErrors:
 
     def __init__(self):
         self._queue = collections.deque()  # appended by other threads, drained by the user's
+        # the same deque, truthy while anything waits: a repeated call tests it (one attribute
+        # read) instead of calling raise_pending when nothing failed (issue 43)
+        self.waiting = self._queue
         # errors raised as their own type, not as a CollectiveError (an elastic world's loss,
         # which elastic.run answers)
         self.keep_types = ()
@@ -66,6 +69,8 @@ class DeferredErrors:
         return exc
 
     def raise_pending(self):
+        if not self._queue:   # the common case: nothing failed
+            return
         exc = self.take()
         if exc is not None:
             raise exc

@@ -19,6 +19,10 @@ from .keys import request, same_array
 from .namecache import Batch
 from .optimizer import TRAINER_LOOP as _TRAINER
 
+# the debug counters a repeated call (Exchange.again) adds, by call: made once, counted in one
+_HITS = {call: (('call_cache', 'hit'), ('fastpath', 'hit'), ('again', call))
+         for call in ('pushpull', 'push')}
+
 __all__ = ['Exchange']
 
 
@@ -118,14 +122,14 @@ class Exchange:
             loop = None
         if gate.reqs and (loop is None or gate.loop is not loop):
             return False
-        job.errors.raise_pending()
-        debug.count('call_cache', 'hit')
-        debug.count('fastpath', 'hit')
-        debug.count('again', entry.call)
-        templates = entry.templates
+        errors = job.errors
+        if errors.waiting:   # one test when nothing failed, not a call
+            errors.raise_pending()
+        debug.count_all(_HITS[entry.call])
+        models = entry.models
         # a key alone (the common call) without a comprehension's frame
-        reqs = Batch([Collective(*templates[0])] if len(templates) == 1
-                     else [Collective(*args) for args in templates])
+        reqs = Batch([models[0].renewed()] if len(models) == 1
+                     else [model.renewed() for model in models])
         reqs.prepared = entry.prepared
         if loop is not None:
             gate.hold_loop(loop, key, reqs, priority)
@@ -207,6 +211,7 @@ class Exchange:
         entry.templates = [(r.kind, r.key, r.dtype, r.shape, r.array, r.root, None, r.average,
                             0, r.nbytes, r.sig, r.place, 1, r.codec, False, r.in_place)
                            for r in reqs]
+        entry.models = [Collective(*args) for args in entry.templates]
         entry.staged = [plan for plan in entry.plans if not plan.in_place]
         entry.works = [plan.work for plan in entry.plans]
         entry.priority, entry.codec = priority, codec

@@ -108,15 +108,15 @@ class Job:
         """Hand complete requests to the design, in call order."""
         if self.closed:
             self.check_open()
-        pending = self.pending
-        self.design.reap()
+        pending, design = self.pending, self.design
+        design.reap()
         while pending and pending[0].done:
             pending.popleft()
         if self._pushing is None:
             pending.extend(reqs)
-            self.design.submit(reqs, priority)
+            design.submit(reqs, priority)
         else:   # elastic: the drain fences no request whose op is not pushed yet (_drain)
-            with self._pushing:
+            with self._pushing:   # read again: a drain may have ended the world meanwhile
                 pending.extend(reqs)
                 self.design.submit(reqs, priority)
         if self.design.synchronous:

@@ -110,7 +110,7 @@ class Replay:
     store's optimizer, where keys.KeyTable.aim pointed them)."""
 
     __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'flat', 'templates',
-                 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded', 'call')
+                 'models', 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded', 'call')
 
     def __init__(self, forms, arrays, plans, value, out, priority):
         self.forms, self.arrays, self.plans = forms, arrays, plans
@@ -123,6 +123,7 @@ class Replay:
             form is None or (form != -1 and all(item == -1 for item in form))
             for form in forms)
         self.templates = self.codec = self.staged = self.prepared = None
+        self.models = None   # one unnumbered Collective a template (Collective.renewed)
         self.works = self.sharded = None   # the arrays aimed at; whether a key is sharded
         self.priority = priority
         self.call = 'pushpull'   # or 'push' (CallCache.remember)
