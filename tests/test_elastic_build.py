@@ -135,6 +135,74 @@ def test_the_host_spread_counts_hosts_and_their_cores_as_split_type_would(facts,
 
 def test_one_rank_spans_one_host_with_no_request():
     assert topology.host_spread(MPI.COMM_SELF, wait=_no_wait) == (1, False)
+    assert topology.places(MPI.COMM_SELF, wait=_no_wait) == (0, 1, 0, 1)
+
+
+@pytest.mark.parametrize('hosts, expected', [
+    # (local rank, local size, cross rank, cross size) of each rank, worked out by hand
+    ('aaa', [(0, 3, 0, 1), (1, 3, 0, 1), (2, 3, 0, 1)]),
+    ('abc', [(0, 1, 0, 3), (0, 1, 1, 3), (0, 1, 2, 3)]),
+    ('aba', [(0, 2, 0, 2), (0, 1, 1, 2), (1, 2, 0, 1)]),
+    ('qpqq', [(0, 3, 0, 2), (0, 1, 1, 2), (1, 3, 0, 1), (2, 3, 0, 1)]),
+    ('baab', [(0, 2, 0, 2), (0, 2, 1, 2), (1, 2, 0, 2), (1, 2, 1, 2)]),
+    ('abbcab', [(0, 2, 0, 3), (0, 3, 1, 3), (1, 3, 0, 2), (0, 1, 2, 3), (1, 2, 1, 2),
+                (2, 3, 0, 1)]),
+])
+def test_hvd_places_a_rank_by_its_hosts_as_node_comm_and_split_would(hosts, expected):
+    """hvd's local and cross ranks on an elastic world, from every rank's host (what the
+    one allgather brings): node_comm orders a host's ranks by rank, Split(local rank, rank)
+    the ranks of one local rank. tests/test_topology.py compares them with MPI's splits."""
+    assert [topology.places_of(list(hosts), me) for me in range(len(hosts))] == expected
+
+
+@pytest.mark.parametrize('timeout, lost, why', [
+    (0.3, False, r'no answer in 0\.3 s'), (60.0, True, r'worker\(s\) \[1\] lost')])
+def test_hvd_init_on_an_elastic_world_ends_when_a_peer_never_comes(monkeypatch, tmp_path,
+                                                                    timeout, lost, why):
+    """hvd.init's local and cross ranks on an elastic world: one allgather of the hosts,
+    waited by the world (no Split_type, no Split: blocking MPI a lost peer leaves waiting
+    forever). A peer that never comes ends init at the world's timeout, one announced lost
+    before it. The store init builds first is a stand-in (its build: the tests above)."""
+    from mpi_kvstore.horovod import basics
+    comm, world = _TwoRanks(), _world(tmp_path, deadline=60.0, timeout=timeout)
+    world.comm = comm
+    monkeypatch.setattr(basics, '_state', {})
+    monkeypatch.setattr(basics, '_elastic_world', lambda: world)
+    monkeypatch.setattr(basics, 'MPIKVStore', lambda *args, **kwargs: _Built(kwargs))
+    if lost:
+        threading.Timer(0.2, rendezvous.announce_lost, (str(tmp_path), SECRET, 1, 9)).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(HorovodInternalError, match='the ranks on each host: ' + why):
+            basics.init()
+        assert 0.2 <= time.monotonic() - started < 30.0
+        assert basics._state['store'].options['world'] is world
+        assert 'rank' not in basics._state and len(comm.pending) == 1   # the lengths' request
+    finally:
+        comm.release()
+
+
+class _Built:
+    timeline = None
+
+    def __init__(self, options):
+        self.options = options
+
+
+def test_hvd_identifies_a_reset_world_within_the_reforming_deadline(monkeypatch, tmp_path):
+    """reform_world's identification waits up to the world's deadline (the re-forming's),
+    not its timeout."""
+    from mpi_kvstore.horovod import basics
+    comm, world = _TwoRanks(), _world(tmp_path, deadline=0.3, timeout=600.0)
+    monkeypatch.setattr(basics, '_state', {})
+    started = time.monotonic()
+    try:
+        with pytest.raises(HorovodInternalError,
+                           match=r'the ranks on each host: no answer in 0\.3 s'):
+            basics._identify(comm, world.waiter('the ranks on each host'))
+        assert time.monotonic() - started < 10.0 and basics._state == {}
+    finally:
+        comm.release()
 
 
 def _no_wait(request, keep=()):

@@ -71,13 +71,14 @@ def test_design_auto_is_chained_on_one_host_else_funneled(monkeypatch, hosts, op
         assert 'design=%s' % chosen in why and config.origin('design').startswith('auto: ')
 
 
-@pytest.mark.parametrize('names', ['a,b,a', 'h1,h1', 'x,y', '-,-,-'])
+@pytest.mark.parametrize('names', ['a,b,a', 'h1,h1', 'x,y', '-,-,-', 'q,p,q,q'])
 def test_an_elastic_world_counts_the_hosts_its_launcher_named(names):
     """A world of separate launches (run --elastic) cannot ask MPI which ranks share a host:
     MPICH's Split_type put workers of 2 test hosts in one node, and the job scheduled as on
     one host. The host each worker's launcher names decides instead; none named: MPI's split
     (every rank here is on this machine). host_spread, what an elastic store's build counts
-    with (one bounded allgather, no Split_type), gives the same hosts and oversubscription."""
+    with (one bounded allgather, no Split_type), gives the same hosts and oversubscription,
+    and places (hvd.init's on an elastic world) the local and cross ranks MPI's splits give."""
     from mpi_harness import result, run_mpi
     given = names.split(',')
     out = run_mpi(len(given), 'topology_hosts.py', names, timeout=120)
@@ -93,3 +94,7 @@ def test_an_elastic_world_counts_the_hosts_its_launcher_named(names):
                                        else topology.ONE_HOST['credit_bytes']), (rank, got)
         # an elastic store's build counts by one allgather (no Split_type): the same answers
         assert got['spread'] == [got['hosts'], got['oversubscribed']], (rank, got)
+        # hvd.init's (local rank, local size, cross rank, cross size) there: node_comm and a
+        # Split by the local rank (Split_type with no names), and the allgather's, alike
+        assert got['places'] == got['split'], (rank, got)
+        assert got['split'][:2] == [got['node'].index(rank), len(got['node'])], (rank, got)

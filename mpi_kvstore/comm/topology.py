@@ -38,8 +38,8 @@ from .mpiabi import MPI
 from .progress import AGREEMENT_POLL_US, wait_polling
 
 __all__ = ['ACROSS_HOSTS', 'ONE_HOST', 'OVERSUBSCRIBED', 'count_hosts', 'oversubscribed',
-           'host_spread', 'spread_of', 'auto_design', 'resolve', 'design_warning', 'settings',
-           'agree', 'agreed_config']
+           'host_spread', 'host_facts', 'places', 'places_of', 'spread_of', 'auto_design',
+           'resolve', 'design_warning', 'settings', 'agree', 'agreed_config']
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,37 @@ def host_spread(comm, wait=None):
     shared-memory domain on a cluster's hosts)."""
     if comm.Get_size() == 1:
         return 1, False
+    return spread_of(host_facts(comm, wait))
+
+
+def host_facts(comm, wait=None):
+    """Collective, with no blocking MPI call: every rank's (host, sorted cores), in rank
+    order, from one object allgather whose requests ``wait(request, keep)`` waits for (what
+    :func:`host_spread` and :func:`places` read)."""
     host = os.environ.get(HOST_ENV) or MPI.Get_processor_name()
-    return spread_of(_Polled(comm, wait).allgather((host, sorted(_cores()))))
+    return _Polled(comm, wait).allgather((host, sorted(_cores())))
+
+
+def places(comm, wait=None):
+    """Collective, with no blocking MPI call: (local rank, local size, cross rank, cross
+    size) of this rank of ``comm``, what :func:`node_comm` and a Split by the local rank
+    give, from :func:`host_facts`' one allgather (hvd.init and its reset on an elastic
+    world, where a Split would wait for a lost peer forever)."""
+    if comm.Get_size() == 1:
+        return 0, 1, 0, 1
+    return places_of([host for host, _ in host_facts(comm, wait)], comm.Get_rank())
+
+
+def places_of(hosts, me):
+    """(local rank, local size, cross rank, cross size) of rank ``me`` given every rank's
+    host: the local rank is the index among the ranks of its host, in rank order (node_comm's
+    key), the cross rank the index among the ranks of the same local rank (Split's key)."""
+    seen, local = {}, []
+    for host in hosts:
+        local.append(seen.get(host, 0))
+        seen[host] = local[-1] + 1
+    cross = [rank for rank, mine in enumerate(local) if mine == local[me]]
+    return local[me], seen[hosts[me]], cross.index(me), len(cross)
 
 
 def spread_of(facts):

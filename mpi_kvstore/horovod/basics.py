@@ -142,7 +142,11 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
             kv.timeline.record_into(None)   # nothing is kept until start_timeline
         _state.update(store=kv, options=store_options, world=world, sets={0: global_process_set},
                       next_id=1)
-        _identify(comm)
+        # After the store, as reform_world (a newcomer's init meets the others' reset). On an
+        # elastic world bounded by the world's timeout, as the store's first build: its ranks
+        # may come to init apart.
+        _identify(comm, None if world is None else world.waiter('the ranks on each host',
+                                                                 world.timeout))
         global_process_set._store = kv
         global_process_set._stores = {}
         if _state['rank'] == 0:
@@ -164,18 +168,25 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
         add_process_set(process_set)
 
 
-def _identify(comm: MPI.Comm) -> None:
-    """This process's ranks and sizes in ``comm`` (global, local and cross), into the state."""
+def _identify(comm: MPI.Comm, wait: Any = None) -> None:
+    """This process's ranks and sizes in ``comm`` (global, local and cross), into the state.
+    ``wait``: an elastic world's World.waiter. There they come from one allgather of the
+    hosts whose waits end when a worker is lost or at the deadline: node_comm's Split_type
+    and Split are blocking MPI calls, which a peer lost there leaves waiting forever."""
     me, count = comm.Get_rank(), comm.Get_size()
-    found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
-    if found is None:
-        node = topology.node_comm(comm)   # on an elastic world: by the launcher's host names
-        found = (node.Get_rank(), node.Get_size())
-        node.Free()
-    cross = comm.Split(found[0], me)
-    _state.update(comm=comm, rank=me, size=count, local=found,
-                  cross=(cross.Get_rank(), cross.Get_size()))
-    cross.Free()
+    if wait is None:
+        found = launcher_local_rank() if comm == MPI.COMM_WORLD else None
+        if found is None:
+            node = topology.node_comm(comm)
+            found = (node.Get_rank(), node.Get_size())
+            node.Free()
+        cross = comm.Split(found[0], me)
+        crossed = (cross.Get_rank(), cross.Get_size())
+        cross.Free()
+    else:
+        placed = topology.places(comm, wait)
+        found, crossed = placed[:2], placed[2:]
+    _state.update(comm=comm, rank=me, size=count, local=found, cross=crossed)
     global_process_set.ranks = list(range(count))
 
 
@@ -221,8 +232,7 @@ def reform_world() -> None:
     for other in global_process_set._stores.values():
         if other is not kv:
             other.reset(world.comm, lost)
-    # Split_type and Split have no nonblocking form: bounded in a thread of their own
-    world.bounded(lambda: _identify(world.comm), 'the ranks on each host')
+    _identify(world.comm, world.waiter('the ranks on each host'))   # the re-forming's deadline
 
 
 def world_bcast_object() -> Any:
