@@ -80,8 +80,9 @@ def test_a_peer_that_never_comes_ends_a_first_build_at_the_worlds_timeout(tmp_pa
         with pytest.raises(HorovodInternalError,
                            match=r"the store's build: no answer in 0\.3 s"):
             mpi_kvstore.create('dist_mpi', comm=comm, world=world)
-        took = time.monotonic() - started
-        assert 0.3 <= took < 10.0, (where, took)
+        # not before the timeout; the message says the timeout, not a loss, ended it (no
+        # upper bound on the time: a loaded machine may take long)
+        assert time.monotonic() - started >= 0.3, where
         assert abandoned.count() > before   # MPI may still write into the request's buffers
     finally:
         comm.release()
@@ -96,7 +97,7 @@ def test_a_peer_announced_lost_ends_the_host_count_before_the_deadline(tmp_path)
                            match=r"the store's build: worker\(s\) \[1\] lost"):
             topology.resolve(mpi_kvstore.Config(environ={}), comm, elastic=True,
                              wait=world.waiter("the store's build"))
-        assert 0.2 <= time.monotonic() - started < 30.0
+        assert time.monotonic() - started >= 0.2   # by the loss (the message), not before it
     finally:
         comm.release()
 
@@ -108,12 +109,10 @@ def test_a_reset_is_bounded_by_the_worlds_deadline_and_the_store_goes_on_after_i
     world = _world(tmp_path, deadline=0.3, timeout=600.0)
     comm = _TwoRanks()
     with mpi_kvstore.create('dist_mpi', world=world) as kv:
-        started = time.monotonic()
         try:
             with pytest.raises(HorovodInternalError,
                                match=r"the store's build: no answer in 0\.3 s"):
                 kv.reset(comm)
-            assert time.monotonic() - started < 10.0
         finally:
             comm.release()
         kv.reset(MPI.COMM_SELF)
@@ -175,7 +174,7 @@ def test_hvd_init_on_an_elastic_world_ends_when_a_peer_never_comes(monkeypatch, 
     try:
         with pytest.raises(HorovodInternalError, match='the ranks on each host: ' + why):
             basics.init()
-        assert 0.2 <= time.monotonic() - started < 30.0
+        assert time.monotonic() - started >= 0.2   # by the timeout or the loss (the message)
         assert basics._state['store'].options['world'] is world
         assert 'rank' not in basics._state and len(comm.pending) == 1   # the lengths' request
     finally:
@@ -195,12 +194,11 @@ def test_hvd_identifies_a_reset_world_within_the_reforming_deadline(monkeypatch,
     from mpi_kvstore.horovod import basics
     comm, world = _TwoRanks(), _world(tmp_path, deadline=0.3, timeout=600.0)
     monkeypatch.setattr(basics, '_state', {})
-    started = time.monotonic()
     try:
         with pytest.raises(HorovodInternalError,
                            match=r'the ranks on each host: no answer in 0\.3 s'):
             basics._identify(comm, world.waiter('the ranks on each host'))
-        assert time.monotonic() - started < 10.0 and basics._state == {}
+        assert basics._state == {}   # the message names the deadline, not the timeout
     finally:
         comm.release()
 
