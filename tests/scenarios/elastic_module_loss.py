@@ -43,6 +43,9 @@ parser.add_argument('--kill-at', type=int, default=None)
 parser.add_argument('--reference', action='store_true')
 args = parser.parse_args()
 logging.basicConfig(format='%(message)s')
+if os.environ.get('MPI_KVSTORE_TEST_DEBUG') == '1':   # the forming's steps, timed, by process
+    logging.basicConfig(format='%(asctime)s %(process)d %(message)s', level=logging.DEBUG,
+                        force=True)
 if args.local_updates:
     os.environ['MXNET_UPDATE_ON_KVSTORE'] = '0'
 
