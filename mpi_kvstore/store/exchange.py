@@ -115,7 +115,7 @@ class Exchange:
             return self._optimizer.again(entry, priority)
         staged = entry.staged
         # gluon.Trainer's loop of pushpulls (update_on_kvstore=False), in place: held until
-        # the loop's last key (optimizer.LoopGate.hold_loop); any other call goes once the
+        # the loop's last key (heldloop.LoopGate.hold_loop); any other call goes once the
         # gate holds nothing
         loop = sys._getframe(2)
         if loop.f_code is not _TRAINER or staged:
@@ -155,7 +155,7 @@ class Exchange:
         collectives exactly as in :meth:`run` (its batching, clipping and aim); only the
         requests and the engine op are the prepared ones. True where the entry is prepared
         for the one-function path (:meth:`again`; with the optimizer, for a held loop's
-        calls: optimizer.StoreOptimizer.again)."""
+        calls: heldloop.HeldLoop.again)."""
         codec = self.codec
         optimizer = self._keys.updater is not None
         if optimizer:
