@@ -75,7 +75,7 @@ def test_again_declines_a_key_aimed_elsewhere_and_changes_nothing():
     state = plan.state
     before = (state.value, plan.work, plan.in_place, plan.views, state._staging)
     # an entry prepared on the gradient itself: the full path must prepare it anew
-    entry = types.SimpleNamespace(plans=[plan], works=[grad], sharded=False, templates=[],
+    entry = types.SimpleNamespace(plans=[plan], works=[grad], sharded=False, models=[],
                                   staged=[])
     optimizer._frame_last = 1      # the loop's last key is another
     assert _loop(optimizer, entry) is False

@@ -147,7 +147,7 @@ class Exchange:
         """A call found again (namecache.Replay): the prepared path where nothing it was
         prepared for changed (the same codec and priority, and with the store's optimizer
         no shard and the same arrays aimed at: keys.KeyTable.aim): requests made from
-        their templates, with the engine's prepared call, staged and delivered as
+        their models (Collective.renewed), with the engine's prepared call, staged and delivered as
         :meth:`run` would. Anything else goes the way of :meth:`run`, and the entry is
         prepared again for the next call.
 
@@ -166,15 +166,15 @@ class Exchange:
                 self.run(entry.plans, priority)
                 return False
             self._optimizer.before(entry.plans)
-            if entry.templates is not None and not all(
+            if entry.models is not None and not all(
                     plan.work is work for plan, work in zip(entry.plans, entry.works)):
-                entry.templates = None   # aimed elsewhere (another caller): prepared anew
+                entry.models = None   # aimed elsewhere (another caller): prepared anew
                 debug.count('fastpath', 'miss')
                 self._send(entry.plans, priority)
                 self._prepare(entry, priority, codec)
                 self._optimizer.after(entry.plans, priority)
                 return False
-        if entry.templates is None:
+        if entry.models is None:
             self._prepare(entry, priority, codec)
         elif (entry.priority != priority or entry.codec is not codec
               or entry.prepared.owner is not self._job.design):
@@ -188,7 +188,7 @@ class Exchange:
                 self._prepare(entry, priority, codec)
             return not optimizer
         debug.count('fastpath', 'hit')
-        reqs = Batch([Collective(*args) for args in entry.templates])
+        reqs = Batch([model.renewed() for model in entry.models])
         reqs.prepared = entry.prepared
         for plan in entry.staged:
             plan.stage()
@@ -202,16 +202,15 @@ class Exchange:
         return True
 
     def _prepare(self, entry, priority, codec):
-        """The templates of ``entry``'s requests as :meth:`run` makes them, for ``priority``
+        """The models of ``entry``'s requests (unnumbered) as :meth:`run` makes them, for ``priority``
         and ``codec``, and the engine's prepared call over their arrays."""
         reqs = [request('allreduce', plan.state, plan.work, average=self._config.average,
                         in_place=plan.in_place, place=plan.place,
                         codec=self._codec_for(plan.state.dtype))
                 for plan in entry.plans]
-        entry.templates = [(r.kind, r.key, r.dtype, r.shape, r.array, r.root, None, r.average,
-                            0, r.nbytes, r.sig, r.place, 1, r.codec, False, r.in_place)
-                           for r in reqs]
-        entry.models = [Collective(*args) for args in entry.templates]
+        entry.models = [Collective(r.kind, r.key, r.dtype, r.shape, r.array, r.root, None,
+                                   r.average, 0, r.nbytes, r.sig, r.place, 1, r.codec, False,
+                                   r.in_place) for r in reqs]
         entry.staged = [plan for plan in entry.plans if not plan.in_place]
         entry.works = [plan.work for plan in entry.plans]
         entry.priority, entry.codec = priority, codec

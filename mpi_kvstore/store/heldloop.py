@@ -16,7 +16,6 @@ from mxnet import gluon
 from mxnet import model as mx_model
 
 from .. import debug
-from ..comm.collective import Collective
 from ..engine.records import Prepared
 from .namecache import Batch
 
@@ -250,7 +249,7 @@ class HeldLoop:
         """A prepared call (namecache.Replay ``entry``, its codec, priority and design
         unchanged: Exchange.again) of the loop whose earlier call :meth:`before` held, other
         than its last key, in one function: as :meth:`before` and the full path
-        (Exchange.replay) would run it, its requests (made from the entry's templates) held
+        (Exchange.replay) would run it, its requests (renewed from the entry's models) held
         by the gate, its delivery waiting for the loop's last key. True once done; False,
         with nothing changed, for any other call (another caller, the loop's last key, a
         clipped step, a sharded or held key, a key aimed elsewhere): the full path."""
@@ -273,7 +272,7 @@ class HeldLoop:
         debug.count('fastpath', 'hit')
         debug.count('loop', 'again')
         self._ready(plans, direct)
-        reqs = [Collective(*args) for args in entry.templates]
+        reqs = [model.renewed() for model in entry.models]
         for plan in entry.staged:
             plan.stage()
         gate = self.gate

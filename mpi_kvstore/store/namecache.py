@@ -103,14 +103,14 @@ class Batch(list):
 
 class Replay:
     """A push or pushpull call already checked and planned (:class:`CallCache`), and what
-    its repeats reuse: ``plans``; the requests' constructor arguments (``templates``,
-    made by the exchange at the first repeat) with the codec and priority they were made
-    for; the plans that stage and deliver through a copy (``staged``); the engine's
+    its repeats reuse: ``plans``; the requests, unnumbered (``models``: each repeat renews
+    them, Collective.renewed; made by the exchange at the first repeat) with the codec and
+    priority they were made for; the plans that stage and deliver through a copy (``staged``); the engine's
     prepared call (``prepared``); the arrays the collectives reduce (``works``: with the
     store's optimizer, where keys.KeyTable.aim pointed them)."""
 
-    __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'flat', 'templates',
-                 'models', 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded', 'call')
+    __slots__ = ('forms', 'arrays', 'handles', 'plans', 'value', 'out', 'flat', 'models',
+                 'codec', 'priority', 'staged', 'prepared', 'works', 'sharded', 'call')
 
     def __init__(self, forms, arrays, plans, value, out, priority):
         self.forms, self.arrays, self.plans = forms, arrays, plans
@@ -122,8 +122,7 @@ class Replay:
         self.flat = not single and all(
             form is None or (form != -1 and all(item == -1 for item in form))
             for form in forms)
-        self.templates = self.codec = self.staged = self.prepared = None
-        self.models = None   # one unnumbered Collective a template (Collective.renewed)
+        self.models = self.codec = self.staged = self.prepared = None
         self.works = self.sharded = None   # the arrays aimed at; whether a key is sharded
         self.priority = priority
         self.call = 'pushpull'   # or 'push' (CallCache.remember)
