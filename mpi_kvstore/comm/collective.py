@@ -159,14 +159,16 @@ class Collective:
         """Elements of the flat buffer it reads and writes."""
         return self._nbytes // self._dtype.itemsize
 
-    def renewed(self):
+    def renewed(self, array=None):
         """A new unnumbered request that is what this unnumbered one is (a prepared call's
         model, store/exchange.py), with nothing of what happened to it: the constructor's
-        work without its argument binding, checks and signature (issue 43)."""
+        work without its argument binding, checks and signature (issue 43). ``array``: one
+        of the same shape, dtype and place in its array's stead (an out-of-place call's new
+        copy, store/collectives.py)."""
         new = _blank(Collective)
         new._kind, new._key, new._fn, new._dtype = self._kind, self._key, self._fn, self._dtype
-        new._shape, new._array, new._nbytes, new._root = (self._shape, self._array,
-                                                          self._nbytes, self._root)
+        new._shape, new._nbytes, new._root = self._shape, self._nbytes, self._root
+        new._array = self._array if array is None else array
         new._place, new._unit, new._sig, new._average = (self._place, self._unit, self._sig,
                                                          self._average)
         new._codec, new._shard, new._in_place, new._mirror = (self._codec, self._shard,

@@ -2,6 +2,8 @@
 of the Horovod-style helpers, functional.py), on a Python function of the communicator,
 and the barrier. Each goes out in collective order through the store's :class:`job.Job`.
 """
+import weakref
+
 import mxnet as mx
 import numpy as np
 
@@ -17,6 +19,10 @@ __all__ = ['Collectives', 'ARRAY_KINDS']
 
 ARRAY_KINDS = ('allreduce', 'bcast', 'reducescatter', 'allgather')
 _SIGNED_LIMIT = 4096   # names whose signature is kept (cleared when reached)
+# the debug counters of a repeated call, made once and counted in one (debug.count_all):
+# a lone in-place allreduce (again, and the full path's _repeat), an out-of-place one
+_HIT = (('fastpath', 'hit'), ('named', 'hit'))   # its signature, too, is the one made before
+_HIT_COPY = (('again', 'copy'),) + _HIT
 
 
 class Collectives:
@@ -41,6 +47,9 @@ class Collectives:
         # a group's name -> its last in-place allreduce (_Again of the whole list), whose
         # tensors share no storage: taken again as one engine op (again_group)
         self._groups = NameCache(config.name_cache_capacity)
+        # the in-place cache's own dict (name -> [_Again, user]), which again() reads and
+        # moves to the end itself: NameCache.get's frame is a fifth of that path (issue 43)
+        self._again_entries = self._again._entries
         # On an elastic world a function of the communicator gets its polled form, whose
         # waits end when a peer is lost (comm.host.PolledComm); chosen once, here.
         self._polled_us = config.progress_sleep_us if job.world is not None else None
@@ -98,8 +107,8 @@ class Collectives:
 
         A lone tensor called again under its name, the very same array with the same
         ``average``, takes the prepared path (debug counter ``fastpath``: 'hit', else
-        'miss'): its request made from the last one's arguments, with the engine's prepared
-        call (engine.records.Prepared). ``again=False``: the tensors are fresh copies, never
+        'miss'): its request renewed from the last one's (Collective.renewed), with the
+        engine's prepared call (engine.records.Prepared). ``again=False``: the tensors are fresh copies, never
         called again (kept for nothing). ``group``: the name of the list as a whole (a
         grouped allreduce), kept for :meth:`again_group` where every tensor went in place
         and no two share storage. ``sources``: of an out-of-place call (``again=False``), the
@@ -137,15 +146,16 @@ class Collectives:
             reqs.append([Collective('allreduce', name, np.dtype(tensor.dtype), tensor.shape,
                                     array=buf, average=average)])
             staged.append((key, buf, reqs[-1][0], tensor))
+        # kept before the design numbers the requests: their models are unnumbered
+        if group is not None and again and len(made) == len(tensors) > 1:
+            found = [storage_of(tensor) for tensor in tensors]
+            if None not in found and len(set(found)) == len(found):
+                self._groups.keep(group, _Again(tensors, made, self._job.design))
         for req in reqs:
             self._job.submit(req, 0)
         for key, buf, req, tensor in staged:
             self.buffers.keep(key, buf, req)   # see array()
             buf.copyto(tensor)
-        if group is not None and again and len(made) == len(tensors) > 1:
-            found = [storage_of(tensor) for tensor in tensors]
-            if None not in found and len(set(found)) == len(found):
-                self._groups.keep(group, _Again(tensors, made, self._job.design))
         return tensors
 
     def again_group(self, name, tensors, mean):
@@ -155,17 +165,16 @@ class Collectives:
         known = self._groups.get(name)
         job = self._job
         if (known is None or known.average is not mean or known.prepared.owner is not job.design
-                or len(tensors) != len(known.tensor)):
+                or len(tensors) != len(known.tensor) or job.closed):
             return False
         for tensor, was, handle in zip(tensors, known.tensor, known.handle):
-            if tensor is not was or tensor.handle.value != handle:
+            if tensor is not was or tensor.handle is not handle:
                 return False
-        job.begin()
-        debug.count('again', 'group')
-        for _ in tensors:
-            debug.count('fastpath', 'hit')
-            debug.count('named', 'hit')
-        reqs = Batch([Collective(*args) for args in known.args])
+        errors = job.errors
+        if errors.waiting:   # one test when nothing failed, not a call
+            errors.raise_pending()
+        debug.count_all(known.hits)
+        reqs = Batch([model.renewed() for model in known.models])
         reqs.prepared = known.prepared
         job.submit(reqs, 0)
         return True
@@ -177,17 +186,23 @@ class Collectives:
         dtype). True once submitted; False: nothing was done, the caller takes the full
         path (which also says what is wrong). One function, for Horovod's repeated calls
         (horovod.ops.allreduce_)."""
-        known = self._again.get(name)
-        job = self._job
-        # a prepared mean was folded (a float dtype); an integer one scales after: full path
-        if (known is None or known.tensor is not tensor or known.average is not mean
-                or known.handle != tensor.handle.value
-                or known.prepared.owner is not job.design):
+        entries = self._again_entries
+        found = entries.get(name)
+        if found is None:
             return False
-        job.begin()
-        debug.count('fastpath', 'hit')
-        debug.count('named', 'hit')   # its signature, too, is the one made before
-        reqs = Batch([Collective(*known.args)])
+        known, job = found[0], self._job
+        # a prepared mean was folded (a float dtype); an integer one scales after: full path.
+        # A closed store: the full path's begin says so.
+        if (known.tensor is not tensor or known.average is not mean
+                or known.handle is not tensor.handle or known.prepared.owner is not job.design
+                or job.closed):
+            return False
+        entries.move_to_end(name)   # the most recently used, as NameCache.get leaves it
+        errors = job.errors
+        if errors.waiting:   # one test when nothing failed, not a call
+            errors.raise_pending()
+        debug.count_all(_HIT)
+        reqs = Batch((known.models[0].renewed(),))
         reqs.prepared = known.prepared
         job.submit(reqs, 0)
         return True
@@ -198,22 +213,23 @@ class Collectives:
         folded into the reduction), ``tensor`` left as it was, where ``tensor`` is the very
         array (its handle too) whose copy the name's last out-of-place call reduced in place
         with the same ``mean``. Its copy made by one engine op (engine.arrays.copy_of), its
-        request from that call's arguments: nothing asked of MXNet but the copy (debug
-        counters ``again``: 'copy', and ``fastpath``: 'hit'; the full path counts a miss).
+        request renewed from that call's with the copy as its array: nothing asked of MXNet
+        but the copy (debug counters ``again``: 'copy', and ``fastpath``: 'hit'; the full
+        path counts a miss). The record holds the input weakly (_Copy).
         None: nothing was done, the caller takes the full path (which also says what is
         wrong, and makes the record: ``sources`` of :meth:`allreduce`)."""
         known = self._copies.get(name)
         job = self._job
-        if (known is None or known.tensor is not tensor or known.average is not mean
-                or known.handle != tensor.handle.value or known.design is not job.design):
+        # the very input: its handle object, alive (held weakly: _Copy) and tensor's own
+        if (known is None or known.source() is not tensor.handle or known.average is not mean
+                or known.design is not job.design or job.closed):
             return None
-        job.begin()
+        errors = job.errors
+        if errors.waiting:   # one test when nothing failed, not a call
+            errors.raise_pending()
         out = copy_of(tensor)
-        debug.count('again', 'copy')
-        debug.count('fastpath', 'hit')
-        debug.count('named', 'hit')   # its signature, too, is the one made before
-        args = known.args
-        job.submit([Collective(*args[:_ARRAY], out, *args[_ARRAY + 1:])], 0)
+        debug.count_all(_HIT_COPY)
+        job.submit([known.model.renewed(out)], 0)
         return out
 
     def allreduce_copy(self, name, tensor, average=False):
@@ -232,13 +248,12 @@ class Collectives:
         None (counted: fastpath)."""
         known = self._again.get(name)
         if (known is None or known.tensor is not tensor or known.average != average
-                or known.handle != tensor.handle.value
+                or known.handle is not tensor.handle
                 or known.prepared.owner is not self._job.design):
             debug.count('fastpath', 'miss')
             return None
-        debug.count('fastpath', 'hit')
-        debug.count('named', 'hit')   # its signature, too, is the one made before
-        reqs = Batch([Collective(*known.args)])
+        debug.count_all(_HIT)
+        reqs = Batch((known.models[0].renewed(),))
         reqs.prepared = known.prepared
         return reqs
 
@@ -249,7 +264,7 @@ class Collectives:
         for name, tensor in zip(names, tensors):
             known = self._again.get(name)
             found.append(known.dtype if known is not None and known.tensor is tensor
-                         and known.handle == tensor.handle.value else np.dtype(tensor.dtype))
+                         and known.handle is tensor.handle else np.dtype(tensor.dtype))
         return found
 
     def _in_place_request(self, name, tensor, meta, average):
@@ -293,46 +308,46 @@ class Collectives:
         self._job.errors.raise_pending()
 
 
-_ARRAY = 4   # where _args puts the request's array (a _Copy keeps None there)
-
-
-def _args(req):
-    return (req.kind, req.key, req.dtype, req.shape, req.array, req.root, None, req.average,
-            0, req.nbytes, req.sig, req.place, 1, req.codec, False, req.in_place)
-
-
 class _Again:
-    """A name's last in-place allreduce: its array (and handle), and what a call on the
-    same array again reuses: the request's arguments and the engine's prepared call. Of a
-    group (a list of tensors and of their requests): the lists of them."""
+    """A name's last in-place allreduce: its array (and the array's handle object, which a
+    new handle of the same array would not be), and what a call on the same array again
+    reuses: its requests as models (unnumbered: made before the design numbered them),
+    which each call renews (Collective.renewed), and the engine's prepared call; the debug
+    counters of a call (``hits``). Of a group (a list of tensors and of their requests):
+    the tuple of the tensors and of their handles, a model each, and the counters 'again'
+    once, then 'fastpath' and 'named' for each tensor."""
 
-    __slots__ = ('tensor', 'handle', 'average', 'dtype', 'args', 'prepared')
+    __slots__ = ('tensor', 'handle', 'average', 'dtype', 'models', 'hits', 'prepared')
 
     def __init__(self, tensor, req, design):
         if isinstance(req, list):
             self.tensor = tuple(tensor)
-            self.handle = tuple(t.handle.value for t in tensor)
+            self.handle = tuple(t.handle for t in tensor)
             self.average, self.dtype = bool(req[0].average), None
-            self.args = [_args(r) for r in req]
+            self.models = [r.renewed() for r in req]
+            self.hits = (('again', 'group'),) + _HIT * len(req)
             self.prepared = Prepared(self.tensor, design)
             return
-        self.tensor, self.handle = tensor, tensor.handle.value
+        self.tensor, self.handle = tensor, tensor.handle
         self.average, self.dtype = bool(req.average), req.dtype
-        self.args = _args(req)
+        self.models, self.hits = [req.renewed()], _HIT
         self.prepared = Prepared([tensor], design)
 
 
 class _Copy:
-    """A name's last out-of-place allreduce: the array it copied (and its handle), the
-    average, the copy's request's arguments without the copy (the caller's result, not
-    kept here) and the design it went to."""
+    """A name's last out-of-place allreduce: the handle object of the array it copied, held
+    weakly (an NDArray takes no weak reference; its handle dies with it), so that the
+    cache keeps no caller's input alive; the average; the copy's request as a model without
+    the copy (the caller's result, not kept here either), and the design it went to."""
 
-    __slots__ = ('tensor', 'handle', 'average', 'args', 'design')
+    __slots__ = ('source', 'average', 'model', 'design')
 
     def __init__(self, tensor, req, design):
-        self.tensor, self.handle = tensor, tensor.handle.value
-        args = _args(req)
-        self.average, self.args, self.design = bool(req.average), args[:_ARRAY] + (None,) + args[_ARRAY + 1:], design
+        self.source = weakref.ref(tensor.handle)
+        self.average, self.design = bool(req.average), design
+        self.model = Collective(req.kind, req.key, req.dtype, req.shape, None, req.root, None,
+                                req.average, 0, req.nbytes, req.sig, req.place, 1, req.codec,
+                                False, req.in_place)
 
 
 def _polled(fn, poll_us):

@@ -1,0 +1,138 @@
+"""The named collectives' repeated calls (store/collectives.py: again, again_group,
+again_copy, the Horovod API's one-function paths) submit requests renewed from models
+(Collective.renewed) that are what the full path's first call submitted: every attribute
+equal once numbered, the signature too (a group's models are made before the design
+numbers its requests). An out-of-place call's record holds its input weakly: the input
+dies with the caller's last reference, and the name's next call takes the full path and
+sums right. One process, so every sum is the value itself, as numpy has it."""
+import gc
+import weakref
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mpi_kvstore
+from mpi_kvstore import debug
+
+pytestmark = pytest.mark.unit
+
+# what a request is, and its place once numbered (seq grows call by call: not compared)
+ATTRS = ('kind', 'key', 'dtype', 'shape', 'nbytes', 'root', 'place', 'fn', 'average',
+         'unit', 'codec', 'shard', 'in_place', 'mirror', 'priority', 'sig')
+N = 64
+
+
+@pytest.fixture
+def store():
+    kv = mpi_kvstore.create('dist_mpi', autotune='0')
+    submitted = []
+    job = kv._job
+    submit = job.submit
+
+    def recorded(reqs, priority):
+        submitted.append(list(reqs))
+        return submit(reqs, priority)
+
+    job.submit = recorded
+    try:
+        yield kv, submitted
+    finally:
+        del job.submit
+        kv.close()
+
+
+def _same(now, first, array=True):
+    for name in ATTRS:
+        assert getattr(now, name) == getattr(first, name), name
+    assert now.seq > first.seq >= 0
+    if array:
+        assert now.array is first.array
+
+
+def _values(step, k=0):
+    return np.arange(N, dtype=np.float32) * (step + 1) + k
+
+
+@pytest.mark.parametrize('mean', [False, True])
+def test_again_submits_what_the_first_call_did(store, mean):
+    kv, submitted = store
+    x = mx.nd.zeros((N,))
+    x[:] = _values(0)
+    kv.collectives.allreduce(['a'], [x], average=mean)
+    first = submitted[-1][0]
+    before = debug.snapshot()
+    for step in range(1, 4):
+        x[:] = _values(step)
+        assert kv.collectives.again('a', x, mean)
+        np.testing.assert_array_equal(x.asnumpy(), _values(step))
+        _same(submitted[-1][0], first)
+    assert debug.since(before, 'fastpath') == {'hit': 3}
+    assert debug.since(before, 'named') == {'hit': 3}
+    assert not kv.collectives.again('a', x, not mean)   # another reduction: the full path
+    assert not kv.collectives.again('a', mx.nd.zeros((N,)), mean)   # another array
+
+
+def test_again_group_submits_what_the_first_call_did(store):
+    kv, submitted = store
+    xs = [mx.nd.zeros((N + k,)) for k in range(3)]
+    names = ['g.%d' % k for k in range(3)]
+    for k, x in enumerate(xs):
+        x[:] = _values(0, k)[:1].repeat(N + k)
+    kv.collectives.allreduce(names, xs, group='g')
+    firsts = [reqs[0] for reqs in submitted[-3:]]
+    before = debug.snapshot()
+    for step in range(1, 3):
+        for k, x in enumerate(xs):
+            x[:] = float(step * 10 + k)
+        assert kv.collectives.again_group('g', xs, False)
+        now = submitted[-1]
+        assert len(now) == 3
+        for req, first in zip(now, firsts):
+            _same(req, first)   # the signature as the first call's: numbered once
+        for k, x in enumerate(xs):
+            np.testing.assert_array_equal(x.asnumpy(), np.full(N + k, step * 10 + k, np.float32))
+    assert debug.since(before, 'again') == {'group': 2}
+    assert debug.since(before, 'fastpath') == {'hit': 6}
+    assert not kv.collectives.again_group('g', xs[:2], False)
+
+
+def test_again_copy_submits_what_the_first_call_did_into_a_new_array(store):
+    kv, submitted = store
+    x = mx.nd.array(_values(0))
+    out = kv.collectives.allreduce_copy('c', x, True)
+    first = submitted[-1][0]
+    assert first.array is out
+    before = debug.snapshot()
+    outs = []
+    for step in range(1, 4):
+        x[:] = _values(step)
+        outs.append(kv.collectives.allreduce_copy('c', x, True))
+        now = submitted[-1][0]
+        _same(now, first, array=False)
+        assert now.array is outs[-1] and outs[-1] is not x
+    for step, got in enumerate(outs, 1):   # each call's copy, its own values
+        np.testing.assert_array_equal(got.asnumpy(), _values(step))
+    np.testing.assert_array_equal(x.asnumpy(), _values(3))   # the input as it was
+    assert debug.since(before, 'again') == {'copy': 3}
+    assert debug.since(before, 'fastpath') == {'hit': 3}
+
+
+def test_an_out_of_place_record_keeps_no_input_alive(store):
+    kv, _ = store
+    x = mx.nd.array(_values(0))
+    for _ in range(2):
+        kv.collectives.allreduce_copy('c', x, False).wait_to_read()
+    kv._job.wait()
+    handle = weakref.ref(x.handle)
+    del x
+    gc.collect()
+    assert handle() is None   # freed: the cache held it weakly
+    y = mx.nd.array(_values(5))
+    before = debug.snapshot()
+    out = kv.collectives.allreduce_copy('c', y, False)
+    assert debug.since(before, 'fastpath') == {'miss': 1}   # not the dead input's record
+    np.testing.assert_array_equal(out.asnumpy(), _values(5))
+    out = kv.collectives.allreduce_copy('c', y, False)   # y's own record now
+    assert debug.since(before, 'again') == {'copy': 1}
+    np.testing.assert_array_equal(out.asnumpy(), _values(5))
