@@ -168,6 +168,7 @@ def test_hvd_init_on_an_elastic_world_ends_when_a_peer_never_comes(monkeypatch, 
     monkeypatch.setattr(basics, '_state', {})
     monkeypatch.setattr(basics, '_elastic_world', lambda: world)
     monkeypatch.setattr(basics, 'MPIKVStore', lambda *args, **kwargs: _Built(kwargs))
+    monkeypatch.setattr(basics, '_left_world', [])
     if lost:
         threading.Timer(0.2, rendezvous.announce_lost, (str(tmp_path), SECRET, 1, 9)).start()
     started = time.monotonic()
@@ -175,17 +176,29 @@ def test_hvd_init_on_an_elastic_world_ends_when_a_peer_never_comes(monkeypatch, 
         with pytest.raises(HorovodInternalError, match='the ranks on each host: ' + why):
             basics.init()
         assert time.monotonic() - started >= 0.2   # by the timeout or the loss (the message)
-        assert basics._state['store'].options['world'] is world
-        assert 'rank' not in basics._state and len(comm.pending) == 1   # the lengths' request
+        assert len(comm.pending) == 1   # the lengths' request
+        # hvd as before the call, the store it built (on the world) closed, and the world
+        # kept for the next init, which re-forms it
+        assert basics._state == {} and not basics.is_initialized()
+        assert _BUILT[-1].options['world'] is world and _BUILT[-1].closed
+        assert basics.global_process_set._store is None and basics.global_process_set.ranks == []
+        assert basics._left_world == [(world, True)]
     finally:
         comm.release()
+
+
+_BUILT = []   # every _Built, in order
 
 
 class _Built:
     timeline = None
 
     def __init__(self, options):
-        self.options = options
+        self.options, self.closed = options, False
+        _BUILT.append(self)
+
+    def close(self):
+        self.closed = True
 
 
 def test_hvd_identifies_a_reset_world_within_the_reforming_deadline(monkeypatch, tmp_path):
@@ -205,3 +218,161 @@ def test_hvd_identifies_a_reset_world_within_the_reforming_deadline(monkeypatch,
 
 def _no_wait(request, keep=()):
     raise AssertionError('a world of one waited for a request')
+
+
+class _Members(_TwoRanks):
+    """_TwoRanks whose Create_group (a process set's communicator) waits for ``gate`` as for
+    a member that never comes (at most 60 s: a test that fails must not hang)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.created = threading.Event(), []
+
+    def Get_group(self):
+        return _Group()
+
+    def Create_group(self, group, tag):
+        self.created.append((group.ranks, tag))
+        self.gate.wait(60)
+        return MPI.COMM_NULL
+
+
+class _Group:
+    ranks = None
+
+    def Incl(self, ranks):
+        group = _Group()
+        group.ranks = list(ranks)
+        return group
+
+    def Free(self):
+        pass
+
+
+def _hvd_on(monkeypatch, comm, world):
+    """hvd's state as init leaves it on ``world`` (rank 0 of 2 on ``comm``)."""
+    from mpi_kvstore.horovod import basics
+    monkeypatch.setattr(basics, '_state', dict(
+        store=_Built({}), options={}, world=world, sets={0: basics.global_process_set},
+        next_id=1, comm=comm, rank=0, size=2, local=(0, 1), cross=(0, 2)))
+    return basics
+
+
+def test_add_process_set_on_an_elastic_world_ends_when_a_member_never_comes(monkeypatch,
+                                                                          tmp_path):
+    """A process set's communicator on an elastic world: Create_group (collective over the
+    set's members only, blocking in MPI) in a thread of its own, given up on at the world's
+    timeout with HorovodInternalError, the thread and the group it reads kept; nothing is
+    registered. A rank outside a set makes no MPI call for it."""
+    comm, world = _Members(), _world(tmp_path, deadline=60.0, timeout=0.3)
+    world.comm = comm
+    basics = _hvd_on(monkeypatch, comm, world)
+    before = abandoned.count()
+    started = time.monotonic()
+    try:
+        with pytest.raises(HorovodInternalError,
+                           match=r'the process set \[0, 1\]: no answer in 0\.3 s'):
+            basics.add_process_set([0, 1])
+        assert time.monotonic() - started >= 0.3   # the timeout, not the deadline (60 s)
+        assert comm.created == [([0, 1], 1)]   # the set's number is its tag
+        assert abandoned.count() == before + 3   # the thread, its result box, the group
+        assert list(basics._state['sets']) == [0] and basics._state['next_id'] == 1
+        outside = basics.add_process_set([1])
+        assert comm.created == [([0, 1], 1)] and outside._store is None
+        assert (outside.process_set_id, outside.included(), basics._state['next_id']) == (
+            1, False, 2)
+    finally:
+        comm.gate.set()
+
+
+def test_add_process_set_from_a_communicator_is_bounded_on_an_elastic_world(monkeypatch,
+                                                                           tmp_path):
+    """A set built from a communicator learns its members from one allgather on the world,
+    waited as the world waits (a peer that never comes: HorovodInternalError at the
+    world's timeout), not from a blocking one."""
+    comm, world = _Members(), _world(tmp_path, deadline=60.0, timeout=0.3)
+    world.comm = comm
+    basics = _hvd_on(monkeypatch, comm, world)
+    try:
+        with pytest.raises(HorovodInternalError,
+                           match=r"the process set's members: no answer in 0\.3 s"):
+            basics.add_process_set(basics.ProcessSet(MPI.COMM_SELF))
+        assert len(comm.pending) == 1 and comm.created == []
+        assert list(basics._state['sets']) == [0]
+    finally:
+        comm.release()
+
+
+def test_a_store_and_hvd_on_one_world_gather_its_hosts_once(monkeypatch, tmp_path):
+    """An elastic init or reset builds its stores (the host count) and places hvd's ranks
+    from ONE allgather of the hosts on the world's communicator (World.waiter's memo); a
+    communicator not the world's (a process set's) gathers its own, and a re-formed world's
+    new one gathers anew."""
+    world = _world(tmp_path)
+    world.comm = comm = _TwoRanks()
+    gathered = []
+
+    def allgather(self, obj):
+        gathered.append(self.comm)
+        return [obj, ('another host', [0])]
+    monkeypatch.setattr(topology._Polled, 'allgather', allgather)
+    config, why = topology.resolve(mpi_kvstore.Config(environ={}), comm, elastic=True,
+                                   wait=world.waiter("the store's build"))
+    assert why.startswith('mpi_kvstore: 2 hosts') and config.design == 'funneled'
+    assert topology.host_spread(comm, world.waiter("another store's build")) == (2, False)
+    assert topology.places(comm, world.waiter('the ranks on each host')) == (0, 1, 0, 2)
+    assert gathered == [comm]
+    subset = _TwoRanks()
+    for _ in range(2):
+        topology.host_spread(subset, world.waiter("a process set's store"))
+    assert gathered == [comm, subset, subset]
+    world.comm = again = _TwoRanks()   # what a re-forming does
+    for _ in range(2):
+        assert topology.places(again, world.waiter('the ranks on each host')) == (0, 1, 0, 2)
+    assert gathered == [comm, subset, subset, again]
+
+
+def test_a_failed_elastic_init_leaves_hvd_as_before_and_the_next_one_re_forms(monkeypatch,
+                                                                              tmp_path):
+    """An elastic init that fails after its world formed and its store was built (here a
+    HorovodInternalError injected where it places its ranks) leaves hvd uninitialized, its
+    store closed; the next init re-forms the same world (a first forming would meet
+    nobody) and runs: a world of one here, whose allreduce is its own values."""
+    import mxnet as mx
+
+    from mpi_kvstore.horovod import basics
+    from mpi_kvstore.store.kvstore import MPIKVStore
+    for name, value in ((rendezvous.DIR_ENV, str(tmp_path)), (rendezvous.SECRET_ENV, SECRET),
+                        (rendezvous.ID_ENV, '0'), (rendezvous.NP_ENV, '1')):
+        monkeypatch.setenv(name, value)
+    for name in (rendezvous.JOIN_ENV, rendezvous.MIN_NP_ENV, rendezvous.TIMEOUT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(basics, '_left_world', [])
+    closed, identify = [], basics._identify
+
+    def close(store):
+        closed.append(store)
+        real_close(store)
+    real_close = MPIKVStore.close
+    monkeypatch.setattr(MPIKVStore, 'close', close)
+
+    def failing(comm, wait=None):
+        monkeypatch.setattr(basics, '_identify', identify)   # once
+        raise HorovodInternalError('the ranks on each host: injected')
+    monkeypatch.setattr(basics, '_identify', failing)
+    with pytest.raises(HorovodInternalError, match='injected'):
+        basics.init()
+    assert basics._state == {} and not basics.is_initialized() and len(closed) == 1
+    assert basics.global_process_set._store is None
+    [(world, reform)] = basics._left_world
+    assert reform and world.generation == 0
+    try:
+        basics.init()
+        assert basics.elastic_world() is world and world.generation == 1
+        assert (basics.rank(), basics.size(), basics.store().num_workers) == (0, 1, 1)
+        import mpi_kvstore.horovod as hvd
+        got = hvd.allreduce(mx.nd.array([1.5, -2.0, 4.0]), op=hvd.Sum)
+        assert got.asnumpy().tolist() == [1.5, -2.0, 4.0]
+    finally:
+        basics.shutdown()
+    assert basics._left_world == [] and len(closed) == 2

@@ -155,9 +155,19 @@ def host_spread(comm, wait=None):
 def host_facts(comm, wait=None):
     """Collective, with no blocking MPI call: every rank's (host, sorted cores), in rank
     order, from one object allgather whose requests ``wait(request, keep)`` waits for (what
-    :func:`host_spread` and :func:`places` read)."""
+    :func:`host_spread` and :func:`places` read). A ``wait`` that carries a ``memo`` (an
+    elastic world's, World.waiter: ``get(comm)``, ``put(comm, facts)``) gathers them once a
+    communicator: an init or a reset builds its stores and places hvd's ranks from one
+    allgather. Every rank of ``comm`` asks alike, so all of them gather or none does."""
+    memo = getattr(wait, 'memo', None)
+    known = None if memo is None else memo.get(comm)
+    if known is not None:
+        return known
     host = os.environ.get(HOST_ENV) or MPI.Get_processor_name()
-    return _Polled(comm, wait).allgather((host, sorted(_cores())))
+    facts = _Polled(comm, wait).allgather((host, sorted(_cores())))
+    if memo is not None:
+        memo.put(comm, facts)
+    return facts
 
 
 def places(comm, wait=None):

@@ -45,7 +45,7 @@ from .exceptions import HorovodInternalError
 from .forming import ADMIT, REFUSED
 from .notices import NOTICE_EVERY, Notices
 
-__all__ = ['World']
+__all__ = ['World', 'HostMemo']
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class World(Notices):
         self.ids: list[int] = []
         self.hosts_seen = 0   # the number of the launcher's notice this world formed on
         self._forming: set[int] | None = None   # the members of the world being formed
+        self._hosts = HostMemo(self)
         self._init_notices()
 
     @classmethod
@@ -307,22 +308,32 @@ class World(Notices):
         abandoned.keep(world)   # the old one stays MPI's: a member lost later may hold it
         return merged, verdict
 
-    def bounded(self, call: Callable[[], Any], what: str) -> Any:
-        """``call()``, blocking MPI calls on the world (hvd's Split_type of the ranks by
-        host), in a thread of its own: HorovodInternalError once ``deadline`` seconds pass
-        or the launcher announces a worker lost (forming.call)."""
-        return forming.call(call, what, self._why(what, self.deadline))
+    def bounded(self, call: Callable[[], Any], what: str, deadline: float | None = None,
+                keep: tuple = ()) -> Any:
+        """``call()``, a blocking MPI call on the world (hvd's Create_group of a process
+        set, which MPI has in blocking form only), in a thread of its own: HorovodInternalError
+        once ``deadline`` seconds (default the world's) pass or the launcher announces a
+        worker lost, the thread and ``keep`` kept (forming.call)."""
+        return forming.call(call, what, self._why(what, self.deadline if deadline is None
+                                                  else deadline), keep=keep)
 
     def waiter(self, what: str, deadline: float | None = None) -> Callable[..., None]:
         """A wait ``wait(request, keep=())`` for the nonblocking requests of ``what`` on the
         world outside its forming (a store's build: its agreed options and host count):
         HorovodInternalError once the launcher announces a worker lost or ``deadline``
-        seconds (default the world's) pass from this call, ``request`` and ``keep`` kept."""
+        seconds (default the world's) pass from this call, ``request`` and ``keep`` kept.
+        It carries the world's ``memo`` of the hosts (topology.host_facts)."""
         failed = self._why(what, self.deadline if deadline is None else deadline)
 
         def wait(request: Any, keep: tuple = ()) -> None:
             forming.wait(request, failed, keep)
+        wait.memo = self._hosts   # type: ignore[attr-defined]
         return wait
+
+    def allgather_ints(self, value: int, what: str, deadline: float | None = None) -> list:
+        """Every worker's int ``value`` in rank order, waited as :meth:`waiter` waits."""
+        return forming.allgather_ints(self.comm, value, self._why(
+            what, self.deadline if deadline is None else deadline))
 
     def _reached(self, step: str) -> None:
         """A step of the forming reached ('joined', 'admitted', 'duplicated'; 'formed': the end
@@ -408,3 +419,32 @@ class World(Notices):
         """Rank 0's picklable ``obj`` on every worker (HorovodInternalError when a worker is
         lost)."""
         return forming.bcast(self.comm, obj, self._why('bcast', self.deadline))
+
+
+class HostMemo:
+    """The hosts and cores of the world's communicator of the moment, which
+    topology.host_facts gathers once for it (World.waiter hands this over): a store's build
+    counts the hosts from them and hvd's identification places its ranks by them, so an
+    init or a reset gathers them once, not once a store and again for hvd. Kept for the
+    world's communicator only: it is never freed (a re-forming abandons it), so its handle
+    never names another communicator later, as a freed process set's could."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._kept: tuple[Any, Any] | None = None   # (the communicator, its facts)
+
+    def get(self, comm: Any) -> Any:
+        """The facts gathered on ``comm``, if it is the world's communicator, else None."""
+        kept = self._kept
+        if kept is None or not self._current(comm) or comm != kept[0]:
+            return None
+        return kept[1]
+
+    def put(self, comm: Any, facts: Any) -> None:
+        """Keep ``facts``, gathered on ``comm``, if it is the world's communicator."""
+        if self._current(comm):
+            self._kept = (comm, facts)
+
+    def _current(self, comm):
+        world = self._world.comm
+        return world is not None and comm == world

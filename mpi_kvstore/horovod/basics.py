@@ -12,10 +12,11 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..comm import topology
+from ..comm import abandoned, topology
 from ..comm.mpiabi import MPI
 from ..comm.timeline import trace_path
 from ..config import launcher_local_rank
+from ..elastic.exceptions import HorovodInternalError
 from ..elastic.world import World
 from ..launch import rendezvous
 from ..store.job import lost_world
@@ -47,6 +48,8 @@ _NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
 _named_once: list[bool] = []   # the ignored HOROVOD_* variables are named once a process, not once an init
+# (world, whether to re-form it) that a failed init formed, for the next init (_undo)
+_left_world: list[tuple[Any, bool]] = []
 
 
 # -- init and the process sets ---------------------------------------------------------------
@@ -115,57 +118,107 @@ def init(comm: MPI.Comm | Iterable[int] | None = None,
     COMM_WORLD ranks), and one for each of ``process_sets``. Collective on COMM_WORLD (or on
     ``comm``). Store options (mpi_kvstore.config) may be given as keywords; the HOROVOD_*
     variables the store has a meaning for are honoured (docs/coming-from-horovod.md), and the
-    others named once in a log line. A second call while initialized does nothing."""
-    with _lock:
-        if _state.get('store') is not None:
-            return
-        world = None
-        if comm is None:
-            world = _elastic_world()
-            comm = MPI.COMM_WORLD if world is None else world.comm
-        elif not isinstance(comm, MPI.Comm):
-            ranks = sorted(int(r) for r in comm)
-            everyone = MPI.COMM_WORLD   # not an elastic world: ``world`` stays None
-            sub = everyone.Split(0 if everyone.Get_rank() in ranks else MPI.UNDEFINED,
-                                 everyone.Get_rank())
-            if sub == MPI.COMM_NULL:
-                raise ValueError('hvd.init(comm=%s): COMM_WORLD rank %d is not in it'
-                                 % (ranks, everyone.Get_rank()))
-            comm = sub
-        environ = os.environ
-        apply_log_level(environ)
-        env_options, ignored = environment_options(environ)
-        store_options = dict(env_options, **options)
-        store_options['average'] = False   # the store sums; averaging happens here
-        kv = MPIKVStore('dist_mpi', comm=comm, world=world, **store_options)
-        if kv.timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
-            kv.timeline.record_into(None)   # nothing is kept until start_timeline
-        _state.update(store=kv, options=store_options, world=world, sets={0: global_process_set},
-                      next_id=1)
-        # After the store, as reform_world (a newcomer's init meets the others' reset). On an
-        # elastic world bounded by the world's timeout, as the store's first build: its ranks
-        # may come to init apart.
-        _identify(comm, None if world is None else world.waiter('the ranks on each host',
-                                                                 world.timeout))
-        global_process_set._store = kv
-        global_process_set._stores = {}
-        if _state['rank'] == 0:
-            honoured = sorted(var for var in HONOURED if var in environ)
-            if honoured:
-                log.info('mpi_kvstore.horovod: honouring %s as store options %s',
-                         ', '.join(honoured), env_options)
-            if ignored and not _named_once:
-                _named_once.append(True)
-                log.warning('mpi_kvstore.horovod: these Horovod variables have no meaning '
-                            'here and are ignored: %s (docs/coming-from-horovod.md)',
-                            ', '.join(ignored))
+    others named once in a log line. A second call while initialized does nothing. An init
+    that raises leaves hvd as it found it (not initialized; what it made is closed), and a
+    later init may start again."""
     if isinstance(process_sets, str):
         if process_sets.lower() != 'dynamic':
             raise ValueError("hvd.init: process_sets is a list of ProcessSets or 'dynamic', "
                              'not %r' % (process_sets,))
         process_sets = ()   # add_process_set works without it here
-    for process_set in process_sets or ():
-        add_process_set(process_set)
+    with _lock:
+        if _state.get('store') is not None:
+            return
+        made = None   # the communicator init splits from a list of ranks, freed on a failure
+        world = None
+        try:
+            if comm is None:
+                world = _elastic_world()
+                comm = MPI.COMM_WORLD if world is None else world.comm
+            elif not isinstance(comm, MPI.Comm):
+                made = comm = _split(comm)
+            _start(comm, world, options)
+        except BaseException as err:
+            _undo(world, made, err)
+            raise
+    try:
+        for process_set in process_sets or ():
+            add_process_set(process_set)
+    except BaseException as err:
+        with _lock:
+            _undo(world, made, err)
+        raise
+
+
+def _split(ranks: Iterable[int]) -> MPI.Comm:
+    """init's communicator of the COMM_WORLD ranks ``ranks`` (not an elastic world)."""
+    ranks = sorted(int(r) for r in ranks)
+    everyone = MPI.COMM_WORLD
+    sub = everyone.Split(0 if everyone.Get_rank() in ranks else MPI.UNDEFINED,
+                         everyone.Get_rank())
+    if sub == MPI.COMM_NULL:
+        raise ValueError('hvd.init(comm=%s): COMM_WORLD rank %d is not in it'
+                         % (ranks, everyone.Get_rank()))
+    return sub
+
+
+def _start(comm: MPI.Comm, world: Any, options: dict) -> None:
+    """init's store on ``comm`` (on ``world``, an elastic one, or None) and its ranks, into
+    the state."""
+    environ = os.environ
+    apply_log_level(environ)
+    env_options, ignored = environment_options(environ)
+    store_options = dict(env_options, **options)
+    store_options['average'] = False   # the store sums; averaging happens here
+    kv = MPIKVStore('dist_mpi', comm=comm, world=world, **store_options)
+    global_process_set._store, global_process_set._stores = kv, {}
+    _state.update(store=kv, options=store_options, world=world, sets={0: global_process_set},
+                  next_id=1)
+    if kv.timeline is not None and environ.get('HOROVOD_TIMELINE', '').upper() == 'DYNAMIC':
+        kv.timeline.record_into(None)   # nothing is kept until start_timeline
+    # After the store, as reform_world (a newcomer's init meets the others' reset). On an
+    # elastic world bounded by the world's timeout, as the store's first build: its ranks
+    # may come to init apart.
+    _identify(comm, None if world is None else world.waiter('the ranks on each host',
+                                                             world.timeout))
+    if _state['rank'] == 0:
+        honoured = sorted(var for var in HONOURED if var in environ)
+        if honoured:
+            log.info('mpi_kvstore.horovod: honouring %s as store options %s',
+                     ', '.join(honoured), env_options)
+        if ignored and not _named_once:
+            _named_once.append(True)
+            log.warning('mpi_kvstore.horovod: these Horovod variables have no meaning '
+                        'here and are ignored: %s (docs/coming-from-horovod.md)',
+                        ', '.join(ignored))
+
+
+def _undo(world: Any, made: Any, err: BaseException) -> None:
+    """After a failed init: close every store it made, free the communicator it split, and
+    leave the state as before the call. An elastic world it formed is kept for the next
+    init (forming a first world again would meet nobody): re-formed there when the failure
+    was the world's (HorovodInternalError: a worker lost, or a wait past its deadline, may
+    have left requests pending on its communicator), reused as it is otherwise."""
+    sets = [global_process_set, *(p for i, p in _state.get('sets', {}).items() if i != 0)]
+    _state.clear()
+    for process_set in sets:
+        for store in [process_set._store, *process_set._stores.values()]:
+            if store is not None:
+                try:
+                    store.close()
+                except Exception as failed:   # the error init raises says more
+                    log.info('mpi_kvstore.horovod: closing %r after a failed init: %s',
+                             store, failed)
+        process_set._store, process_set._stores = None, {}
+        if process_set is not global_process_set:
+            process_set.process_set_id = None
+    global_process_set.ranks = []
+    if made is not None:
+        made.Free()
+    if world is not None and world.comm is not None:
+        _left_world[:] = [(world, isinstance(err, HorovodInternalError))]
+        log.warning('mpi_kvstore.horovod: init failed (%s); the next init %s', err,
+                    're-forms its world' if _left_world[0][1] else 'goes on with its world')
 
 
 def _identify(comm: MPI.Comm, wait: Any = None) -> None:
@@ -191,9 +244,20 @@ def _identify(comm: MPI.Comm, wait: Any = None) -> None:
 
 
 def _elastic_world() -> Any:
-    """The world of ``python -m mpi_kvstore run --elastic``, formed (None outside it)."""
+    """The world of ``python -m mpi_kvstore run --elastic``, formed (None outside it): the
+    one a failed init left (_undo), re-formed if it must be, or a first one."""
     if not os.environ.get(rendezvous.DIR_ENV):
         return None
+    if _left_world:
+        world, reform = _left_world.pop()
+        if reform:
+            try:
+                world.reform(wait_for_loss=bool(world.lost_ids))
+            except HorovodInternalError:   # lost again: the init after this one tries anew
+                _left_world.append((world, True))
+                raise
+            world.settled()   # no store to reset: the failed init closed its own
+        return world
     world = World.from_environment()
     world.form()
     return world
@@ -250,16 +314,21 @@ def _require_init() -> None:
 def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
     """Register a process set (a ProcessSet or a list of ranks) and return it: a
     sub-communicator and a store on it for its members. Collective on every process, as
-    in Horovod; the same ranks twice raise ValueError."""
+    in Horovod; the same ranks twice raise ValueError. On an elastic world every wait of it
+    ends with HorovodInternalError once a worker is lost or the world's timeout passes (as
+    init's), and only the set's members make its communicator."""
     _require_init()
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    comm = _state['comm']
-    me = _state['rank']
+    comm, me, world = _state['comm'], _state['rank'], _state.get('world')
     if process_set.ranks is None:   # built from a communicator: learn its members
         inside = process_set.mpi_comm != MPI.COMM_NULL
-        members = comm.allgather(me if inside else None)
-        process_set.ranks = [r for r in members if r is not None]
+        if world is None:
+            members = comm.allgather(me if inside else None)
+        else:
+            members = world.allgather_ints(me if inside else -1, "the process set's members",
+                                           world.timeout)
+        process_set.ranks = [r for r in members if r is not None and r >= 0]
     bad = [r for r in process_set.ranks if not 0 <= r < _state['size']]
     if bad or not process_set.ranks or len(set(process_set.ranks)) != len(process_set.ranks):
         raise ValueError('add_process_set: ranks %s must be distinct ranks in [0, %d)'
@@ -269,15 +338,47 @@ def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
             if known is not process_set and known.ranks == process_set.ranks:
                 raise ValueError('add_process_set: a process set of ranks %s exists already: %s'
                                  % (process_set.ranks, known))
-    sub = comm.Split(0 if me in process_set.ranks else MPI.UNDEFINED, me)
+        number = _state['next_id']
+    if world is None:
+        sub = comm.Split(0 if me in process_set.ranks else MPI.UNDEFINED, me)
+    else:
+        sub = _members_comm(world, comm, process_set.ranks, number)
     if sub != MPI.COMM_NULL:
-        process_set._store = MPIKVStore('dist_mpi', comm=sub, **_store_options())
+        try:
+            process_set._store = MPIKVStore('dist_mpi', comm=sub, **_store_options())
+        except BaseException:
+            if world is None:
+                sub.Free()
+            else:   # the build's requests given up on may still be pending on it
+                abandoned.keep(sub)
+            raise
         sub.Free()   # the store keeps its own duplicate
     with _lock:
-        process_set.process_set_id = _state['next_id']
-        _state['next_id'] += 1
-        _state['sets'][process_set.process_set_id] = process_set
+        process_set.process_set_id = number
+        _state['next_id'] = number + 1
+        _state['sets'][number] = process_set
     return process_set
+
+
+def _members_comm(world: Any, comm: MPI.Intracomm, ranks: list[int], number: int) -> MPI.Comm:
+    """The communicator of the process set ``ranks`` of ``comm`` on an elastic world
+    (COMM_NULL outside it). Create_group is collective over the set's members only (a
+    Split, over every rank, would wait for a worker outside the set too), and MPI has it in
+    blocking form only: it runs in a thread of its own (World.bounded), which a lost worker
+    or the world's timeout gives up on, with the group it reads. One so left blocks no later
+    communicator (MPICH 5.0.2): survivors that gave up on a set with a lost worker re-form
+    their world (tests/test_hvd_elastic_sets.py), and 2 of 3 mpiexec ranks that gave up on
+    one their third never joined then made an Idup, a Create_group, a Split and a Dup."""
+    if comm.Get_rank() not in ranks:
+        return MPI.COMM_NULL
+    everyone = comm.Get_group()
+    group = everyone.Incl(ranks)
+    everyone.Free()
+    # the tag tells the set apart from one made at once on the same communicator
+    sub = world.bounded(lambda: comm.Create_group(group, tag=number),
+                        'the process set %s' % (ranks,), world.timeout, keep=(group,))
+    group.Free()
+    return sub
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
