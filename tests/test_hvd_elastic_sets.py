@@ -5,11 +5,11 @@ scenarios/hvd_elastic_sets.py):
 - 3 workers: a set of ranks [0, 2] and one built from a communicator of ranks 1 and 2 sum
   each member's values as numpy does; init gathers the hosts on the world once, for its
   store and for hvd's ranks alike, and a reset of the world once again;
-- 3 workers, worker 2 SIGKILLed as the others enter add_process_set([0, 2]): rank 0's
-  Create_group of the set (blocking in MPI) waits for it in a thread of its own, which the
-  announced loss ends with HorovodInternalError, not the world's timeout (rank 1, outside
-  the set, makes no MPI call); the survivors re-form the world, where
-  allreduce and a set of one sum right.
+- 3 workers, worker 2 SIGKILLed 1 s after the others enter add_process_set([0, 2]): rank
+  0's Create_group of the set (blocking in MPI) waits for it in a thread of its own, which
+  the announced loss ends with HorovodInternalError, not the world's timeout (rank 1, outside
+  the set, makes no MPI call); the survivors re-form the world past the abandoned
+  Create_group, and allreduce and a set of one sum right there.
 """
 import os
 import re

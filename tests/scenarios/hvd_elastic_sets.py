@@ -8,7 +8,7 @@ ranks 1 and 2 allreduce (Sum) each rank's values; each rank prints its sums. It 
 how many times the hosts were gathered on the world's communicator (topology.host_facts'
 allgather) by init and by a reset of the whole world (basics.reform_world): once each.
 
-With --die-id J (J > 0, 3 workers): worker J SIGKILLs itself as the others enter
+With --die-id J (J > 0, 3 workers): worker J SIGKILLs itself 1 s after the others enter
 add_process_set([0, J]): rank 0 prints the HorovodInternalError it ends with and the seconds
 it took (the rank outside the set returns at once); both re-form the world without J and
 allreduce (Sum) their values over it, and rank 1 over a set of its own.
@@ -82,8 +82,9 @@ if args.die_id is None:
     print('worker %d: reset, rank %d of %d, hosts gathered %d time(s) by the reset'
           % (world.id, hvd.rank(), hvd.size(), len(gathered) - before), flush=True)
 else:
-    if world.id == args.die_id:
+    if world.id == args.die_id:   # while rank 0 waits in the set's Create_group for it
         print('worker %d: dies before add_process_set' % world.id, flush=True)
+        time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
     started = time.monotonic()
     try:
