@@ -42,3 +42,24 @@ def test_renewed_carries_nothing_that_happened():
     assert (again.error, again.done, again.seq, again.view, again.waiter) == (None, False, -1,
                                                                                None, None)
     assert used.error is not None and used.done
+
+
+def test_again_is_renewed_numbered_and_waited_on():
+    """Collective.again (the chained design's repeat, Chained.again) is renewed(), then
+    number() and wait_with(), in one: every attribute equal, the model untouched."""
+    array = mx.nd.ones((4, 3))
+    model = Collective(*_args(array))
+
+    def waiter(req, timeout):
+        return True
+
+    made = model.renewed()
+    made.number(9, -4)
+    made.wait_with(waiter)
+    new = model.again(9, -4, model.numbered_sig(-4), waiter)
+    for name in ATTRS:
+        assert getattr(new, name) == getattr(made, name), name
+    assert new.array is array and new.sig != model.sig and new.waiter is waiter
+    assert model.seq == -1 and model.sig == Collective(*_args(array)).sig   # model untouched
+    with pytest.raises(RuntimeError, match='already numbered'):
+        new.number(10, -4)

@@ -165,17 +165,28 @@ class Collective:
         work without its argument binding, checks and signature (issue 43). ``array``: one
         of the same shape, dtype and place in its array's stead (an out-of-place call's new
         copy, store/collectives.py)."""
+        return self.again(-1, self._priority, self._sig, None, array)
+
+    def numbered_sig(self, priority):
+        """The signature :meth:`number` gives this unnumbered request at ``priority``."""
+        return (self._sig * 31 + priority) % SIG_LIMIT
+
+    def again(self, seq, priority, sig, waiter, array=None):
+        """:meth:`renewed`, then :meth:`number` (``sig``: :meth:`numbered_sig` of
+        ``priority``, which the caller keeps) and :meth:`wait_with`, in one function: a
+        chained design's prepared call repeated (designs/chained.py, Chained.again).
+        :meth:`renewed` is this with the model's own seq (-1), priority and signature."""
         new = _blank(Collective)
         new._kind, new._key, new._fn, new._dtype = self._kind, self._key, self._fn, self._dtype
         new._shape, new._nbytes, new._root = self._shape, self._nbytes, self._root
         new._array = self._array if array is None else array
-        new._place, new._unit, new._sig, new._average = (self._place, self._unit, self._sig,
+        new._place, new._unit, new._sig, new._average = (self._place, self._unit, sig,
                                                          self._average)
         new._codec, new._shard, new._in_place, new._mirror = (self._codec, self._shard,
                                                               self._in_place, self._mirror)
-        new._seq, new._priority, new._done = -1, self._priority, False
-        new._scratch = new._completion = new._result = new._error = new._waiter = None
-        new._view = self._view
+        new._seq, new._priority, new._done = seq, priority, False
+        new._scratch = new._completion = new._result = new._error = None
+        new._waiter, new._view = waiter, self._view
         return new
 
     # -- set once, on the user's thread --------------------------------------

@@ -70,6 +70,13 @@ class Design(abc.ABC):
                 timeline.pushed(req)
         self._submit(reqs, priority)
 
+    def again(self, prepared, models, priority, pending):
+        """A prepared call (engine.records.Prepared) repeated, in one function where the
+        design has one for it (store/job.py, Job.again): its requests renewed from
+        ``models`` (Collective.renewed), numbered, entered in ``pending`` and handed over
+        as :meth:`submit` would -> True; False: nothing done, submit them the general way."""
+        return False
+
     @abc.abstractmethod
     def _submit(self, reqs, priority):
         """Hand the numbered requests to the design's own scheduling."""

@@ -29,6 +29,7 @@ _WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the r
 
 
 _FOLLOW_NAME = b'mpi_kvstore'   # what push_native names an op by default, encoded
+_LINKED = (('fuse', 'linked'),)  # debug.count_all's key: a plain dict bump a linked call
 
 
 class _Kept:
@@ -37,11 +38,14 @@ class _Kept:
     priority is in the signatures the plan is keyed by), the op's encoded name, and its
     last two ops, whose records the next calls take again once reaped (ChainedOp.again)."""
 
-    __slots__ = ('plan', 'priority', 'name', 'op', 'spare')
+    __slots__ = ('plan', 'priority', 'name', 'op', 'spare', 'models', 'sigs')
 
     def __init__(self, plan, priority, name):
         self.plan, self.priority, self.name = plan, priority, engine.encoded(name)
         self.op = self.spare = None
+        # the models Chained.again renews requests from, and their signatures numbered at
+        # ``priority`` (Collective.numbered_sig)
+        self.models = self.sigs = None
 
 
 class Chained(Design):
@@ -123,25 +127,20 @@ class Chained(Design):
                 kept = prepared.kept = _Kept(plan_, priority, op_name(reqs[0].kind))
             plan_ = kept.plan
             if plan_ is not None:
-                op = kept.op
-                if op is not None and op.reaped:
-                    op.again(plan_, reqs)
-                else:
-                    # the last op may wait to be reaped behind its burst's leader, whose
-                    # thread marks it done after the engine's completion: two are kept
-                    spare, kept.spare = kept.spare, op
-                    if spare is not None and spare.reaped:
-                        op = kept.op = spare.again(plan_, reqs)
-                    else:
-                        op = kept.op = records.ChainedOp(plan_, reqs, prepared.arrays,
-                                                         self._in_python)
-                self._push(op, plan_, reqs, priority, kept.name)
+                wait = self._wait
+                for req in reqs:
+                    req.wait_with(wait)
+                self._push(self._kept_op(kept, prepared, reqs), plan_, reqs, priority,
+                           kept.name)
                 return
             arrays = prepared.arrays
         else:
             arrays = [r.array for r in reqs if r.array is not None]
             plan_ = self._plan(reqs, arrays) if self._native else None
             if plan_ is not None:
+                wait = self._wait
+                for req in reqs:
+                    req.wait_with(wait)
                 op = records.ChainedOp(plan_, reqs, arrays, self._in_python)
                 self._push(op, plan_, reqs, priority, engine.encoded(op_name(reqs[0].kind)))
                 return
@@ -150,16 +149,62 @@ class Chained(Design):
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
 
+    def again(self, prepared, models, priority, pending):
+        """A prepared call repeated (Design.again) at the priority its kept plan was made
+        for: requests renewed from ``models`` numbered and waited on here
+        (Collective.again), entered in ``pending``, and the kept op pushed as
+        :meth:`_submit` pushes it, without Design.submit's and _submit's general paths.
+        False where nothing is kept for it yet (its first calls, another priority, a
+        Python op): Job submits it the general way, which keeps it."""
+        kept = prepared.kept
+        if (kept is None or kept.priority != priority or kept.plan is None
+                or prepared.owner is not self):
+            return False
+        if kept.models is not models:   # signatures numbered once, not once a call
+            kept.sigs = [model.numbered_sig(priority) for model in models]
+            kept.models = models
+        wait, seq, sigs = self._wait, self._seq, kept.sigs
+        if len(models) == 1:   # a key alone, the common call: no loop
+            at = next(seq)
+            reqs = [models[0].again(at, priority, sigs[0], wait)]
+        else:
+            reqs = []
+            for model, sig in zip(models, sigs):
+                at = next(seq)
+                reqs.append(model.again(at, priority, sig, wait))
+        self.pushed = at + 1
+        pending.extend(reqs)
+        self._push(self._kept_op(kept, prepared, reqs), kept.plan, reqs, priority, kept.name)
+        return True
+
+    def _kept_op(self, kept, prepared, reqs):
+        """The op of a prepared call's ``reqs``: a kept op's record taken again once
+        reaped (ChainedOp.again), else a new one, kept."""
+        op = kept.op
+        if op is not None and op.reaped:
+            return op.again(kept.plan, reqs)
+        # the last op may wait to be reaped behind its burst's leader, whose thread marks
+        # it done after the engine's completion: two are kept
+        spare, kept.spare = kept.spare, op
+        if spare is not None and spare.reaped:
+            op = kept.op = spare.again(kept.plan, reqs)
+        else:
+            op = kept.op = records.ChainedOp(kept.plan, reqs, prepared.arrays, self._in_python)
+        return op
+
     def _push(self, op, plan_, reqs, priority, name):
-        """Push the native ``op`` of ``reqs`` (its plan ``plan_``; ``name``: encoded)."""
-        wait = self._wait
-        for req in reqs:
-            req.wait_with(wait)
+        """Push the native ``op`` of ``reqs`` (its plan ``plan_``; ``name``: encoded),
+        whose requests wait with :meth:`_wait`."""
         inflight = self._inflight
         prev = inflight[-1] if inflight else None
         pending = prev is not None and not prev.done
+        # The ops caught up once no walk can take this call: prev's walk closed its link
+        # (fuse._run_chained_body), which it does before completing; an op is DONE only
+        # after its engine completion, which already woke the caller's wait, so in a
+        # loop of burst-then-wait DONE alone lags, and one busy call stopped all fusing.
+        walking = pending and prev.record[layout.NEXT] != layout.CLOSED
         inflight.append(op)
-        if not pending:
+        if not walking:
             self._probing = True
         elif (plan_.leads and self._probing and prev is self._tail
               and prev.record[layout.LEADS]):
@@ -169,13 +214,13 @@ class Chained(Design):
             # later on MXNet's compute worker, doing nothing, and the call goes on as a
             # chained op, which waits for it: one such a burst (the gradients of a
             # backward pass still being computed), until the ops catch up.
-            op.pushed_from(_pthread_self(), priority)
+            op.pushed_from(_pthread_self(), priority, prev)
             engine.push_inline(self._follow_fn, op.param, plan_.follow_handles, 0,
                                _FOLLOW_NAME)
-            if op.started:
-                if op.link_after(prev):
+            if op.record[layout.STARTED]:
+                if op.linked_after(prev):   # its follow op linked it (fuse.follow)
                     self._tail = op
-                    debug.count('fuse', 'linked')
+                    debug.count_all(_LINKED)
                     return
                 op.let_go()       # the walk ended before the link: a chained op
             else:

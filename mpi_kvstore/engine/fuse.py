@@ -12,8 +12,9 @@ compiled pieces (the records' pointers, MPI calls, the hand-over to Python):
 - ``follow``: the op of a call made while the op before it is pending, pushed with the
   call's arrays only, so that it runs at once exactly when nothing else reads or writes
   them (kAsync, on the pushing thread). There it records its completion, marks the call
-  STARTED and returns, holding the arrays: the design then links the call after the one
-  before it (:func:`link`), and the walk of that burst runs it. Where it does not run at
+  STARTED, links it after the op before it (AFTER) by compare-and-swap, and returns,
+  holding the arrays: the walk of that burst runs it (where that walk ended first, it
+  closed the link, and the design sees the call unlinked). Where it does not run at
   once it completes when it runs, doing nothing, and the design pushes the call as a
   ``run_chained`` op, which that one precedes.
 
@@ -53,7 +54,7 @@ from .native import (
     _take_pointers,
 )
 
-__all__ = ['address', 'link']
+__all__ = ['address']
 
 # The entry points compile in native.py's functions and what they compile in: their cache
 # is keyed by all of that source and this file's (native.py says why).
@@ -77,13 +78,6 @@ def _cas(typingctx, address, expected, new):
         pair = builder.cmpxchg(word, args[1], args[2], 'seq_cst', 'seq_cst')
         return builder.extract_value(pair, 0)
     return sig, codegen
-
-
-@numba.njit(cache=True)
-def link(address, new):
-    """Store ``new`` at ``address`` if it holds 0 -> whether it did (Python's side of a
-    link: a walk that closed it first wins)."""
-    return _cas(address, 0, new) == 0
 
 
 @numba.njit
@@ -326,6 +320,11 @@ def _entry_points(key):
         if _call_self(_table_of(head)[L.F_PTHREAD_SELF], ()) == head[L.PUSHER]:
             head[L.CALLBACK], head[L.ENGINE], head[L.PARAM] = done[0], done[1], done[2]
             head[L.STARTED] = 1
+            # linked here rather than by a second call from Python (a numba dispatch costs
+            # a repeated call ~0.7 us): STARTED is set first, the walk takes it once linked
+            after = head[L.AFTER]
+            if after != 0:
+                _cas(after + 8 * L.NEXT, 0, head[L.SELF])
             return
         _call_void_3(done[0], (done[1], done[2], 0))
 

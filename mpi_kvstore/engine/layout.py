@@ -70,8 +70,9 @@ HEADER_DTYPE = np.dtype([
     # flag, as progress.poll's scratch box holds them
     ('request', _I64), ('flag', _I64), ('status', _I64, 8),
     # pthread_self() of the thread that pushed a chained op inline-when-ready (0: pushed
-    # to the priority worker), and the call's priority, for a re-push.
-    ('pusher', _I64), ('priority', _I64),
+    # to the priority worker), and the call's priority, for a re-push; the op a call's
+    # follow op links it after where it runs at once (its record's address; 0: none).
+    ('pusher', _I64), ('priority', _I64), ('after', _I64),
     # Fusing a burst (fuse.py): the next op linked after this one (its record's address; 0:
     # none yet, CLOSED: the walk of its burst ended there, none may link); whether this op
     # may lead a burst (one allreduce bucket); whether its engine op was pushed without the
@@ -131,11 +132,11 @@ HEADER, SLOT, BSLOT, TABLE = (d.itemsize // 8 for d in (
     HEADER_DTYPE, ARRAY_DTYPE, BUCKET_DTYPE, TABLE_DTYPE))
 (STATE, CALLBACK, ENGINE, PARAM, COUNT, EVENTFD, SELF, ONE, COMM, SIZE, NBUCKETS, STAGE,
  BUCKET, ERRCODE, MSGLEN, FNS, MSG, MINE, POLL_US, PROGRESS_US, REQUEST, FLAG, STATUS,
- PUSHER, PRIORITY, NEXT, LEADS, STARTED, HOLD, ABSORBED, FUSED, FUSE_BUF,
+ PUSHER, PRIORITY, AFTER, NEXT, LEADS, STARTED, HOLD, ABSORBED, FUSED, FUSE_BUF,
  FUSE_CAP) = _words(
     HEADER_DTYPE, 'state', 'callback', 'engine', 'param', 'count', 'eventfd', 'self', 'one',
     'comm', 'size', 'nbuckets', 'stage', 'bucket', 'errcode', 'msglen', 'fns', 'msg', 'mine',
-    'poll_us', 'progress_us', 'request', 'flag', 'status', 'pusher', 'priority', 'next',
+    'poll_us', 'progress_us', 'request', 'flag', 'status', 'pusher', 'priority', 'after', 'next',
     'leads', 'started', 'hold', 'absorbed', 'fused', 'fuse_buf', 'fuse_cap')
 # Within an array's slot; A_DEVICE holds device_type (low half) and device_id.
 A_HANDLE, A_MANAGED, A_TENSOR, A_DATA, A_DEVICE, A_OFFSET, A_NBYTES = _words(

@@ -95,9 +95,8 @@ def run_chained_address():
 
 
 def follow_address():
-    """The address of the op of a call that a burst's walk may run (fuse.py); fuse.link,
-    which Python calls to link it, compiled (or loaded) now, not at a burst's first call."""
-    fuse.link.compile('(int64, int64)')
+    """The address of the op of a call that a burst's walk may run (fuse.py), which also
+    links it after the op before it."""
     return fuse.address('follow')
 
 
@@ -309,20 +308,25 @@ class ChainedOp(NativeOp):
         words = self.record[L.MSG:L.MSG + L.MESSAGE_WORDS]
         return words.view(np.int32)[:self.record[L.MSGLEN]].copy()
 
-    def pushed_from(self, thread, priority):
+    def pushed_from(self, thread, priority, after=None):
         """Pushed inline-when-ready from ``thread`` (pthread_self): on another thread the
-        op goes on from the priority worker, at ``priority``."""
-        self.record[L.PUSHER], self.record[L.PRIORITY] = thread, priority
+        op goes on from the priority worker, at ``priority``; ``after``: the op its follow
+        op links it after where it runs at once (then :meth:`linked_after` tells)."""
+        rec = self.record
+        rec[L.PUSHER], rec[L.PRIORITY] = thread, priority
+        rec[L.AFTER] = 0 if after is None else after._address
+
+    def linked_after(self, earlier):
+        """Whether its follow op linked it after ``earlier`` (pushed_from's ``after``):
+        False where that one's walk closed the link first (then :meth:`let_go`, and push
+        it as a chained op). ``earlier``'s link is this op's once set: only the next call's
+        op links there, and a walk only closes a link that is 0."""
+        return earlier.record[L.NEXT] == self._address
 
     @property
     def started(self):
         """Its ``follow`` op ran at once: it holds the arrays for a burst's walk (fuse.py)."""
         return self.record[L.STARTED] != 0
-
-    def link_after(self, earlier):
-        """Link it after ``earlier``, whose walk runs it -> False where that walk ended
-        first (then :meth:`let_go`, and push it as a chained op)."""
-        return fuse.link(earlier._address + 8 * L.NEXT, self._address)
 
     def let_go(self):
         """Complete its ``follow`` op, which holds its arrays, that no walk will run."""

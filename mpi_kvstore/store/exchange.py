@@ -127,10 +127,10 @@ class Exchange:
             errors.raise_pending()
         debug.count_all(_HITS[entry.call])
         models = entry.models
-        # a key alone (the common call) without a comprehension's frame
-        reqs = Batch([models[0].renewed()] if len(models) == 1
-                     else [model.renewed() for model in models])
-        reqs.prepared = entry.prepared
+        if loop is None and not staged:   # the common call: renewed by the job or design
+            job.again(entry.prepared, models, priority)
+            return True
+        reqs = Batch.renewed(models, entry.prepared)
         if loop is not None:
             gate.hold_loop(loop, key, reqs, priority)
             return True
@@ -188,8 +188,7 @@ class Exchange:
                 self._prepare(entry, priority, codec)
             return not optimizer
         debug.count('fastpath', 'hit')
-        reqs = Batch([model.renewed() for model in entry.models])
-        reqs.prepared = entry.prepared
+        reqs = Batch.renewed(entry.models, entry.prepared)
         for plan in entry.staged:
             plan.stage()
         self._job.submit(reqs, priority)

@@ -40,6 +40,7 @@ from ..faults.abort import install_abort_hook
 from ..faults.stall import StallInspector
 from .contract import check_priority
 from .deferred import DeferredErrors
+from .namecache import Batch
 
 __all__ = ['Job', 'jobs_on', 'lost_world', 'on_world_lost']
 
@@ -121,6 +122,23 @@ class Job:
                 self.design.submit(reqs, priority)
         if self.design.synchronous:
             self.errors.raise_pending()
+
+    def again(self, prepared, models, priority):
+        """:meth:`submit` of a prepared call repeated (store/exchange.py, Exchange.again):
+        its requests renewed from ``models``, by the design's one function where it has one
+        for the call (Design.again), else made here and submitted. On an elastic world the
+        general path, which holds the drain's lock (_pushing)."""
+        if self._pushing is None and not self.closed:
+            design = self.design
+            design.reap()
+            pending = self.pending
+            while pending and pending[0].done:
+                pending.popleft()
+            if design.again(prepared, models, priority, pending):
+                if design.synchronous:
+                    self.errors.raise_pending()
+                return
+        self.submit(Batch.renewed(models, prepared), priority)
 
     def pending_now(self):
         """The collectives not finished yet (the stall inspector's thread asks)."""

@@ -100,6 +100,15 @@ class Batch(list):
 
     __slots__ = ('prepared',)
 
+    @classmethod
+    def renewed(cls, models, prepared):
+        """The requests of a prepared call repeated: each of ``models`` renewed
+        (Collective.renewed); a key alone (the common call) without a comprehension."""
+        reqs = cls([models[0].renewed()] if len(models) == 1
+                   else [model.renewed() for model in models])
+        reqs.prepared = prepared
+        return reqs
+
 
 class Replay:
     """A push or pushpull call already checked and planned (:class:`CallCache`), and what
