@@ -24,22 +24,35 @@ N = 64
 
 
 @pytest.fixture
-def store():
-    kv = mpi_kvstore.create('dist_mpi', autotune='0')
-    submitted = []
-    job = kv._job
+def kv():
+    store = mpi_kvstore.create('dist_mpi', autotune='0')
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _submitted(kv, call):
+    """call() made on the full path, and the requests it submitted (Job.submit, each of
+    them numbered by the design)."""
+    job, found = kv._job, []
     submit = job.submit
 
     def recorded(reqs, priority):
-        submitted.append(list(reqs))
+        found.extend(reqs)
         return submit(reqs, priority)
 
     job.submit = recorded
     try:
-        yield kv, submitted
+        return call(), found
     finally:
         del job.submit
-        kv.close()
+
+
+def _last(kv, count=1):
+    """The requests of the call just made: the job enters them last in its pending, by
+    Job.submit or Job.again (which may renew them in the design: Design.again)."""
+    return list(kv._job.pending)[-count:]
 
 
 def _same(now, first, array=True):
@@ -55,39 +68,35 @@ def _values(step, k=0):
 
 
 @pytest.mark.parametrize('mean', [False, True])
-def test_again_submits_what_the_first_call_did(store, mean):
-    kv, submitted = store
+def test_again_submits_what_the_first_call_did(kv, mean):
     x = mx.nd.zeros((N,))
     x[:] = _values(0)
-    kv.collectives.allreduce(['a'], [x], average=mean)
-    first = submitted[-1][0]
+    _, (first,) = _submitted(kv, lambda: kv.collectives.allreduce(['a'], [x], average=mean))
     before = debug.snapshot()
     for step in range(1, 4):
         x[:] = _values(step)
         assert kv.collectives.again('a', x, mean)
         np.testing.assert_array_equal(x.asnumpy(), _values(step))
-        _same(submitted[-1][0], first)
+        _same(_last(kv)[0], first)
     assert debug.since(before, 'fastpath') == {'hit': 3}
     assert debug.since(before, 'named') == {'hit': 3}
     assert not kv.collectives.again('a', x, not mean)   # another reduction: the full path
     assert not kv.collectives.again('a', mx.nd.zeros((N,)), mean)   # another array
 
 
-def test_again_group_submits_what_the_first_call_did(store):
-    kv, submitted = store
+def test_again_group_submits_what_the_first_call_did(kv):
     xs = [mx.nd.zeros((N + k,)) for k in range(3)]
     names = ['g.%d' % k for k in range(3)]
     for k, x in enumerate(xs):
         x[:] = _values(0, k)[:1].repeat(N + k)
-    kv.collectives.allreduce(names, xs, group='g')
-    firsts = [reqs[0] for reqs in submitted[-3:]]
+    _, firsts = _submitted(kv, lambda: kv.collectives.allreduce(names, xs, group='g'))
+    assert len(firsts) == 3
     before = debug.snapshot()
     for step in range(1, 3):
         for k, x in enumerate(xs):
             x[:] = float(step * 10 + k)
         assert kv.collectives.again_group('g', xs, False)
-        now = submitted[-1]
-        assert len(now) == 3
+        now = _last(kv, 3)
         for req, first in zip(now, firsts):
             _same(req, first)   # the signature as the first call's: numbered once
         for k, x in enumerate(xs):
@@ -97,18 +106,16 @@ def test_again_group_submits_what_the_first_call_did(store):
     assert not kv.collectives.again_group('g', xs[:2], False)
 
 
-def test_again_copy_submits_what_the_first_call_did_into_a_new_array(store):
-    kv, submitted = store
+def test_again_copy_submits_what_the_first_call_did_into_a_new_array(kv):
     x = mx.nd.array(_values(0))
-    out = kv.collectives.allreduce_copy('c', x, True)
-    first = submitted[-1][0]
+    out, (first,) = _submitted(kv, lambda: kv.collectives.allreduce_copy('c', x, True))
     assert first.array is out
     before = debug.snapshot()
     outs = []
     for step in range(1, 4):
         x[:] = _values(step)
         outs.append(kv.collectives.allreduce_copy('c', x, True))
-        now = submitted[-1][0]
+        now, = _last(kv)
         _same(now, first, array=False)
         assert now.array is outs[-1] and outs[-1] is not x
     for step, got in enumerate(outs, 1):   # each call's copy, its own values
@@ -118,8 +125,7 @@ def test_again_copy_submits_what_the_first_call_did_into_a_new_array(store):
     assert debug.since(before, 'fastpath') == {'hit': 3}
 
 
-def test_an_out_of_place_record_keeps_no_input_alive(store):
-    kv, _ = store
+def test_an_out_of_place_record_keeps_no_input_alive(kv):
     x = mx.nd.array(_values(0))
     for _ in range(2):
         kv.collectives.allreduce_copy('c', x, False).wait_to_read()

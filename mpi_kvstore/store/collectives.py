@@ -174,9 +174,7 @@ class Collectives:
         if errors.waiting:   # one test when nothing failed, not a call
             errors.raise_pending()
         debug.count_all(known.hits)
-        reqs = Batch([model.renewed() for model in known.models])
-        reqs.prepared = known.prepared
-        job.submit(reqs, 0)
+        job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
         return True
 
     def again(self, name, tensor, mean):
@@ -202,9 +200,7 @@ class Collectives:
         if errors.waiting:   # one test when nothing failed, not a call
             errors.raise_pending()
         debug.count_all(_HIT)
-        reqs = Batch((known.models[0].renewed(),))
-        reqs.prepared = known.prepared
-        job.submit(reqs, 0)
+        job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
         return True
 
     def again_copy(self, name, tensor, mean):
@@ -253,9 +249,7 @@ class Collectives:
             debug.count('fastpath', 'miss')
             return None
         debug.count_all(_HIT)
-        reqs = Batch((known.models[0].renewed(),))
-        reqs.prepared = known.prepared
-        return reqs
+        return Batch.renewed(known.models, known.prepared)
 
     def dtypes(self, names, tensors):
         """Each tensor's numpy dtype: known without asking MXNet where the tensor is the
