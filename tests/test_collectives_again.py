@@ -123,6 +123,11 @@ def test_again_copy_submits_what_the_first_call_did_into_a_new_array(kv):
     np.testing.assert_array_equal(x.asnumpy(), _values(3))   # the input as it was
     assert debug.since(before, 'again') == {'copy': 3}
     assert debug.since(before, 'fastpath') == {'hit': 3}
+    # anything but the very input under the name: the full path (None), nothing submitted
+    count = len(kv._job.pending)
+    for other in (x.copy(), x.asnumpy(), None):
+        assert kv.collectives.again_copy('c', other, True) is None
+    assert len(kv._job.pending) == count
 
 
 def test_an_out_of_place_record_keeps_no_input_alive(kv):

@@ -217,8 +217,9 @@ class Collectives:
         known = self._copies.get(name)
         job = self._job
         # the very input: its handle object, alive (held weakly: _Copy) and tensor's own
-        if (known is None or known.source() is not tensor.handle or known.average is not mean
-                or known.design is not job.design or job.closed):
+        # (getattr: anything else given under the name goes to the full path, which says why)
+        if (known is None or known.source() is not getattr(tensor, 'handle', None)
+                or known.average is not mean or known.design is not job.design or job.closed):
             return None
         errors = job.errors
         if errors.waiting:   # one test when nothing failed, not a call
