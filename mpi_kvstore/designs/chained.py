@@ -341,12 +341,19 @@ class Chained(Design):
         with self._reap_lock:
             inflight, reqs = self._inflight, []
             led = absorbed = 0
-            while inflight and inflight[0].done:
-                op = inflight.popleft()
+            # a burst's ~100 ops at once: each op's words read here, not through properties
+            state, done, fused_at = layout.STATE, layout.DONE, layout.FUSED
+            while inflight:
+                op = inflight[0]
+                rec = op.record
+                if rec[state] != done:
+                    break
+                inflight.popleft()
                 op.forget()
-                fused, was_absorbed = op.fused
-                led += fused != 0
-                absorbed += was_absorbed != 0
+                fused = rec[fused_at]
+                if fused:   # it ran the first ``fused`` of a round (itself included), so
+                    led += 1    # its walk marked the other fused - 1 ABSORBED (fuse.py)
+                    absorbed += int(fused) - 1
                 reqs += op.reqs
             # counted once a reap, not once an op
             if led:

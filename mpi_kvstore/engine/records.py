@@ -338,13 +338,6 @@ class ChainedOp(NativeOp):
         """Its walk completes it: a hand-over to Python leaves that to the walk (HOLD)."""
         return self.record[L.HOLD] != 0
 
-    @property
-    def fused(self):
-        """The ops it ran (itself included) where it led a fused run, else 0; whether an
-        earlier op ran it (ABSORBED)."""
-        rec = self.record
-        return int(rec[L.FUSED]), int(rec[L.ABSORBED])
-
     def finish_in_python(self):
         self.record[L.STATE] = L.DONE
         os.eventfd_write(int(self.record[L.EVENTFD]), 1)
