@@ -64,16 +64,23 @@ class OwnLoop(gluon.Trainer):
 
 
 def count_submits(kv):
-    """Count the store's submits (one engine op each) in SUBMITS[kv]."""
+    """Count the store's submits (one engine op each) in SUBMITS[kv]: Job.submit's, and a
+    repeated call's that the design takes in one function (Design.again, from Job.again)."""
     job = kv._job
-    submit = job.submit
+    submit, design_again = job.submit, job.design.again
     SUBMITS[kv] = 0
 
     def counted(reqs, priority):
         SUBMITS[kv] += 1
         return submit(reqs, priority)
 
+    def counted_again(prepared, models, priority, pending):
+        taken = design_again(prepared, models, priority, pending)
+        SUBMITS[kv] += bool(taken)
+        return taken
+
     job.submit = counted
+    job.design.again = counted_again
     return kv
 
 
