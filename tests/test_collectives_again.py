@@ -80,6 +80,12 @@ def test_again_submits_what_the_first_call_did(kv, mean):
         _same(_last(kv)[0], first)
     assert debug.since(before, 'fastpath') == {'hit': 3}
     assert debug.since(before, 'named') == {'hit': 3}
+    for step in range(4, 6):   # the list path's repeat (Collectives._repeat), the same
+        x[:] = _values(step)
+        kv.collectives.allreduce(['a'], [x], average=mean)
+        np.testing.assert_array_equal(x.asnumpy(), _values(step))
+        _same(_last(kv)[0], first)
+    assert debug.since(before, 'fastpath') == {'hit': 5}
     assert not kv.collectives.again('a', x, not mean)   # another reduction: the full path
     assert not kv.collectives.again('a', mx.nd.zeros((N,)), mean)   # another array
 

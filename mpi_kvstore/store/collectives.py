@@ -13,7 +13,7 @@ from ..comm.host import PolledComm
 from ..engine.arrays import copy_of, dense_meta, storage_of
 from ..engine.records import Prepared
 from .contract import check_root
-from .namecache import Batch, NameCache
+from .namecache import NameCache
 
 __all__ = ['Collectives', 'ARRAY_KINDS']
 
@@ -124,7 +124,7 @@ class Collectives:
                 if found is not None:
                     seen.add(handle)
                     reqs.append(found)
-                    made.append(found[0])
+                    made.append(found.models[0])
                     continue
             meta = dense_meta(tensor) if self._in_place else None
             if meta is not None and handle not in seen:
@@ -151,8 +151,12 @@ class Collectives:
             found = [storage_of(tensor) for tensor in tensors]
             if None not in found and len(set(found)) == len(found):
                 self._groups.keep(group, _Again(tensors, made, self._job.design))
+        job = self._job
         for req in reqs:
-            self._job.submit(req, 0)
+            if req.__class__ is _Again:   # a repeat: its models renewed by the job
+                job.again(req.prepared, req.models, 0)
+            else:
+                job.submit(req, 0)
         for key, buf, req, tensor in staged:
             self.buffers.keep(key, buf, req)   # see array()
             buf.copyto(tensor)
@@ -241,8 +245,8 @@ class Collectives:
         return self.allreduce([name], [copy], average, again=False, sources=[tensor])[0]
 
     def _repeat(self, name, tensor, average):
-        """The requests of a call on the very array of ``name``'s last one (_Again), or
-        None (counted: fastpath)."""
+        """The record (_Again) of ``name``'s last call where this one is on its very array,
+        for Job.again; else None (counted: fastpath)."""
         known = self._again.get(name)
         if (known is None or known.tensor is not tensor or known.average != average
                 or known.handle is not tensor.handle
@@ -250,7 +254,7 @@ class Collectives:
             debug.count('fastpath', 'miss')
             return None
         debug.count_all(_HIT)
-        return Batch.renewed(known.models, known.prepared)
+        return known
 
     def dtypes(self, names, tensors):
         """Each tensor's numpy dtype: known without asking MXNet where the tensor is the
