@@ -58,7 +58,7 @@ FILE_KINDS = (
     ('test_bench_*.py', 'bench'),
 )
 
-MPI_NAMES = frozenset({'run_mpi', 'run_designs', 'mpi_command', 'require_mpiexec'})
+MPI_NAMES = frozenset({'run_mpi', 'run_designs', 'run_joint', 'mpi_command', 'require_mpiexec'})
 TESTBED_NAMES = frozenset({'testbed', 'Hosts'})
 
 

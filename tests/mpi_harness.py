@@ -231,6 +231,46 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
     return output[start + len(begin):stop]
 
 
+_JOINT = {}   # (nprocs, the runs, env) -> the output of the one job that ran them all
+
+
+def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIMEOUT, env=None):
+    """run_designs(NPROCS, SCRIPT, DESIGN, DESIGNS, *ARGS), from one job that runs, in turn,
+    every scenario of JOINT that runs at NPROCS, each for each of its designs.
+
+    JOINT lists (script, args, designs, sizes): the scenarios of one test module that share
+    a size and ENV. Starting the ranks costs more than most scenarios (MXNet's import: about
+    3 s of CPU a rank), so tests of different scenarios at one size share that cost too, as
+    the designs of one test do (run_designs). Each test still gets only its own part; a test
+    whose part is not in that job (a scenario before it failed and ended the job, it timed
+    out, or the run is not in JOINT) gets it from run_designs, as it would without JOINT.
+    """
+    runs = tuple((str(s), tuple(map(str, a)), tuple(d)) for s, a, d, sizes in joint
+                 if nprocs in sizes)
+    mine = (str(script), tuple(map(str, args)))
+    if not any((s, a) == mine and design in d for s, a, d in runs):
+        return run_designs(nprocs, script, design, designs, *args, timeout=timeout, env=env)
+    key = (nprocs, runs, tuple(sorted((env or {}).items())))
+    if key not in _JOINT:
+        # a job that hangs goes to run_designs' own jobs at the end of this bound: a bound
+        # of one test's batch, many times what the joint job takes
+        bound = timeout * max(len(d) for _, _, d in runs)
+        try:
+            _JOINT[key] = run_mpi(nprocs, 'each_design.py', '--joint', json.dumps(runs),
+                                  timeout=bound, env=env)
+        except MPIRunError as err:
+            _JOINT[key] = err.output
+    output = _JOINT[key]
+    # scenarios/each_design.py's label of a run of a joint job
+    label = ' '.join((mine[0], design) + mine[1])
+    begin, end = '[each_design] begin %s\n' % label, '[each_design] end %s\n' % label
+    start = output.find(begin)
+    stop = output.find(end, start)
+    if start < 0 or stop < 0:
+        return run_designs(nprocs, script, design, designs, *args, timeout=timeout, env=env)
+    return output[start + len(begin):stop]
+
+
 # scenarios/common.py's RESULT, which starts each line that report() prints; not imported
 # from there, since importing it starts MPI in this process
 _RESULT_LINE = re.compile(r'^\[result\] (\{.*\})$', re.M)

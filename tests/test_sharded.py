@@ -10,9 +10,36 @@ scenarios/kv_sharded.py, kv_module.py, kv_gluon.py.
 import numpy as np
 import pytest
 
-from mpi_harness import result, run_designs, run_mpi
+from mpi_harness import result, run_joint, run_mpi
 
 SHARDED = {'MPI_KVSTORE_SHARD_OPTIMIZER': '1'}
+ALL = ('funneled', 'chained', 'concurrent', 'blocking')
+
+
+def _joint(batch_dir):
+    """(script, args, designs, sizes) of the tests below that set no environment: at each
+    size, one job runs them all (mpi_harness.run_joint), instead of one job a test whose
+    ranks' start-up (MXNet's import) costs more than most of these scenarios."""
+    return (
+        ('kv_sharded.py', ('train',), ('funneled',), (2, 4)),
+        ('kv_sharded.py', ('train',), ALL, (3,)),
+        ('kv_sharded.py', ('clip',), ('funneled',), (2,)),
+        ('kv_sharded.py', ('clip',), ('chained',), (3,)),
+        ('kv_sharded.py', ('errors', batch_dir), ('funneled', 'chained'), (2,)),
+        ('kv_sharded.py', ('join', batch_dir), ALL, (3,)),
+        ('kv_sharded.py', ('compressed',), ('funneled',), (3,)),
+        ('kv_sharded.py', ('compressed',), ('chained',), (2,)),
+        ('kv_sharded.py', ('partitioned',), ('funneled',), (2, 3)),
+        ('kv_sharded.py', ('partitioned',), ('concurrent',), (4,)),
+    )
+
+
+# the same for the tests with the optimizer sharded by the environment, all at 3 ranks
+SHARDED_JOINT = (
+    ('kv_module.py', ('1',), ('funneled', 'chained'), (3,)),
+    ('kv_gluon.py', (), ('concurrent',), (3,)),
+    ('kv_module.py', ('1', 'clip'), ('funneled',), (3,)),
+)
 
 
 def _ok(out, name, nprocs):
@@ -42,8 +69,9 @@ def _agree(ranks, label, at_least):
 @pytest.mark.parametrize('design,nprocs', [('funneled', 2), ('funneled', 3), ('funneled', 4),
                                            ('chained', 3), ('concurrent', 3),
                                            ('blocking', 3)])
-def test_sharded_training_equals_unsharded_and_one_process(design, nprocs, designs):
-    ranks = _ok(run_designs(nprocs, 'kv_sharded.py', design, designs, 'train', timeout=240),
+def test_sharded_training_equals_unsharded_and_one_process(design, nprocs, designs, batch_dir):
+    ranks = _ok(run_joint(nprocs, 'kv_sharded.py', design, designs, 'train', timeout=240,
+                          joint=_joint(batch_dir)),
                 'kv_sharded[%s] train' % design, nprocs)
     sizes = ranks[0]['sizes']                        # the net's parameters, in elements
     _agree(ranks, 'sharded vs one process', 3 * len(sizes))      # SGD, Adam, LAMB
@@ -73,20 +101,24 @@ def test_states_saved_sharded_resume_at_other_sizes_sharded_and_not(tmp_path, mp
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_module_fit_sharded_equals_one_process(design, designs):
-    ranks = _ok(run_designs(3, 'kv_module.py', design, designs, '1', timeout=180, env=SHARDED),
+    ranks = _ok(run_joint(3, 'kv_module.py', design, designs, '1', timeout=180, env=SHARDED,
+                          joint=SHARDED_JOINT),
                 'kv_module[%s, MXNET_UPDATE_ON_KVSTORE=1]' % design, 3)
     _agree(ranks, 'vs single process', 4)        # conv1 and fc, weight and bias each
 
 
 def test_gluon_scenario_sharded_equals_one_process(mpi_available):
-    ranks = _ok(run_mpi(3, 'kv_gluon.py', 'concurrent', timeout=180, env=SHARDED),
+    ranks = _ok(run_joint(3, 'kv_gluon.py', 'concurrent', ['concurrent'], timeout=180,
+                          env=SHARDED, joint=SHARDED_JOINT),
                 'kv_gluon[concurrent]', 3)
     _agree(ranks, 'vs single process', 2 * 6)     # 6 parameters, update_on_kvstore or not
 
 
 @pytest.mark.parametrize('design,nprocs', [('funneled', 2), ('chained', 3)])
-def test_global_norm_clipping_in_the_store_equals_one_process(design, nprocs, mpi_available):
-    ranks = _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'clip', timeout=240),
+def test_global_norm_clipping_in_the_store_equals_one_process(design, nprocs, batch_dir,
+                                                              mpi_available):
+    ranks = _ok(run_joint(nprocs, 'kv_sharded.py', design, [design], 'clip', timeout=240,
+                          joint=_joint(batch_dir)),
                 'kv_sharded[%s] clip' % design, nprocs)
     _agree(ranks, 'clipped in the store vs one process', 2 * 2 * 2)  # SGD, Adam; sharded or not
     for rank in ranks:
@@ -101,7 +133,8 @@ def test_global_norm_clipping_in_the_store_equals_one_process(design, nprocs, mp
 
 
 def test_module_fit_clipped_in_the_store_equals_one_process(mpi_available):
-    ranks = _ok(run_mpi(3, 'kv_module.py', 'funneled', '1', 'clip', timeout=180, env=SHARDED),
+    ranks = _ok(run_joint(3, 'kv_module.py', 'funneled', ['funneled'], '1', 'clip', timeout=180,
+                          env=SHARDED, joint=SHARDED_JOINT),
                 'kv_module[funneled, MXNET_UPDATE_ON_KVSTORE=1, clipped]', 3)
     _agree(ranks, 'vs single process', 4)
     clipped = ranks[0]['clipped']                 # one process: whether each step clipped
@@ -110,8 +143,8 @@ def test_module_fit_clipped_in_the_store_equals_one_process(mpi_available):
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_bad_input_is_refused_and_the_store_goes_on(design, designs, batch_dir):
-    ranks = _ok(run_designs(2, 'kv_sharded.py', design, designs, 'errors', batch_dir,
-                            timeout=120), 'kv_sharded[%s] errors' % design, 2)
+    ranks = _ok(run_joint(2, 'kv_sharded.py', design, designs, 'errors', batch_dir,
+                          timeout=120, joint=_joint(batch_dir)), 'kv_sharded[%s] errors' % design, 2)
     for rank in ranks:
         assert rank['raised'] == ['ValueError', 'ValueError']    # LARS; another model's states
     # then two momentum steps and a 2-bit one, each numpy's: the store went on
@@ -121,8 +154,8 @@ def test_bad_input_is_refused_and_the_store_goes_on(design, designs, batch_dir):
 
 @pytest.mark.parametrize('design', ['funneled', 'chained', 'concurrent', 'blocking'])
 def test_a_joined_rank_goes_on_updating_its_shares(design, designs, batch_dir):
-    ranks = _ok(run_designs(3, 'kv_sharded.py', design, designs, 'join', batch_dir,
-                            timeout=180), 'kv_sharded[%s] join' % design, 3)
+    ranks = _ok(run_joint(3, 'kv_sharded.py', design, designs, 'join', batch_dir,
+                          timeout=180, joint=_joint(batch_dir)), 'kv_sharded[%s] join' % design, 3)
     _agree(ranks, 'after the join, sharded vs numpy', 1)
     _agree(ranks, 'after the join, sharded vs unsharded', 2)
     # LAMB and clipping need every rank: the active ranks are refused once the last joined
@@ -130,16 +163,19 @@ def test_a_joined_rank_goes_on_updating_its_shares(design, designs, batch_dir):
 
 
 @pytest.mark.parametrize('design,nprocs', [('funneled', 3), ('chained', 2)])
-def test_compressed_reduce_scatter_is_compress_once(design, nprocs, mpi_available):
-    ranks = _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'compressed', timeout=240),
+def test_compressed_reduce_scatter_is_compress_once(design, nprocs, batch_dir, mpi_available):
+    ranks = _ok(run_joint(nprocs, 'kv_sharded.py', design, [design], 'compressed', timeout=240,
+                          joint=_joint(batch_dir)),
                 'kv_sharded[%s] compressed' % design, nprocs)
     _agree(ranks, 'one sharded step vs numpy', 2)               # fp16 and bf16
 
 
 @pytest.mark.parametrize('design,nprocs', [('funneled', 3), ('concurrent', 4),
                                            ('funneled', 2)])
-def test_partitioned_sharded_exchange_equals_whole_shares(design, nprocs, mpi_available):
-    ranks = _ok(run_mpi(nprocs, 'kv_sharded.py', design, 'partitioned', timeout=240),
+def test_partitioned_sharded_exchange_equals_whole_shares(design, nprocs, batch_dir,
+                                                           mpi_available):
+    ranks = _ok(run_joint(nprocs, 'kv_sharded.py', design, [design], 'partitioned', timeout=240,
+                          joint=_joint(batch_dir)),
                 'kv_sharded[%s] partitioned' % design, nprocs)
     _agree(ranks, 'partitioned vs whole shares', 2)
     _agree(ranks, 'partitioned vs one process', 2)

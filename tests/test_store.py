@@ -9,8 +9,34 @@ import pytest
 from mpi_kvstore.designs import ENGINE_NAMES as ENGINE_DESIGNS
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import MPI_SIZES, result, run_designs, run_mpi
+from mpi_harness import MPI_SIZES, result, run_designs, run_joint, run_mpi
 
+# (script, args, designs, sizes) of the tests below that share no environment of their own:
+# at each size, one job runs them all (mpi_harness.run_joint), instead of one job a test
+# whose ranks' start-up (MXNet's import) costs more than most scenarios.
+JOINT = (
+    ('kv_forms.py', (), DESIGNS, MPI_SIZES),
+    ('kv_contract.py', (), DESIGNS, MPI_SIZES),
+    ('kv_gluon.py', (), DESIGNS, MPI_SIZES),
+    ('kv_cache.py', (), DESIGNS, (2,)),
+    ('kv_skew.py', (), DESIGNS, (2, 3)),
+    ('kv_errors.py', (), DESIGNS, MPI_SIZES),
+    ('kv_helpers.py', (), ('funneled', 'chained'), MPI_SIZES),
+    ('kv_allreduce.py', (), DESIGNS, MPI_SIZES),
+    ('kv_join.py', ('direct',), DESIGNS, (2, 3)),
+    *[('kv_join.py', (mode,), DESIGNS, (2,))
+      for mode in ('trainer', 'trainer_on_kv', 'distributed', 'module')],
+    *[('kv_native.py', (native,), ENGINE_DESIGNS, (2,)) for native in ('1', '0')],
+    ('kv_compression.py', (), DESIGNS, (2, 3)),
+    ('kv_two_phase.py', (), ('funneled', 'chained'), (2, 4)),
+    ('kv_compression_accuracy.py', (), ('funneled', 'chained'), (3,)),
+    ('kv_tune.py', (), DESIGNS, (3,)),
+)
+# the same under MXNet's NaiveEngine (MXNET_ENGINE_TYPE), at 2 ranks
+NAIVE = {'MXNET_ENGINE_TYPE': 'NaiveEngine'}
+NAIVE_JOINT = tuple((script, args, ENGINE_DESIGNS, (2,)) for script, args in (
+    ('kv_forms.py', ()), ('kv_gluon.py', ()), ('kv_skew.py', ()), ('kv_errors.py', ()),
+    ('kv_join.py', ('direct',))))
 
 def _ok(output, name):
     assert '%s: OK' % name in output, output[-2000:]
@@ -61,14 +87,14 @@ def _forms(ranks, nprocs):
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
 def test_key_value_forms(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_forms.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_forms.py', design, designs, timeout=240, joint=JOINT)
     _forms(_ranks(out, 'kv_forms[%s]' % design, nprocs), nprocs)
 
 
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
 def test_sub_communicator_and_optimizer_states(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_contract.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_contract.py', design, designs, timeout=240, joint=JOINT)
     ranks = _ranks(out, 'kv_contract[%s]' % design, nprocs)
 
     def momentum_sgd(grads, lr=0.1, momentum=0.9):   # MXNet's SGD, from a weight of 1
@@ -93,7 +119,7 @@ def test_sub_communicator_and_optimizer_states(design, nprocs, designs):
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
 def test_gluon_training_matches_single_process(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_gluon.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_gluon.py', design, designs, timeout=240, joint=JOINT)
     _gluon(_ranks(out, 'kv_gluon[%s]' % design, nprocs))
 
 
@@ -155,7 +181,7 @@ def _module(ranks):
 def test_repeated_calls_skip_checks_and_sum_the_same(design, designs):
     """keys.CallCache: repeated calls hit it; a new array, a reshape, another dtype or out,
     an optimizer set later are caught; push needs init (scenarios/kv_cache.py)."""
-    out = run_designs(2, 'kv_cache.py', design, designs, timeout=180)
+    out = run_joint(2, 'kv_cache.py', design, designs, timeout=180, joint=JOINT)
     for rank, r in enumerate(_ranks(out, 'kv_cache[%s]' % design, 2)):
         seen, total = r['checked'], ranksum(2)
         assert seen['repeated pushpull, step 0'] == full((7, 3), total)
@@ -173,7 +199,7 @@ def test_repeated_calls_skip_checks_and_sum_the_same(design, designs):
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', DESIGNS)
 def test_readiness_skew_between_ranks(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_skew.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_skew.py', design, designs, timeout=240, joint=JOINT)
     _skew(_ranks(out, 'kv_skew[%s]' % design, nprocs), nprocs)
 
 
@@ -190,7 +216,7 @@ def _skew(ranks, nprocs):
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
 def test_bad_input_raises_clearly(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_errors.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_errors.py', design, designs, timeout=240, joint=JOINT)
     _errors(_ranks(out, 'kv_errors[%s]' % design, nprocs), nprocs, design)
 
 
@@ -225,8 +251,8 @@ def _errors(ranks, nprocs, design, naive=False):
 @pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
 def test_naive_engine(design, scenario, designs):
-    out = run_designs(2, scenario + '.py', design, designs, timeout=240,
-                  env={'MXNET_ENGINE_TYPE': 'NaiveEngine'})
+    out = run_joint(2, scenario + '.py', design, designs, timeout=240, env=NAIVE,
+                    joint=NAIVE_JOINT)
     ranks = _ranks(out, '%s[%s]' % (scenario, design), 2)
     {'kv_forms': lambda: _forms(ranks, 2), 'kv_gluon': lambda: _gluon(ranks),
      'kv_skew': lambda: _skew(ranks, 2),
@@ -269,7 +295,7 @@ def test_timeline_trace_is_valid(design, designs, batch_dir):
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_helpers(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_helpers.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_helpers.py', design, designs, timeout=240, joint=JOINT)
     total = ranksum(nprocs)
     for rank, r in enumerate(_ranks(out, 'kv_helpers[%s]' % design, nprocs)):
         seen = r['checked']
@@ -290,7 +316,7 @@ def test_helpers(design, nprocs, designs):
 @pytest.mark.parametrize('nprocs', MPI_SIZES)
 @pytest.mark.parametrize('design', DESIGNS)
 def test_pushpull_is_an_allreduce_without_init(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_allreduce.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_allreduce.py', design, designs, timeout=240, joint=JOINT)
     total = ranksum(nprocs)
     for r in _ranks(out, 'kv_allreduce[%s]' % design, nprocs):
         seen = r['checked']
@@ -310,7 +336,7 @@ def test_pushpull_is_an_allreduce_without_init(design, nprocs, designs):
 @pytest.mark.parametrize('nprocs', [2, 3])
 @pytest.mark.parametrize('design', DESIGNS)
 def test_join_uneven_data_direct(design, nprocs, designs):
-    out = run_designs(nprocs, 'kv_join.py', design, designs, 'direct', timeout=240)
+    out = run_joint(nprocs, 'kv_join.py', design, designs, 'direct', timeout=240, joint=JOINT)
     _join_direct(_ranks(out, 'kv_join[%s, direct]' % design, nprocs), nprocs)
 
 
@@ -335,7 +361,7 @@ def _join_direct(ranks, nprocs):
 @pytest.mark.parametrize('mode', ['trainer', 'trainer_on_kv', 'distributed', 'module'])
 @pytest.mark.parametrize('design', DESIGNS)
 def test_join_uneven_data_training(design, mode, designs):
-    out = run_designs(2, 'kv_join.py', design, designs, mode, timeout=240)
+    out = run_joint(2, 'kv_join.py', design, designs, mode, timeout=240, joint=JOINT)
     for rank in _ranks(out, 'kv_join[%s, %s]' % (design, mode), 2):
         assert len(rank['reference']) >= 2                        # weights and biases at least
         _trained_like(rank['checked'], rank['reference'], 'parameter %d vs one process')
@@ -343,15 +369,15 @@ def test_join_uneven_data_training(design, mode, designs):
 
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
 def test_join_naive_engine(design, designs):
-    out = run_designs(2, 'kv_join.py', design, designs, 'direct', timeout=240,
-                      env={'MXNET_ENGINE_TYPE': 'NaiveEngine'})
+    out = run_joint(2, 'kv_join.py', design, designs, 'direct', timeout=240, env=NAIVE,
+                    joint=NAIVE_JOINT)
     _join_direct(_ranks(out, 'kv_join[%s, direct]' % design, 2), 2)
 
 
 @pytest.mark.parametrize('native', ['1', '0'])
 @pytest.mark.parametrize('design', ENGINE_DESIGNS)
 def test_native_ops_run_no_python_on_engine_threads(design, native, designs):
-    out = run_designs(2, 'kv_native.py', design, designs, native, timeout=180)
+    out = run_joint(2, 'kv_native.py', design, designs, native, timeout=180, joint=JOINT)
     _native(_ranks(out, 'kv_native[%s, native=%s]' % (design, native), 2), native == '1')
 
 
@@ -380,7 +406,7 @@ def _native(ranks, native):
 def test_gradient_compression_matches_numpy_simulation(design, nprocs, designs):
     """2-bit (set_gradient_compression, MXNet's semantics) and fp16/bf16 wire casting,
     against numpy simulations of every rank; mismatches and overflow raise everywhere."""
-    out = run_designs(nprocs, 'kv_compression.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_compression.py', design, designs, timeout=240, joint=JOINT)
     for rank in _ranks(out, 'kv_compression[%s]' % design, nprocs):
         # 2-bit: each rank sends +t, -t or 0, so every sum is a multiple of t within n t
         for t, values in rank['two_bit_values'].items():
@@ -403,7 +429,7 @@ def test_gradient_compression_matches_numpy_simulation(design, nprocs, designs):
 def test_two_phase_2bit_matches_numpy_simulation(design, nprocs, designs):
     """The two-phase 2-bit exchange (from two_phase_min_ranks on; 2 here): every rank's codes
     and every owner's requantisation simulated with numpy, bit for bit."""
-    out = run_designs(nprocs, 'kv_two_phase.py', design, designs, timeout=240)
+    out = run_joint(nprocs, 'kv_two_phase.py', design, designs, timeout=240, joint=JOINT)
     ranks = _ranks(out, 'kv_two_phase[%s]' % design, nprocs)
     for rank in ranks:
         assert rank == ranks[0]                  # every rank got back the same sums
@@ -417,7 +443,7 @@ def test_two_phase_2bit_matches_numpy_simulation(design, nprocs, designs):
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
 def test_training_with_compression_ends_near_uncompressed(design, designs):
     """fp16 and bf16 within 1% of the uncompressed final loss, 2-bit within 15%."""
-    out = run_designs(3, 'kv_compression_accuracy.py', design, designs, timeout=240)
+    out = run_joint(3, 'kv_compression_accuracy.py', design, designs, timeout=240, joint=JOINT)
     report = _ranks(out, 'kv_compression_accuracy[%s]' % design, 3)[0]
     losses, numpy_loss = report['losses'], report['numpy_loss']
     assert numpy_loss < 0.5 * report['start_loss']                       # the model learns
@@ -433,7 +459,7 @@ def test_training_with_compression_ends_near_uncompressed(design, designs):
 def test_tune_table_picks_each_sizes_algorithm_and_sums_stay_right(design, designs):
     """python -m mpi_kvstore tune writes a table; a table read by rank 0 sends middle sizes
     through reduce-scatter + allgather, the rest through MPI_Allreduce; sums are numpy's."""
-    out = run_designs(3, 'kv_tune.py', design, designs, timeout=240)
+    out = run_joint(3, 'kv_tune.py', design, designs, timeout=240, joint=JOINT)
     for rank in _ranks(out, 'kv_tune[%s]' % design, 3):
         assert rank['chosen'] == ['chain', 'flat', 'hierarchical', 'pipelined']
         ran = set(rank['ran'])
