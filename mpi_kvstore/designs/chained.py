@@ -349,12 +349,14 @@ class Chained(Design):
                 if rec[state] != done:
                     break
                 inflight.popleft()
-                op.forget()
                 fused = rec[fused_at]
                 if fused:   # it ran the first ``fused`` of a round (itself included), so
                     led += 1    # its walk marked the other fused - 1 ABSORBED (fuse.py)
                     absorbed += int(fused) - 1
                 reqs += op.reqs
+                # last: once reaped, the user's thread may take the op again for its next
+                # call (_kept_op), new requests and record, while this thread goes on here
+                op.forget()
             # counted once a reap, not once an op
             if led:
                 debug.count('fuse', 'led', led)
