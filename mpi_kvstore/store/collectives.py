@@ -221,8 +221,10 @@ class Collectives:
         known = self._copies.get(name)
         job = self._job
         # the very input: its handle object, alive (held weakly: _Copy) and tensor's own
-        # (getattr: anything else given under the name goes to the full path, which says why)
-        if (known is None or known.source() is not getattr(tensor, 'handle', None)
+        # (getattr: anything else given under the name goes to the full path, which says why;
+        # a dead input's reference answers None, as getattr does for one without a handle)
+        handle = getattr(tensor, 'handle', None)
+        if (known is None or handle is None or known.source() is not handle
                 or known.average is not mean or known.design is not job.design or job.closed):
             return None
         errors = job.errors
