@@ -234,9 +234,11 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
 _JOINT = {}   # (nprocs, the runs, env) -> the output of the one job that ran them all
 
 
-def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIMEOUT, env=None):
+def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIMEOUT, env=None,
+              launcher=None):
     """run_designs(NPROCS, SCRIPT, DESIGN, DESIGNS, *ARGS), from one job that runs, in turn,
-    every scenario of JOINT that runs at NPROCS, each for each of its designs.
+    every scenario of JOINT that runs at NPROCS, each for each of its designs (on the
+    hosts of LAUNCHER, if given: see mpi_command).
 
     JOINT lists (script, args, designs, sizes): the scenarios of one test module that share
     a size and ENV. Starting the ranks costs more than most scenarios (MXNet's import: about
@@ -248,16 +250,19 @@ def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIM
     runs = tuple((str(s), tuple(map(str, a)), tuple(d)) for s, a, d, sizes in joint
                  if nprocs in sizes)
     mine = (str(script), tuple(map(str, args)))
+    batched = functools.partial(run_designs, nprocs, script, design, designs, *args,
+                                timeout=timeout, env=env, launcher=launcher)
     if not any((s, a) == mine and design in d for s, a, d in runs):
-        return run_designs(nprocs, script, design, designs, *args, timeout=timeout, env=env)
-    key = (nprocs, runs, tuple(sorted((env or {}).items())))
+        return batched()
+    where = tuple(map(str, launcher(nprocs))) if launcher else ()   # the hosts, for one
+    key = (nprocs, runs, tuple(sorted((env or {}).items())), where)
     if key not in _JOINT:
         # a job that hangs goes to run_designs' own jobs at the end of this bound: a bound
         # of one test's batch, many times what the joint job takes
         bound = timeout * max(len(d) for _, _, d in runs)
         try:
             _JOINT[key] = run_mpi(nprocs, 'each_design.py', '--joint', json.dumps(runs),
-                                  timeout=bound, env=env)
+                                  timeout=bound, env=env, launcher=launcher)
         except MPIRunError as err:
             _JOINT[key] = err.output
     output = _JOINT[key]
@@ -267,7 +272,7 @@ def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIM
     start = output.find(begin)
     stop = output.find(end, start)
     if start < 0 or stop < 0:
-        return run_designs(nprocs, script, design, designs, *args, timeout=timeout, env=env)
+        return batched()
     return output[start + len(begin):stop]
 
 

@@ -21,7 +21,7 @@ from mpi_kvstore import ConfigError
 from mpi_kvstore import config as cfg
 from mpi_kvstore.designs import NAMES as DESIGNS
 
-from mpi_harness import result, run_designs, run_mpi
+from mpi_harness import result, run_designs, run_joint, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 RATE = '10gbit'       # correctness only: the fastest shaped link
@@ -111,6 +111,22 @@ def hosts():
         yield test_hosts
 
 
+# (script, args, designs, sizes) of the tests below at 4 ranks over the hosts with no
+# environment of their own: one job runs them all (mpi_harness.run_joint), instead of one
+# a test, each paying the ranks' start-up
+JOINT = (
+    (SCENARIO, ('scatter',), DESIGNS, (4,)),
+    ('kv_sharded.py', ('grid',), ('funneled',), (4,)),
+    (SCENARIO, ('inactive', 'off'), ('funneled',), (4,)),
+)
+
+
+def joint_across(hosts, script, design, designs, *args, timeout=TIMEOUT):
+    """run_joint at 4 ranks, 2 a host: the one job of JOINT's scenarios."""
+    return run_joint(4, script, design, designs, *args, joint=JOINT,
+                     launcher=hosts.launcher_for(ppn=2), timeout=timeout)
+
+
 def run_across(hosts, nprocs, *args):
     """NPROCS ranks in blocks of 2 over the hosts: h0 gets ranks 0 and 1."""
     return run_mpi(nprocs, SCENARIO, *args, launcher=hosts.launcher_for(ppn=2), timeout=TIMEOUT)
@@ -118,8 +134,7 @@ def run_across(hosts, nprocs, *args):
 
 @pytest.mark.parametrize('design', DESIGNS)
 def test_two_hosts_two_ranks_each(hosts, design, designs):
-    _ok(run_designs(4, SCENARIO, design, designs, 'scatter', launcher=hosts.launcher_for(ppn=2),
-                    timeout=TIMEOUT), design, 'scatter', 4)
+    _ok(joint_across(hosts, SCENARIO, design, designs, 'scatter'), design, 'scatter', 4)
 
 
 def test_partitioned_pieces_go_through_the_hierarchy(hosts):
@@ -138,8 +153,7 @@ def test_uneven_hosts_go_through_leaders(hosts):
 def test_sharded_collectives_go_through_the_hosts(hosts):
     """shard_optimizer's reduce-scatter and allgather (hierarchy.Grid), whole and in pieces:
     the weights equal the flat unsharded store's and one process's."""
-    out = run_mpi(4, 'kv_sharded.py', 'funneled', 'grid', launcher=hosts.launcher_for(ppn=2),
-                  timeout=300)
+    out = joint_across(hosts, 'kv_sharded.py', 'funneled', ['funneled'], 'grid', timeout=300)
     assert 'kv_sharded[funneled] grid: OK at 4 ranks' in out, out[-3000:]
     for rank in result(out, 'kv_sharded[funneled] grid')['ranks']:
         # SGD and Adam, whole and in pieces: every parameter equals one process's
@@ -176,4 +190,5 @@ def test_grid_of_split_hosts_on_one_box(nprocs, local, mpi_available):
 
 
 def test_off_across_hosts_is_flat(hosts):
-    _ok(run_across(hosts, 4, 'funneled', 'inactive', 'off'), 'funneled', 'inactive', 4)
+    _ok(joint_across(hosts, SCENARIO, 'funneled', ['funneled'], 'inactive', 'off'),
+        'funneled', 'inactive', 4)

@@ -39,7 +39,7 @@ import testbed
 from mpi_kvstore.designs import NAMES as DESIGNS
 from mpi_kvstore.faults import abort as faults
 
-from mpi_harness import MPIRunError, result, run_designs, run_mpi
+from mpi_harness import MPIRunError, result, run_designs, run_joint, run_mpi
 
 OK, WHY = testbed.available(rate=True, mpi=True)
 pytestmark = pytest.mark.skipif(not OK, reason=WHY or 'test bed available')
@@ -49,6 +49,11 @@ RATE = '5gbit'
 TIMEOUT = 240
 # (scenario, design) at 4 ranks, two a host.
 FOUR_RANKS = [('kv_forms', 'funneled'), ('kv_skew', 'concurrent')]
+# (script, args, designs, sizes) of the scenario tests below: one job at 2 ranks, one at 4
+# (mpi_harness.run_joint), instead of one a scenario, each paying the ranks' start-up
+JOINT = tuple((scenario + '.py', (), DESIGNS, (2,))
+              for scenario in ('kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors')) + tuple(
+    (scenario + '.py', (), (design,), (4,)) for scenario, design in FOUR_RANKS)
 
 
 @pytest.fixture(scope='module')
@@ -71,6 +76,13 @@ def designs_across(hosts, nprocs, script, design, designs, *args, **kwargs):
                        launcher=hosts.launcher_for(ppn=ppn), timeout=TIMEOUT, **kwargs)
 
 
+def joint_across(hosts, nprocs, script, design, designs):
+    """run_joint with NPROCS ranks in blocks over the hosts: one job for JOINT's scenarios."""
+    ppn = -(-nprocs // HOSTS)
+    return run_joint(nprocs, script, design, designs, joint=JOINT,
+                     launcher=hosts.launcher_for(ppn=ppn), timeout=TIMEOUT)
+
+
 def _ok(output, name, nprocs):
     assert '%s: OK at %d ranks' % (name, nprocs) in output, output[-2000:]
 
@@ -86,7 +98,7 @@ def _same_as_on_one_host(output, scenario, design, nprocs):
 @pytest.mark.parametrize('design', DESIGNS)
 @pytest.mark.parametrize('scenario', ['kv_forms', 'kv_gluon', 'kv_skew', 'kv_errors'])
 def test_scenario_two_hosts_one_rank_each(hosts, scenario, design, designs):
-    _same_as_on_one_host(designs_across(hosts, 2, scenario + '.py', design, designs),
+    _same_as_on_one_host(joint_across(hosts, 2, scenario + '.py', design, designs),
                          scenario, design, 2)
 
 
@@ -114,7 +126,8 @@ def test_priority_scheduling_two_hosts(hosts, design, tmp_path):
 @pytest.mark.parametrize('scenario, design', FOUR_RANKS,
                          ids=['%s-%s' % pair for pair in FOUR_RANKS])
 def test_scenario_two_hosts_two_ranks_each(hosts, scenario, design):
-    _same_as_on_one_host(run_across(hosts, 4, scenario + '.py', design), scenario, design, 4)
+    _same_as_on_one_host(joint_across(hosts, 4, scenario + '.py', design, [design]),
+                         scenario, design, 4)
 
 
 @pytest.mark.parametrize('design, update_on_kvstore', [(d, '1') for d in DESIGNS]

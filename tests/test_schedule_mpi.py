@@ -12,18 +12,30 @@ import os
 
 import pytest
 
-from mpi_harness import result, run_designs, run_mpi
+from mpi_harness import result, run_joint
 
 PARTS = ('sums', 'compression', 'overtake', 'join')
 SCHEDULED = ('funneled', 'concurrent')
+
+
+def _joint(batch_dir):
+    """(script, args, designs, sizes) of the tests below: at 2 ranks one job runs them all
+    (mpi_harness.run_joint), instead of one a test, each paying the ranks' start-up."""
+    return (('kv_schedule.py', (_trace(batch_dir),), ('funneled', 'concurrent', 'chained',
+                                                       'blocking'), (2, 3)),
+            ('kv_topology.py', ('1',), ('funneled', 'chained'), (2,)))
+
+
+def _trace(batch_dir):
+    return os.path.join(batch_dir, 'trace-{design}-{size}.json')
 
 
 @pytest.mark.parametrize('nprocs', [2, 3], ids=lambda n: 'np%d' % n)
 @pytest.mark.parametrize('design', ['funneled', 'concurrent', 'chained', 'blocking'])
 def test_partitioned_scheduling_sums_compression_overtaking_and_join(design, nprocs, designs,
                                                                      batch_dir):
-    out = run_designs(nprocs, 'kv_schedule.py', design, designs,
-                      os.path.join(batch_dir, 'trace-{design}-{size}.json'), timeout=180)
+    out = run_joint(nprocs, 'kv_schedule.py', design, designs, _trace(batch_dir), timeout=180,
+                    joint=_joint(batch_dir))
     for part in PARTS if design in SCHEDULED else [p for p in PARTS if p != 'overtake']:
         assert 'kv_schedule[%s] %s: OK at %d ranks' % (design, part, nprocs) in out, out[-2000:]
     ranksum = nprocs * (nprocs + 1) / 2
@@ -48,10 +60,11 @@ def test_partitioned_scheduling_sums_compression_overtaking_and_join(design, npr
 
 
 @pytest.mark.parametrize('design', ['funneled', 'chained'])
-def test_on_one_host_the_defaults_cut_nothing(design, mpi_available):
+def test_on_one_host_the_defaults_cut_nothing(design, batch_dir, mpi_available):
     """The options left 'auto' resolve to 0, 0 and 0 on one host (topology.py), and sums are
     numpy's (tests/test_multihost.py runs the same scenario across two hosts)."""
-    out = run_mpi(2, 'kv_topology.py', design, '1', timeout=120)
+    out = run_joint(2, 'kv_topology.py', design, [design], '1', timeout=120,
+                    joint=_joint(batch_dir))
     assert 'kv_topology[%s, 1 hosts]: OK at 2 ranks' % design in out, out[-2000:]
     for rank in result(out, 'kv_topology[%s, 1 hosts]' % design)['ranks']:
         assert rank['pieces_cut'] == 0                       # the 10 MB array went whole
