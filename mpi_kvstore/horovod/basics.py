@@ -282,6 +282,10 @@ def reform_world() -> None:
     with _lock:
         dropped = [p for i, p in _state['sets'].items() if i != 0]
         _state['sets'] = {0: global_process_set}
+        # numbered from 1 again on every rank, as a newcomer's init numbers them: a set's
+        # number is its Create_group's tag (_members_comm), and a set given up on (a lost
+        # member) left its members one behind the ranks outside it
+        _state['next_id'] = 1
     for process_set in dropped:
         log.warning('mpi_kvstore.horovod: %s ended with the world it was made in', process_set)
         for store in [process_set._store, *process_set._stores.values()]:

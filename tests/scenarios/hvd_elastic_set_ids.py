@@ -1,0 +1,82 @@
+"""hvd's process set ids on an elastic world across a re-forming (tests/test_hvd_elastic_set_ids.py):
+4 workers, each its own launch. Worker 3 SIGKILLs itself 1 s after the others enter
+add_process_set([0, 3]): rank 0, a member, gives up on the set (HorovodInternalError) and
+registers nothing; ranks 1 and 2, outside it, return at once and register it. The three
+re-form the world without worker 3 and add the set [0, 1], whose Create_group every member must call
+with the same tag (basics._members_comm: the set's number): each prints the set's sums.
+The world's timeout is cut to 20 s, so that a Create_group that never matches ends.
+
+usage: hvd_elastic_set_ids.py
+"""
+import argparse
+import os
+import signal
+import time
+
+import mxnet as mx
+
+import mpi_kvstore.horovod as hvd
+from mpi_kvstore.comm import topology
+from mpi_kvstore.elastic.world import World
+from mpi_kvstore.horovod import basics
+
+parser = argparse.ArgumentParser()
+args = parser.parse_args()
+
+worlds = []   # this process's World, once made
+gathered = []   # one entry for each allgather of the hosts on the world's communicator
+real_init, real_allgather = World.__init__, topology._Polled.allgather
+
+
+def world_init(self, *a, **k):
+    real_init(self, *a, **k)
+    worlds.append(self)
+
+
+def allgather(self, obj):
+    # counted when made, on the world's communicator of the moment (never freed: its
+    # handle is no other communicator's)
+    if isinstance(obj, tuple) and worlds and worlds[0].comm is not None \
+            and self.comm == worlds[0].comm:
+        gathered.append(worlds[0].generation)
+    return real_allgather(self, obj)
+
+
+World.__init__ = world_init
+topology._Polled.allgather = allgather
+
+
+def values(rank):
+    return [10.0 * (rank + 1), rank - 0.5, 3.0]
+
+
+def summed(process_set, me):
+    got = hvd.allreduce(mx.nd.array(values(me)), op=hvd.Sum, process_set=process_set)
+    return got.asnumpy().tolist()
+
+
+hvd.init()
+world = basics.elastic_world()
+me = hvd.rank()
+print('worker %d: rank %d of %d, hosts gathered %d time(s) by init'
+      % (world.id, me, hvd.size(), len(gathered)), flush=True)
+
+world.timeout = 20.0   # a Create_group whose tags differ on its members ends within this
+if world.id == 3:   # while rank 0 waits in the set's Create_group for it
+    print('worker %d: dies before add_process_set' % world.id, flush=True)
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    hvd.add_process_set([0, 3])
+    print('worker %d: add_process_set returned' % world.id, flush=True)
+except hvd.elastic.HorovodInternalError as err:
+    print('worker %d: add_process_set failed: %s' % (world.id, err), flush=True)
+basics.reform_world()
+world.settled()
+me = hvd.rank()
+both = hvd.add_process_set([0, 1])
+if both.included():
+    print('worker %d: set [0, 1] ranks %s sums %s' % (world.id, both.ranks,
+                                                      summed(both, me)), flush=True)
+hvd.shutdown()
+print('worker %d: done' % world.id, flush=True)
