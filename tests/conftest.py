@@ -109,6 +109,9 @@ def pytest_collection_finish(session):
         if 'design' in params:
             batches[_batch_of(item)].append(params['design'])
     session.config.stash[_BATCH_KEY] = batches
+    # run_joint's jobs run only these designs, so that -k chained still runs only chained
+    mpi_harness.SELECTED_DESIGNS = {
+        design for batch in batches.values() for design in batch} or None
 
 
 @pytest.fixture

@@ -231,7 +231,10 @@ def run_designs(nprocs, script, design, designs, *args, timeout=DEFAULT_TIMEOUT,
     return output[start + len(begin):stop]
 
 
-_JOINT = {}   # (nprocs, the runs, env) -> the output of the one job that ran them all
+_JOINT = {}   # (nprocs, the runs, env, hosts) -> the output of the one job that ran them all
+# The designs of the tests pytest selected (tests/conftest.py sets it; None: no test of a
+# design): a joint job runs no other design.
+SELECTED_DESIGNS = None
 
 
 def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIMEOUT, env=None,
@@ -246,13 +249,19 @@ def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIM
     the designs of one test do (run_designs). Each test still gets only its own part; a test
     whose part is not in that job (a scenario before it failed and ended the job, it timed
     out, or the run is not in JOINT) gets it from run_designs, as it would without JOINT.
+    A joint job runs only the designs of the tests selected (SELECTED_DESIGNS); under
+    pytest-xdist, whose workers share no job, each test gets its run from run_designs.
     """
-    runs = tuple((str(s), tuple(map(str, a)), tuple(d)) for s, a, d, sizes in joint
-                 if nprocs in sizes)
+    chosen = SELECTED_DESIGNS
+    runs = tuple((str(s), tuple(map(str, a)),
+                  tuple(x for x in d if chosen is None or x in chosen))
+                 for s, a, d, sizes in joint if nprocs in sizes)
+    runs = tuple(run for run in runs if run[2])
     mine = (str(script), tuple(map(str, args)))
     batched = functools.partial(run_designs, nprocs, script, design, designs, *args,
                                 timeout=timeout, env=env, launcher=launcher)
-    if not any((s, a) == mine and design in d for s, a, d in runs):
+    if (os.environ.get('PYTEST_XDIST_WORKER')
+            or not any((s, a) == mine and design in d for s, a, d in runs)):
         return batched()
     where = tuple(map(str, launcher(nprocs))) if launcher else ()   # the hosts, for one
     key = (nprocs, runs, tuple(sorted((env or {}).items())), where)
