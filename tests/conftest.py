@@ -112,6 +112,14 @@ def pytest_collection_finish(session):
     # run_joint's jobs run only these designs, so that -k chained still runs only chained
     mpi_harness.SELECTED_DESIGNS = {
         design for batch in batches.values() for design in batch} or None
+    # ...and only for a module of which several tests (batches of designs) were selected: a
+    # test picked alone with -k runs its own scenario, not every scenario of its size
+    tests = collections.defaultdict(set)
+    for item in session.items:
+        joint = getattr(getattr(item, 'module', None), 'JOINT', None)
+        if joint is not None:
+            tests[id(joint)].add(_batch_of(item))
+    mpi_harness.SELECTED_JOINT = {joint: len(found) for joint, found in tests.items()}
 
 
 @pytest.fixture

@@ -235,6 +235,12 @@ _JOINT = {}   # (nprocs, the runs, env, hosts) -> the output of the one job that
 # The designs of the tests pytest selected (tests/conftest.py sets it; None: no test of a
 # design): a joint job runs no other design.
 SELECTED_DESIGNS = None
+# id(a module's JOINT) -> how many of its tests (batches of designs) pytest selected
+# (tests/conftest.py sets it; a JOINT not in it: no filter)
+SELECTED_JOINT = {}
+# Below this many selected tests of a module, each takes run_designs' job of its own: the
+# joint job runs every scenario of its size, which costs more than it saves for a few
+JOINT_MIN_TESTS = 4
 
 
 def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIMEOUT, env=None,
@@ -249,8 +255,9 @@ def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIM
     the designs of one test do (run_designs). Each test still gets only its own part; a test
     whose part is not in that job (a scenario before it failed and ended the job, it timed
     out, or the run is not in JOINT) gets it from run_designs, as it would without JOINT.
-    A joint job runs only the designs of the tests selected (SELECTED_DESIGNS); under
-    pytest-xdist, whose workers share no job, each test gets its run from run_designs.
+    A joint job runs only the designs of the tests selected (SELECTED_DESIGNS), and only
+    where JOINT_MIN_TESTS or more tests of the module were selected; under pytest-xdist,
+    whose workers share no job, each test gets its run from run_designs.
     """
     chosen = SELECTED_DESIGNS
     runs = tuple((str(s), tuple(map(str, a)),
@@ -261,6 +268,7 @@ def run_joint(nprocs, script, design, designs, *args, joint, timeout=DEFAULT_TIM
     batched = functools.partial(run_designs, nprocs, script, design, designs, *args,
                                 timeout=timeout, env=env, launcher=launcher)
     if (os.environ.get('PYTEST_XDIST_WORKER')
+            or SELECTED_JOINT.get(id(joint), JOINT_MIN_TESTS) < JOINT_MIN_TESTS
             or not any((s, a) == mine and design in d for s, a, d in runs)):
         return batched()
     where = tuple(map(str, launcher(nprocs))) if launcher else ()   # the hosts, for one
