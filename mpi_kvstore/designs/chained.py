@@ -164,6 +164,7 @@ class Chained(Design):
             kept.sigs = [model.numbered_sig(priority) for model in models]
             kept.models = models
         wait, seq, sigs = self._wait, self._seq, kept.sigs
+        # models is never empty (at is bound): kvstore refuses [] keys, groups keep 2 or more
         if len(models) == 1:   # a key alone, the common call: no loop
             at = next(seq)
             reqs = [models[0].again(at, priority, sigs[0], wait)]

@@ -116,9 +116,16 @@ class Collectives:
         request for :meth:`again_copy` where its copy went in place.
         """
         self._job.begin()
-        reqs, staged, seen, made = [], [], set(), []
+        # records (_Again, _Copy) kept only once every request is submitted: a call
+        # rejected partway (a bad tensor in the list) leaves none of a call that never ran,
+        # so the names' next call takes the path it would have taken without it
+        reqs, staged, seen, made, records = [], [], set(), [], []
         for i, (name, tensor) in enumerate(zip(names, tensors)):
-            handle = tensor.handle.value
+            try:
+                handle = tensor.handle.value
+            except AttributeError:
+                _check_arrays(names, tensors)
+                raise
             if handle not in seen:
                 found = self._repeat(name, tensor, average)
                 if found is not None:
@@ -131,9 +138,10 @@ class Collectives:
                 seen.add(handle)
                 req = self._in_place_request(name, tensor, meta, average)
                 if again:
-                    self._again.keep(name, _Again(tensor, req, self._job.design))
+                    records.append((self._again, name, _Again(tensor, req, self._job.design)))
                 elif sources is not None and sources[i].__class__ is mx.nd.NDArray:
-                    self._copies.keep(name, _Copy(sources[i], req, self._job.design))
+                    records.append((self._copies, name,
+                                    _Copy(sources[i], req, self._job.design)))
                 reqs.append([req])
                 made.append(req)
                 continue
@@ -150,13 +158,15 @@ class Collectives:
         if group is not None and again and len(made) == len(tensors) > 1:
             found = [storage_of(tensor) for tensor in tensors]
             if None not in found and len(set(found)) == len(found):
-                self._groups.keep(group, _Again(tensors, made, self._job.design))
+                records.append((self._groups, group, _Again(tensors, made, self._job.design)))
         job = self._job
         for req in reqs:
             if req.__class__ is _Again:   # a repeat: its models renewed by the job
                 job.again(req.prepared, req.models, 0)
             else:
                 job.submit(req, 0)
+        for cache, name, record in records:
+            cache.keep(name, record)
         for key, buf, req, tensor in staged:
             self.buffers.keep(key, buf, req)   # see array()
             buf.copyto(tensor)
@@ -264,8 +274,12 @@ class Collectives:
         found = []
         for name, tensor in zip(names, tensors):
             known = self._again.get(name)
-            found.append(known.dtype if known is not None and known.tensor is tensor
-                         and known.handle is tensor.handle else np.dtype(tensor.dtype))
+            try:
+                found.append(known.dtype if known is not None and known.tensor is tensor
+                             and known.handle is tensor.handle else np.dtype(tensor.dtype))
+            except (AttributeError, TypeError):
+                _check_arrays(names, tensors)
+                raise
         return found
 
     def _in_place_request(self, name, tensor, meta, average):
@@ -349,6 +363,15 @@ class _Copy:
         self.model = Collective(req.kind, req.key, req.dtype, req.shape, None, req.root, None,
                                 req.average, 0, req.nbytes, req.sig, req.place, 1, req.codec,
                                 False, req.in_place)
+
+
+def _check_arrays(names, tensors):
+    """Raise TypeError naming the first of ``tensors`` that is no NDArray (asked once
+    something failed on one: a good call pays nothing for it)."""
+    for i, (name, tensor) in enumerate(zip(names, tensors)):
+        if not isinstance(tensor, mx.nd.NDArray):
+            raise TypeError('allreduce: tensor %d of %d (name %r) is a %s, not an MXNet '
+                            'NDArray' % (i, len(tensors), name, type(tensor).__name__))
 
 
 def _polled(fn, poll_us):
