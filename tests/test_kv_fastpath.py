@@ -64,10 +64,14 @@ def test_out_of_place_allreduce_again_is_one_function_and_sums_right(design, des
         assert 'rank 0 has shape (16,) float32' in said, said
         assert 'rank 1 has shape (17,) float32' in said, said
         assert seen['raised'] == ['RankMismatchError']
-        # rank 0 repeated its call; rank 1's other array took the full path and became
-        # the name's record, so its next call on the first array takes the full path again
+        # rank 0 repeated its call; rank 1's other array took the full path. Where the
+        # call itself raises (blocking: the agreement runs in the call), the rejected call
+        # leaves the name's record as it was (5495b77), so rank 1's next call on the first
+        # array is a repeat; elsewhere the call was submitted and its array became the
+        # record, so that next call takes the full path again
         assert seen['mismatch_again'] == ({'copy': 1} if rank == 0 else {})
-        assert seen['after'] == ([{'copy': 1}] * 2 if rank == 0 else [{}, {'copy': 1}])
+        kept = rank == 0 or design == 'blocking'
+        assert seen['after'] == ([{'copy': 1}] * 2 if kept else [{}, {'copy': 1}])
         assert len(seen['checked']) >= 60
         for what, got in seen['checked'].items():
             shape, total = seen['expected'][what]
