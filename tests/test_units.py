@@ -484,12 +484,12 @@ def test_the_compiled_op_writes_its_record_where_python_reads_it():
 
     import mxnet as mx
 
-    from mpi_kvstore.engine import records
+    from mpi_kvstore.engine import records, takeup
     from mpi_kvstore.engine.arrays import array_pointer
     arrays = [mx.nd.ones((3,)), mx.nd.ones((6,), dtype='int64')[2:]]
     for array in arrays:
         array.wait_to_read()
-    waker = records.Waker()
+    waker = takeup.Waker()
     op = records.NativeOp(arrays, [], waker.fd)
     completion = np.array([11, 22, 33], dtype=np.int64)
     run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(

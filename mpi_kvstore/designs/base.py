@@ -12,7 +12,7 @@ from ..comm.host import Comm
 from ..comm.mpiabi import MPI
 from ..comm.reduce import Reducer
 from ..engine.arrays import flat_view, view_at
-from ..engine.records import Slot, complete_slots
+from ..engine.takeup import Slot, complete_slots
 from ..errors import ArrayLayoutError, JoinError, RankMismatchError
 from . import autotune, join, mismatch
 
@@ -277,7 +277,7 @@ class Design(abc.ABC):
 
 def complete_all(reqs):
     """Collective.complete of each of ``reqs``; those of a take-up's native ops that ran
-    without error at once: their engine ops in one compiled call (records.complete_slots),
+    without error at once: their engine ops in one compiled call (takeup.complete_slots),
     their waiters woken once."""
     clean = []
     for req in reqs:

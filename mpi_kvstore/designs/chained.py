@@ -14,7 +14,7 @@ from ..comm.mpiabi import MPI, c_datatype
 from ..comm.progress import AGREEMENT_POLL_US
 from ..comm.timeline import op_name
 from ..engine import core as engine
-from ..engine import layout, records
+from ..engine import layout, records, takeup
 from .base import Design
 from .base import progress as _progress
 
@@ -111,7 +111,7 @@ class Chained(Design):
         if self._native:
             self._address = records.run_chained_address()   # compiled now, not in step one
             self._chained_fn = engine.native_fn(self._address)
-            self._waker = records.Waker()
+            self._waker = takeup.Waker()
             if self.size > 1 and config.fusion_threshold > 0:
                 self._fuse = np.empty(config.fusion_threshold, dtype=np.uint8)
                 self._follow_fn = engine.native_fn(records.follow_address())

@@ -37,7 +37,7 @@ from ..comm.progress import wait_polling
 from ..comm.timeline import op_name
 from ..config import window_of
 from ..engine import core as engine
-from ..engine import records, rounds
+from ..engine import records, rounds, takeup
 from . import autotune, schedule
 from .base import Design, complete_all, native_view
 from .repeat import REQUEST_BYTES, Repeat
@@ -78,7 +78,7 @@ class Negotiated(Design):
         super().__init__(comm, config, sink, timeline, table, make_comm, shares)
         self._control = self.make_comm()
         self._lock = threading.Lock()
-        self._waker = records.Waker()      # engine ops, calls and close() wake the thread
+        self._waker = takeup.Waker()      # engine ops, calls and close() wake the thread
         # Mark-ready ops run as compiled code, except where NaiveEngine needs an op to
         # complete before its function returns (native.py).
         self._native = config.native_ops and not config.naive_engine
@@ -164,7 +164,7 @@ class Negotiated(Design):
     def _collect(self):
         """Take up the native ops that ran: their requests become ready here.
 
-        One compiled call reads every op's record (records.take_up); an op of one request
+        One compiled call reads every op's record (takeup.take_up); an op of one request
         over one array, the common case, then costs a few Python operations: its
         completion (a slot of the round's, completed with the others in one compiled call,
         base.complete_all) and its view."""
@@ -173,7 +173,7 @@ class Negotiated(Design):
         with self._lock:
             ops, addresses = self._inflight, self._addresses
             self._inflight, self._addresses = [], []
-        round_, ops, waiting = records.take_up(ops, addresses)
+        round_, ops, waiting = takeup.take_up(ops, addresses)
         if waiting:
             with self._lock:   # the ops pushed meanwhile go after them
                 self._inflight[:0] = waiting
@@ -181,7 +181,7 @@ class Negotiated(Design):
         if round_ is None:
             return
         debug.count('round', 'taken')
-        reqs, slot = [], records.Slot
+        reqs, slot = [], takeup.Slot
         for index, (op, row) in enumerate(zip(ops, round_.words.tolist())):
             if len(op.reqs) == 1 and row[_T_COUNT] == 1 and row[_T_MANAGED]:
                 req = op.reqs[0]

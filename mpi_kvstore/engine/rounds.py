@@ -4,7 +4,7 @@ Separate from native.py because they are a different kind of compiled code with 
 caller: native.py's entry points are ``@cfunc`` functions that MXNet's engine calls on its
 own threads, with no Python; these are ``njit`` functions that the negotiated designs'
 thread calls from Python with the GIL held, one call for a whole round instead of one per
-op (take_up and complete_ops through records.py, gather and scatter from designs/repeat.py):
+op (take_up and complete_ops through takeup.py, gather and scatter from designs/repeat.py):
 
 - ``take_up``: reads every op's record (what ``mark_ready`` wrote) into one row each;
 - ``complete_ops``: completes their engine ops;

@@ -34,7 +34,7 @@ from mxnet.base import MXNetError
 from ..comm import abandoned, progress
 from ..designs.base import new_comm
 from ..engine import core as engine
-from ..engine.records import Slot
+from ..engine.takeup import Slot
 from ..errors import MPIKVStoreError
 from ..faults.abort import install_abort_hook
 from ..faults.stall import StallInspector
