@@ -154,18 +154,30 @@ def test_hvd_places_a_rank_by_its_hosts_as_node_comm_and_split_would(hosts, expe
     assert [topology.places_of(list(hosts), me) for me in range(len(hosts))] == expected
 
 
+@pytest.fixture
+def hvd_state():
+    """hvd's state (horovod/_state.py: the one dict that init and the process sets share),
+    empty for the test, and as it was after it."""
+    from mpi_kvstore.horovod._state import _state
+    kept = dict(_state)
+    _state.clear()
+    yield _state
+    _state.clear()
+    _state.update(kept)
+
+
 @pytest.mark.parametrize('timeout, lost, why', [
     (0.3, False, r'no answer in 0\.3 s'), (60.0, True, r'worker\(s\) \[1\] lost')])
 def test_hvd_init_on_an_elastic_world_ends_when_a_peer_never_comes(monkeypatch, tmp_path,
-                                                                    timeout, lost, why):
+                                                                    hvd_state, timeout, lost,
+                                                                    why):
     """hvd.init's local and cross ranks on an elastic world: one allgather of the hosts,
     waited by the world (no Split_type, no Split: blocking MPI a lost peer leaves waiting
     forever). A peer that never comes ends init at the world's timeout, one announced lost
     before it. The store init builds first is a stand-in (its build: the tests above)."""
-    from mpi_kvstore.horovod import basics
+    from mpi_kvstore.horovod import basics, process_sets
     comm, world = _TwoRanks(), _world(tmp_path, deadline=60.0, timeout=timeout)
     world.comm = comm
-    monkeypatch.setattr(basics, '_state', {})
     monkeypatch.setattr(basics, '_elastic_world', lambda: world)
     monkeypatch.setattr(basics, 'MPIKVStore', lambda *args, **kwargs: _Built(kwargs))
     monkeypatch.setattr(basics, '_left_world', [])
@@ -179,9 +191,10 @@ def test_hvd_init_on_an_elastic_world_ends_when_a_peer_never_comes(monkeypatch, 
         assert len(comm.pending) == 1   # the lengths' request
         # hvd as before the call, the store it built (on the world) closed, and the world
         # kept for the next init, which re-forms it
-        assert basics._state == {} and not basics.is_initialized()
+        assert hvd_state == {} and not basics.is_initialized()
         assert _BUILT[-1].options['world'] is world and _BUILT[-1].closed
-        assert basics.global_process_set._store is None and basics.global_process_set.ranks == []
+        assert process_sets.global_process_set._store is None
+        assert process_sets.global_process_set.ranks == []
         assert basics._left_world == [(world, True)]
     finally:
         comm.release()
@@ -201,17 +214,16 @@ class _Built:
         self.closed = True
 
 
-def test_hvd_identifies_a_reset_world_within_the_reforming_deadline(monkeypatch, tmp_path):
+def test_hvd_identifies_a_reset_world_within_the_reforming_deadline(tmp_path, hvd_state):
     """reform_world's identification waits up to the world's deadline (the re-forming's),
     not its timeout."""
     from mpi_kvstore.horovod import basics
     comm, world = _TwoRanks(), _world(tmp_path, deadline=0.3, timeout=600.0)
-    monkeypatch.setattr(basics, '_state', {})
     try:
         with pytest.raises(HorovodInternalError,
                            match=r'the ranks on each host: no answer in 0\.3 s'):
             basics._identify(comm, world.waiter('the ranks on each host'))
-        assert basics._state == {}   # the message names the deadline, not the timeout
+        assert hvd_state == {}   # the message names the deadline, not the timeout
     finally:
         comm.release()
 
@@ -249,16 +261,16 @@ class _Group:
         pass
 
 
-def _hvd_on(monkeypatch, comm, world):
+def _hvd_on(hvd_state, comm, world):
     """hvd's state as init leaves it on ``world`` (rank 0 of 2 on ``comm``)."""
-    from mpi_kvstore.horovod import basics
-    monkeypatch.setattr(basics, '_state', dict(
-        store=_Built({}), options={}, world=world, sets={0: basics.global_process_set},
-        next_id=1, comm=comm, rank=0, size=2, local=(0, 1), cross=(0, 2)))
-    return basics
+    import mpi_kvstore.horovod as hvd
+    hvd_state.update(
+        store=_Built({}), options={}, world=world, sets={0: hvd.global_process_set},
+        next_id=1, comm=comm, rank=0, size=2, local=(0, 1), cross=(0, 2))
+    return hvd
 
 
-def test_add_process_set_on_an_elastic_world_ends_when_a_member_never_comes(monkeypatch,
+def test_add_process_set_on_an_elastic_world_ends_when_a_member_never_comes(hvd_state,
                                                                           tmp_path):
     """A process set's communicator on an elastic world: Create_group (collective over the
     set's members only, blocking in MPI) in a thread of its own, given up on at the world's
@@ -266,39 +278,39 @@ def test_add_process_set_on_an_elastic_world_ends_when_a_member_never_comes(monk
     registered. A rank outside a set makes no MPI call for it."""
     comm, world = _Members(), _world(tmp_path, deadline=60.0, timeout=0.3)
     world.comm = comm
-    basics = _hvd_on(monkeypatch, comm, world)
+    hvd = _hvd_on(hvd_state, comm, world)
     before = abandoned.count()
     started = time.monotonic()
     try:
         with pytest.raises(HorovodInternalError,
                            match=r'the process set \[0, 1\]: no answer in 0\.3 s'):
-            basics.add_process_set([0, 1])
+            hvd.add_process_set([0, 1])
         assert time.monotonic() - started >= 0.3   # the timeout, not the deadline (60 s)
         assert comm.created == [([0, 1], 1)]   # the set's number is its tag
         assert abandoned.count() == before + 3   # the thread, its result box, the group
-        assert list(basics._state['sets']) == [0] and basics._state['next_id'] == 1
-        outside = basics.add_process_set([1])
+        assert list(hvd_state['sets']) == [0] and hvd_state['next_id'] == 1
+        outside = hvd.add_process_set([1])
         assert comm.created == [([0, 1], 1)] and outside._store is None
-        assert (outside.process_set_id, outside.included(), basics._state['next_id']) == (
+        assert (outside.process_set_id, outside.included(), hvd_state['next_id']) == (
             1, False, 2)
     finally:
         comm.gate.set()
 
 
-def test_add_process_set_from_a_communicator_is_bounded_on_an_elastic_world(monkeypatch,
+def test_add_process_set_from_a_communicator_is_bounded_on_an_elastic_world(hvd_state,
                                                                            tmp_path):
     """A set built from a communicator learns its members from one allgather on the world,
     waited as the world waits (a peer that never comes: HorovodInternalError at the
     world's timeout), not from a blocking one."""
     comm, world = _Members(), _world(tmp_path, deadline=60.0, timeout=0.3)
     world.comm = comm
-    basics = _hvd_on(monkeypatch, comm, world)
+    hvd = _hvd_on(hvd_state, comm, world)
     try:
         with pytest.raises(HorovodInternalError,
                            match=r"the process set's members: no answer in 0\.3 s"):
-            basics.add_process_set(basics.ProcessSet(MPI.COMM_SELF))
+            hvd.add_process_set(hvd.ProcessSet(MPI.COMM_SELF))
         assert len(comm.pending) == 1 and comm.created == []
-        assert list(basics._state['sets']) == [0]
+        assert list(hvd_state['sets']) == [0]
     finally:
         comm.release()
 
@@ -340,7 +352,7 @@ def test_a_failed_elastic_init_leaves_hvd_as_before_and_the_next_one_re_forms(mo
     nobody) and runs: a world of one here, whose allreduce is its own values."""
     import mxnet as mx
 
-    from mpi_kvstore.horovod import basics
+    from mpi_kvstore.horovod import basics, process_sets
     from mpi_kvstore.store.kvstore import MPIKVStore
     for name, value in ((rendezvous.DIR_ENV, str(tmp_path)), (rendezvous.SECRET_ENV, SECRET),
                         (rendezvous.ID_ENV, '0'), (rendezvous.NP_ENV, '1')):
@@ -363,7 +375,7 @@ def test_a_failed_elastic_init_leaves_hvd_as_before_and_the_next_one_re_forms(mo
     with pytest.raises(HorovodInternalError, match='injected'):
         basics.init()
     assert basics._state == {} and not basics.is_initialized() and len(closed) == 1
-    assert basics.global_process_set._store is None
+    assert process_sets.global_process_set._store is None
     [(world, reform)] = basics._left_world
     assert reform and world.generation == 0
     try:

@@ -1,6 +1,6 @@
 """hvd's process sets on an elastic world after a re-forming (scenarios/hvd_elastic_set_ids.py,
 every job under a timeout through test_elastic_run.run_world): a set's Create_group takes
-the set's number as its tag (basics._members_comm), so every member must number it alike.
+the set's number as its tag (process_sets._members_comm), so every member must number it alike.
 4 workers, worker 3 SIGKILLed while the others are in add_process_set([0, 3]): rank 0 (a
 member) fails and registers nothing, ranks 1 and 2 (outside it) register it, so their next
 numbers differ; the re-forming drops every set, and the set [0, 1] made after it sums both

@@ -26,16 +26,13 @@ from .basics import (
     Average,
     Max,
     Min,
-    ProcessSet,
     Product,
     Sum,
-    add_process_set,
     ccl_built,
     cross_rank,
     cross_size,
     cuda_built,
     ddl_built,
-    global_process_set,
     gloo_built,
     gloo_enabled,
     init,
@@ -47,7 +44,6 @@ from .basics import (
     mpi_threads_supported,
     nccl_built,
     rank,
-    remove_process_set,
     rocm_built,
     shutdown,
     size,
@@ -75,6 +71,12 @@ from .ops import (
     grouped_allreduce_,
     grouped_reducescatter,
     reducescatter,
+)
+from .process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
 )
 from .training import (
     DistributedOptimizer,

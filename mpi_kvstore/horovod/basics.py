@@ -1,18 +1,16 @@
-"""Horovod's basics on the store: init and the process sets, ranks, what this build has,
-and the timeline (mpi_kvstore.horovod's docstring says more; environment.py reads the
-HOROVOD_* variables)."""
+"""Horovod's basics on the store: init, ranks, what this build has, and the timeline
+(mpi_kvstore.horovod's docstring says more; process_sets.py has the process sets,
+environment.py reads the HOROVOD_* variables)."""
 from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Iterable
 from typing import Any
 
 import mxnet as mx
-import numpy as np
 
-from ..comm import abandoned, topology
+from ..comm import topology
 from ..comm.mpiabi import MPI
 from ..comm.timeline import trace_path
 from ..config import launcher_local_rank
@@ -21,7 +19,9 @@ from ..elastic.world import World
 from ..launch import rendezvous
 from ..store.job import lost_world
 from ..store.kvstore import MPIKVStore
+from ._state import _lock, _require_init, _state
 from .environment import HONOURED, apply_log_level, environment_options
+from .process_sets import ProcessSet, add_process_set, close_all, end_sets, global_process_set
 
 log = logging.getLogger(__name__)
 
@@ -44,73 +44,12 @@ _OP_NAMES = {Average: 'Average', Sum: 'Sum', Adasum: 'Adasum', Min: 'Min', Max: 
              Product: 'Product'}
 _MPI_OPS = {Min: 'MIN', Max: 'MAX', Product: 'PROD'}
 
-_NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
-_lock = threading.RLock()
-_state: dict[str, Any] = {}
 _named_once: list[bool] = []   # the ignored HOROVOD_* variables are named once a process, not once an init
 # (world, whether to re-form it) that a failed init formed, for the next init (_undo)
 _left_world: list[tuple[Any, bool]] = []
 
 
-# -- init and the process sets ---------------------------------------------------------------
-class ProcessSet:
-    """Horovod's process set: the ranks (of :func:`init`'s communicator) that run a collective
-    together. Here it is a store on a sub-communicator, made when :func:`init` or
-    :func:`add_process_set` registers it (collective on every process). Build it from a list
-    of ranks or from an mpi4py communicator (``MPI.COMM_NULL`` on the processes outside)."""
-
-    process_set_id: int | None = None
-    """The set's number (0: the global set), None until it is registered."""
-    ranks: list[int] | None = None
-    """The set's ranks (of :func:`init`'s communicator), in order."""
-    mpi_comm: Any = None
-    """The mpi4py communicator the set was built from, if it was."""
-
-    def __init__(self, ranks_or_comm: Iterable[int] | MPI.Comm) -> None:
-        if isinstance(ranks_or_comm, MPI.Comm):
-            self.mpi_comm = ranks_or_comm
-        else:
-            try:
-                ranks = sorted(ranks_or_comm)
-            except TypeError:
-                raise ValueError('ProcessSet takes a list of ranks or an mpi4py communicator, '
-                                 'not %r' % (ranks_or_comm,)) from None
-            if any(not isinstance(r, (int, np.integer)) or isinstance(r, bool) for r in ranks):
-                raise ValueError('ProcessSet: ranks must be ints, not %r' % (ranks,))
-            self.ranks = [int(r) for r in ranks]
-        self._store: MPIKVStore | None = None   # this process's store of the set (None outside)
-        self._stores: dict[Any, MPIKVStore] = {}   # DistributedTrainer's stores by compression
-
-    def size(self) -> int | None:
-        """The number of processes in the set, or None before it is registered."""
-        if self.process_set_id is None or self.ranks is None:
-            return None
-        return len(self.ranks)
-
-    def rank(self) -> int | None:
-        """This process's rank inside the set, None outside it or before registration."""
-        if self.process_set_id is None or self.ranks is None or not self.included():
-            return None
-        return self.ranks.index(rank())
-
-    def included(self) -> bool | None:
-        """Whether this process belongs to the set (None before its ranks are known)."""
-        if self.ranks is None:
-            return None
-        return rank() in self.ranks
-
-    def __str__(self) -> str:
-        return 'ProcessSet(process_set_id=%s, ranks=%s, mpi_comm=%s)' % (
-            self.process_set_id, self.ranks, self.mpi_comm)
-
-    __repr__ = __str__
-
-
-global_process_set = ProcessSet([])
-"""The process set of every process of :func:`init`'s communicator (the collectives' default)."""
-global_process_set.process_set_id = 0
-
-
+# -- init ----------------------------------------------------------------------------------
 def init(comm: MPI.Comm | Iterable[int] | None = None,
          process_sets: Iterable[ProcessSet | Iterable[int]] | str | None = None,
          **options: Any) -> None:
@@ -201,18 +140,7 @@ def _undo(world: Any, made: Any, err: BaseException) -> None:
     have left requests pending on its communicator), reused as it is otherwise."""
     sets = [global_process_set, *(p for i, p in _state.get('sets', {}).items() if i != 0)]
     _state.clear()
-    for process_set in sets:
-        for store in [process_set._store, *process_set._stores.values()]:
-            if store is not None:
-                try:
-                    store.close()
-                except Exception as failed:   # the error init raises says more
-                    log.info('mpi_kvstore.horovod: closing %r after a failed init: %s',
-                             store, failed)
-        process_set._store, process_set._stores = None, {}
-        if process_set is not global_process_set:
-            process_set.process_set_id = None
-    global_process_set.ranks = []
+    close_all(sets, ' after a failed init')   # the error init raises says more
     if made is not None:
         made.Free()
     if world is not None and world.comm is not None:
@@ -279,23 +207,7 @@ def reform_world() -> None:
     kv = _state['store']
     lost = bool(world.lost_ids) or lost_world() is not None
     world.reform(wait_for_loss=lost)
-    with _lock:
-        dropped = [p for i, p in _state['sets'].items() if i != 0]
-        _state['sets'] = {0: global_process_set}
-        # numbered from 1 again on every rank, as a newcomer's init numbers them: a set's
-        # number is its Create_group's tag (_members_comm), and a set given up on (a lost
-        # member) left its members one behind the ranks outside it
-        _state['next_id'] = 1
-    for process_set in dropped:
-        log.warning('mpi_kvstore.horovod: %s ended with the world it was made in', process_set)
-        for store in [process_set._store, *process_set._stores.values()]:
-            if store is not None:
-                try:
-                    store.close()
-                except Exception as err:   # the loss it raises is the one being answered
-                    log.info('mpi_kvstore.horovod: closing %r: %s', store, err)
-        process_set._store, process_set._stores = None, {}
-        process_set.process_set_id = None
+    end_sets()
     kv.reset(world.comm, lost)
     for other in global_process_set._stores.values():
         if other is not kv:
@@ -310,104 +222,6 @@ def world_bcast_object() -> Any:
     return None if world is None else world.bcast_object
 
 
-def _require_init() -> None:
-    if _state.get('store') is None:
-        raise ValueError(_NOT_INITIALIZED)
-
-
-def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
-    """Register a process set (a ProcessSet or a list of ranks) and return it: a
-    sub-communicator and a store on it for its members. Collective on every process, as
-    in Horovod; the same ranks twice raise ValueError. On an elastic world every wait of it
-    ends with HorovodInternalError once a worker is lost or the world's timeout passes (as
-    init's), and only the set's members make its communicator."""
-    _require_init()
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    comm, me, world = _state['comm'], _state['rank'], _state.get('world')
-    if process_set.ranks is None:   # built from a communicator: learn its members
-        inside = process_set.mpi_comm != MPI.COMM_NULL
-        if world is None:
-            members = comm.allgather(me if inside else None)
-        else:
-            members = world.allgather_ints(me if inside else -1, "the process set's members",
-                                           world.timeout)
-        process_set.ranks = [r for r in members if r is not None and r >= 0]
-    bad = [r for r in process_set.ranks if not 0 <= r < _state['size']]
-    if bad or not process_set.ranks or len(set(process_set.ranks)) != len(process_set.ranks):
-        raise ValueError('add_process_set: ranks %s must be distinct ranks in [0, %d)'
-                         % (process_set.ranks, _state['size']))
-    with _lock:
-        for known in _state['sets'].values():
-            if known is not process_set and known.ranks == process_set.ranks:
-                raise ValueError('add_process_set: a process set of ranks %s exists already: %s'
-                                 % (process_set.ranks, known))
-        number = _state['next_id']
-    if world is None:
-        sub = comm.Split(0 if me in process_set.ranks else MPI.UNDEFINED, me)
-    else:
-        sub = _members_comm(world, comm, process_set.ranks, number)
-    if sub != MPI.COMM_NULL:
-        try:
-            process_set._store = MPIKVStore('dist_mpi', comm=sub, **_store_options())
-        except BaseException:
-            if world is None:
-                sub.Free()
-            else:   # the build's requests given up on may still be pending on it
-                abandoned.keep(sub)
-            raise
-        sub.Free()   # the store keeps its own duplicate
-    with _lock:
-        process_set.process_set_id = number
-        _state['next_id'] = number + 1
-        _state['sets'][number] = process_set
-    return process_set
-
-
-def _members_comm(world: Any, comm: MPI.Intracomm, ranks: list[int], number: int) -> MPI.Comm:
-    """The communicator of the process set ``ranks`` of ``comm`` on an elastic world
-    (COMM_NULL outside it). Create_group is collective over the set's members only (a
-    Split, over every rank, would wait for a worker outside the set too), and MPI has it in
-    blocking form only: it runs in a thread of its own (World.bounded), which a lost worker
-    or the world's timeout gives up on, with the group it reads. One so left blocks no later
-    communicator (MPICH 5.0.2): survivors that gave up on a set with a lost worker re-form
-    their world (tests/test_hvd_elastic_sets.py), and 2 of 3 mpiexec ranks that gave up on
-    one their third never joined then made an Idup, a Create_group, a Split and a Dup."""
-    if comm.Get_rank() not in ranks:
-        return MPI.COMM_NULL
-    everyone = comm.Get_group()
-    group = everyone.Incl(ranks)
-    everyone.Free()
-    # the tag tells the set apart from one made at once on the same communicator
-    sub = world.bounded(lambda: comm.Create_group(group, tag=number),
-                        'the process set %s' % (ranks,), world.timeout, keep=(group,))
-    group.Free()
-    return sub
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Close a registered process set's stores; True if it was registered (the global set is
-    never removed). Collective on the set's members."""
-    with _lock:
-        if (process_set is global_process_set or process_set.process_set_id is None
-                or _state.get('sets', {}).get(process_set.process_set_id) is not process_set):
-            return False
-        del _state['sets'][process_set.process_set_id]
-    for kv in [process_set._store, *process_set._stores.values()]:
-        if kv is not None:
-            kv.close()
-    process_set._store, process_set._stores = None, {}
-    process_set.process_set_id = None
-    return True
-
-
-def _store_options():
-    """The options of init's store (the environment's and init's keywords) for another store
-    on these processes: without the timeline, which init's store alone writes, and on init's
-    elastic world if there is one."""
-    return dict(_state['options'], timeline='', world=_state.get('world'))
-
-
 def shutdown() -> None:
     """Finish every collective and close the stores; init() may start again."""
     with _lock:
@@ -415,14 +229,7 @@ def shutdown() -> None:
             return
         sets = list(_state['sets'].values())
         _state.clear()
-    for process_set in sets:
-        for kv in [process_set._store, *process_set._stores.values()]:
-            if kv is not None:
-                kv.close()
-        process_set._store, process_set._stores = None, {}
-        if process_set is not global_process_set:
-            process_set.process_set_id = None
-    global_process_set.ranks = []
+    close_all(sets)
 
 
 def is_initialized() -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..store.kvstore import MPIKVStore
-from .basics import _store_options
 from .ops import _set_store
+from .process_sets import store_options
 
 
 # -- compression ------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _trainer_store(process_set, compression):
         # a communicator of the same members, duplicated in the store's collective order
         comm = base.collectives.run(lambda comm: comm.Dup(), 'hvd.dup')
         kv = MPIKVStore('dist_mpi', comm=comm,
-                        **dict(_store_options(), compression=compression.store_compression))
+                        **dict(store_options(), compression=compression.store_compression))
         comm.Free()   # the store keeps its own duplicate
         if compression.name == '2bit':
             kv.set_gradient_compression(compression.params_())

@@ -34,6 +34,7 @@ from .. import elastic as _elastic
 from ..elastic import HorovodInternalError, HostsUpdatedInterrupt
 from ..launch import supervision
 from . import basics
+from ._state import _require_init, _state
 from .ops import broadcast_object
 
 __all__ = ['run', 'State', 'ObjectState', 'MXNetState', 'HorovodInternalError',
@@ -97,12 +98,12 @@ class MXNetState(_elastic.State):
     first sync, never the disk's."""
 
     def __init__(self, params: Any, trainer: Any = None, **kwargs: Any) -> None:
-        basics._require_init()
+        _require_init()
         directory = os.environ.get(supervision.STATE_ENV) or False
         super().__init__(params, trainer, directory=directory,
-                         comm=lambda: basics._state['comm'],
+                         comm=lambda: _state['comm'],
                          bcast_object=basics.world_bcast_object(), **kwargs)
-        world = basics._state.get('world')
+        world = _state.get('world')
         if world is not None:   # the launcher's host notices: HostsUpdatedInterrupt at commit
             world.listeners.append(self.on_hosts_updated)
 

@@ -11,18 +11,16 @@ import numpy as np
 from .. import functional
 from ..comm.mpiabi import MPI
 from ..engine.arrays import copy_of
+from ._state import _require_init, _state
 from .basics import (
     _MPI_OPS,
     _OP_NAMES,
     Adasum,
     Average,
     NDArray,
-    ProcessSet,
     Sum,
-    _require_init,
-    _state,
-    global_process_set,
 )
+from .process_sets import ProcessSet, global_process_set
 
 
 # -- argument checks --------------------------------------------------------------------------

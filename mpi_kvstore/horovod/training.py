@@ -10,17 +10,16 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
+from ._state import _require_init
 from .basics import (
     NDArray,
-    ProcessSet,
-    _require_init,
     elastic_world,
-    global_process_set,
     size,
     store,
 )
 from .compression import Compression, _ours, _trainer_store
 from .ops import _scale, _set_root, _set_store, broadcast_
+from .process_sets import ProcessSet, global_process_set
 
 
 # -- parameters, trainer, optimizer -----------------------------------------------------------

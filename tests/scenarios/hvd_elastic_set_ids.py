@@ -3,7 +3,7 @@
 add_process_set([0, 3]): rank 0, a member, gives up on the set (HorovodInternalError) and
 registers nothing; ranks 1 and 2, outside it, return at once and register it. The three
 re-form the world without worker 3 and add the set [0, 1], whose Create_group every member must call
-with the same tag (basics._members_comm: the set's number): each prints the set's sums.
+with the same tag (process_sets._members_comm: the set's number): each prints the set's sums.
 The world's timeout is cut to 20 s, so that a Create_group that never matches ends.
 
 usage: hvd_elastic_set_ids.py
