@@ -28,10 +28,10 @@ __all__ = ['count', 'count_all', 'snapshot', 'since', 'KINDS']
 # take-ups of a negotiation thread's native ops in one compiled read ('taken') and
 # completions of many of their engine ops in one compiled call ('bulk', designs/base.py);
 # again: repeated calls that took their one-function path, by call ('pushpull', 'push',
-# 'pull', 'group', 'copy': store/exchange.py, store/collectives.py); fuse: chained ops that led a
-# fused run ('led'), ran in an earlier op's ('absorbed'), were linked into a burst as one
-# engine op ('linked'), or whose arrays were still busy when pushed, so that none could
-# ('busy', designs/chained.py).
+# 'pull', 'group', 'copy', 'unnamed': store/exchange.py, store/collectives.py); fuse: chained
+# ops that led a fused run ('led'), ran in an earlier op's ('absorbed'), were linked into a
+# burst as one engine op ('linked'), or whose arrays were still busy when pushed, so that
+# none could ('busy', designs/chained.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
          'optimizer', 'repeat', 'fastpath', 'loop', 'round', 'again', 'fuse')
 

@@ -30,6 +30,7 @@ _WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the r
 
 _FOLLOW_NAME = b'mpi_kvstore'   # what push_native names an op by default, encoded
 _LINKED = (('fuse', 'linked'),)  # debug.count_all's key: a plain dict bump a linked call
+_FIRST_HANDLE = layout.HEADER + layout.A_HANDLE   # the record's word of its first array
 
 
 class _Kept:
@@ -46,6 +47,16 @@ class _Kept:
         # the models Chained.again renews requests from, and their signatures numbered at
         # ``priority`` (Collective.numbered_sig)
         self.models = self.sigs = None
+
+    def move_to(self, handle):
+        """Prepared.move_to: the plan (private to a moving call: Chained._submit) names the
+        array of ``handle`` in its record and in the handle arrays the next push passes."""
+        plan = self.plan
+        if plan is not None:
+            plan.record[_FIRST_HANDLE] = handle
+            plan.handles.array[0] = handle
+            if plan.follow_handles is not None:
+                plan.follow_handles.array[0] = handle
 
 
 class Chained(Design):
@@ -123,7 +134,9 @@ class Chained(Design):
             # last op and the push's arguments are kept on it (_Kept), not made per call.
             kept = prepared.kept
             if kept is None or kept.priority != priority:
-                plan_ = self._plan(reqs, prepared.arrays)
+                # a moving call (Prepared.move_to) rewrites its plan: not the shared one
+                plan_ = (self._plan if prepared.moved is None else self._new_plan)(
+                    reqs, prepared.arrays)
                 kept = prepared.kept = _Kept(plan_, priority, op_name(reqs[0].kind))
             plan_ = kept.plan
             if plan_ is not None:
@@ -167,7 +180,7 @@ class Chained(Design):
         # models is never empty (at is bound): kvstore refuses [] keys, groups keep 2 or more
         if len(models) == 1:   # a key alone, the common call: no loop
             at = next(seq)
-            reqs = [models[0].again(at, priority, sigs[0], wait)]
+            reqs = [models[0].again(at, priority, sigs[0], wait, prepared.moved)]
         else:
             reqs = []
             for model, sig in zip(models, sigs):
@@ -183,11 +196,13 @@ class Chained(Design):
         reaped (ChainedOp.again), else a new one, kept."""
         op = kept.op
         if op is not None and op.reaped:
+            op.arrays = prepared.arrays   # a moving call's (Prepared.move_to)
             return op.again(kept.plan, reqs)
         # the last op may wait to be reaped behind its burst's leader, whose thread marks
         # it done after the engine's completion: two are kept
         spare, kept.spare = kept.spare, op
         if spare is not None and spare.reaped:
+            spare.arrays = prepared.arrays
             op = kept.op = spare.again(kept.plan, reqs)
         else:
             op = kept.op = records.ChainedOp(kept.plan, reqs, prepared.arrays, self._in_python)

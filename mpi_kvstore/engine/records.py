@@ -167,19 +167,36 @@ class Prepared:
     the last op, taken again once that op is done (:meth:`NativeOp.reusable`). ``owner``:
     the design that made it; a design takes only its own."""
 
-    __slots__ = ('arrays', 'handles', 'owner', '_op', 'kept')
+    __slots__ = ('arrays', 'handles', 'owner', '_op', 'kept', 'moved')
 
     def __init__(self, arrays, owner):
         self.arrays, self.owner = list(arrays), owner
         self.handles = engine.Handles(self.arrays)
         self._op = None
         self.kept = None   # what the owner keeps for the repeats (the chained design's plan)
+        self.moved = None  # the array of :meth:`move_to`, which requests are renewed on
+
+    def move_to(self, array):
+        """This call on ``array`` (of the same shape, dtype and place) in its one array's
+        stead: an out-of-place call's new copy each call (store/collectives.py, _Copy).
+        A new list, as an op in flight holds the old one (its completion keeps the array
+        alive); the handle words rewritten here and in what the owner keeps
+        (``kept.move_to``), which pushes read only while pushing."""
+        self.moved = array
+        self.arrays = [array]
+        handle = array.handle.value
+        self.handles.array[0] = handle
+        if self.kept is not None:
+            self.kept.move_to(handle)
 
     def op(self, reqs, eventfd):
         """The record of the next op over the arrays, for ``reqs``."""
         op = self._op
         if op is not None and op.reusable(eventfd):
             op.renew(reqs)
+            if self.moved is not None:   # reusable: no op in flight reads its words
+                op.arrays = self.arrays
+                op.record[L.HEADER + L.A_HANDLE] = self.moved.handle.value
             return op
         op = self._op = NativeOp(self.arrays, reqs, eventfd)
         return op

@@ -22,6 +22,8 @@ from .basics import (
 )
 from .process_sets import ProcessSet, global_process_set
 
+_UNNAMED = 'hvd.allreduce'   # the name of every allreduce_ called without one
+
 
 # -- argument checks --------------------------------------------------------------------------
 def _op_of(op, average, what):
@@ -150,12 +152,14 @@ def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = 
             and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
         # a repeated call: the store's prepared path, checked in one function
         kv = getattr(process_set, '_store', None)
-        if kv is not None and kv.collectives.again(name or 'hvd.allreduce', tensor,
-                                                   op != Sum):
+        if kv is not None and (kv.collectives.again(name, tensor, op != Sum) if name
+                               else kv.collectives.again_unnamed(tensor, op != Sum)):
             return tensor
     op = _op_of(op, average, 'allreduce_')
-    _allreduce_inplace([tensor], op, [name or 'hvd.allreduce'], prescale_factor,
+    _allreduce_inplace([tensor], op, [name or _UNNAMED], prescale_factor,
                        postscale_factor, process_set, 'allreduce_')
+    if not name:   # the record its next call finds by the tensor (one name for all)
+        _set_store(process_set, 'allreduce_').collectives.remember_unnamed(_UNNAMED, tensor)
     return tensor
 
 

@@ -2,6 +2,7 @@
 of the Horovod-style helpers, functional.py), on a Python function of the communicator,
 and the barrier. Each goes out in collective order through the store's :class:`job.Job`.
 """
+import collections
 import weakref
 
 import mxnet as mx
@@ -23,6 +24,10 @@ _SIGNED_LIMIT = 4096   # names whose signature is kept (cleared when reached)
 # a lone in-place allreduce (again, and the full path's _repeat), an out-of-place one
 _HIT = (('fastpath', 'hit'), ('named', 'hit'))   # its signature, too, is the one made before
 _HIT_COPY = (('again', 'copy'),) + _HIT
+_HIT_UNNAMED = (('again', 'unnamed'),) + _HIT   # an unnamed in-place one (again_unnamed)
+# the unnamed calls' records (again_unnamed) hold their arrays: at most these bytes of them
+# (and name_cache_capacity entries), least recently used out
+_UNNAMED_BYTES = 64 << 20
 
 
 class Collectives:
@@ -50,6 +55,11 @@ class Collectives:
         # the in-place cache's own dict (name -> [_Again, user]), which again() reads and
         # moves to the end itself: NameCache.get's frame is a fifth of that path (issue 43)
         self._again_entries = self._again._entries
+        # an unnamed call's tensor (its id: the record holds it) -> its last in-place
+        # allreduce (_Again), which the unnamed calls' one name cannot key when tensors
+        # alternate (hvd.allreduce_(x) without a name); bounded by entries and bytes
+        self._unnamed = collections.OrderedDict()
+        self._unnamed_bytes, self._unnamed_max = 0, config.name_cache_capacity
         # On an elastic world a function of the communicator gets its polled form, whose
         # waits end when a peer is lost (comm.host.PolledComm); chosen once, here.
         self._polled_us = config.progress_sleep_us if job.world is not None else None
@@ -217,6 +227,49 @@ class Collectives:
         job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
         return True
 
+    def again_unnamed(self, tensor, mean):
+        """:meth:`again` of an unnamed call (horovod.ops.allreduce_ without a name), whose
+        record is found by the tensor rather than the name that every unnamed call shares:
+        ranks call their unnamed tensors in the same order, and the agreement compares the
+        signatures (name, shape, dtype) of the calls, whichever path made them (debug
+        counters ``again``: 'unnamed', ``fastpath``: 'hit'). True once submitted; False:
+        nothing was done, the caller takes the full path, then :meth:`remember_unnamed`."""
+        entries = self._unnamed
+        known = entries.get(id(tensor))
+        if known is None:
+            return False
+        job = self._job
+        if (known.tensor is not tensor or known.average is not mean
+                or known.handle is not tensor.handle or known.prepared.owner is not job.design
+                or job.closed):
+            return False
+        entries.move_to_end(id(tensor))
+        errors = job.errors
+        if errors.waiting:
+            errors.raise_pending()
+        debug.count_all(_HIT_UNNAMED)
+        job.again(known.prepared, known.models, 0)
+        return True
+
+    def remember_unnamed(self, name, tensor):
+        """After an unnamed call's full path under ``name``: its record (made there, where
+        it went in place) kept for :meth:`again_unnamed` by ``tensor``, the least recently
+        used dropped past name_cache_capacity entries or _UNNAMED_BYTES of arrays."""
+        found = self._again_entries.get(name)
+        known = None if found is None else found[0]
+        if known is None or known.tensor is not tensor or known.dtype is None:
+            return
+        entries, nbytes = self._unnamed, known.models[0].nbytes
+        old = entries.pop(id(tensor), None)
+        if old is not None:
+            self._unnamed_bytes -= old.models[0].nbytes
+        if nbytes > _UNNAMED_BYTES:
+            return
+        entries[id(tensor)] = known
+        self._unnamed_bytes += nbytes
+        while len(entries) > self._unnamed_max or self._unnamed_bytes > _UNNAMED_BYTES:
+            self._unnamed_bytes -= entries.popitem(last=False)[1].models[0].nbytes
+
     def again_copy(self, name, tensor, mean):
         """:meth:`again` of an out-of-place allreduce (hvd.allreduce, functional.allreduce):
         a new NDArray of ``tensor``'s values summed over the ranks (with ``mean`` their mean,
@@ -242,7 +295,12 @@ class Collectives:
             errors.raise_pending()
         out = copy_of(tensor)
         debug.count_all(_HIT_COPY)
-        job.submit([known.model.renewed(out)], 0)
+        # the prepared call moved to the new copy: the design keeps its plan for the
+        # shape and renews only what names the array (Prepared.move_to), so the call
+        # plans nothing; an error still lands on ``out``, the op's array
+        prepared = known.prepared
+        prepared.move_to(out)
+        job.again(prepared, known.models, 0)
         return out
 
     def allreduce_copy(self, name, tensor, average=False):
@@ -353,16 +411,20 @@ class _Copy:
     """A name's last out-of-place allreduce: the handle object of the array it copied, held
     weakly (an NDArray takes no weak reference; its handle dies with it), so that the
     cache keeps no caller's input alive; the average; the copy's request as a model without
-    the copy (the caller's result, not kept here either), and the design it went to."""
+    the copy, the design it went to, and the engine's prepared call, which each repeat
+    moves to its new copy (Prepared.move_to)."""
 
-    __slots__ = ('source', 'average', 'model', 'design')
+    __slots__ = ('source', 'average', 'models', 'design', 'prepared')
 
     def __init__(self, tensor, req, design):
         self.source = weakref.ref(tensor.handle)
         self.average, self.design = bool(req.average), design
-        self.model = Collective(req.kind, req.key, req.dtype, req.shape, None, req.root, None,
-                                req.average, 0, req.nbytes, req.sig, req.place, 1, req.codec,
-                                False, req.in_place)
+        self.models = [Collective(req.kind, req.key, req.dtype, req.shape, None, req.root,
+                                  None, req.average, 0, req.nbytes, req.sig, req.place, 1,
+                                  req.codec, False, req.in_place)]
+        # the engine's prepared call, moved to each call's copy (Prepared.move_to); it
+        # holds the last copy (the caller's result) until the next call moves it
+        self.prepared = Prepared([req.array], design)
 
 
 def _check_arrays(names, tensors):

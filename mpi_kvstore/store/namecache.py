@@ -104,7 +104,9 @@ class Batch(list):
     def renewed(cls, models, prepared):
         """The requests of a prepared call repeated: each of ``models`` renewed
         (Collective.renewed); a key alone (the common call) without a comprehension."""
-        reqs = cls([models[0].renewed()] if len(models) == 1
+        # a moving call's (Prepared.move_to) array in its model's stead
+        moved = None if prepared is None else prepared.moved
+        reqs = cls([models[0].renewed(moved)] if len(models) == 1
                    else [model.renewed() for model in models])
         reqs.prepared = prepared
         return reqs
