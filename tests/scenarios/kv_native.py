@@ -90,6 +90,41 @@ def inline_when_ready():
             kv.pushpull('inline%d' % nbytes, busy)
             close(busy.asnumpy(), SIZE * (SIZE + 1) / 2, 'unready %d bytes' % nbytes)
         kv.close()
+    if DESIGN == 'chained' and NATIVE and SIZE > 1:
+        lone_then_burst()
+
+
+def lone_then_burst():
+    """chained, inline_max_bytes: a lone call runs inline, the calls made right after it (a
+    burst, by the design's clock, here held still) queue so that they fuse, and a call made
+    after a pause runs inline again; the sums are numpy's."""
+    from mpi_kvstore.designs import chained
+    from mpi_kvstore.engine import core
+    now, inline, real_clock, real_push = [1.0], [], chained._clock, core.push_native
+
+    def push_native(*args, **kwargs):
+        inline.append(kwargs.get('inline_when_ready', False))
+        return real_push(*args, **kwargs)
+    chained._clock, core.push_native = (lambda: now[0]), push_native
+    try:
+        kv = mpi_kvstore.create('dist_mpi', design=DESIGN, native_ops=NATIVE,
+                                inline_max_bytes=1 << 20)
+        values = [mx.nd.full((1024,), RANK + 1 + i) for i in range(8)]
+        for value in values:
+            value.wait_to_read()
+        for rounds in range(2):
+            now[0] += 1.0                     # a pause: the first call is lone
+            del inline[:]
+            for i, value in enumerate(values):
+                kv.pushpull('burst%d' % i, value)
+            kv.wait()
+            assert inline == [True], 'rank %d round %d: offered inline %s' % (RANK, rounds, inline)
+            for i, value in enumerate(values):   # round 1 sums round 0's sums
+                expected = (SIZE * (SIZE + 1) / 2 + SIZE * i) * SIZE ** rounds
+                close(value.asnumpy(), expected, 'burst call %d round %d' % (i, rounds))
+        kv.close()
+    finally:
+        chained._clock, core.push_native = real_clock, real_push
 
 
 def mkldnn_weight_fails_loudly(kv):
