@@ -312,6 +312,16 @@ def result(output, name):
     return found[-1]
 
 
+def soak_growth(output):
+    """Each worker's line of a resets' soak (scenarios/memory_probe.report_growth) in
+    OUTPUT, in order: (worker, resets, RSS growth in MB, descriptors' growth, threads at
+    the first reset, threads at the last, the sum trained)."""
+    found = re.findall(r'worker (\d+): resets (\d+), rss growth ([-0-9.]+) MB, fd growth '
+                       r'(-?\d+), threads (\d+) -> (\d+), sum ([0-9.e+]+)', output)
+    return [(int(w), int(n), float(rss), int(fds), int(before), int(after), float(total))
+            for w, n, rss, fds, before, after, total in found]
+
+
 def _log_job(elapsed, nprocs, script, args):
     """Append one line per job to $MPI_HARNESS_LOG, if set: where the suite's time goes."""
     path = os.environ.get('MPI_HARNESS_LOG')

@@ -21,7 +21,14 @@ import numpy as np
 from mpi_kvstore.launch import rendezvous
 from mpi_kvstore.launch.workers import Workers
 
-from mpi_harness import REPO_ROOT, SCENARIOS_DIR, kill_leftovers, run_elastic, run_mpi
+from mpi_harness import (
+    REPO_ROOT,
+    SCENARIOS_DIR,
+    kill_leftovers,
+    run_elastic,
+    run_mpi,
+    soak_growth,
+)
 
 TIMEOUT = 120
 
@@ -222,11 +229,10 @@ def test_twenty_resets_leave_memory_descriptors_and_threads_flat(tmp_path, mpi_a
     statuses, out, _ = run_world(tmp_path, 3, script=os.path.join(SCENARIOS_DIR,
                                                                   'elastic_soak.py'))
     assert statuses == {0: 0, 1: 0, 2: 0}, (statuses, out[-3000:])
-    found = re.findall(r'worker (\d): resets (\d+), rss growth ([-0-9.]+) MB, fd growth '
-                       r'(-?\d+), threads (\d+) -> (\d+), sum ([0-9.e+]+)', out)
-    assert sorted(int(f[0]) for f in found) == [0, 1, 2], out[-3000:]
+    found = soak_growth(out)
+    assert sorted(f[0] for f in found) == [0, 1, 2], out[-3000:]
     for worker, resets, rss, fds, before, after, total in found:
-        assert int(resets) == 20, (worker, resets)
-        assert float(rss) <= 20.0 and int(fds) <= 10, (worker, rss, fds)
+        assert resets == 20, (worker, resets)
+        assert rss <= 20.0 and fds <= 10, (worker, rss, fds)
         assert before == after, (worker, before, after)
-        assert float(total) == 66000.0, (worker, total)
+        assert total == 66000.0, (worker, total)

@@ -123,6 +123,21 @@ def check_state_shares(kv):
     return checked
 
 
+def set_values(rank):
+    """What rank ``rank`` gives a process set's allreduce in the hvd set scenarios
+    (hvd_elastic_sets.py, hvd_elastic_set_ids.py); their tests sum the same values."""
+    return [10.0 * (rank + 1), rank - 0.5, 3.0]
+
+
+def set_sums(process_set, rank):
+    """hvd.allreduce (Sum) of :func:`set_values` over ``process_set`` -> a list."""
+    import mxnet as mx
+
+    import mpi_kvstore.horovod as hvd
+    got = hvd.allreduce(mx.nd.array(set_values(rank)), op=hvd.Sum, process_set=process_set)
+    return got.asnumpy().tolist()
+
+
 def elastic_net(dim=8, hidden=6):
     """The elastic scenarios' Gluon model, alike on every worker: -> (net, its parameters)."""
     import mxnet as mx

@@ -8,8 +8,6 @@ descriptors and threads grew from the first reset to the last, and the sum it tr
 usage: elastic_bcast_soak.py [--resets N]
 """
 import argparse
-import os
-import threading
 import time
 
 import mxnet as mx
@@ -18,15 +16,11 @@ import mpi_kvstore
 from mpi_kvstore import elastic, functional
 from mpi_kvstore.elastic.world import World
 
+from memory_probe import report_growth, usage
+
 parser = argparse.ArgumentParser()
 parser.add_argument('--resets', type=int, default=20)
 args = parser.parse_args()
-
-
-def usage():
-    with open('/proc/self/status') as fh:
-        rss = next(int(line.split()[1]) / 1024.0 for line in fh if line.startswith('VmRSS:'))
-    return rss, len(os.listdir('/proc/self/fd')), threading.active_count()
 
 
 world = World.from_environment()
@@ -62,8 +56,5 @@ def train(state):
 
 
 elastic.run_fn(train, reset)(state)
-first, last = seen[0], seen[-1]
-print('worker %d: resets %d, rss growth %.1f MB, fd growth %d, threads %d -> %d, sum %g'
-      % (world.id, len(seen), last[0] - first[0], last[1] - first[1], first[2], last[2],
-         float(weights['w'].asnumpy().sum())), flush=True)
+report_growth(world.id, seen, float(weights['w'].asnumpy().sum()))
 kv.close()

@@ -7,8 +7,6 @@ checksum.
 usage: elastic_soak.py [--resets N]
 """
 import argparse
-import os
-import threading
 import time
 
 import mxnet as mx
@@ -17,21 +15,11 @@ import numpy as np
 from mpi_kvstore import elastic
 from mpi_kvstore.elastic.world import World
 
+from memory_probe import report_growth, usage
+
 parser = argparse.ArgumentParser()
 parser.add_argument('--resets', type=int, default=20)
 args = parser.parse_args()
-
-
-def rss_mb():
-    with open('/proc/self/status') as fh:
-        for line in fh:
-            if line.startswith('VmRSS:'):
-                return int(line.split()[1]) / 1024.0
-    return 0.0
-
-
-def usage():
-    return rss_mb(), len(os.listdir('/proc/self/fd')), threading.active_count()
 
 
 world = World.from_environment(deadline=30.0)
@@ -54,7 +42,4 @@ def train(state):
 
 
 elastic.run_fn(train, lambda: world.reform(wait_for_loss=False))(state)
-first, last = seen[0], seen[-1]
-print('worker %d: resets %d, rss growth %.1f MB, fd growth %d, threads %d -> %d, sum %g'
-      % (world.id, len(seen), last[0] - first[0], last[1] - first[1], first[2], last[2],
-         float(weights['w'].asnumpy().sum())), flush=True)
+report_growth(world.id, seen, float(weights['w'].asnumpy().sum()))

@@ -13,22 +13,13 @@ import os
 import signal
 import time
 
-import mxnet as mx
-
 import mpi_kvstore.horovod as hvd
 from mpi_kvstore.horovod import basics
 
+from common import set_sums
+
 parser = argparse.ArgumentParser()
 args = parser.parse_args()
-
-
-def values(rank):
-    return [10.0 * (rank + 1), rank - 0.5, 3.0]
-
-
-def summed(process_set, me):
-    got = hvd.allreduce(mx.nd.array(values(me)), op=hvd.Sum, process_set=process_set)
-    return got.asnumpy().tolist()
 
 
 hvd.init()
@@ -51,7 +42,7 @@ world.settled()
 me = hvd.rank()
 both = hvd.add_process_set([0, 1])
 if both.included():
-    print('worker %d: set [0, 1] ranks %s sums %s' % (world.id, both.ranks,
-                                                      summed(both, me)), flush=True)
+    print('worker %d: set [0, 1] ranks %s sums %s'
+          % (world.id, both.ranks, set_sums(both, me)), flush=True)
 hvd.shutdown()
 print('worker %d: done' % world.id, flush=True)

@@ -18,13 +18,13 @@ import os
 import signal
 import time
 
-import mxnet as mx
-
 import mpi_kvstore.horovod as hvd
 from mpi_kvstore.comm import topology
 from mpi_kvstore.comm.mpiabi import MPI
 from mpi_kvstore.elastic.world import World
 from mpi_kvstore.horovod import basics
+
+from common import set_sums
 
 parser = argparse.ArgumentParser()
 parser.add_argument('--die-id', type=int, default=None)
@@ -53,15 +53,6 @@ World.__init__ = world_init
 topology._Polled.allgather = allgather
 
 
-def values(rank):
-    return [10.0 * (rank + 1), rank - 0.5, 3.0]
-
-
-def summed(process_set, me):
-    got = hvd.allreduce(mx.nd.array(values(me)), op=hvd.Sum, process_set=process_set)
-    return got.asnumpy().tolist()
-
-
 hvd.init()
 world = basics.elastic_world()
 me = hvd.rank()
@@ -74,8 +65,8 @@ if args.die_id is None:
     other = hvd.add_process_set(hvd.ProcessSet(comm))
     for name, process_set in (('[0, 2]', pair), ('from a communicator', other)):
         if process_set.included():
-            print('worker %d: set %s ranks %s sums %s' % (world.id, name, process_set.ranks,
-                                                         summed(process_set, me)), flush=True)
+            print('worker %d: set %s ranks %s sums %s'
+                  % (world.id, name, process_set.ranks, set_sums(process_set, me)), flush=True)
     before = len(gathered)
     basics.reform_world()
     world.settled()
@@ -98,9 +89,9 @@ else:
     me = hvd.rank()
     alone = hvd.add_process_set([1])
     print('worker %d: re-formed, rank %d of %d, sums %s' % (
-        world.id, me, hvd.size(), summed(hvd.global_process_set, me)), flush=True)
+        world.id, me, hvd.size(), set_sums(hvd.global_process_set, me)), flush=True)
     if alone.included():
-        print('worker %d: set [1] ranks %s sums %s' % (world.id, alone.ranks,
-                                                        summed(alone, me)), flush=True)
+        print('worker %d: set [1] ranks %s sums %s'
+              % (world.id, alone.ranks, set_sums(alone, me)), flush=True)
 hvd.shutdown()
 print('worker %d: done' % world.id, flush=True)
