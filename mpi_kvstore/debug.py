@@ -31,9 +31,10 @@ __all__ = ['count', 'count_all', 'snapshot', 'since', 'KINDS']
 # 'pull', 'group', 'copy', 'unnamed': store/exchange.py, store/collectives.py); fuse: chained
 # ops that led a fused run ('led'), ran in an earlier op's ('absorbed'), were linked into a
 # burst as one engine op ('linked'), or whose arrays were still busy when pushed, so that
-# none could ('busy', designs/chained.py).
+# none could ('busy', designs/chained.py); hvd: Horovod scale factors applied by an engine
+# op of their own, beside the reduction ('scale_op', horovod/ops.py).
 KINDS = ('algorithm', 'transport', 'engine_python', 'call_cache', 'schedule', 'named',
-         'optimizer', 'repeat', 'fastpath', 'loop', 'round', 'again', 'fuse')
+         'optimizer', 'repeat', 'fastpath', 'loop', 'round', 'again', 'fuse', 'hvd')
 
 _counts = collections.Counter()
 # counters that always move together (a repeated call's three: store/exchange.py), by the

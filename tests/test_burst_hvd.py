@@ -19,7 +19,8 @@ def check(out, design, nprocs):
     info = result(out, 'burst_hvd_info')['ranks']
     hit, miss = {'hit': 1}, {'miss': 1}
     switches = {'sum': miss, 'sum again': hit, 'average': miss, 'average again': hit,
-                'sum after average': miss, 'prescale': hit, 'postscale': hit, 'max': {},
+                'sum after average': miss, 'prescale': miss, 'postscale': miss,
+                'postscale again': hit, 'sum after postscale': miss, 'max': {},
                 'default name': miss, 'default name again': hit,
                 'sum after the refused calls': hit}
     raised = {'op True': 'ValueError', 'adasum': 'NotImplementedError',

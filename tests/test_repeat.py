@@ -33,6 +33,7 @@ class _Req:
         self.view = np.array(values)
         self.dtype, self.nbytes = self.view.dtype, self.view.nbytes
         self.average, self.codec, self.error, self.mirror = average, None, None, False
+        self.factor = 1.0
         self.completed = 0
 
     def buffer(self):

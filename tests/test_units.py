@@ -419,10 +419,10 @@ def test_a_device_bucket_runs_on_its_own_device_and_is_finished(monkeypatch):
 
 
 
-def _request(array, kind='allreduce', average=False, root=0):
+def _request(array, kind='allreduce', average=False, root=0, factor=1.0):
     dtype = np.dtype(array.dtype)
     return types.SimpleNamespace(array=array, nbytes=array.size * dtype.itemsize, kind=kind,
-                                 dtype=dtype, root=root, average=average)
+                                 dtype=dtype, root=root, average=average, factor=factor)
 
 
 def test_a_chained_record_holds_each_field_where_its_layout_declares():
@@ -435,7 +435,8 @@ def test_a_chained_record_holds_each_field_where_its_layout_declares():
     from mpi_kvstore.engine import layout, records
     ints = [mx.nd.ones((3,), dtype='int32'), mx.nd.ones((5,), dtype='int32')]
     floats = mx.nd.ones((4,))
-    buckets = [[_request(a, average=True) for a in ints], [_request(floats, 'bcast', root=1)]]
+    buckets = [[_request(a, average=True) for a in ints], [_request(floats, 'bcast', root=1)],
+               [_request(floats, factor=0.25)]]
     message = agreement.group_message([11, 12], rank=1)
     plan = records.ChainedPlan(buckets, types.SimpleNamespace(handle=7, size=2), message, 5,
                                lambda dtype, count: np.zeros(count, dtype), (10, 0), 3)
@@ -443,21 +444,26 @@ def test_a_chained_record_holds_each_field_where_its_layout_declares():
     head = words[:layout.HEADER].view(layout.HEADER_DTYPE)[0]
     assert (head['count'], head['nbuckets'], head['comm'], head['size'], head['eventfd'],
             head['one'], head['progress_us'], head['poll_us'], head['msglen']) == (
-                3, 2, 7, 2, 5, 1, 10, 3, len(message))
+                4, 3, 7, 2, 5, 1, 10, 3, len(message))
     assert head['fns'] == records.function_table().ctypes.data
     np.testing.assert_array_equal(head['mine'][:len(message)], message)
-    end = layout.HEADER + 3 * layout.SLOT
+    end = layout.HEADER + 4 * layout.SLOT
     slots = words[layout.HEADER:end].view(layout.ARRAY_DTYPE)
-    assert list(slots['handle']) == [a.handle.value for a in ints + [floats]]
-    assert list(slots['nbytes']) == [12, 20, 16]
-    fused, bcast = words[end:].view(layout.BUCKET_DTYPE)
+    assert list(slots['handle']) == [a.handle.value for a in ints + [floats, floats]]
+    assert list(slots['nbytes']) == [12, 20, 16, 16]
+    fused, bcast, scaled = words[end:].view(layout.BUCKET_DTYPE)
     assert [fused[f] for f in layout.BUCKET_DTYPE.names] == [
         layout.ALLREDUCE_POLLED, 0, 2, 8, c_datatype(np.int32), 0,
-        layout.SCALES[np.dtype(np.int32)], plan.keep[0].ctypes.data]
+        layout.SCALES[np.dtype(np.int32)], plan.keep[0].ctypes.data, 1.0]
     assert [bcast[f] for f in layout.BUCKET_DTYPE.names] == [
-        layout.BCAST, 2, 1, 4, c_datatype(np.float32), 1, 0, 0]
+        layout.BCAST, 2, 1, 4, c_datatype(np.float32), 1, 0, 0, 1.0]
+    # a factor without an average: multiplied alone (FACTORS), the factor a float64 word
+    assert [scaled[f] for f in layout.BUCKET_DTYPE.names] == [
+        layout.ALLREDUCE_POLLED, 3, 1, 4, c_datatype(np.float32), 0,
+        layout.FACTORS[np.dtype(np.float32)], 0, 0.25]
 
-    op = records.ChainedOp(plan, [r for b in buckets for r in b], ints + [floats], print)
+    op = records.ChainedOp(plan, [r for b in buckets for r in b], ints + [floats, floats],
+                           print)
     try:
         assert op.address == op.record.ctypes.data != plan.record.ctypes.data
         head = op.record[:layout.HEADER].view(layout.HEADER_DTYPE)[0]

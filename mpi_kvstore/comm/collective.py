@@ -7,7 +7,8 @@ import numpy as np
 
 from .poison import poison
 
-__all__ = ['Collective', 'finish_all', 'signature', 'place_of', 'SIG_LIMIT', 'SHARDED',
+__all__ = ['Collective', 'finish_all', 'signature', 'factor_sig', 'place_of', 'SIG_LIMIT',
+           'SHARDED',
            'LAMB_NORMS', 'CLIP_NORM']
 
 # Signatures travel in an int32 negotiation message with +1 and complement
@@ -35,6 +36,14 @@ def signature(kind, key, dtype, shape, root, place='cpu'):
     if place != 'cpu':
         text += '|' + place
     return zlib.crc32(text.encode()) % SIG_LIMIT
+
+
+def factor_sig(sig, factor):
+    """``sig`` with a scale factor's mark (none for 1.0: a plain sum's signature is as it
+    was). The factor's exact bits decide, as they decide the result."""
+    if factor == 1.0:
+        return sig
+    return (sig * 31 + zlib.crc32(np.float64(factor).tobytes())) % SIG_LIMIT
 
 
 def place_of(array):
@@ -79,15 +88,16 @@ class Collective:
     __slots__ = ('_seq', '_kind', '_key', '_dtype', '_shape', '_nbytes', '_root', '_sig',
                  '_place', '_array', '_view', '_scratch', '_completion', '_fn', '_result',
                  '_error', '_average', '_done', '_priority', '_in_place', '_mirror',
-                 '_waiter', '_codec', '_unit', '_shard')
+                 '_waiter', '_codec', '_unit', '_shard', '_factor')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None, place=None, unit=1,
-                 codec=None, shard=False, in_place=False, mirror=False, seq=-1, view=None):
+                 codec=None, shard=False, in_place=False, mirror=False, seq=-1, view=None,
+                 factor=1.0):
         """``sig``: a signature decided by the caller (a codec's mark or the active rank's
-        own, for a mirror), which then already holds ``unit``; by default it is computed
-        here from what the collective is. ``seq`` and ``priority``: a mirror's, given by
-        the active rank (others get theirs from :meth:`number`)."""
+        own, for a mirror), which then already holds ``unit`` and ``factor``; by default it
+        is computed here from what the collective is. ``seq`` and ``priority``: a mirror's,
+        given by the active rank (others get theirs from :meth:`number`)."""
         assert kind in KINDS
         self._seq = seq
         self._kind, self._key, self._fn = kind, key, fn
@@ -105,7 +115,9 @@ class Collective:
             sig = signature(kind, key, dtype, self._shape, root, self._place)
             if unit != 1:
                 sig = (sig * 31 + unit) % SIG_LIMIT
+            sig = factor_sig(sig, factor)
         self._sig = sig
+        self._factor = factor
         self._scratch = self._completion = self._result = self._error = None
         self._view = view
         self._average = average
@@ -127,6 +139,10 @@ class Collective:
     array = _read_only('array', 'the NDArray it reads and writes, or None')
     fn = _read_only('fn', "a custom collective's function of the MPI communicator")
     average = _read_only('average', 'divide the sum by the rank count')
+    factor = _read_only('factor', 'multiply the sum (the mean) by it, folded into the '
+                        "reduction's scaling (reduce.scale); part of the signature: ranks "
+                        'that scale differently would fuse differently, and Horovod calls '
+                        'different factors a mismatch')
     unit = _read_only('unit', 'reducescatter and allgather: elements that stay in one share '
                       "(fusion.pieces); part of the signature, since it decides how many "
                       "elements each rank's share holds")
@@ -184,6 +200,7 @@ class Collective:
                                                          self._average)
         new._codec, new._shard, new._in_place, new._mirror = (self._codec, self._shard,
                                                               self._in_place, self._mirror)
+        new._factor = self._factor
         new._seq, new._priority, new._done = seq, priority, False
         new._scratch = new._completion = new._result = new._error = None
         new._waiter, new._view = waiter, self._view

@@ -53,7 +53,7 @@ def _compatible(a, b):
     """Agreed metadata only (place is in the signature): a rank whose engine op could not
     read an array must plan the same buckets as the others."""
     return (a.kind == b.kind and a.dtype == b.dtype and a.average == b.average
-            and a.place == b.place)
+            and a.factor == b.factor and a.place == b.place)
 
 
 def order(req):

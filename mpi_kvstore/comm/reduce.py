@@ -25,7 +25,7 @@ import numpy as np
 
 from .fusion import BufferPool, Shares
 
-__all__ = ['Reducer']
+__all__ = ['Reducer', 'scale']
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +192,26 @@ class Reducer:
             return _zeros(count, bucket[0].dtype, device)
 
     def _average(self, req, buf):
-        if not req.average or self.size == 1:
-            return
-        if buf.dtype.kind == 'f':
-            buf *= 1.0 / self.size
-        else:
-            buf //= self.size
+        if self.size > 1:
+            scale(buf, req.average, req.factor, self.size)
+
+
+def scale(buf, average, factor, size):
+    """The scaling of a reduced buffer in place, after the sum, as the native op's does
+    (engine/native.py _scale): a float buffer multiplied once by ``factor`` (divided by
+    ``size`` with ``average``) in its own precision; an integer one floor-divided by
+    ``size`` with ``average``, then multiplied by ``factor`` in float64 and truncated
+    towards zero, as Horovod's integer scaling does."""
+    if buf.dtype.kind == 'f':
+        if average:
+            buf *= factor / size
+        elif factor != 1.0:
+            buf *= factor
+        return
+    if average:
+        buf //= size
+    if factor != 1.0:
+        buf[...] = (buf.astype(np.float64) * factor).astype(buf.dtype)
 
 
 def shares_route(bucket):

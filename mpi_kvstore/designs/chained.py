@@ -431,6 +431,6 @@ def _native_can_run(reqs):
             continue
         if c_datatype(req.dtype) is None or req.nbytes // req.dtype.itemsize > _INT_MAX:
             return False
-        if req.average and req.dtype not in layout.SCALES:
+        if (req.average or req.factor != 1.0) and req.dtype not in layout.SCALES:
             return False
     return True

@@ -21,7 +21,7 @@ def describe(req):
     dtype = req.dtype.str if req.dtype is not None else ''
     return (req.seq, req.kind, req.key, dtype, req.shape, req.nbytes, req.root, req.average,
             req.priority, req.sig, req.codec.spec if req.codec is not None else None, req.place,
-            req.unit, req.shard)
+            req.unit, req.shard, req.factor)
 
 
 def mirror(meta, shares=None):
@@ -29,12 +29,13 @@ def mirror(meta, shares=None):
     (shards.JoinedShares, with shard_optimizer) takes the mirrors of the sharded
     optimizer's collectives: this rank still updates and sends its share of the weights."""
     (seq, kind, key, dtype, shape, nbytes, root, average, priority, sig, codec, place, unit,
-     shard) = meta
+     shard, factor) = meta
     dtype = np.dtype(dtype) if dtype else None
     # planned as the others plan it: their signature (which holds the unit), seq and codec
     req = Collective(kind, key, dtype, shape, root=root, average=average, priority=priority,
                      nbytes=nbytes, sig=sig, place=place, unit=unit,
                      codec=compression.from_spec(codec), shard=shard, mirror=True, seq=seq,
+                     factor=factor,
                      view=None if dtype is None else np.zeros(nbytes // dtype.itemsize,
                                                               dtype=dtype))
     if shard and shares is not None:

@@ -34,6 +34,7 @@ from .. import debug
 from ..comm import agreement
 from ..comm.mpiabi import MPI
 from ..comm.progress import wait_polling
+from ..comm.reduce import scale
 from ..engine import rounds
 
 __all__ = ['Repeat', 'MAX_BYTES', 'REQUEST_BYTES', 'DTYPES', 'GATHER_S', 'PAUSE_S', 'MAX_PAUSE_S',
@@ -175,10 +176,10 @@ class Repeat:
         debug.count('repeat', 'won')
         reqs = [offer[base + slot] for slot in armed[0]]
         buf = self._buffer[:sum(armed[3])]
-        every = all(r.average for r in reqs)
+        head = reqs[0]
+        every = all(r.average == head.average and r.factor == head.factor for r in reqs)
         if every:   # one scaling of the whole sum, not one a request
-            _average(buf, self._size)
-        if every or not any(r.average for r in reqs):
+            scale(buf, head.average, head.factor, self._size)
             places = self._places_of([r.buffer() for r in reqs], buf.nbytes)
             if places is not None:   # one compiled copy back, not one numpy call a request
                 rounds.scatter(buf.view(np.uint8), *places)
@@ -191,8 +192,8 @@ class Repeat:
             view = req.buffer()
             view[...] = buf[at:at + count].reshape(view.shape)
             at += count
-            if req.average and not every:
-                _average(view, self._size)
+            if not every:
+                scale(view, req.average, req.factor, self._size)
             if complete:
                 req.complete()
         return reqs
@@ -240,13 +241,6 @@ def _sigs(msg, slots):
     if len(slots) > 8:
         return (msg[agreement.HEADER + np.asarray(slots)] - 1).tolist()
     return [int(msg[agreement.HEADER + slot]) - 1 for slot in slots]
-
-
-def _average(view, size):
-    if view.dtype.kind == 'f':
-        view *= 1.0 / size
-    else:
-        view //= size
 
 
 def _covers(now, armed):

@@ -81,6 +81,7 @@ class Piece:
     priority = property(lambda self: self.parent.priority)
     dtype = property(lambda self: self.parent.dtype)
     average = property(lambda self: self.parent.average)
+    factor = property(lambda self: self.parent.factor)
     place = property(lambda self: self.parent.place)
     codec = property(lambda self: self.parent.codec)
     mirror = property(lambda self: self.parent.mirror)

@@ -44,6 +44,7 @@ from . import native
 from .native import (
     _allreduce,
     _copy_arrays,
+    _factor_of,
     _hand_over,
     _record_at,
     _run_bucket,
@@ -154,7 +155,8 @@ def _run_group(rec, start, ops, total, dtype, size, comm):
             s = L.HEADER + L.SLOT * op[L.COUNT]
             n = _bucket_bytes(op)
             if not into:
-                _scale(buf + offset, op[s + L.B_COUNT], op[s + L.B_SCALE], size)
+                _scale(buf + offset, op[s + L.B_COUNT], op[s + L.B_SCALE], size,
+                       _factor_of(op, s))
             _copy_arrays(op, op[s + L.B_FIRST], op[s + L.B_ARRAYS], buf + offset, into)
             offset += n
             at = op[L.NEXT]

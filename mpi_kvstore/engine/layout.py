@@ -22,7 +22,7 @@ import numpy as np
 from ..comm import agreement
 
 __all__ = ['HEADER_DTYPE', 'ARRAY_DTYPE', 'DL_TENSOR_DTYPE', 'BUCKET_DTYPE', 'TABLE_DTYPE',
-           'HEADER', 'SLOT', 'BSLOT', 'TABLE', 'MESSAGE_WORDS', 'Stage', 'SCALES',
+           'HEADER', 'SLOT', 'BSLOT', 'TABLE', 'MESSAGE_WORDS', 'Stage', 'SCALES', 'FACTORS',
            'FUSE_OPS', 'offer_message']
 
 _I64 = np.int64
@@ -102,6 +102,7 @@ BUCKET_DTYPE = np.dtype([
     ('dtype', _I64), ('root', _I64),  # MPI datatype handle, broadcast root
     ('scale', _I64),                  # SCALES (0: a sum)
     ('fusion', _I64),                 # the fusion buffer's address (several arrays)
+    ('factor', np.float64),           # the scale factor after the sum (SCALES, FACTORS)
 ])
 TABLE_DTYPE = np.dtype([(name, _I64) for name in (
     'to_dlpack', 'dlpack_delete', 'memcpy', 'write', 'python', 'usleep', 'pthread_self',
@@ -144,8 +145,9 @@ A_HANDLE, A_MANAGED, A_TENSOR, A_DATA, A_DEVICE, A_OFFSET, A_NBYTES = _words(
     'tensor.byte_offset', 'nbytes')
 DL_TENSOR_BYTES = DL_TENSOR_DTYPE.itemsize
 # Within a bucket's slot.
-B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION = _words(
-    BUCKET_DTYPE, 'kind', 'first', 'arrays', 'count', 'dtype', 'root', 'scale', 'fusion')
+B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION, B_FACTOR = _words(
+    BUCKET_DTYPE, 'kind', 'first', 'arrays', 'count', 'dtype', 'root', 'scale', 'fusion',
+    'factor')
 # Within the table.
 (F_TO_DLPACK, F_DLPACK_DELETE, F_MEMCPY, F_WRITE, F_PYTHON, F_USLEEP, F_PTHREAD_SELF,
  F_PUSH, F_MADVISE, F_ALLREDUCE, F_BCAST, F_BARRIER, F_IALLREDUCE, F_TEST, C_IN_PLACE,
@@ -158,10 +160,14 @@ PENDING, READY, DONE = 0, 1, 2        # STATE
 ABSORBED_OK, ABSORBED_FAILED = 1, 2   # ABSORBED (0: run by its own op)
 CLOSED = 1                            # NEXT: no op may link after this one
 ALLREDUCE, BCAST, BARRIER, ALLREDUCE_POLLED = 0, 1, 2, 3   # a bucket's kind
-# How an averaged bucket is divided by the number of ranks, by dtype (as reduce.Reducer
-# does: floats multiply by 1/size in their own precision, integers floor-divide).
+# How an averaged bucket is divided by the number of ranks, by dtype (as reduce.scale
+# does: floats multiply by factor/size in their own precision, integers floor-divide, then
+# multiply by the factor in float64, truncated), and how a bucket that is not averaged is
+# multiplied by its factor (B_FACTOR, a float64; 1.0: a plain sum, scale 0).
 SCALES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2, np.dtype(np.int32): 3,
           np.dtype(np.int64): 4}
+FACTORS = {np.dtype(np.float32): 5, np.dtype(np.float64): 6, np.dtype(np.int32): 7,
+           np.dtype(np.int64): 8}
 
 # Why a chained op handed its collective to Python (STAGE):
 READ = 1       # an array was refused by MXNDArrayToDLPack, or is not host memory

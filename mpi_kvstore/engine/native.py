@@ -105,26 +105,39 @@ def _array_address(rec, i):
 
 
 @numba.njit
-def _scale(ptr, count, how, size):
-    """Divide by the number of ranks as reduce.Reducer does (L.SCALES)."""
-    if how == 1:
+def _factor_of(rec, s):
+    """The float64 factor of the bucket whose words start at ``s`` (L.B_FACTOR)."""
+    return numba.carray(_f64(rec[L.SELF] + 8 * (s + L.B_FACTOR)), 1)[0]
+
+
+@numba.njit
+def _scale(ptr, count, how, size, factor):
+    """Scale the sum as reduce.scale does (L.SCALES: divided by the number of ranks, then
+    multiplied by ``factor``; L.FACTORS: multiplied by ``factor`` alone), in one pass: a
+    float in its own precision, an integer floor-divided, then multiplied in float64 and
+    truncated."""
+    if how == 0:
+        return
+    if how == 1 or how == 5:
         a32 = numba.carray(_f32(ptr), count)
-        s32 = np.float32(1.0 / size)
+        s32 = np.float32(factor / size if how == 1 else factor)
         for i in range(count):
             a32[i] *= s32
-    elif how == 2:
+    elif how == 2 or how == 6:
         a64 = numba.carray(_f64(ptr), count)
-        s64 = 1.0 / size
+        s64 = factor / size if how == 2 else factor
         for i in range(count):
             a64[i] *= s64
-    elif how == 3:
+    elif how == 3 or how == 7:
         n32 = numba.carray(_i32(ptr), count)
         for i in range(count):
-            n32[i] = n32[i] // size
-    elif how == 4:
+            v = n32[i] // size if how == 3 else n32[i]
+            n32[i] = v if factor == 1.0 else np.int32(np.float64(v) * factor)
+    elif how == 4 or how == 8:
         n64 = numba.carray(_i64(ptr), count)
         for i in range(count):
-            n64[i] = n64[i] // size
+            v = n64[i] // size if how == 4 else n64[i]
+            n64[i] = v if factor == 1.0 else np.int64(np.float64(v) * factor)
 
 
 @numba.njit
@@ -193,7 +206,7 @@ def _run_bucket(rec, count, b, size, comm):
                      rec[L.PROGRESS_US] if kind == L.ALLREDUCE_POLLED else 0)
     if err != 0:
         return err
-    _scale(ptr, rec[s + L.B_COUNT], rec[s + L.B_SCALE], size)
+    _scale(ptr, rec[s + L.B_COUNT], rec[s + L.B_SCALE], size, _factor_of(rec, s))
     if arrays_ > 1:
         _copy_arrays(rec, first, arrays_, ptr, False)
     return 0

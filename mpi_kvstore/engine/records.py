@@ -253,7 +253,10 @@ class ChainedPlan:
             if head.dtype is not None:
                 words[L.B_DTYPE] = c_datatype(head.dtype)
             words[L.B_ROOT] = head.root
-            words[L.B_SCALE] = L.SCALES[head.dtype] if head.average else 0
+            # the bucket's requests share average and factor (fusion._compatible)
+            words[L.B_SCALE] = (L.SCALES[head.dtype] if head.average else
+                                L.FACTORS[head.dtype] if head.factor != 1.0 else 0)
+            words[L.B_FACTOR:L.B_FACTOR + 1].view(np.float64)[0] = head.factor
             if arrays_here > 1:
                 buf = fusion(head.dtype, count)
                 keep.append(buf)

@@ -8,7 +8,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from .. import functional
+from .. import debug, functional
 from ..comm.mpiabi import MPI
 from ..engine.arrays import copy_of
 from ._state import _require_init, _state
@@ -83,9 +83,12 @@ def _copy(tensor):
 
 
 def _scale(tensor, factor):
-    """tensor *= factor, in place, as an engine op (integer tensors scaled in float64)."""
+    """tensor *= factor, in place, as an engine op (integer tensors scaled in float64), or
+    two (astype and back): debug counter ``hvd``: 'scale_op', once a call, where a factor
+    could not be folded into the reduction (_fold)."""
     if factor == 1.0:
         return tensor
+    debug.count('hvd', 'scale_op')
     if np.issubdtype(np.dtype(tensor.dtype), np.floating):
         tensor *= factor
     else:
@@ -111,34 +114,66 @@ def _mpi_reduce(kv, tensor, op):
     return tensor
 
 
+# the scaling of a plain call (Collectives' key for it: its records are found again by
+# identity)
+_PLAIN = (1.0, 1.0)
+_OWN_PRECISION = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _fold(dtype, mean, pre, post, size):
+    """How a Sum or Average with scale factors runs on a tensor of ``dtype``: (prescale
+    as an engine op before, the reduction's average and factor, postscale as an engine op
+    after); 1.0: no op. float32 and float64 fold both factors into the reduction's one
+    multiply after the sum (by pre * post, divided by the size for an Average): the result
+    differs from Horovod's post * sum(pre * x) only by rounding. Others keep the prescale
+    as an op: a float16 one guards the sum against overflow, an integer one truncates each
+    element before the sum. An integer Average and postscale fold as the one multiply in
+    float64, truncated, that Horovod (and this module before) applied after the sum.
+    One rank (whose reduction does nothing) keeps the factors as ops."""
+    if size == 1:
+        return pre, mean, 1.0, post
+    if dtype in _OWN_PRECISION:
+        return 1.0, mean, pre * post, 1.0
+    if dtype.kind == 'f':
+        return pre, mean, post, 1.0
+    if dtype.kind in 'iu':
+        return pre, False, post / size if mean else post, 1.0
+    return pre, False, 1.0, post / size if mean else post
+
+
 def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, process_set,
                        what, again=True, group=None, sources=None):
-    """op over the set of each tensor, in place (collectives.allreduce). A float Average is
-    the reduction's own (the fused buffer divided once); an integer one, the scale factors
-    and Min/Max/Product are engine ops or collectives of their own, as before. A call on
-    the very arrays of its names' last calls takes the store's prepared path (their
-    dtypes known, their requests and engine call prepared); ``again=False``: the tensors
-    are fresh copies, which never come again, of ``sources`` where given (collectives.allreduce
-    remembers them for its again_copy)."""
+    """op over the set of each tensor, in place (collectives.allreduce). A Sum or
+    Average and its scale factors are the reduction's own (_fold: each tensor's request
+    carries them, one engine op a call); Min/Max/Product are collectives of their own,
+    scaled by engine ops. A call on the very arrays of its names' last calls takes the
+    store's prepared path (their dtypes known, their requests and engine call prepared);
+    ``again=False``: the tensors are fresh copies, which never come again, of ``sources``
+    where given (collectives.allreduce remembers them for its again_copy)."""
     kv = _set_store(process_set, what)
-    if prescale_factor != 1.0:
-        for tensor in tensors:
-            _scale(tensor, prescale_factor)
     if op in _MPI_OPS:
         for tensor in tensors:
+            _scale(tensor, prescale_factor)
             _mpi_reduce(kv, tensor, op)
             _scale(tensor, postscale_factor)
         return tensors
-    folded = op == Average and all(dtype.kind == 'f'
-                                   for dtype in kv.collectives.dtypes(names, tensors))
-    kv.collectives.allreduce(names, tensors, average=folded, again=again, group=group,
-                             sources=sources if prescale_factor == 1.0 else None)
+    mean = op == Average
     # the set's store spans exactly its ranks
-    factor = (postscale_factor / kv.num_workers if op == Average and not folded
-              else postscale_factor)
-    if factor != 1.0:
-        for tensor in tensors:
-            _scale(tensor, factor)
+    folds = [_fold(dtype, mean, prescale_factor, postscale_factor, kv.num_workers)
+             for dtype in kv.collectives.dtypes(names, tensors)]
+    plain = True   # no op of its own: its records may be found again (Collectives.again)
+    for tensor, (pre, _, _, post) in zip(tensors, folds):
+        if pre != 1.0:
+            _scale(tensor, pre)
+        plain = plain and pre == 1.0 and post == 1.0
+    scale = (_PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
+             else (prescale_factor, postscale_factor))
+    kv.collectives.allreduce(names, tensors, average=[f[1] for f in folds], again=again,
+                             group=group, sources=sources, factors=[f[2] for f in folds],
+                             repeat_as=(mean, scale) if plain else (None, None))
+    for tensor, fold in zip(tensors, folds):
+        if fold[3] != 1.0:
+            _scale(tensor, fold[3])
     return tensors
 
 
@@ -149,11 +184,13 @@ def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = 
     processes; op defaults to Average. Returns ``tensor``. ``priority`` is accepted: these
     collectives run in call order."""
     if (op is None or (op.__class__ is int and (op == Sum or op == Average))) \
-            and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+            and average is None:
         # a repeated call: the store's prepared path, checked in one function
         kv = getattr(process_set, '_store', None)
-        if kv is not None and (kv.collectives.again(name, tensor, op != Sum) if name
-                               else kv.collectives.again_unnamed(tensor, op != Sum)):
+        scale = (_PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
+                 else (prescale_factor, postscale_factor))
+        if kv is not None and (kv.collectives.again(name, tensor, op != Sum, scale) if name
+                               else kv.collectives.again_unnamed(tensor, op != Sum, scale)):
             return tensor
     op = _op_of(op, average, 'allreduce_')
     _allreduce_inplace([tensor], op, [name or _UNNAMED], prescale_factor,
@@ -168,12 +205,15 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
               process_set: ProcessSet = global_process_set, op: int | None = None) -> NDArray:
     """As :func:`allreduce_`, into a new NDArray; ``tensor`` is left as it was."""
     if (op is None or (op.__class__ is int and (op == Sum or op == Average))) \
-            and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+            and average is None:
         # a repeated call on the very same input: its copy reduced as the last one was, in
         # one function (Collectives.again_copy)
         kv = getattr(process_set, '_store', None)
         if kv is not None:
-            found = kv.collectives.again_copy(name or 'hvd.allreduce', tensor, op != Sum)
+            found = kv.collectives.again_copy(
+                name or 'hvd.allreduce', tensor, op != Sum,
+                _PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
+                else (prescale_factor, postscale_factor))
             if found is not None:
                 return found
     op = _op_of(op, average, 'allreduce')
@@ -190,11 +230,13 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
                        op: int | None = None) -> list[NDArray]:
     """allreduce_ of each tensor of the list, in place; returns the list."""
     if (op is None or (op.__class__ is int and (op == Sum or op == Average))) \
-            and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+            and average is None:
         # a repeated call: the store's prepared path for the whole list, in one function
         kv = getattr(process_set, '_store', None)
-        if kv is not None and kv.collectives.again_group(name or 'hvd.grouped_allreduce',
-                                                         tensors, op != Sum):
+        if kv is not None and kv.collectives.again_group(
+                name or 'hvd.grouped_allreduce', tensors, op != Sum,
+                _PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
+                else (prescale_factor, postscale_factor)):
             return tensors
     op = _op_of(op, average, 'grouped_allreduce_')
     _grouped(list(tensors), op, name, prescale_factor, postscale_factor, process_set,

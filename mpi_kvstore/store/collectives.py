@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import debug
-from ..comm.collective import Collective, signature
+from ..comm.collective import Collective, factor_sig, signature
 from ..comm.host import PolledComm
 from ..engine.arrays import copy_of, dense_meta, storage_of
 from ..engine.records import Prepared
@@ -28,6 +28,8 @@ _HIT_UNNAMED = (('again', 'unnamed'),) + _HIT   # an unnamed in-place one (again
 # the unnamed calls' records (again_unnamed) hold their arrays: at most these bytes of them
 # (and name_cache_capacity entries), least recently used out
 _UNNAMED_BYTES = 64 << 20
+# the scaling of a plain call, the default key under which records are found again
+_PLAIN = (1.0, 1.0)
 
 
 class Collectives:
@@ -101,7 +103,8 @@ class Collectives:
         buf.copyto(tensor)
         return tensor
 
-    def allreduce(self, names, tensors, average=False, again=True, group=None, sources=None):
+    def allreduce(self, names, tensors, average=False, again=True, group=None, sources=None,
+                  factors=None, repeat_as=None):
         """Sum (the mean with ``average``) each tensor over the ranks, in place; ``names[i]``
         identifies tensor i's collective across ranks. One engine op per tensor: two tensors
         of one list may be views of one array, which share an engine variable, and an op
@@ -124,7 +127,17 @@ class Collectives:
         and no two share storage. ``sources``: of an out-of-place call (``again=False``), the
         arrays the tensors are copies of (:func:`engine.arrays.copy_of`), each kept with its
         request for :meth:`again_copy` where its copy went in place.
+
+        ``average`` may be a list (one a tensor), and ``factors`` a list of scale factors,
+        each folded into its tensor's reduction (Collective.factor; None: 1.0 each).
+        ``repeat_as``: (mean, scale), the arguments under which :meth:`again`,
+        :meth:`again_group` and :meth:`again_copy` find the records of this call again
+        (horovod.ops: its op and scale factors); by default (``average``, plain) where
+        ``average`` is a bool, else never.
         """
+        if repeat_as is None:
+            repeat_as = (average, _PLAIN) if average.__class__ is bool else (None, None)
+        each = average.__class__ is list
         self._job.begin()
         # records (_Again, _Copy) kept only once every request is submitted: a call
         # rejected partway (a bad tensor in the list) leaves none of a call that never ran,
@@ -136,8 +149,10 @@ class Collectives:
             except AttributeError:
                 _check_arrays(names, tensors)
                 raise
+            avg = average[i] if each else average
+            factor = 1.0 if factors is None else factors[i]
             if handle not in seen:
-                found = self._repeat(name, tensor, average)
+                found = self._repeat(name, tensor, avg, factor)
                 if found is not None:
                     seen.add(handle)
                     reqs.append(found)
@@ -146,12 +161,13 @@ class Collectives:
             meta = dense_meta(tensor) if self._in_place else None
             if meta is not None and handle not in seen:
                 seen.add(handle)
-                req = self._in_place_request(name, tensor, meta, average)
+                req = self._in_place_request(name, tensor, meta, avg, factor)
                 if again:
-                    records.append((self._again, name, _Again(tensor, req, self._job.design)))
+                    records.append((self._again, name,
+                                    _Again(tensor, req, self._job.design, repeat_as)))
                 elif sources is not None and sources[i].__class__ is mx.nd.NDArray:
                     records.append((self._copies, name,
-                                    _Copy(sources[i], req, self._job.design)))
+                                    _Copy(sources[i], req, self._job.design, repeat_as)))
                 reqs.append([req])
                 made.append(req)
                 continue
@@ -162,13 +178,14 @@ class Collectives:
                 buf = mx.nd.zeros(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
             tensor.copyto(buf)
             reqs.append([Collective('allreduce', name, np.dtype(tensor.dtype), tensor.shape,
-                                    array=buf, average=average)])
+                                    array=buf, average=avg, factor=factor)])
             staged.append((key, buf, reqs[-1][0], tensor))
         # kept before the design numbers the requests: their models are unnumbered
         if group is not None and again and len(made) == len(tensors) > 1:
             found = [storage_of(tensor) for tensor in tensors]
             if None not in found and len(set(found)) == len(found):
-                records.append((self._groups, group, _Again(tensors, made, self._job.design)))
+                records.append((self._groups, group,
+                                _Again(tensors, made, self._job.design, repeat_as)))
         job = self._job
         for req in reqs:
             if req.__class__ is _Again:   # a repeat: its models renewed by the job
@@ -182,13 +199,15 @@ class Collectives:
             buf.copyto(tensor)
         return tensors
 
-    def again_group(self, name, tensors, mean):
+    def again_group(self, name, tensors, mean, scale=_PLAIN):
         """:meth:`again` of a grouped allreduce (``name``: the group's) whose tensors are
         the very arrays of its last call, in place and sharing no storage: one engine op for
         the whole list. True once submitted; False: nothing was done."""
         known = self._groups.get(name)
         job = self._job
-        if (known is None or known.average is not mean or known.prepared.owner is not job.design
+        if (known is None or known.average is not mean
+                or (known.scale is not scale and known.scale != scale)
+                or known.prepared.owner is not job.design
                 or len(tensors) != len(known.tensor) or job.closed):
             return False
         for tensor, was, handle in zip(tensors, known.tensor, known.handle):
@@ -201,13 +220,14 @@ class Collectives:
         job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
         return True
 
-    def again(self, name, tensor, mean):
+    def again(self, name, tensor, mean, scale=_PLAIN):
         """A lone allreduce of ``tensor`` under ``name`` on its prepared path, if it is
         the very array of the name's last in-place call (its handle too) and the reduction
         is the one prepared: the sum, or with ``mean`` the mean folded into it (a float
         dtype). True once submitted; False: nothing was done, the caller takes the full
         path (which also says what is wrong). One function, for Horovod's repeated calls
-        (horovod.ops.allreduce_)."""
+        (horovod.ops.allreduce_). ``scale``: the caller's scaling, as the full path's
+        ``repeat_as`` keyed the record (horovod.ops: (prescale, postscale))."""
         entries = self._again_entries
         found = entries.get(name)
         if found is None:
@@ -216,6 +236,7 @@ class Collectives:
         # a prepared mean was folded (a float dtype); an integer one scales after: full path.
         # A closed store: the full path's begin says so.
         if (known.tensor is not tensor or known.average is not mean
+                or (known.scale is not scale and known.scale != scale)
                 or known.handle is not tensor.handle or known.prepared.owner is not job.design
                 or job.closed):
             return False
@@ -227,7 +248,7 @@ class Collectives:
         job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
         return True
 
-    def again_unnamed(self, tensor, mean):
+    def again_unnamed(self, tensor, mean, scale=_PLAIN):
         """:meth:`again` of an unnamed call (horovod.ops.allreduce_ without a name), whose
         record is found by the tensor rather than the name that every unnamed call shares:
         ranks call their unnamed tensors in the same order, and the agreement compares the
@@ -240,6 +261,7 @@ class Collectives:
             return False
         job = self._job
         if (known.tensor is not tensor or known.average is not mean
+                or (known.scale is not scale and known.scale != scale)
                 or known.handle is not tensor.handle or known.prepared.owner is not job.design
                 or job.closed):
             return False
@@ -270,7 +292,7 @@ class Collectives:
         while len(entries) > self._unnamed_max or self._unnamed_bytes > _UNNAMED_BYTES:
             self._unnamed_bytes -= entries.popitem(last=False)[1].models[0].nbytes
 
-    def again_copy(self, name, tensor, mean):
+    def again_copy(self, name, tensor, mean, scale=_PLAIN):
         """:meth:`again` of an out-of-place allreduce (hvd.allreduce, functional.allreduce):
         a new NDArray of ``tensor``'s values summed over the ranks (with ``mean`` their mean,
         folded into the reduction), ``tensor`` left as it was, where ``tensor`` is the very
@@ -288,7 +310,8 @@ class Collectives:
         # a dead input's reference answers None, as getattr does for one without a handle)
         handle = getattr(tensor, 'handle', None)
         if (known is None or handle is None or known.source() is not handle
-                or known.average is not mean or known.design is not job.design or job.closed):
+                or known.average is not mean or (known.scale is not scale and known.scale != scale)
+                or known.design is not job.design or job.closed):
             return None
         errors = job.errors
         if errors.waiting:   # one test when nothing failed, not a call
@@ -314,12 +337,12 @@ class Collectives:
         copy = copy_of(tensor) if tensor.__class__ is mx.nd.NDArray else tensor.copy()
         return self.allreduce([name], [copy], average, again=False, sources=[tensor])[0]
 
-    def _repeat(self, name, tensor, average):
+    def _repeat(self, name, tensor, average, factor):
         """The record (_Again) of ``name``'s last call where this one is on its very array,
-        for Job.again; else None (counted: fastpath)."""
+        reduced and scaled alike, for Job.again; else None (counted: fastpath)."""
         known = self._again.get(name)
-        if (known is None or known.tensor is not tensor or known.average != average
-                or known.handle is not tensor.handle
+        if (known is None or known.tensor is not tensor or known.handle is not tensor.handle
+                or known.models[0].average != average or known.models[0].factor != factor
                 or known.prepared.owner is not self._job.design):
             debug.count('fastpath', 'miss')
             return None
@@ -340,7 +363,7 @@ class Collectives:
                 raise
         return found
 
-    def _in_place_request(self, name, tensor, meta, average):
+    def _in_place_request(self, name, tensor, meta, average, factor=1.0):
         """The allreduce of ``tensor`` itself; ``meta``: its (shape, dtype, place)."""
         shape, dtype, place = meta
         known = self._signed.get(name)
@@ -357,7 +380,8 @@ class Collectives:
         for d in shape:
             count *= d
         return Collective('allreduce', name, dtype, shape, array=tensor, average=average,
-                          nbytes=count * dtype.itemsize, sig=sig, place=place, in_place=True)
+                          nbytes=count * dtype.itemsize, sig=factor_sig(sig, factor),
+                          place=place, in_place=True, factor=factor)
 
     def run(self, fn, name='custom'):
         """``fn(mpi_comm)`` in collective order on the store's communicator; its result. On
@@ -388,21 +412,24 @@ class _Again:
     which each call renews (Collective.renewed), and the engine's prepared call; the debug
     counters of a call (``hits``). Of a group (a list of tensors and of their requests):
     the tuple of the tensors and of their handles, a model each, and the counters 'again'
-    once, then 'fastpath' and 'named' for each tensor."""
+    once, then 'fastpath' and 'named' for each tensor. ``average`` and ``scale``: the
+    caller's arguments under which a call finds it again (Collectives.allreduce's
+    ``repeat_as``; its requests hold what they mean: average and factor)."""
 
-    __slots__ = ('tensor', 'handle', 'average', 'dtype', 'models', 'hits', 'prepared')
+    __slots__ = ('tensor', 'handle', 'average', 'scale', 'dtype', 'models', 'hits', 'prepared')
 
-    def __init__(self, tensor, req, design):
+    def __init__(self, tensor, req, design, repeat_as):
+        self.average, self.scale = repeat_as
         if isinstance(req, list):
             self.tensor = tuple(tensor)
             self.handle = tuple(t.handle for t in tensor)
-            self.average, self.dtype = bool(req[0].average), None
+            self.dtype = None
             self.models = [r.renewed() for r in req]
             self.hits = (('again', 'group'),) + _HIT * len(req)
             self.prepared = Prepared(self.tensor, design)
             return
         self.tensor, self.handle = tensor, tensor.handle
-        self.average, self.dtype = bool(req.average), req.dtype
+        self.dtype = req.dtype
         self.models, self.hits = [req.renewed()], _HIT
         self.prepared = Prepared([tensor], design)
 
@@ -410,18 +437,18 @@ class _Again:
 class _Copy:
     """A name's last out-of-place allreduce: the handle object of the array it copied, held
     weakly (an NDArray takes no weak reference; its handle dies with it), so that the
-    cache keeps no caller's input alive; the average; the copy's request as a model without
-    the copy, the design it went to, and the engine's prepared call, which each repeat
-    moves to its new copy (Prepared.move_to)."""
+    cache keeps no caller's input alive; the caller's average and scale (as _Again's); the
+    copy's request as a model without the copy, the design it went to, and the engine's
+    prepared call, which each repeat moves to its new copy (Prepared.move_to)."""
 
-    __slots__ = ('source', 'average', 'models', 'design', 'prepared')
+    __slots__ = ('source', 'average', 'scale', 'models', 'design', 'prepared')
 
-    def __init__(self, tensor, req, design):
+    def __init__(self, tensor, req, design, repeat_as):
         self.source = weakref.ref(tensor.handle)
-        self.average, self.design = bool(req.average), design
+        (self.average, self.scale), self.design = repeat_as, design
         self.models = [Collective(req.kind, req.key, req.dtype, req.shape, None, req.root,
                                   None, req.average, 0, req.nbytes, req.sig, req.place, 1,
-                                  req.codec, False, req.in_place)]
+                                  req.codec, False, req.in_place, factor=req.factor)]
         # the engine's prepared call, moved to each call's copy (Prepared.move_to); it
         # holds the last copy (the caller's result) until the next call moves it
         self.prepared = Prepared([req.array], design)

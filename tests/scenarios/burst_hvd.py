@@ -8,7 +8,8 @@ burst      20 tensors (16 KB float32, float64, int32) reduced by hvd.allreduce_ 
            values: op Sum and the default Average (folded for floats, scaled after for
            int32) sum or average as numpy does, and from step 2 every call is prepared.
 switches   On a prepared name and array: Sum -> Average -> Sum, prescale and postscale
-           factors, Max, a default name: each right as numpy says (the first call of a
+           factors (folded into the request: a change of factor is a change of call),
+           Max, a default name: each right as numpy says (the first call of a
            change takes the full path); op=True, Adasum and an unregistered process set
            still raise as before.
 functional mpi_kvstore.allreduce_ of 10 tensors (sum and mean), 3 steps: right as numpy
@@ -82,6 +83,8 @@ def switches():
     call('sum after average', FACTOR * base, name='s', op=hvd.Sum)
     call('prescale', 2 * FACTOR * base, name='s', op=hvd.Sum, prescale_factor=2.0)
     call('postscale', 3 * FACTOR * base, name='s', op=hvd.Sum, postscale_factor=3.0)
+    call('postscale again', 3 * FACTOR * base, name='s', op=hvd.Sum, postscale_factor=3.0)
+    call('sum after postscale', FACTOR * base, name='s', op=hvd.Sum)
     call('max', SIZE * base, name='s', op=hvd.Max)
     call('default name', FACTOR * base / SIZE)
     call('default name again', FACTOR * base / SIZE)

@@ -7,7 +7,7 @@ Each case is a name called 3 times on one input with new values: every result, a
 NDArray, is checked against numpy (and still holds its sum after the later calls), and the
 input is left as it was. The debug counter 'again' says 'copy' from the second call of a name
 on; the first call of a name, and a call with another input array, another shape, dtype,
-context, op or a scale factor, takes the full path (counted: fastpath 'miss') and sums right.
+context, op or scale factor, takes the full path (counted: fastpath 'miss') and sums right.
 A repeated call on one rank that meets a call of another shape on the other ranks fails on
 every rank with RankMismatchError naming both shapes; the name's path goes on after it.
 """
