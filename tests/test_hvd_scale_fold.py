@@ -56,6 +56,7 @@ def test_scale_factors_are_folded_and_right(design, designs):
         assert rank['unnamed'] == 2   # an unnamed call with factors: prepared from its 2nd
         said = rank['mismatch']
         assert 'ranks disagree' in said, said
+        assert 'rank 0 has scale factor 2.0, rank 1 has scale factor 3.0' in said, said
         # the last step's checks (the scenario checks every step, and records the last)
         assert len(rank['checked']) == len(DTYPES) * len(CASES) * 3 + 3
         for what, (shape, total) in rank['checked'].items():

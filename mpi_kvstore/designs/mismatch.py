@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 # The described fields that ranks must agree on, in the order a message names them;
 # 'shape' stands for shape and dtype together, as a user reads them.
-_FIELDS = ('kind', 'key', 'shape', 'root', 'compression', 'place', 'unit', 'priority')
+_FIELDS = ('kind', 'key', 'shape', 'root', 'compression', 'place', 'unit', 'priority',
+           'factor')
 # Positions of a call named at most; a long list would bury the first difference.
 MAX_LISTED = 4
 ADVICE = ('every rank must issue the same keys, shapes, dtypes, roots and gradient '
@@ -42,7 +43,8 @@ def describe(req):
     return {'seq': req.seq, 'kind': req.kind, 'key': repr(req.key),
             'shape': [list(req.shape), None if req.dtype is None else str(req.dtype)],
             'root': req.root, 'compression': None if codec is None else list(codec),
-            'place': req.place, 'unit': req.unit, 'priority': req.priority, 'failed': failed}
+            'place': req.place, 'unit': req.unit, 'priority': req.priority,
+            'factor': req.factor, 'failed': failed}
 
 
 def gather(comm, mine):
@@ -146,6 +148,8 @@ def _field(name, value):
         return 'compression %s' % ' '.join(map(str, value)) if value else 'no compression'
     if name == 'place':
         return '%s memory' % value
+    if name == 'factor':   # Horovod's scale factors, folded (horovod.ops._fold)
+        return 'scale factor %r' % value
     return '%s %s' % (name, value)
 
 
