@@ -128,5 +128,5 @@ def test_runs_as_offered_compiles_to_the_same_answers():
         theirs = (ag.group_message((), joined=True) if other is None
                   else ag.group_message(other, rank=0))
         msg = _min(mine, theirs)
-        assert native._runs_as_offered(msg, mine) == ag.runs_as_offered(msg, mine) == (
+        assert native.runs_as_offered(msg, mine) == ag.runs_as_offered(msg, mine) == (
             other == [5, 9])

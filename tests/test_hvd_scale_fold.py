@@ -92,7 +92,7 @@ def test_the_compiled_and_numpy_scaling_agree_with_horovods(dtype, average, fact
     compiled = summed.copy()
     how = (layout.SCALES[np.dtype(dtype)] if average
            else layout.FACTORS[np.dtype(dtype)] if factor != 1.0 else 0)
-    native._scale(compiled.ctypes.data, compiled.size, how, size, factor)
+    native.scale(compiled.ctypes.data, compiled.size, how, size, factor)
     np.testing.assert_array_equal(compiled, want)
 
 

@@ -42,17 +42,17 @@ from ..comm import agreement, ccall
 from . import layout as L  # the records' words: L.COUNT, L.NEXT, L.FUSE_BUF...
 from . import native
 from .native import (
-    _allreduce,
-    _copy_arrays,
-    _factor_of,
-    _hand_over,
-    _record_at,
-    _run_bucket,
-    _runs_as_offered,
-    _scale,
-    _signal,
-    _table_of,
-    _take_pointers,
+    allreduce,
+    copy_arrays,
+    factor_of,
+    hand_over,
+    record_at,
+    run_bucket,
+    runs_as_offered,
+    scale,
+    signal,
+    table_of,
+    take_pointers,
 )
 
 __all__ = ['address']
@@ -102,8 +102,8 @@ def _offer(rec):
     if rec[L.LEADS] != 0:
         at = rec[L.NEXT]
         while offered < L.FUSE_OPS and _linked(at):
-            other = _record_at(at)
-            if other[L.STARTED] == 0 or not _take_pointers(other, other[L.COUNT]):
+            other = record_at(at)
+            if other[L.STARTED] == 0 or not take_pointers(other, other[L.COUNT]):
                 break
             body = L.OFFERED + 1 + L.BODY * (offered - 1)
             mine[body:body + L.BODY] = _messages(other)[1][agreement.HEADER:
@@ -120,7 +120,7 @@ def _agreed(rec):
     each of their bodies equals this rank's exactly when all ranks sent the same: every
     rank cuts the run at the same op."""
     msg, mine = _messages(rec)
-    if not _runs_as_offered(msg[:L.OFFERED], mine[:L.OFFERED]):
+    if not runs_as_offered(msg[:L.OFFERED], mine[:L.OFFERED]):
         return 0
     agreed = msg[L.OFFERED]
     for i in range(1, agreed):
@@ -147,21 +147,21 @@ def _run_group(rec, start, ops, total, dtype, size, comm):
     """The single buckets of ``ops`` ops from the record at ``start`` copied one after the
     other into the fuse buffer, reduced in one allreduce, each divided as its own bucket
     says, and copied back; -> MPI's error code."""
-    fns, buf = _table_of(rec), rec[L.FUSE_BUF]
+    fns, buf = table_of(rec), rec[L.FUSE_BUF]
     for into in (True, False):
         at, offset = start, 0
         for _ in range(ops):
-            op = _record_at(at)
+            op = record_at(at)
             s = L.HEADER + L.SLOT * op[L.COUNT]
             n = _bucket_bytes(op)
             if not into:
-                _scale(buf + offset, op[s + L.B_COUNT], op[s + L.B_SCALE], size,
-                       _factor_of(op, s))
-            _copy_arrays(op, op[s + L.B_FIRST], op[s + L.B_ARRAYS], buf + offset, into)
+                scale(buf + offset, op[s + L.B_COUNT], op[s + L.B_SCALE], size,
+                       factor_of(op, s))
+            copy_arrays(op, op[s + L.B_FIRST], op[s + L.B_ARRAYS], buf + offset, into)
             offset += n
             at = op[L.NEXT]
         if into:
-            err = _allreduce(rec, buf, total, dtype, fns[L.C_SUM], comm, rec[L.PROGRESS_US])
+            err = allreduce(rec, buf, total, dtype, fns[L.C_SUM], comm, rec[L.PROGRESS_US])
             if err != 0:
                 return err
     return 0
@@ -174,7 +174,7 @@ def _complete(rec):
     # needs first, and add the table's 1 (it lives as long as the process), not the record's.
     fns, eventfd = rec[L.FNS], rec[L.EVENTFD]
     rec[L.STATE] = L.DONE
-    _signal(fns, eventfd)
+    signal(fns, eventfd)
 
 
 @numba.njit
@@ -182,7 +182,7 @@ def _finish(rec, stage, bucket, err):
     """The end of ``rec``'s part of a round: completed (stage 0) or handed to Python, which
     completes it; where its walk holds it (HOLD), the walk completes it at the end."""
     if stage != 0:
-        _hand_over(rec, stage, bucket, err)
+        hand_over(rec, stage, bucket, err)
     elif rec[L.HOLD] == 0:
         _complete(rec)
 
@@ -196,12 +196,12 @@ def _run_fused(rec, agreed):
     comm, size, cap = rec[L.COMM], rec[L.SIZE], rec[L.FUSE_CAP]
     own_err, start, i = 0, rec[L.SELF], 0
     while i < agreed:
-        first = _record_at(start)
+        first = record_at(start)
         s = L.HEADER + L.SLOT * first[L.COUNT]
         dtype, nbytes, total = first[s + L.B_DTYPE], _bucket_bytes(first), first[s + L.B_COUNT]
         j, at = i + 1, first[L.NEXT]
         while j < agreed:
-            op = _record_at(at)
+            op = record_at(at)
             t = L.HEADER + L.SLOT * op[L.COUNT]
             n = _bucket_bytes(op)
             if op[t + L.B_DTYPE] != dtype or nbytes + n > cap:
@@ -211,12 +211,12 @@ def _run_fused(rec, agreed):
             j += 1
             at = op[L.NEXT]
         if j - i == 1:
-            err = _run_bucket(first, first[L.COUNT], 0, size, comm)
+            err = run_bucket(first, first[L.COUNT], 0, size, comm)
         else:
             err = _run_group(rec, start, j - i, total, dtype, size, comm)
         mark = start
         for _ in range(j - i):
-            op = _record_at(mark)
+            op = record_at(mark)
             mark = op[L.NEXT]
             if op[L.SELF] == rec[L.SELF]:
                 own_err = err
@@ -232,17 +232,17 @@ def _run_fused(rec, agreed):
 def _round(at):
     """One round from the op at ``at``: its agreement, then it alone or fused with the ops
     agreed; -> the address of the last op it ran."""
-    rec = _record_at(at)
+    rec = record_at(at)
     count = rec[L.COUNT]
-    if not _take_pointers(rec, count):
+    if not take_pointers(rec, count):
         _finish(rec, L.READ, -1, 0)
         return at
     comm, agreed = rec[L.COMM], 1
     if rec[L.MSGLEN] > 0:
         _offer(rec)
         rec[L.MSG:L.MSG + L.MESSAGE_WORDS] = rec[L.MINE:L.MINE + L.MESSAGE_WORDS]
-        fns = _table_of(rec)
-        err = _allreduce(rec, rec[L.SELF] + 8 * L.MSG, rec[L.MSGLEN], fns[L.C_INT32],
+        fns = table_of(rec)
+        err = allreduce(rec, rec[L.SELF] + 8 * L.MSG, rec[L.MSGLEN], fns[L.C_INT32],
                          fns[L.C_MIN], comm, rec[L.POLL_US])
         if err != 0:
             _finish(rec, L.MPI_ERROR, -1, err)
@@ -254,12 +254,12 @@ def _round(at):
     if agreed > 1:
         last = at
         for _ in range(agreed - 1):
-            last = _record_at(last)[L.NEXT]
+            last = record_at(last)[L.NEXT]
         err = _run_fused(rec, agreed)
         _finish(rec, L.MPI_ERROR if err != 0 else 0, 0, err)
         return last
     for b in range(rec[L.NBUCKETS]):
-        err = _run_bucket(rec, count, b, rec[L.SIZE], comm)
+        err = run_bucket(rec, count, b, rec[L.SIZE], comm)
         if err != 0:
             _finish(rec, L.MPI_ERROR, b, err)
             return at
@@ -288,7 +288,7 @@ def _entry_points(key):
     _SOURCES), which numba's cache keys them by."""
     def run_chained(run_ctx, on_complete, param):
         _ = key
-        rec = native._chained_record(param)
+        rec = native.chained_record(param)
         done = numba.carray(on_complete, 3, dtype=np.int64)
         rec[L.CALLBACK], rec[L.ENGINE], rec[L.PARAM] = done[0], done[1], done[2]
         if rec[L.PUSHER] != 0:
@@ -296,7 +296,7 @@ def _entry_points(key):
             # arrays were ready then, else on its normal CPU worker, which also runs
             # compute. There it must not block: the call goes on from the priority worker
             # (run_queued), holding its arrays until it completes this op.
-            fns = _table_of(rec)
+            fns = table_of(rec)
             if _call_self(fns[L.F_PTHREAD_SELF], ()) != rec[L.PUSHER]:
                 if _call_push(fns[L.F_PUSH], (fns[L.F_QUEUED], rec[L.SELF], 0,
                                               fns[L.C_CPU_CONTEXT], 0, 0, 0, 0,
@@ -311,7 +311,7 @@ def _entry_points(key):
         _ = key
         done = numba.carray(on_complete, 3, dtype=np.int64)
         _call_void_3(done[0], (done[1], done[2], 0))
-        _run_chained_body(native._chained_record(param))
+        _run_chained_body(native.chained_record(param))
 
     def follow(run_ctx, on_complete, param):
         """A call's op pushed without the chain (the module says when): at once on the
@@ -319,7 +319,7 @@ def _entry_points(key):
         _ = key
         head = numba.carray(param, L.HEADER, dtype=np.int64)
         done = numba.carray(on_complete, 3, dtype=np.int64)
-        if _call_self(_table_of(head)[L.F_PTHREAD_SELF], ()) == head[L.PUSHER]:
+        if _call_self(table_of(head)[L.F_PTHREAD_SELF], ()) == head[L.PUSHER]:
             head[L.CALLBACK], head[L.ENGINE], head[L.PARAM] = done[0], done[1], done[2]
             head[L.STARTED] = 1
             # linked here rather than by a second call from Python (a numba dispatch costs

@@ -58,18 +58,18 @@ _call_bcast = ccall.caller(32, (64, 32, 64, 32, 64))
 _f32, _f64 = ccall.typed_pointer(types.float32), ccall.typed_pointer(types.float64)
 _i32, _i64 = ccall.typed_pointer(types.int32), ccall.typed_pointer(types.int64)
 # agreement.runs_as_offered itself, compiled: the test of the chained op's agreement.
-_runs_as_offered = numba.njit(agreement.runs_as_offered)
+runs_as_offered = numba.njit(agreement.runs_as_offered)
 
 
 @numba.njit
-def _table_of(rec):
+def table_of(rec):
     return numba.carray(_i64(rec[L.FNS]), L.TABLE)
 
 
 @numba.njit
-def _take_pointers(rec, count):
+def take_pointers(rec, count):
     """Each array's DLTensor into its slot; -> True when all are host memory."""
-    fns = _table_of(rec)
+    fns = table_of(rec)
     base, host = rec[L.SELF], True
     for i in range(count):
         slot = L.HEADER + L.SLOT * i
@@ -88,11 +88,11 @@ def _take_pointers(rec, count):
 
 @numba.njit
 def _wake(rec):
-    _signal(rec[L.FNS], rec[L.EVENTFD])
+    signal(rec[L.FNS], rec[L.EVENTFD])
 
 
 @numba.njit
-def _signal(fns, eventfd):
+def signal(fns, eventfd):
     """Add 1 to ``eventfd``, read from the table at ``fns``, which outlives every record:
     a completion that has marked its record DONE may no longer read it (fuse._complete)."""
     _call_write(numba.carray(_i64(fns), L.TABLE)[L.F_WRITE], (eventfd, fns + 8 * L.C_ONE, 8))
@@ -105,13 +105,13 @@ def _array_address(rec, i):
 
 
 @numba.njit
-def _factor_of(rec, s):
+def factor_of(rec, s):
     """The float64 factor of the bucket whose words start at ``s`` (L.B_FACTOR)."""
     return numba.carray(_f64(rec[L.SELF] + 8 * (s + L.B_FACTOR)), 1)[0]
 
 
 @numba.njit
-def _scale(ptr, count, how, size, factor):
+def scale(ptr, count, how, size, factor):
     """Scale the sum as reduce.scale does (L.SCALES: divided by the number of ranks, then
     multiplied by ``factor``; L.FACTORS: multiplied by ``factor`` alone), in one pass: a
     float in its own precision, an integer floor-divided, then multiplied in float64 and
@@ -141,8 +141,8 @@ def _scale(ptr, count, how, size, factor):
 
 
 @numba.njit
-def _copy_arrays(rec, first, arrays, fused, into_fused):
-    fns, offset = _table_of(rec), 0
+def copy_arrays(rec, first, arrays, fused, into_fused):
+    fns, offset = table_of(rec), 0
     for i in range(first, first + arrays):
         nbytes = rec[L.HEADER + L.SLOT * i + L.A_NBYTES]
         if into_fused:
@@ -153,11 +153,11 @@ def _copy_arrays(rec, first, arrays, fused, into_fused):
 
 
 @numba.njit
-def _allreduce(rec, ptr, count, dtype, op, comm, poll_us):
+def allreduce(rec, ptr, count, dtype, op, comm, poll_us):
     """MPI_Allreduce in place; with poll_us > 0, MPI_Iallreduce then MPI_Test with sleeps
     of up to poll_us (progress.poll: the engine worker leaves its core to compute while it
     waits). -> MPI's error code."""
-    fns = _table_of(rec)
+    fns = table_of(rec)
     if poll_us <= 0:
         return _call_allreduce(fns[L.F_ALLREDUCE], (fns[L.C_IN_PLACE], ptr, count, dtype, op, comm))
     base = rec[L.SELF]
@@ -178,15 +178,15 @@ def _huge_pages(rec, ptr, nbytes):
     start = (ptr + arrays.HUGE_PAGE - 1) // arrays.HUGE_PAGE * arrays.HUGE_PAGE
     end = (ptr + nbytes) // arrays.HUGE_PAGE * arrays.HUGE_PAGE
     if end > start:
-        fns = _table_of(rec)
+        fns = table_of(rec)
         _call_madvise(fns[L.F_MADVISE], (start, end - start, arrays.MADV_HUGEPAGE))
         _call_madvise(fns[L.F_MADVISE], (start, end - start, arrays.MADV_COLLAPSE))
 
 
 @numba.njit
-def _run_bucket(rec, count, b, size, comm):
+def run_bucket(rec, count, b, size, comm):
     """-> MPI's error code (0: success)."""
-    fns = _table_of(rec)
+    fns = table_of(rec)
     s = L.HEADER + L.SLOT * count + L.BSLOT * b
     kind, first, arrays_ = rec[s + L.B_KIND], rec[s + L.B_FIRST], rec[s + L.B_ARRAYS]
     if size == 1:                   # no other rank; averaging by 1 changes nothing
@@ -201,25 +201,25 @@ def _run_bucket(rec, count, b, size, comm):
                                           rec[s + L.B_ROOT], comm))
     if arrays_ > 1:
         ptr = rec[s + L.B_FUSION]
-        _copy_arrays(rec, first, arrays_, ptr, True)
-    err = _allreduce(rec, ptr, rec[s + L.B_COUNT], rec[s + L.B_DTYPE], fns[L.C_SUM], comm,
+        copy_arrays(rec, first, arrays_, ptr, True)
+    err = allreduce(rec, ptr, rec[s + L.B_COUNT], rec[s + L.B_DTYPE], fns[L.C_SUM], comm,
                      rec[L.PROGRESS_US] if kind == L.ALLREDUCE_POLLED else 0)
     if err != 0:
         return err
-    _scale(ptr, rec[s + L.B_COUNT], rec[s + L.B_SCALE], size, _factor_of(rec, s))
+    scale(ptr, rec[s + L.B_COUNT], rec[s + L.B_SCALE], size, factor_of(rec, s))
     if arrays_ > 1:
-        _copy_arrays(rec, first, arrays_, ptr, False)
+        copy_arrays(rec, first, arrays_, ptr, False)
     return 0
 
 
 @numba.njit
-def _hand_over(rec, stage, bucket, err):
+def hand_over(rec, stage, bucket, err):
     rec[L.STAGE], rec[L.BUCKET], rec[L.ERRCODE] = stage, bucket, err
-    _call_void_1(_table_of(rec)[L.F_PYTHON], (rec[L.SELF],))  # finishes, completes the op
+    _call_void_1(table_of(rec)[L.F_PYTHON], (rec[L.SELF],))  # finishes, completes the op
 
 
 @numba.njit
-def _chained_record(param):
+def chained_record(param):
     """The whole record of a chained op, whose header says how long it is."""
     head = numba.carray(param, L.HEADER, dtype=np.int64)
     return numba.carray(param, L.HEADER + L.SLOT * head[L.COUNT] + L.BSLOT * head[L.NBUCKETS],
@@ -227,7 +227,7 @@ def _chained_record(param):
 
 
 @numba.njit
-def _record_at(address):
+def record_at(address):
     """The whole record of the chained op at ``address``."""
     head = numba.carray(_i64(address), L.HEADER)
     return numba.carray(_i64(address), L.HEADER + L.SLOT * head[L.COUNT]
@@ -243,7 +243,7 @@ def _entry_points(key):
         rec = numba.carray(param, L.HEADER + L.SLOT * count, dtype=np.int64)
         done = numba.carray(on_complete, 3, dtype=np.int64)
         rec[L.CALLBACK], rec[L.ENGINE], rec[L.PARAM] = done[0], done[1], done[2]
-        _take_pointers(rec, count)
+        take_pointers(rec, count)
         rec[L.STATE] = L.READY
         _wake(rec)                         # wakes the communication thread
 
