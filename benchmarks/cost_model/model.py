@@ -84,7 +84,7 @@ class Store:
 class _Gradient:
     """What mpi_kvstore.comm.fusion.plan reads of a request: a float32 allreduce on the CPU, all of
     one priority, so that it keeps the order given (seq)."""
-    kind, priority, dtype, average, place = 'allreduce', 0, 'float32', False, 'cpu'
+    kind, priority, dtype, average, factor, place = 'allreduce', 0, 'float32', False, 1.0, 'cpu'
 
     def __init__(self, index, nbytes, seq):
         self.index, self.nbytes, self.seq = index, nbytes, seq
