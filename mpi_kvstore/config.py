@@ -256,9 +256,10 @@ OPTIONS: tuple[Option, ...] = (
     Option('inline_max_bytes', parse_bytes, 0, 'bytes',
            'Chained: a call of at most this many bytes whose arrays are ready when it is made '
            'runs its collective at once on the calling thread, which saves two engine thread '
-           'hand-offs; larger calls, and calls whose arrays are still being computed, run on '
-           'the engine\'s priority worker. 0: every call goes to the worker, so the caller '
-           'never waits for other ranks.', _nonneg),
+           'hand-offs; larger calls, calls whose arrays are still being computed and calls '
+           'made within 50 us of the one before (a burst, which then fuses) run on the '
+           'engine\'s priority worker. 0: every call goes to the worker, so the caller never '
+           'waits for other ranks.', _nonneg),
     Option('poll_us', float, 50.0, 'microseconds',
            'Longest sleep between polls while waiting for other ranks in a negotiation.',
            _nonneg, agree=False),
