@@ -161,6 +161,10 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
     # the set's store spans exactly its ranks
     folds = [_fold(dtype, mean, prescale_factor, postscale_factor, kv.num_workers)
              for dtype in kv.collectives.dtypes(names, tensors)]
+    if any(fold[0] != 1.0 for fold in folds):
+        # what the store would reject the call for, raised before a prescale op changes
+        # a tensor: a rejected call leaves its tensors as they were
+        kv.collectives.check(names, tensors)
     plain = True   # no op of its own: its records may be found again (Collectives.again)
     for tensor, (pre, _, _, post) in zip(tensors, folds):
         if pre != 1.0:

@@ -349,6 +349,13 @@ class Collectives:
         debug.count_all(_HIT)
         return known
 
+    def check(self, names, tensors):
+        """Raise what :meth:`allreduce` would reject ``tensors`` for before it submits
+        anything (a closed store, an error waiting to be raised, a tensor that is no
+        NDArray): for a caller that changes them first (horovod.ops: a prescale op)."""
+        self._job.begin()
+        _check_arrays(names, tensors)
+
     def dtypes(self, names, tensors):
         """Each tensor's numpy dtype: known without asking MXNet where the tensor is the
         very array of its name's last allreduce."""
