@@ -9,7 +9,7 @@ import logging
 
 import mxnet as mx
 import numpy as np
-from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _STORAGE_TYPE_ID_TO_STR
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX, _STORAGE_TYPE_ID_TO_STR
 
 from ..errors import ArrayLayoutError
 from .libmxnet import bind, last_error
@@ -17,7 +17,7 @@ from .libmxnet import bind, last_error
 log = logging.getLogger(__name__)
 
 __all__ = ['flat_view', 'view_at', 'require_cupy', 'array_meta', 'array_pointer', 'huge_pages',
-           'huge_range', 'dense_meta', 'storage_of', 'copy_of']
+           'huge_range', 'dense_meta', 'storage_of', 'copy_of', 'copy_into', 'Blank']
 
 # DLPack device types
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
@@ -106,26 +106,67 @@ _invoke = bind('MXImperativeInvokeEx', ctypes.c_void_p, ctypes.c_int,
 _copy_op = []   # [MXNet's _copy operator (mx.nd.identity)], looked up once
 
 
-def copy_of(array):
-    """A new NDArray of ``array``'s values, made by MXNet's identity operator (one engine op,
-    asynchronous like it; an input in an MKLDNN layout gives a row-major copy) in one C
-    call: mx.nd.identity builds the same call's arguments in Python, which took about
-    twice as long as the rest. ``array``: a legacy NDArray (``mx.nd.NDArray``)."""
+def _copy_operator():
     if not _copy_op:
         op = ctypes.c_void_p()
         if mx.base._LIB.NNGetOpHandle(mx.base.c_str('_copy'), ctypes.byref(op)) != 0:
             raise RuntimeError(last_error())
         _copy_op.append(op)
+    return _copy_op[0]
+
+
+def copy_of(array):
+    """A new NDArray of ``array``'s values, made by MXNet's identity operator (one engine op,
+    asynchronous like it; an input in an MKLDNN layout gives a row-major copy) in one C
+    call: mx.nd.identity builds the same call's arguments in Python, which took about
+    twice as long as the rest. ``array``: a legacy NDArray (``mx.nd.NDArray``)."""
     inputs = (ctypes.c_void_p * 1)(array.handle.value)
     count, outputs = ctypes.c_int(0), ctypes.POINTER(ctypes.c_void_p)()
     stypes = ctypes.POINTER(ctypes.c_int)()
-    if _invoke(_copy_op[0], 1, inputs, ctypes.byref(count), ctypes.byref(outputs), 0, None,
+    if _invoke(_copy_operator(), 1, inputs, ctypes.byref(count), ctypes.byref(outputs), 0, None,
                None, ctypes.byref(stypes)) != 0:
         raise RuntimeError(last_error())
     handle = ctypes.c_void_p(outputs[0])
     if stypes[0] == 0:   # kDefaultStorage
         return mx.nd.NDArray(handle)
     return mx.nd.sparse._ndarray_cls(handle, stype=stypes[0])
+
+
+def copy_into(array, out):
+    """Push MXNet's copy of ``array`` into ``out`` (same shape, dtype and context): one
+    engine op, as :func:`copy_of`'s."""
+    inputs = (ctypes.c_void_p * 1)(array.handle.value)
+    outputs = (ctypes.c_void_p * 1)(out.handle.value)
+    count, given = ctypes.c_int(1), ctypes.cast(outputs, ctypes.POINTER(ctypes.c_void_p))
+    stypes = ctypes.POINTER(ctypes.c_int)()
+    if _invoke(_copy_operator(), 1, inputs, ctypes.byref(count), ctypes.byref(given), 0, None,
+               None, ctypes.byref(stypes)) != 0:
+        raise RuntimeError(last_error())
+
+
+_create = bind('MXNDArrayCreateEx', ctypes.POINTER(ctypes.c_uint), ctypes.c_uint, ctypes.c_int,
+               ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+class Blank:
+    """New NDArrays like ``array`` (a dense one): its shape, dtype and context, memory
+    allocated, values not set and no engine op pending on them (one C call each)."""
+
+    __slots__ = ('shape', 'ndim', 'dev_type', 'dev_id', 'dtype')
+
+    def __init__(self, array):
+        shape = array.shape
+        self.shape, self.ndim = (ctypes.c_uint * max(1, len(shape)))(*shape), len(shape)
+        context = array.context
+        self.dev_type, self.dev_id = context.device_typeid, context.device_id
+        self.dtype = _DTYPE_NP_TO_MX[np.dtype(array.dtype).type]
+
+    def new(self):
+        handle = ctypes.c_void_p()
+        if _create(self.shape, self.ndim, self.dev_type, self.dev_id, 0, self.dtype,
+                   ctypes.byref(handle)) != 0:
+            raise RuntimeError(last_error())
+        return mx.nd.NDArray(handle)
 
 
 def _chunk(array):

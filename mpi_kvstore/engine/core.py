@@ -33,11 +33,13 @@ from .push import (  # the pushes of compiled ops, re-exported: callers use engi
     property_address,
     push_async,
     push_inline,
+    push_inline_reading,
     push_native,
     push_op,
 )
 
 __all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'push_inline',
+           'push_inline_reading',
            'push_op', 'native_fn', 'encoded', 'native_push_constants', 'python_entry', 'consume_raised',
            'quiesce', 'ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP']
 

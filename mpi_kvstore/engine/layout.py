@@ -156,6 +156,14 @@ B_KIND, B_FIRST, B_ARRAYS, B_COUNT, B_DTYPE, B_ROOT, B_SCALE, B_FUSION, B_FACTOR
     'pthread_self', 'push', 'madvise', 'allreduce', 'bcast', 'barrier', 'iallreduce', 'test',
     'in_place', 'sum', 'min', 'int32', 'cpu_context', 'prioritized', 'name', 'queued', 'one')
 
+# The record of a copy made at push (native.py's copy_now, records.CopyNow): the table,
+# the record's own address, the pushing thread (the op copies only there, inline at its
+# push), the source and destination handles, the bytes, COPIED (1 once it copied) and the
+# two DLManagedTensor* it takes.
+(COPY_FNS, COPY_SELF, COPY_PUSHER, COPY_SRC, COPY_DST, COPY_NBYTES, COPY_DONE,
+ COPY_SRC_MANAGED, COPY_DST_MANAGED) = range(9)
+COPY_WORDS = 9
+
 PENDING, READY, DONE = 0, 1, 2        # STATE
 ABSORBED_OK, ABSORBED_FAILED = 1, 2   # ABSORBED (0: run by its own op)
 CLOSED = 1                            # NEXT: no op may link after this one

@@ -55,6 +55,8 @@ _call_allreduce = ccall.caller(32, (64, 64, 32, 64, 64, 64))
 _call_iallreduce = ccall.caller(32, (64, 64, 32, 64, 64, 64, 64))
 _call_madvise = ccall.caller(32, (64, 64, 32))      # madvise(addr, length, advice)
 _call_bcast = ccall.caller(32, (64, 32, 64, 32, 64))
+_call_self = ccall.caller(64, ())                   # pthread_self()
+_call_complete = ccall.caller(0, (64, 64, 64))      # the engine's completion callback
 _f32, _f64 = ccall.typed_pointer(types.float32), ccall.typed_pointer(types.float64)
 _i32, _i64 = ccall.typed_pointer(types.int32), ccall.typed_pointer(types.int64)
 # agreement.runs_as_offered itself, compiled: the test of the chained op's agreement.
@@ -213,6 +215,25 @@ def run_bucket(rec, count, b, size, comm):
 
 
 @numba.njit
+def _copy_now(rec, fns):
+    """copy_now's copy, where both arrays are row-major host memory (an MKLDNN layout is
+    refused by MXNDArrayToDLPack): COPY_DONE 1 once copied."""
+    base = rec[L.COPY_SELF]
+    if _call_i32_2(fns[L.F_TO_DLPACK], (rec[L.COPY_SRC], base + 8 * L.COPY_SRC_MANAGED)) != 0:
+        return
+    src = numba.carray(_i64(rec[L.COPY_SRC_MANAGED]), 6)   # DLTensor: data, device .. offset
+    if _call_i32_2(fns[L.F_TO_DLPACK], (rec[L.COPY_DST], base + 8 * L.COPY_DST_MANAGED)) == 0:
+        dst = numba.carray(_i64(rec[L.COPY_DST_MANAGED]), 6)
+        kind, dst_kind = src[1] & 0xffffffff, dst[1] & 0xffffffff
+        if ((kind == _DL_CPU or kind == _DL_CUDA_HOST)
+                and (dst_kind == _DL_CPU or dst_kind == _DL_CUDA_HOST)):
+            _call_i64_3(fns[L.F_MEMCPY], (dst[0] + dst[5], src[0] + src[5], rec[L.COPY_NBYTES]))
+            rec[L.COPY_DONE] = 1
+        _call_i32_1(fns[L.F_DLPACK_DELETE], (rec[L.COPY_DST_MANAGED],))
+    _call_i32_1(fns[L.F_DLPACK_DELETE], (rec[L.COPY_SRC_MANAGED],))
+
+
+@numba.njit
 def hand_over(rec, stage, bucket, err):
     rec[L.STAGE], rec[L.BUCKET], rec[L.ERRCODE] = stage, bucket, err
     _call_void_1(table_of(rec)[L.F_PYTHON], (rec[L.SELF],))  # finishes, completes the op
@@ -247,7 +268,20 @@ def _entry_points(key):
         rec[L.STATE] = L.READY
         _wake(rec)                         # wakes the communication thread
 
-    return {'mark_ready': mark_ready}
+    def copy_now(run_ctx, on_complete, param):
+        """Copy an array into a new one where it runs inline at its push (kAsync, the
+        source readable then): an out-of-place call's copy done before its collective is
+        pushed, which then finds its array free (records.CopyNow). Anywhere else (pushed
+        while the source was busy) it completes doing nothing: the caller copies then."""
+        _ = key
+        rec = numba.carray(param, L.COPY_WORDS, dtype=np.int64)
+        done = numba.carray(on_complete, 3, dtype=np.int64)
+        fns = numba.carray(_i64(rec[L.COPY_FNS]), L.TABLE)
+        if _call_self(fns[L.F_PTHREAD_SELF], ()) == rec[L.COPY_PUSHER]:
+            _copy_now(rec, fns)
+        _call_complete(done[0], (done[1], done[2], 0))
+
+    return {'mark_ready': mark_ready, 'copy_now': copy_now}
 
 
 SIGNATURE = types.void(types.voidptr, types.voidptr, types.voidptr)

@@ -8,7 +8,7 @@ import ctypes
 from .libmxnet import bind, bind_plain, last_error
 
 __all__ = ['ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP', 'ASYNC_FN', 'Handles', 'push_async',
-           'push_native', 'push_inline', 'push_op', 'native_fn', 'encoded',
+           'push_native', 'push_inline', 'push_inline_reading', 'push_op', 'native_fn', 'encoded',
            'native_push_constants', 'property_address']
 
 # FnProperty values of include/mxnet/engine.h: Horovod and BytePS push their
@@ -144,6 +144,14 @@ def push_inline(fn, param_address, handles, priority, name):
     if _push_plain(fn, param_address, None, _CPU_CONTEXT_ARG, _NO_HANDLES,
                    _NONE, handles.array, handles.count_arg, _INLINE, priority, name,
                    _NO_WAIT) != 0:
+        raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
+
+
+def push_inline_reading(fn, param_address, reads, writes, priority, name):
+    """:func:`push_inline` of an op that also reads the arrays of ``reads`` (a
+    :class:`Handles`): it runs at its push exactly when none of them is being written."""
+    if _push_plain(fn, param_address, None, _CPU_CONTEXT_ARG, reads.array, reads.count_arg,
+                   writes.array, writes.count_arg, _INLINE, priority, name, _NO_WAIT) != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 

@@ -5,6 +5,7 @@ for them, are takeup.py's."""
 import ctypes
 import functools
 import os
+import threading
 
 import numpy as np
 
@@ -12,9 +13,10 @@ from ..comm.mpiabi import c_api, c_datatype
 from . import core as engine
 from . import fuse, native
 from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY...
+from .arrays import copy_into
 from .libmxnet import address_of
 
-__all__ = ['mark_ready_address', 'run_chained_address', 'follow_address', 'function_table', 'NativeOp',
+__all__ = ['CopyNow', 'mark_ready_address', 'run_chained_address', 'follow_address', 'function_table', 'NativeOp',
            'Prepared', 'ChainedPlan', 'ChainedOp', 'KINDS']
 
 # The collective kinds the compiled op runs, and its code for each; the others (Python
@@ -96,6 +98,53 @@ def follow_address():
     """The address of the op of a call that a burst's walk may run (fuse.py), which also
     links it after the op before it."""
     return fuse.address('follow')
+
+
+class CopyNow:
+    """Copies made at their push (native.py, copy_now): ``copy(array, out)`` fills the new
+    NDArray ``out`` with ``array``'s values before it returns where ``array`` is readable
+    then (nothing pending writes it) and both are row-major host memory: the collective
+    pushed on ``out`` next finds it free (a burst of out-of-place calls fuses on chained).
+    Else it pushes MXNet's copy into ``out`` (engine.arrays.copy_into), an op that waits for
+    ``array`` as copy_of's did. One record for every copy: the op reads it only on the
+    pushing thread, within the push, which holds the GIL (push.py)."""
+
+    __slots__ = ('record', 'fn', 'param', 'reads', 'writes', 'name')
+
+    def __init__(self):
+        rec = self.record = np.zeros(L.COPY_WORDS, dtype=np.int64)
+        rec[L.COPY_FNS] = _state.address or function_table().ctypes.data
+        rec[L.COPY_SELF] = rec.ctypes.data
+        self.fn = engine.native_fn(native.address('copy_now'))
+        self.param = ctypes.c_void_p(rec.ctypes.data)
+        self.reads, self.writes = _one_handle(), _one_handle()
+        self.name = engine.encoded('mpi_kvstore_copy')
+
+    def copy(self, array, out, nbytes):
+        """Fill ``out`` (a new NDArray of ``array``'s shape, dtype and context: nothing
+        pending on it) with ``array``'s ``nbytes``; True where done at the push."""
+        rec = self.record
+        src, dst = array.handle.value, out.handle.value
+        rec[L.COPY_SRC], rec[L.COPY_DST], rec[L.COPY_NBYTES] = src, dst, nbytes
+        rec[L.COPY_DONE] = 0
+        rec[L.COPY_PUSHER] = threading.get_ident()   # pthread_self() on Linux
+        self.reads.array[0], self.writes.array[0] = src, dst
+        try:
+            engine.push_inline_reading(self.fn, self.param, self.reads, self.writes, 0,
+                                       self.name)
+        finally:
+            rec[L.COPY_PUSHER] = 0   # a queued one, run later elsewhere, does nothing
+        if rec[L.COPY_DONE]:
+            return True
+        copy_into(array, out)   # after the queued op: both write ``out``
+        return False
+
+
+def _one_handle():
+    """An engine.Handles of one handle, which the caller writes before each push."""
+    handles = engine.Handles([])
+    handles.count, handles.count_arg = 1, ctypes.c_int(1)
+    return handles
 
 
 class NativeOp:

@@ -11,8 +11,8 @@ import numpy as np
 from .. import debug
 from ..comm.collective import Collective, factor_sig, signature
 from ..comm.host import PolledComm
-from ..engine.arrays import copy_of, dense_meta, storage_of
-from ..engine.records import Prepared
+from ..engine.arrays import Blank, copy_of, dense_meta, storage_of
+from ..engine.records import CopyNow, Prepared
 from .contract import check_root
 from .namecache import NameCache
 
@@ -316,7 +316,15 @@ class Collectives:
         errors = job.errors
         if errors.waiting:   # one test when nothing failed, not a call
             errors.raise_pending()
-        out = copy_of(tensor)
+        blank = known.blank
+        if blank is None:
+            out = copy_of(tensor)
+        else:
+            # copied at the push where tensor is readable then, so the collective pushed
+            # on ``out`` finds it free (a burst of these fuses on chained, as in place)
+            out = blank.new()
+            copier = _copier[0] if _copier else _new_copier()
+            copier.copy(tensor, out, known.models[0].nbytes)
         debug.count_all(_HIT_COPY)
         # the prepared call moved to the new copy: the design keeps its plan for the
         # shape and renews only what names the array (Prepared.move_to), so the call
@@ -448,10 +456,17 @@ class _Copy:
     copy's request as a model without the copy, the design it went to, and the engine's
     prepared call, which each repeat moves to its new copy (Prepared.move_to)."""
 
-    __slots__ = ('source', 'average', 'scale', 'models', 'design', 'prepared')
+    __slots__ = ('source', 'average', 'scale', 'models', 'design', 'prepared', 'blank')
 
     def __init__(self, tensor, req, design, repeat_as):
         self.source = weakref.ref(tensor.handle)
+        # a dense host array's repeats copy it at their push (records.CopyNow), each into a
+        # new array made by ``blank``; any other's by MXNet's copy op (copy_of)
+        # (up to _COPY_AT_PUSH bytes: a larger one, which fuses with nothing, keeps MXNet's
+        # asynchronous copy rather than hold the caller, and the GIL, for its memcpy)
+        self.blank = (Blank(tensor) if tensor.__class__ is mx.nd.NDArray and req.place == 'cpu'
+                      and req.dtype is not None and 0 < req.nbytes <= _COPY_AT_PUSH
+                      and tensor.stype == 'default' else None)
         (self.average, self.scale), self.design = repeat_as, design
         self.models = [Collective(req.kind, req.key, req.dtype, req.shape, None, req.root,
                                   None, req.average, 0, req.nbytes, req.sig, req.place, 1,
@@ -459,6 +474,15 @@ class _Copy:
         # the engine's prepared call, moved to each call's copy (Prepared.move_to); it
         # holds the last copy (the caller's result) until the next call moves it
         self.prepared = Prepared([req.array], design)
+
+
+_copier = []   # [the records.CopyNow of again_copy], made on first use
+_COPY_AT_PUSH = 1 << 20   # bytes: the largest input an out-of-place repeat copies at its push
+
+
+def _new_copier():
+    _copier.append(CopyNow())
+    return _copier[0]
 
 
 def _check_arrays(names, tensors):
