@@ -330,6 +330,8 @@ class Collectives:
         # shape and renews only what names the array (Prepared.move_to), so the call
         # plans nothing; an error still lands on ``out``, the op's array
         prepared = known.prepared
+        if prepared is None:   # the name's first repeat (_Copy)
+            prepared = known.prepared = Prepared([out], job.design)
         prepared.move_to(out)
         job.again(prepared, known.models, 0)
         return out
@@ -472,8 +474,9 @@ class _Copy:
                                   None, req.average, 0, req.nbytes, req.sig, req.place, 1,
                                   req.codec, False, req.in_place, factor=req.factor)]
         # the engine's prepared call, moved to each call's copy (Prepared.move_to); it
-        # holds the last copy (the caller's result) until the next call moves it
-        self.prepared = Prepared([req.array], design)
+        # holds the last copy (the caller's result) until the next call moves it, so it is
+        # made at the first repeat (again_copy): a name called once keeps no result alive
+        self.prepared = None
 
 
 _copier = []   # [the records.CopyNow of again_copy], made on first use
