@@ -66,10 +66,10 @@ def test_mismatch_names_every_rank_once(design, nprocs, mpi_available):
 # -- the words alone (mismatch.explain, no MPI) ---------------------------------------
 
 def _said(seq=0, kind='allreduce', key="'w'", shape=(4,), dtype='float32', root=0,
-          compression=None, priority=0, failed=None, factor=1.0):
+          compression=None, priority=0, failed=None, factor=1.0, scale=None):
     return {'seq': seq, 'kind': kind, 'key': key, 'shape': [list(shape), dtype], 'root': root,
             'compression': compression, 'place': 'cpu', 'unit': 1, 'priority': priority,
-            'factor': factor, 'failed': failed}
+            'factor': factor, 'scale': scale, 'failed': failed}
 
 
 def test_words_group_ranks_that_said_the_same_and_skip_joined_ones():

@@ -38,12 +38,17 @@ def signature(kind, key, dtype, shape, root, place='cpu'):
     return zlib.crc32(text.encode()) % SIG_LIMIT
 
 
-def factor_sig(sig, factor):
+def factor_sig(sig, factor, scale=None):
     """``sig`` with a scale factor's mark (none for 1.0: a plain sum's signature is as it
-    was). The factor's exact bits decide, as they decide the result."""
-    if factor == 1.0:
-        return sig
-    return (sig * 31 + zlib.crc32(np.float64(factor).tobytes())) % SIG_LIMIT
+    was). The factor's exact bits decide, as they decide the result. ``scale``: the
+    caller's (prescale, postscale) where it gave them (Horovod's), marked too: ranks that
+    split one product differently, (2, 1) and (1, 2), fold the same factor, yet called
+    differently, which Horovod refuses ('Mismatched prescale and/or postscale factors')."""
+    if factor != 1.0:
+        sig = (sig * 31 + zlib.crc32(np.float64(factor).tobytes())) % SIG_LIMIT
+    if scale is not None:
+        sig = (sig * 31 + zlib.crc32(np.array(scale, dtype=np.float64).tobytes())) % SIG_LIMIT
+    return sig
 
 
 def place_of(array):
@@ -88,16 +93,16 @@ class Collective:
     __slots__ = ('_seq', '_kind', '_key', '_dtype', '_shape', '_nbytes', '_root', '_sig',
                  '_place', '_array', '_view', '_scratch', '_completion', '_fn', '_result',
                  '_error', '_average', '_done', '_priority', '_in_place', '_mirror',
-                 '_waiter', '_codec', '_unit', '_shard', '_factor')
+                 '_waiter', '_codec', '_unit', '_shard', '_factor', '_scale')
 
     def __init__(self, kind, key, dtype=None, shape=(), array=None, root=0, fn=None,
                  average=False, priority=0, nbytes=None, sig=None, place=None, unit=1,
                  codec=None, shard=False, in_place=False, mirror=False, seq=-1, view=None,
-                 factor=1.0):
+                 factor=1.0, scale=None):
         """``sig``: a signature decided by the caller (a codec's mark or the active rank's
-        own, for a mirror), which then already holds ``unit`` and ``factor``; by default it
-        is computed here from what the collective is. ``seq`` and ``priority``: a mirror's,
-        given by the active rank (others get theirs from :meth:`number`)."""
+        own, for a mirror), which then already holds ``unit``, ``factor`` and ``scale``; by
+        default it is computed here from what the collective is. ``seq`` and ``priority``: a
+        mirror's, given by the active rank (others get theirs from :meth:`number`)."""
         assert kind in KINDS
         self._seq = seq
         self._kind, self._key, self._fn = kind, key, fn
@@ -115,9 +120,9 @@ class Collective:
             sig = signature(kind, key, dtype, self._shape, root, self._place)
             if unit != 1:
                 sig = (sig * 31 + unit) % SIG_LIMIT
-            sig = factor_sig(sig, factor)
+            sig = factor_sig(sig, factor, scale)
         self._sig = sig
-        self._factor = factor
+        self._factor, self._scale = factor, scale
         self._scratch = self._completion = self._result = self._error = None
         self._view = view
         self._average = average
@@ -143,6 +148,9 @@ class Collective:
                         "reduction's scaling (reduce.scale); part of the signature: ranks "
                         'that scale differently would fuse differently, and Horovod calls '
                         'different factors a mismatch')
+    scale = _read_only('scale', "the caller's (prescale, postscale) whose product (or part) "
+                       'the factor is, or None (no factors given); part of the signature '
+                       '(factor_sig)')
     unit = _read_only('unit', 'reducescatter and allgather: elements that stay in one share '
                       "(fusion.pieces); part of the signature, since it decides how many "
                       "elements each rank's share holds")
@@ -200,7 +208,7 @@ class Collective:
                                                          self._average)
         new._codec, new._shard, new._in_place, new._mirror = (self._codec, self._shard,
                                                               self._in_place, self._mirror)
-        new._factor = self._factor
+        new._factor, new._scale = self._factor, self._scale
         new._seq, new._priority, new._done = seq, priority, False
         new._scratch = new._completion = new._result = new._error = None
         new._waiter, new._view = waiter, self._view

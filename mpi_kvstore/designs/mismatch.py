@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # The described fields that ranks must agree on, in the order a message names them;
 # 'shape' stands for shape and dtype together, as a user reads them.
 _FIELDS = ('kind', 'key', 'shape', 'root', 'compression', 'place', 'unit', 'priority',
-           'factor')
+           'factor', 'scale')
 # Positions of a call named at most; a long list would bury the first difference.
 MAX_LISTED = 4
 ADVICE = ('every rank must issue the same keys, shapes, dtypes, roots and gradient '
@@ -44,7 +44,9 @@ def describe(req):
             'shape': [list(req.shape), None if req.dtype is None else str(req.dtype)],
             'root': req.root, 'compression': None if codec is None else list(codec),
             'place': req.place, 'unit': req.unit, 'priority': req.priority,
-            'factor': req.factor, 'failed': failed}
+            'factor': float(req.factor),
+            'scale': None if req.scale is None else [float(v) for v in req.scale],
+            'failed': failed}
 
 
 def gather(comm, mine):
@@ -104,6 +106,8 @@ def _position(said):
     same = all(d['seq'] == first['seq'] for _, d in said)
     head = _collective(first if same else dict(first, seq=None),
                        [f for f in ('kind', 'key', 'shape') if f not in differ])
+    if 'factor' in differ and 'scale' in differ:   # the factors said it: one is enough
+        differ.remove('scale')
     if differ and not same:   # a rank that issued more collectives before: say where
         differ.insert(0, 'seq')
     told = _grouped(said, differ) if differ else []
@@ -150,6 +154,9 @@ def _field(name, value):
         return '%s memory' % value
     if name == 'factor':   # Horovod's scale factors, folded (horovod.ops._fold)
         return 'scale factor %r' % value
+    if name == 'scale':   # the same product, split differently (comm.collective.factor_sig)
+        return ('prescale %r and postscale %r' % tuple(value) if value
+                else 'no prescale or postscale')
     return '%s %s' % (name, value)
 
 

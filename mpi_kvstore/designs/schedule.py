@@ -82,6 +82,7 @@ class Piece:
     dtype = property(lambda self: self.parent.dtype)
     average = property(lambda self: self.parent.average)
     factor = property(lambda self: self.parent.factor)
+    scale = property(lambda self: self.parent.scale)
     place = property(lambda self: self.parent.place)
     codec = property(lambda self: self.parent.codec)
     mirror = property(lambda self: self.parent.mirror)

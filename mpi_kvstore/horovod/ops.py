@@ -172,9 +172,12 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
         plain = plain and pre == 1.0 and post == 1.0
     scale = (_PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
              else (prescale_factor, postscale_factor))
+    # the factors as given join each request's signature: ranks that split one product
+    # differently, or prescale an integer differently, fail as Horovod's do
     kv.collectives.allreduce(names, tensors, average=[f[1] for f in folds], again=again,
                              group=group, sources=sources, factors=[f[2] for f in folds],
-                             repeat_as=(mean, scale) if plain else (None, None))
+                             repeat_as=(mean, scale) if plain else (None, None),
+                             scale=None if scale is _PLAIN else scale)
     for tensor, fold in zip(tensors, folds):
         if fold[3] != 1.0:
             _scale(tensor, fold[3])

@@ -18,7 +18,7 @@ from .basics import (
     store,
 )
 from .compression import Compression, _ours, _trainer_store
-from .ops import _scale, _set_root, _set_store, broadcast_
+from .ops import _OWN_PRECISION, _fold, _scale, _set_root, _set_store, broadcast_
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -100,7 +100,9 @@ class DistributedTrainer(gluon.Trainer):
     processes of ``process_set``, so ``step(local batch size)`` trains as one process would on
     every process's batch together. Gradients are scaled by ``1/gradient_predivide_factor``
     before the sum and ``gradient_predivide_factor/size`` after (in the optimizer's
-    rescale_grad, as Horovod does on a CPU).
+    rescale_grad, as Horovod does on a CPU). Where every gradient is float32 or float64 and
+    the exchange is uncompressed, the two cancel in rescale_grad (``1/size``; the result
+    differs by rounding only) and no gradient is scaled by an engine op of its own.
 
     The exchange is the store's pushpull (engine ops, fused): ``num_groups=0`` in groups of
     about 4 MB, last layer first (mpi_kvstore.DistributedTrainer's order); ``num_groups=n``:
@@ -135,6 +137,11 @@ class DistributedTrainer(gluon.Trainer):
                          update_on_kvstore=False if exchange else None)
         self._predivide = float(gradient_predivide_factor)
         self._scale *= self._predivide / kv.num_workers
+        # whether _scale holds the predivide factor (the gradients prescaled by engine
+        # ops), or not (it cancelled: _prescale_ops); its fold needs the wire in the
+        # gradients' own precision, as horovod.ops._fold
+        self._prescaled = True
+        self._foldable = _ours(compression) and compression.name == 'none'
         self._workers = kv.num_workers
         self._prefix = prefix or ''
         self._num_groups = num_groups
@@ -143,10 +150,11 @@ class DistributedTrainer(gluon.Trainer):
     def _allreduce_grads(self):
         entries = [(i, param.list_grad()) for i, param in enumerate(self._params)
                    if param.grad_req != 'null']
-        if self._predivide != 1.0:   # on one process too: rescale_grad holds the factor
+        if self._predivide != 1.0 and self._prescale_ops(entries):
+            # on one process too: rescale_grad holds the factor
             for _, grads in entries:
                 for grad in grads:
-                    grad *= 1.0 / self._predivide
+                    _scale(grad, 1.0 / self._predivide)
         if not self._kvstore:
             return
         if self._hvd_store.num_workers != self._workers:   # hvd.elastic re-formed the world
@@ -166,6 +174,21 @@ class DistributedTrainer(gluon.Trainer):
             # gluon's convention: the lower the key, the higher the priority
             self._kvstore.pushpull(keys, [grads for _, grads in run], priority=-min(keys))
 
+    def _prescale_ops(self, entries):
+        """Whether the gradients take the predivide factor by engine ops of their own: not
+        where every one is float32 or float64 and the exchange is uncompressed, for the
+        factor then cancels in rescale_grad (set to hold it or not, here, before the
+        update reads it). A float16 sum (or a compressed wire) keeps it: it guards the sum
+        against overflow, as horovod.ops._fold keeps a float16 prescale."""
+        ops = not (self._foldable and all(np.dtype(grad.dtype) in _OWN_PRECISION
+                                          for _, grads in entries for grad in grads))
+        if ops != self._prescaled:
+            ratio = self._predivide if ops else 1.0 / self._predivide
+            self._scale *= ratio
+            self._optimizer.rescale_grad *= ratio
+            self._prescaled = ops
+        return ops
+
     def _allreduce_custom(self, entries):
         """A compressor of Horovod's kind: compress, sum, decompress, as Horovod does."""
         for key, grads in entries:
@@ -181,7 +204,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     optimizer=hvd.DistributedOptimizer(opt))``): each update first averages its gradients
     over the processes (a sum of ``grad / gradient_predivide_factor``, with the wrapped
     optimizer's rescale_grad multiplied by ``gradient_predivide_factor / size`` here, as
-    Horovod does on a CPU), then runs the wrapped optimizer. Other attributes are the wrapped
+    Horovod does on a CPU; the ``1/gradient_predivide_factor`` folded into the sum's scaling
+    where the dtype allows, horovod.ops._fold), then runs the wrapped optimizer. Other attributes are the wrapped
     optimizer's. ``num_groups`` is accepted: each gradient is its own collective, and the
     store fuses those ready together."""
 
@@ -213,11 +237,20 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     def _do_allreduce(self, index, grad):
         indices = list(index) if isinstance(index, (tuple, list)) else [index]
         grads = list(grad) if isinstance(grad, (tuple, list)) else [grad]
-        for g in grads:   # on one process too: rescale_grad holds the factor
-            _scale(g, 1.0 / self._predivide)
-        if self._hvd_store.num_workers == 1:
+        pre, size = 1.0 / self._predivide, self._hvd_store.num_workers
+        if size == 1:
+            for g in grads:   # on one process too: rescale_grad holds the factor
+                _scale(g, pre)
             return
-        self._hvd_store.collectives.allreduce(['hvd.opt:%s' % (i,) for i in indices], grads)
+        names = ['hvd.opt:%s' % (i,) for i in indices]
+        # Horovod's allreduce_(grad, prescale_factor=1/predivide): folded into the sum's
+        # scaling where the dtype allows (horovod.ops._fold), in the signature as given
+        folds = [_fold(dtype, False, pre, 1.0, size)
+                 for dtype in self._hvd_store.collectives.dtypes(names, grads)]
+        for g, fold in zip(grads, folds):
+            _scale(g, fold[0])
+        self._hvd_store.collectives.allreduce(names, grads, factors=[f[2] for f in folds],
+                                              scale=None if pre == 1.0 else (pre, 1.0))
 
     def update(self, index: Any, weight: Any, grad: Any, state: Any) -> None:
         """Sum ``grad`` over the processes in place (rescale_grad makes it their mean), then

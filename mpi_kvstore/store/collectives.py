@@ -104,7 +104,7 @@ class Collectives:
         return tensor
 
     def allreduce(self, names, tensors, average=False, again=True, group=None, sources=None,
-                  factors=None, repeat_as=None):
+                  factors=None, repeat_as=None, scale=None):
         """Sum (the mean with ``average``) each tensor over the ranks, in place; ``names[i]``
         identifies tensor i's collective across ranks. One engine op per tensor: two tensors
         of one list may be views of one array, which share an engine variable, and an op
@@ -133,7 +133,8 @@ class Collectives:
         ``repeat_as``: (mean, scale), the arguments under which :meth:`again`,
         :meth:`again_group` and :meth:`again_copy` find the records of this call again
         (horovod.ops: its op and scale factors); by default (``average``, plain) where
-        ``average`` is a bool, else never.
+        ``average`` is a bool, else never. ``scale``: the caller's (prescale, postscale),
+        where it gave any, in each request (Collective.scale, its signature).
         """
         if repeat_as is None:
             repeat_as = (average, _PLAIN) if average.__class__ is bool else (None, None)
@@ -152,7 +153,7 @@ class Collectives:
             avg = average[i] if each else average
             factor = 1.0 if factors is None else factors[i]
             if handle not in seen:
-                found = self._repeat(name, tensor, avg, factor)
+                found = self._repeat(name, tensor, avg, factor, scale)
                 if found is not None:
                     seen.add(handle)
                     reqs.append(found)
@@ -161,7 +162,7 @@ class Collectives:
             meta = dense_meta(tensor) if self._in_place else None
             if meta is not None and handle not in seen:
                 seen.add(handle)
-                req = self._in_place_request(name, tensor, meta, avg, factor)
+                req = self._in_place_request(name, tensor, meta, avg, factor, scale)
                 if again:
                     records.append((self._again, name,
                                     _Again(tensor, req, self._job.design, repeat_as)))
@@ -178,7 +179,7 @@ class Collectives:
                 buf = mx.nd.zeros(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
             tensor.copyto(buf)
             reqs.append([Collective('allreduce', name, np.dtype(tensor.dtype), tensor.shape,
-                                    array=buf, average=avg, factor=factor)])
+                                    array=buf, average=avg, factor=factor, scale=scale)])
             staged.append((key, buf, reqs[-1][0], tensor))
         # kept before the design numbers the requests: their models are unnumbered
         if group is not None and again and len(made) == len(tensors) > 1:
@@ -347,12 +348,13 @@ class Collectives:
         copy = copy_of(tensor) if tensor.__class__ is mx.nd.NDArray else tensor.copy()
         return self.allreduce([name], [copy], average, again=False, sources=[tensor])[0]
 
-    def _repeat(self, name, tensor, average, factor):
+    def _repeat(self, name, tensor, average, factor, scale=None):
         """The record (_Again) of ``name``'s last call where this one is on its very array,
         reduced and scaled alike, for Job.again; else None (counted: fastpath)."""
         known = self._again.get(name)
         if (known is None or known.tensor is not tensor or known.handle is not tensor.handle
                 or known.models[0].average != average or known.models[0].factor != factor
+                or known.models[0].scale != scale
                 or known.prepared.owner is not self._job.design):
             debug.count('fastpath', 'miss')
             return None
@@ -380,7 +382,7 @@ class Collectives:
                 raise
         return found
 
-    def _in_place_request(self, name, tensor, meta, average, factor=1.0):
+    def _in_place_request(self, name, tensor, meta, average, factor=1.0, scale=None):
         """The allreduce of ``tensor`` itself; ``meta``: its (shape, dtype, place)."""
         shape, dtype, place = meta
         known = self._signed.get(name)
@@ -397,8 +399,8 @@ class Collectives:
         for d in shape:
             count *= d
         return Collective('allreduce', name, dtype, shape, array=tensor, average=average,
-                          nbytes=count * dtype.itemsize, sig=factor_sig(sig, factor),
-                          place=place, in_place=True, factor=factor)
+                          nbytes=count * dtype.itemsize, sig=factor_sig(sig, factor, scale),
+                          place=place, in_place=True, factor=factor, scale=scale)
 
     def run(self, fn, name='custom'):
         """``fn(mpi_comm)`` in collective order on the store's communicator; its result. On
@@ -472,7 +474,8 @@ class _Copy:
         (self.average, self.scale), self.design = repeat_as, design
         self.models = [Collective(req.kind, req.key, req.dtype, req.shape, None, req.root,
                                   None, req.average, 0, req.nbytes, req.sig, req.place, 1,
-                                  req.codec, False, req.in_place, factor=req.factor)]
+                                  req.codec, False, req.in_place, factor=req.factor,
+                                  scale=req.scale)]
         # the engine's prepared call, moved to each call's copy (Prepared.move_to); it
         # holds the last copy (the caller's result) until the next call moves it, so it is
         # made at the first repeat (again_copy): a name called once keeps no result alive
