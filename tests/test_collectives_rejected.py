@@ -61,7 +61,10 @@ def test_a_rejected_grouped_allreduce_leaves_no_record(world, bad, what, op):
     assert debug.since(before, 'again') == {'group': 1}
 
 
-def test_a_submit_that_raises_partway_keeps_no_record(monkeypatch):
+# A list without a group goes as one op a tensor: the second submit fails partway. A group
+# of distinct dense tensors goes as one op (allreduce's one_op): its one submit fails.
+@pytest.mark.parametrize('group, fails_at', [(None, 2), ('s', 1)])
+def test_a_submit_that_raises_partway_keeps_no_record(monkeypatch, group, fails_at):
     kv = mpi_kvstore.create('dist_mpi', autotune='0')
     try:
         values = _arrays(2)
@@ -70,20 +73,21 @@ def test_a_submit_that_raises_partway_keeps_no_record(monkeypatch):
 
         def failing(reqs, priority):
             calls.append(len(reqs))
-            if len(calls) == 2:
+            if len(calls) == fails_at:
                 raise RuntimeError('submit refused: injected')
             return submit(reqs, priority)
 
         monkeypatch.setattr(kv._job, 'submit', failing)
         names = ['s.%d' % i for i in range(3)]
         with pytest.raises(RuntimeError, match='injected'):
-            kv.collectives.allreduce(names, tensors, group='s')
+            kv.collectives.allreduce(names, tensors, group=group)
+        assert calls == [1] * fails_at if group is None else calls == [3]
         monkeypatch.undo()
         kv._job.wait()
         assert not any(n in kv.collectives._again._entries for n in names)
         assert 's' not in kv.collectives._groups._entries
         before = debug.snapshot()
-        kv.collectives.allreduce(names, tensors, group='s')
+        kv.collectives.allreduce(names, tensors, group=group)
         for got, want in zip(tensors, values):
             np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-6)
         assert debug.since(before, 'fastpath') == {'miss': 3}

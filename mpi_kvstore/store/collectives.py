@@ -109,7 +109,8 @@ class Collectives:
         identifies tensor i's collective across ranks. One engine op per tensor: two tensors
         of one list may be views of one array, which share an engine variable, and an op
         that writes one variable twice never runs. The negotiated designs still agree and
-        fuse those ready together.
+        fuse those ready together. A ``group`` of dense tensors of distinct storage, in
+        place, is one engine op, as its repeats (:meth:`again_group`) are.
 
         A dense tensor is reduced where it is, with the option ``zero_copy``, as
         kv.pushpull reduces its values (an array MXNet holds in an MKLDNN layout then fails
@@ -140,6 +141,13 @@ class Collectives:
             repeat_as = (average, _PLAIN) if average.__class__ is bool else (None, None)
         each = average.__class__ is list
         self._job.begin()
+        # A group whose tensors are all dense, in place and of distinct storage goes as ONE
+        # engine op, on its first call as on its repeats (again_group): the chained design
+        # agrees on each op's collectives together, so a rank repeating the group (one op)
+        # beside a rank on this path (one op a tensor, as before) disagreed on the count and
+        # their sequence numbers parted: the rest waited for partners that never came.
+        one_op = (group is not None and len(tensors) > 1 and self._in_place
+                  and _distinct_dense(tensors))
         # records (_Again, _Copy) kept only once every request is submitted: a call
         # rejected partway (a bad tensor in the list) leaves none of a call that never ran,
         # so the names' next call takes the path it would have taken without it
@@ -152,6 +160,13 @@ class Collectives:
                 raise
             avg = average[i] if each else average
             factor = 1.0 if factors is None else factors[i]
+            if one_op:   # every tensor in place (_distinct_dense): no record of its own
+                debug.count('fastpath', 'miss')   # the full path, as _repeat counts it
+                req = self._in_place_request(name, tensor, dense_meta(tensor), avg, factor,
+                                             scale)
+                reqs.append(req)
+                made.append(req)
+                continue
             if handle not in seen:
                 found = self._repeat(name, tensor, avg, factor, scale)
                 if found is not None:
@@ -182,9 +197,9 @@ class Collectives:
                                     array=buf, average=avg, factor=factor, scale=scale)])
             staged.append((key, buf, reqs[-1][0], tensor))
         # kept before the design numbers the requests: their models are unnumbered
-        if group is not None and again and len(made) == len(tensors) > 1:
-            found = [storage_of(tensor) for tensor in tensors]
-            if None not in found and len(set(found)) == len(found):
+        if one_op:
+            reqs = [reqs]
+            if again:
                 records.append((self._groups, group,
                                 _Again(tensors, made, self._job.design, repeat_as)))
         job = self._job
@@ -489,6 +504,18 @@ _COPY_AT_PUSH = 1 << 20   # bytes: the largest input an out-of-place repeat copi
 def _new_copier():
     _copier.append(CopyNow())
     return _copier[0]
+
+
+def _distinct_dense(tensors):
+    """Whether every tensor is a dense NDArray and no two share storage (ids known): what
+    lets a list go as one engine op, which may write each engine variable only once."""
+    try:
+        if any(dense_meta(tensor) is None for tensor in tensors):
+            return False
+        found = [storage_of(tensor) for tensor in tensors]
+    except (AttributeError, TypeError):   # not an NDArray: the call's loop says which
+        return False
+    return None not in found and len(set(found)) == len(found)
 
 
 def _check_arrays(names, tensors):
