@@ -22,7 +22,7 @@ from .basics import (
 )
 from .process_sets import ProcessSet, global_process_set
 
-_UNNAMED = 'hvd.allreduce'   # the name of every allreduce_ called without one
+_UNNAMED = 'hvd.allreduce'   # the name of every allreduce(_) called without one
 
 
 # -- argument checks --------------------------------------------------------------------------
@@ -120,6 +120,12 @@ _PLAIN = (1.0, 1.0)
 _OWN_PRECISION = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def _scale_of(pre, post):
+    """The scaling a call's records are kept and found under: _PLAIN (found by identity)
+    or the factors as given."""
+    return _PLAIN if pre == 1.0 and post == 1.0 else (pre, post)
+
+
 def _fold(dtype, mean, pre, post, size):
     """How a Sum or Average with scale factors runs on a tensor of ``dtype``: (prescale
     as an engine op before, the reduction's average and factor, postscale as an engine op
@@ -170,8 +176,7 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
         if pre != 1.0:
             _scale(tensor, pre)
         plain = plain and pre == 1.0 and post == 1.0
-    scale = (_PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
-             else (prescale_factor, postscale_factor))
+    scale = _scale_of(prescale_factor, postscale_factor)
     # the factors as given join each request's signature: ranks that split one product
     # differently, or prescale an integer differently, fail as Horovod's do
     kv.collectives.allreduce(names, tensors, average=[f[1] for f in folds], again=again,
@@ -194,8 +199,7 @@ def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = 
             and average is None:
         # a repeated call: the store's prepared path, checked in one function
         kv = getattr(process_set, '_store', None)
-        scale = (_PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
-                 else (prescale_factor, postscale_factor))
+        scale = _scale_of(prescale_factor, postscale_factor)
         if kv is not None and (kv.collectives.again(name, tensor, op != Sum, scale) if name
                                else kv.collectives.again_unnamed(tensor, op != Sum, scale)):
             return tensor
@@ -217,15 +221,13 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
         # one function (Collectives.again_copy)
         kv = getattr(process_set, '_store', None)
         if kv is not None:
-            found = kv.collectives.again_copy(
-                name or 'hvd.allreduce', tensor, op != Sum,
-                _PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
-                else (prescale_factor, postscale_factor))
+            found = kv.collectives.again_copy(name or _UNNAMED, tensor, op != Sum,
+                                              _scale_of(prescale_factor, postscale_factor))
             if found is not None:
                 return found
     op = _op_of(op, average, 'allreduce')
     _set_store(process_set, 'allreduce')
-    return _allreduce_inplace([_copy(tensor)], op, [name or 'hvd.allreduce'], prescale_factor,
+    return _allreduce_inplace([_copy(tensor)], op, [name or _UNNAMED], prescale_factor,
                               postscale_factor, process_set, 'allreduce', again=False,
                               sources=[tensor])[0]
 
@@ -242,8 +244,7 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
         kv = getattr(process_set, '_store', None)
         if kv is not None and kv.collectives.again_group(
                 name or 'hvd.grouped_allreduce', tensors, op != Sum,
-                _PLAIN if prescale_factor == 1.0 and postscale_factor == 1.0
-                else (prescale_factor, postscale_factor)):
+                _scale_of(prescale_factor, postscale_factor)):
             return tensors
     op = _op_of(op, average, 'grouped_allreduce_')
     _grouped(list(tensors), op, name, prescale_factor, postscale_factor, process_set,
