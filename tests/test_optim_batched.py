@@ -115,7 +115,9 @@ def test_changes_make_the_groups_anew():
     for updater, _ in updaters:
         updater.optimizer.aggregate_num = 2
     step(updaters, keys, 4)
-    assert [len(g.indices) for g in ours._plan.groups] == [2, 2, 2]
+    # MXNet's groups of 2, run by one operator
+    assert [len(part) for part in ours._plan.parts] == [2, 2, 2]
+    assert [len(g.indices) for g in ours._plan.groups] == [6]
     assert_same(updaters, 'aggregate_num 2')
     # the states loaded from MXNet's own: a new state table
     saved = updaters[0][0].get_states(dump_optimizer=False)

@@ -168,6 +168,9 @@ class HeldLoop:
 
     def __init__(self, keys, config, job, gate=None):
         self._keys, self._config, self._job = keys, config, job
+        # what _direct reads of the config (whose values never change), read once: each
+        # option is a __getattr__ call, and again asks at every key of a loop
+        self._in_place = bool(config.zero_copy and not config.shard_optimizer)
         self.gate = gate if gate is not None else LoopGate(job)
         self._last = None      # before() -> after(): the batching loop's last key, or None
         self._frame = None     # the loop whose collectives the gate holds
@@ -199,8 +202,7 @@ class HeldLoop:
     def _direct(self, code):
         """Whether a call from ``code`` (an MXNet loop's, or None) updates its keys where
         they are: gluon.Trainer's loop, zero_copy, no shard (keys.KeyTable.aim)."""
-        config = self._config
-        return code is TRAINER_LOOP and config.zero_copy and not config.shard_optimizer
+        return code is TRAINER_LOOP and self._in_place
 
     def _ready(self, plans, direct):
         """The start of a call that :meth:`before` and :meth:`again` share: held updates

@@ -78,6 +78,8 @@ for compression, predivide, groups, tol in CASES:
                                          gradient_predivide_factor=predivide,
                                          num_groups=groups, prefix='t%d' % groups)
     got = train(net, trainer, mine, LOCAL)
+    # the store's batched updater ran every step after the first (which makes the states)
+    assert trainer._updaters[0].planned == STEPS - 1, (what, trainer._updaters[0].planned)
     # one process, the whole batch, the same start, a plain gluon.Trainer
     ref = make_net(seed=0)
     ref(mx.nd.array(X[0]))

@@ -133,6 +133,8 @@ def check_distributed_trainer(group_bytes):
             loss = loss_fn(reference(every), mx.nd.zeros((2 * SIZE, 4)))
         loss.backward()
         alone.step(2 * SIZE)
+    # the store's batched updater ran every step after the first (which makes the states)
+    assert trainer._updaters[0].planned == 2, trainer._updaters[0].planned
     for (name, p), q in zip(net.collect_params().items(), reference.collect_params().values()):
         got = p.data().asnumpy()
         same_on_all_ranks(got, name + ' after DistributedTrainer steps')
