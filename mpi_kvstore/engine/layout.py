@@ -23,7 +23,7 @@ from ..comm import agreement
 
 __all__ = ['HEADER_DTYPE', 'ARRAY_DTYPE', 'DL_TENSOR_DTYPE', 'BUCKET_DTYPE', 'TABLE_DTYPE',
            'HEADER', 'SLOT', 'BSLOT', 'TABLE', 'MESSAGE_WORDS', 'Stage', 'SCALES', 'FACTORS',
-           'FUSE_OPS', 'offer_message']
+           'FUSE_OPS', 'FUSE_RUN_BYTES', 'offer_message']
 
 _I64 = np.int64
 # A chained op offers itself and up to FUSE_OPS - 1 ops linked after it (fuse.py, _offer):
@@ -31,6 +31,11 @@ _I64 = np.int64
 # offers (OFFERED, MIN over ranks: how many run fused), then the group body of each further
 # op (BODY ints each, WILDCARD where not offered).
 FUSE_OPS = 32
+# The largest allreduce of a fused round (fuse.py, _run_fused; fusion_threshold caps it too):
+# its copy in, its reduction and its copy out stay in a core's cache. 100 x 16 KB on 2 ranks
+# of one host: the walk's own CPU (copies, offer, completions) 235-247 us (min) at 256 KB
+# against 276-333 us at the round's 512 KB (percall_breakdown.txt, helper W).
+FUSE_RUN_BYTES = 256 << 10
 _GROUP = len(agreement.group_message(()))
 BODY = _GROUP - agreement.HEADER
 OFFERED = _GROUP                              # int32 index of the count offered

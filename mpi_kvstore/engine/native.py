@@ -155,6 +155,34 @@ def copy_arrays(rec, first, arrays, fused, into_fused):
 
 
 @numba.njit
+def copy_out(rec, s, fused, size):
+    """The bucket whose words start at ``s`` scaled (scale) and copied from ``fused`` into
+    its arrays: a float's multiply in the copy's one pass, as scale then copy_arrays
+    would give it; an integer's division scaled in place first."""
+    how, first, arrays_ = rec[s + L.B_SCALE], rec[s + L.B_FIRST], rec[s + L.B_ARRAYS]
+    if how != 1 and how != 2 and how != 5 and how != 6:
+        scale(fused, rec[s + L.B_COUNT], how, size, factor_of(rec, s))
+        copy_arrays(rec, first, arrays_, fused, False)
+        return
+    factor, offset = factor_of(rec, s), 0
+    for i in range(first, first + arrays_):
+        nbytes = rec[L.HEADER + L.SLOT * i + L.A_NBYTES]
+        if how == 1 or how == 5:
+            src32, dst32 = (numba.carray(_f32(fused + offset), nbytes // 4),
+                            numba.carray(_f32(_array_address(rec, i)), nbytes // 4))
+            s32 = np.float32(factor / size if how == 1 else factor)
+            for k in range(nbytes // 4):
+                dst32[k] = src32[k] * s32
+        else:
+            src64, dst64 = (numba.carray(_f64(fused + offset), nbytes // 8),
+                            numba.carray(_f64(_array_address(rec, i)), nbytes // 8))
+            s64 = factor / size if how == 2 else factor
+            for k in range(nbytes // 8):
+                dst64[k] = src64[k] * s64
+        offset += nbytes
+
+
+@numba.njit
 def allreduce(rec, ptr, count, dtype, op, comm, poll_us):
     """MPI_Allreduce in place; with poll_us > 0, MPI_Iallreduce then MPI_Test with sleeps
     of up to poll_us (progress.poll: the engine worker leaves its core to compute while it
@@ -208,9 +236,10 @@ def run_bucket(rec, count, b, size, comm):
                      rec[L.PROGRESS_US] if kind == L.ALLREDUCE_POLLED else 0)
     if err != 0:
         return err
-    scale(ptr, rec[s + L.B_COUNT], rec[s + L.B_SCALE], size, factor_of(rec, s))
     if arrays_ > 1:
-        copy_arrays(rec, first, arrays_, ptr, False)
+        copy_out(rec, s, ptr, size)
+    else:
+        scale(ptr, rec[s + L.B_COUNT], rec[s + L.B_SCALE], size, factor_of(rec, s))
     return 0
 
 
