@@ -28,6 +28,7 @@ LOOP_GROUP_BYTES = 4 << 20
 # the debug counters of a held loop's repeated call (HeldLoop.again), made once and counted
 # in one (debug.count_all), as Exchange.again's
 _HITS = (('call_cache', 'hit'), ('fastpath', 'hit'), ('loop', 'again'))
+_HELD = (('loop', 'held'),)
 
 
 # For each of MXNet's loops, the last key the loop pushes this time, read from its frame.
@@ -123,14 +124,17 @@ class LoopGate:
         return getattr(self._job, name)
 
     def submit(self, reqs, priority):
-        if self.reqs or self.holding:
-            self.reqs.extend(reqs)
-            self._priority = priority if self._priority is None else max(self._priority,
-                                                                         priority)
+        held = self.reqs
+        if held or self.holding:   # a loop's key a call: no builtin call, one counter
+            held.extend(reqs)
+            if self._priority is None or priority > self._priority:
+                self._priority = priority
+            nbytes = self._nbytes
             for req in reqs:
-                self._nbytes += req.nbytes
-            if self.holding and self._nbytes < LOOP_GROUP_BYTES:
-                debug.count('loop', 'held')
+                nbytes += req.nbytes
+            self._nbytes = nbytes
+            if self.holding and nbytes < LOOP_GROUP_BYTES:
+                debug.count_all(_HELD)
                 return
             self.send()
             return
