@@ -1,5 +1,5 @@
 """The records of unnamed hvd.allreduce_ calls (store/collectives.py: again_unnamed,
-remember_unnamed), found by the tensor, are bounded: at most name_cache_capacity entries
+remember_unnamed; store/repeats.py: Unnamed), found by the tensor, are bounded: at most name_cache_capacity entries
 and _UNNAMED_BYTES of arrays, the least recently used dropped first; a dropped tensor's
 next call takes the full path and sums right, then its one-function path again. A repeated
 out-of-place hvd.allreduce on the chained design plans nothing (the store's plan cache stays
@@ -11,7 +11,7 @@ import pytest
 
 import mpi_kvstore.horovod as hvd
 from mpi_kvstore import debug
-from mpi_kvstore.store import collectives
+from mpi_kvstore.store import repeats
 
 pytestmark = pytest.mark.unit
 
@@ -46,27 +46,27 @@ def test_alternating_unnamed_tensors_are_taken_again_by_tensor(world):
 
 def test_unnamed_records_are_bounded_by_entries_least_recently_used_first(world):
     kept = world.collectives
-    kept._unnamed_max = 2
+    kept._unnamed.max = 2
     a, b, c = (mx.nd.zeros((N,)) for _ in range(3))
     for step, t in enumerate((a, b)):
         assert _call(t, step)[0] == {}
     assert _call(a, 2)[0] == {'unnamed': 1}   # a now the most recently used
     assert _call(c, 3)[0] == {}               # in: b (the least recently used) out
-    assert list(kept._unnamed) == [id(a), id(c)]
+    assert list(kept._unnamed.entries) == [id(a), id(c)]
     assert _call(b, 4) == ({}, {'miss': 1})   # the full path; in again, a out
-    assert list(kept._unnamed) == [id(c), id(b)]
+    assert list(kept._unnamed.entries) == [id(c), id(b)]
     assert _call(b, 5)[0] == {'unnamed': 1} and _call(c, 6)[0] == {'unnamed': 1}
-    assert kept._unnamed_bytes == 2 * N * 4
+    assert kept._unnamed.nbytes == 2 * N * 4
 
 
 def test_unnamed_records_are_bounded_by_bytes(world, monkeypatch):
     kept = world.collectives
-    monkeypatch.setattr(collectives, '_UNNAMED_BYTES', 3 * N * 4)
+    monkeypatch.setattr(repeats, '_UNNAMED_BYTES', 3 * N * 4)
     small = [mx.nd.zeros((N,)) for _ in range(4)]
     for step, t in enumerate(small):
         assert _call(t, step)[0] == {}
-    assert list(kept._unnamed) == [id(t) for t in small[1:]]   # 3 arrays' bytes: first out
-    assert kept._unnamed_bytes == 3 * N * 4
+    assert list(kept._unnamed.entries) == [id(t) for t in small[1:]]   # 3 arrays' bytes: first out
+    assert kept._unnamed.nbytes == 3 * N * 4
     big = mx.nd.zeros((4 * N,))   # more than the bound: never kept, the others stay
     want = np.arange(4 * N, dtype=np.float32)
     for _ in range(2):
@@ -75,10 +75,10 @@ def test_unnamed_records_are_bounded_by_bytes(world, monkeypatch):
         hvd.allreduce_(big, op=hvd.Sum)
         np.testing.assert_array_equal(big.asnumpy(), want)
         assert debug.since(before, 'again') == {}
-    assert list(kept._unnamed) == [id(t) for t in small[1:]]
+    assert list(kept._unnamed.entries) == [id(t) for t in small[1:]]
     assert _call(small[0], 9) == ({}, {'miss': 1})   # dropped: the full path, right
     assert _call(small[0], 10)[0] == {'unnamed': 1}
-    assert kept._unnamed_bytes == 3 * N * 4
+    assert kept._unnamed.nbytes == 3 * N * 4
 
 
 def test_repeated_out_of_place_calls_plan_nothing_new(world):

@@ -2,7 +2,8 @@
 Gluon and Module hand it (``contract``) and hands it down to units that never call it back:
 the key table and request building (``keys``), the exchange of keys' collectives
 (``exchange``), the optimizer inside the store (``optimizer``), the named collectives
-(``collectives``, with the bounded cache of their buffers, ``namecache``), the job that
+(``collectives``, with the bounded cache of their buffers, ``namecache``, and the records
+of their repeated calls, ``repeats``), the job that
 submits to the design and keeps what is pending (``job``), errors that surface on the
 user's thread (``deferred``), and the exit policy (``shutdown``).
 

@@ -2,32 +2,32 @@
 of the Horovod-style helpers, functional.py), on a Python function of the communicator,
 and the barrier. Each goes out in collective order through the store's :class:`job.Job`.
 """
-import collections
-import weakref
-
 import mxnet as mx
 import numpy as np
 
 from .. import debug
 from ..comm.collective import Collective, factor_sig, signature
 from ..comm.host import PolledComm
-from ..engine.arrays import Blank, copy_of, dense_meta, storage_of
-from ..engine.records import CopyNow, Prepared
+from ..engine.arrays import copy_of, dense_meta
+from ..engine.records import Prepared
 from .contract import check_root
 from .namecache import NameCache
+from .repeats import (
+    HIT,
+    HIT_COPY,
+    HIT_UNNAMED,
+    Again,
+    Copy,
+    Unnamed,
+    check_arrays,
+    copier,
+    distinct_dense,
+)
 
 __all__ = ['Collectives', 'ARRAY_KINDS']
 
 ARRAY_KINDS = ('allreduce', 'bcast', 'reducescatter', 'allgather')
 _SIGNED_LIMIT = 4096   # names whose signature is kept (cleared when reached)
-# the debug counters of a repeated call, made once and counted in one (debug.count_all):
-# a lone in-place allreduce (again, and the full path's _repeat), an out-of-place one
-_HIT = (('fastpath', 'hit'), ('named', 'hit'))   # its signature, too, is the one made before
-_HIT_COPY = (('again', 'copy'),) + _HIT
-_HIT_UNNAMED = (('again', 'unnamed'),) + _HIT   # an unnamed in-place one (again_unnamed)
-# the unnamed calls' records (again_unnamed) hold their arrays: at most these bytes of them
-# (and name_cache_capacity entries), least recently used out
-_UNNAMED_BYTES = 64 << 20
 # the scaling of a plain call, the default key under which records are found again
 _PLAIN = (1.0, 1.0)
 
@@ -44,24 +44,21 @@ class Collectives:
         # allreduce in place where the array's memory is row-major (option zero_copy)
         self._in_place = config.zero_copy
         self._signed = {}   # name -> (shape, dtype, place, signature) of its last call
-        # name -> its last in-place allreduce (_Again), taken again by a call on the very
+        # name -> its last in-place allreduce (repeats.Again), taken again by a call on the very
         # same array with the same average; as many as the staging buffers, least recently
         # used out (an entry holds its array)
         self._again = NameCache(config.name_cache_capacity)
-        # name -> its last out-of-place allreduce (_Copy), taken again by a call on the very
+        # name -> its last out-of-place allreduce (repeats.Copy), taken again by a call on the very
         # same input with the same average (again_copy); as many, least recently used out
         self._copies = NameCache(config.name_cache_capacity)
-        # a group's name -> its last in-place allreduce (_Again of the whole list), whose
+        # a group's name -> its last in-place allreduce (repeats.Again of the whole list), whose
         # tensors share no storage: taken again as one engine op (again_group)
         self._groups = NameCache(config.name_cache_capacity)
-        # the in-place cache's own dict (name -> [_Again, user]), which again() reads and
+        # the in-place cache's own dict (name -> [Again, user]), which again() reads and
         # moves to the end itself: NameCache.get's frame is a fifth of that path (issue 43)
         self._again_entries = self._again._entries
-        # an unnamed call's tensor (its id: the record holds it) -> its last in-place
-        # allreduce (_Again), which the unnamed calls' one name cannot key when tensors
-        # alternate (hvd.allreduce_(x) without a name); bounded by entries and bytes
-        self._unnamed = collections.OrderedDict()
-        self._unnamed_bytes, self._unnamed_max = 0, config.name_cache_capacity
+        # an unnamed call's tensor -> its last in-place allreduce (repeats.Unnamed)
+        self._unnamed = Unnamed(config.name_cache_capacity)
         # On an elastic world a function of the communicator gets its polled form, whose
         # waits end when a peer is lost (comm.host.PolledComm); chosen once, here.
         self._polled_us = config.progress_sleep_us if job.world is not None else None
@@ -147,8 +144,8 @@ class Collectives:
         # beside a rank on this path (one op a tensor, as before) disagreed on the count and
         # their sequence numbers parted: the rest waited for partners that never came.
         one_op = (group is not None and len(tensors) > 1 and self._in_place
-                  and _distinct_dense(tensors))
-        # records (_Again, _Copy) kept only once every request is submitted: a call
+                  and distinct_dense(tensors))
+        # records (repeats.Again, repeats.Copy) kept only once every request is submitted: a call
         # rejected partway (a bad tensor in the list) leaves none of a call that never ran,
         # so the names' next call takes the path it would have taken without it
         reqs, staged, seen, made, records = [], [], set(), [], []
@@ -156,11 +153,11 @@ class Collectives:
             try:
                 handle = tensor.handle.value
             except AttributeError:
-                _check_arrays(names, tensors)
+                check_arrays(names, tensors)
                 raise
             avg = average[i] if each else average
             factor = 1.0 if factors is None else factors[i]
-            if one_op:   # every tensor in place (_distinct_dense): no record of its own
+            if one_op:   # every tensor in place (distinct_dense): no record of its own
                 debug.count('fastpath', 'miss')   # the full path, as _repeat counts it
                 req = self._in_place_request(name, tensor, dense_meta(tensor), avg, factor,
                                              scale)
@@ -180,10 +177,10 @@ class Collectives:
                 req = self._in_place_request(name, tensor, meta, avg, factor, scale)
                 if again:
                     records.append((self._again, name,
-                                    _Again(tensor, req, self._job.design, repeat_as)))
+                                    Again(tensor, req, self._job.design, repeat_as)))
                 elif sources is not None and sources[i].__class__ is mx.nd.NDArray:
                     records.append((self._copies, name,
-                                    _Copy(sources[i], req, self._job.design, repeat_as)))
+                                    Copy(sources[i], req, self._job.design, repeat_as)))
                 reqs.append([req])
                 made.append(req)
                 continue
@@ -201,10 +198,10 @@ class Collectives:
             reqs = [reqs]
             if again:
                 records.append((self._groups, group,
-                                _Again(tensors, made, self._job.design, repeat_as)))
+                                Again(tensors, made, self._job.design, repeat_as)))
         job = self._job
         for req in reqs:
-            if req.__class__ is _Again:   # a repeat: its models renewed by the job
+            if req.__class__ is Again:   # a repeat: its models renewed by the job
                 job.again(req.prepared, req.models, 0)
             else:
                 job.submit(req, 0)
@@ -260,7 +257,7 @@ class Collectives:
         errors = job.errors
         if errors.waiting:   # one test when nothing failed, not a call
             errors.raise_pending()
-        debug.count_all(_HIT)
+        debug.count_all(HIT)
         job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
         return True
 
@@ -271,7 +268,7 @@ class Collectives:
         signatures (name, shape, dtype) of the calls, whichever path made them (debug
         counters ``again``: 'unnamed', ``fastpath``: 'hit'). True once submitted; False:
         nothing was done, the caller takes the full path, then :meth:`remember_unnamed`."""
-        entries = self._unnamed
+        entries = self._unnamed.entries
         known = entries.get(id(tensor))
         if known is None:
             return False
@@ -285,28 +282,19 @@ class Collectives:
         errors = job.errors
         if errors.waiting:
             errors.raise_pending()
-        debug.count_all(_HIT_UNNAMED)
+        debug.count_all(HIT_UNNAMED)
         job.again(known.prepared, known.models, 0)
         return True
 
     def remember_unnamed(self, name, tensor):
         """After an unnamed call's full path under ``name``: its record (made there, where
         it went in place) kept for :meth:`again_unnamed` by ``tensor``, the least recently
-        used dropped past name_cache_capacity entries or _UNNAMED_BYTES of arrays."""
+        used dropped past name_cache_capacity entries or repeats._UNNAMED_BYTES of arrays."""
         found = self._again_entries.get(name)
         known = None if found is None else found[0]
         if known is None or known.tensor is not tensor or known.dtype is None:
             return
-        entries, nbytes = self._unnamed, known.models[0].nbytes
-        old = entries.pop(id(tensor), None)
-        if old is not None:
-            self._unnamed_bytes -= old.models[0].nbytes
-        if nbytes > _UNNAMED_BYTES:
-            return
-        entries[id(tensor)] = known
-        self._unnamed_bytes += nbytes
-        while len(entries) > self._unnamed_max or self._unnamed_bytes > _UNNAMED_BYTES:
-            self._unnamed_bytes -= entries.popitem(last=False)[1].models[0].nbytes
+        self._unnamed.remember(tensor, known)
 
     def again_copy(self, name, tensor, mean, scale=_PLAIN):
         """:meth:`again` of an out-of-place allreduce (hvd.allreduce, functional.allreduce):
@@ -316,12 +304,12 @@ class Collectives:
         with the same ``mean``. Its copy made by one engine op (engine.arrays.copy_of), its
         request renewed from that call's with the copy as its array: nothing asked of MXNet
         but the copy (debug counters ``again``: 'copy', and ``fastpath``: 'hit'; the full
-        path counts a miss). The record holds the input weakly (_Copy).
+        path counts a miss). The record holds the input weakly (repeats.Copy).
         None: nothing was done, the caller takes the full path (which also says what is
         wrong, and makes the record: ``sources`` of :meth:`allreduce`)."""
         known = self._copies.get(name)
         job = self._job
-        # the very input: its handle object, alive (held weakly: _Copy) and tensor's own
+        # the very input: its handle object, alive (held weakly: repeats.Copy) and tensor's own
         # (getattr: anything else given under the name goes to the full path, which says why;
         # a dead input's reference answers None, as getattr does for one without a handle)
         handle = getattr(tensor, 'handle', None)
@@ -339,14 +327,13 @@ class Collectives:
             # copied at the push where tensor is readable then, so the collective pushed
             # on ``out`` finds it free (a burst of these fuses on chained, as in place)
             out = blank.new()
-            copier = _copier[0] if _copier else _new_copier()
-            copier.copy(tensor, out, known.models[0].nbytes)
-        debug.count_all(_HIT_COPY)
+            copier().copy(tensor, out, known.models[0].nbytes)
+        debug.count_all(HIT_COPY)
         # the prepared call moved to the new copy: the design keeps its plan for the
         # shape and renews only what names the array (Prepared.move_to), so the call
         # plans nothing; an error still lands on ``out``, the op's array
         prepared = known.prepared
-        if prepared is None:   # the name's first repeat (_Copy)
+        if prepared is None:   # the name's first repeat (repeats.Copy)
             prepared = known.prepared = Prepared([out], job.design)
         prepared.move_to(out)
         job.again(prepared, known.models, 0)
@@ -364,7 +351,7 @@ class Collectives:
         return self.allreduce([name], [copy], average, again=False, sources=[tensor])[0]
 
     def _repeat(self, name, tensor, average, factor, scale=None):
-        """The record (_Again) of ``name``'s last call where this one is on its very array,
+        """The record (repeats.Again) of ``name``'s last call where this one is on its very array,
         reduced and scaled alike, for Job.again; else None (counted: fastpath)."""
         known = self._again.get(name)
         if (known is None or known.tensor is not tensor or known.handle is not tensor.handle
@@ -373,7 +360,7 @@ class Collectives:
                 or known.prepared.owner is not self._job.design):
             debug.count('fastpath', 'miss')
             return None
-        debug.count_all(_HIT)
+        debug.count_all(HIT)
         return known
 
     def check(self, names, tensors):
@@ -381,7 +368,7 @@ class Collectives:
         anything (a closed store, an error waiting to be raised, a tensor that is no
         NDArray): for a caller that changes them first (horovod.ops: a prescale op)."""
         self._job.begin()
-        _check_arrays(names, tensors)
+        check_arrays(names, tensors)
 
     def dtypes(self, names, tensors):
         """Each tensor's numpy dtype: known without asking MXNet where the tensor is the
@@ -393,7 +380,7 @@ class Collectives:
                 found.append(known.dtype if known is not None and known.tensor is tensor
                              and known.handle is tensor.handle else np.dtype(tensor.dtype))
             except (AttributeError, TypeError):
-                _check_arrays(names, tensors)
+                check_arrays(names, tensors)
                 raise
         return found
 
@@ -437,94 +424,6 @@ class Collectives:
         self._job.submit([req], 0)
         req.wait()
         self._job.errors.raise_pending()
-
-
-class _Again:
-    """A name's last in-place allreduce: its array (and the array's handle object, which a
-    new handle of the same array would not be), and what a call on the same array again
-    reuses: its requests as models (unnumbered: made before the design numbered them),
-    which each call renews (Collective.renewed), and the engine's prepared call; the debug
-    counters of a call (``hits``). Of a group (a list of tensors and of their requests):
-    the tuple of the tensors and of their handles, a model each, and the counters 'again'
-    once, then 'fastpath' and 'named' for each tensor. ``average`` and ``scale``: the
-    caller's arguments under which a call finds it again (Collectives.allreduce's
-    ``repeat_as``; its requests hold what they mean: average and factor)."""
-
-    __slots__ = ('tensor', 'handle', 'average', 'scale', 'dtype', 'models', 'hits', 'prepared')
-
-    def __init__(self, tensor, req, design, repeat_as):
-        self.average, self.scale = repeat_as
-        if isinstance(req, list):
-            self.tensor = tuple(tensor)
-            self.handle = tuple(t.handle for t in tensor)
-            self.dtype = None
-            self.models = [r.renewed() for r in req]
-            self.hits = (('again', 'group'),) + _HIT * len(req)
-            self.prepared = Prepared(self.tensor, design)
-            return
-        self.tensor, self.handle = tensor, tensor.handle
-        self.dtype = req.dtype
-        self.models, self.hits = [req.renewed()], _HIT
-        self.prepared = Prepared([tensor], design)
-
-
-class _Copy:
-    """A name's last out-of-place allreduce: the handle object of the array it copied, held
-    weakly (an NDArray takes no weak reference; its handle dies with it), so that the
-    cache keeps no caller's input alive; the caller's average and scale (as _Again's); the
-    copy's request as a model without the copy, the design it went to, and the engine's
-    prepared call, which each repeat moves to its new copy (Prepared.move_to)."""
-
-    __slots__ = ('source', 'average', 'scale', 'models', 'design', 'prepared', 'blank')
-
-    def __init__(self, tensor, req, design, repeat_as):
-        self.source = weakref.ref(tensor.handle)
-        # a dense host array's repeats copy it at their push (records.CopyNow), each into a
-        # new array made by ``blank``; any other's by MXNet's copy op (copy_of)
-        # (up to _COPY_AT_PUSH bytes: a larger one, which fuses with nothing, keeps MXNet's
-        # asynchronous copy rather than hold the caller, and the GIL, for its memcpy)
-        self.blank = (Blank(tensor) if tensor.__class__ is mx.nd.NDArray and req.place == 'cpu'
-                      and req.dtype is not None and 0 < req.nbytes <= _COPY_AT_PUSH
-                      and tensor.stype == 'default' else None)
-        (self.average, self.scale), self.design = repeat_as, design
-        self.models = [Collective(req.kind, req.key, req.dtype, req.shape, None, req.root,
-                                  None, req.average, 0, req.nbytes, req.sig, req.place, 1,
-                                  req.codec, False, req.in_place, factor=req.factor,
-                                  scale=req.scale)]
-        # the engine's prepared call, moved to each call's copy (Prepared.move_to); it
-        # holds the last copy (the caller's result) until the next call moves it, so it is
-        # made at the first repeat (again_copy): a name called once keeps no result alive
-        self.prepared = None
-
-
-_copier = []   # [the records.CopyNow of again_copy], made on first use
-_COPY_AT_PUSH = 1 << 20   # bytes: the largest input an out-of-place repeat copies at its push
-
-
-def _new_copier():
-    _copier.append(CopyNow())
-    return _copier[0]
-
-
-def _distinct_dense(tensors):
-    """Whether every tensor is a dense NDArray and no two share storage (ids known): what
-    lets a list go as one engine op, which may write each engine variable only once."""
-    try:
-        if any(dense_meta(tensor) is None for tensor in tensors):
-            return False
-        found = [storage_of(tensor) for tensor in tensors]
-    except (AttributeError, TypeError):   # not an NDArray: the call's loop says which
-        return False
-    return None not in found and len(set(found)) == len(found)
-
-
-def _check_arrays(names, tensors):
-    """Raise TypeError naming the first of ``tensors`` that is no NDArray (asked once
-    something failed on one: a good call pays nothing for it)."""
-    for i, (name, tensor) in enumerate(zip(names, tensors)):
-        if not isinstance(tensor, mx.nd.NDArray):
-            raise TypeError('allreduce: tensor %d of %d (name %r) is a %s, not an MXNet '
-                            'NDArray' % (i, len(tensors), name, type(tensor).__name__))
 
 
 def _polled(fn, poll_us):
