@@ -43,8 +43,10 @@ def _req():
 
 def test_a_reaped_op_taken_again_meanwhile_finishes_its_own_requests():
     plan = types.SimpleNamespace(record=np.zeros(layout.HEADER, dtype=np.int64))
+    plan.words = memoryview(plan.record)
     op = object.__new__(_RacedOp)
     op.record = plan.record.copy()
+    op.words = memoryview(op.record)
     op.record[layout.STATE] = layout.DONE
     op.record[layout.FUSED] = 3         # it led a round of 3 (itself and 2 absorbed)
     op._address = op.record.ctypes.data

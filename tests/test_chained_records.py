@@ -1,9 +1,10 @@
 """The chained design's repeated calls (a prepared call: store.namecache.Batch) keep their
-plan and take their last op's record again once it was reaped (records.ChainedOp.again),
+plan and take their last op's record again once it was reaped (records.ChainedOp.again;
+Chained.again_direct inlines it),
 instead of a copy of the plan's record per call: one process, so every sum is the value
 itself, as numpy has it. A priority that changes makes a new plan for it; an array that
 changes takes the full path (a new prepared call). A repeat at its kept plan's priority is
-one function from the job to the push (Chained.again). Where the op before a call is not
+one function from the store to the push (Chained.again_direct, Job.again_direct). Where the op before a call is not
 DONE yet but its burst's walk closed its link, the ops caught up: the design tries fusing
 again (Chained._push)."""
 import collections
@@ -36,14 +37,14 @@ def _step(kv, xs, step, priority=0):
 
 
 def test_a_repeated_call_takes_its_records_again_and_sums_right(monkeypatch):
-    taken = collections.Counter()   # Chained.again's answers: True, the one-function path
-    again = chained.Chained.again
+    taken = collections.Counter()   # Chained.again_direct's answers: True, the one-function path
+    again = chained.Chained.again_direct
 
     def counted(self, prepared, models, priority, pending):
         done = again(self, prepared, models, priority, pending)
         taken[done] += 1
         return done
-    monkeypatch.setattr(chained.Chained, 'again', counted)
+    monkeypatch.setattr(chained.Chained, 'again_direct', counted)
     kv = mpi_kvstore.create('dist_mpi', design='chained', autotune='0')
     try:
         assert kv._job.design.name == 'chained' and kv._job.design._native
@@ -59,7 +60,7 @@ def test_a_repeated_call_takes_its_records_again_and_sums_right(monkeypatch):
         for k, found in records.items():
             # the op and its spare, taken again step after step (each waited for and reaped)
             assert len(set(found)) <= 2 and len(found) == STEPS - 2, (k, found)
-        # from the third call a key's repeats are Chained.again's (the second keeps the plan)
+        # from the third call a key's repeats are Chained.again_direct's (the second keeps the plan)
         assert taken == {True: KEYS * (STEPS - 2)}, taken
         assert _kept(kv, 0).sigs == [kv._calls.pushpull[0].models[0].numbered_sig(0)]
 
@@ -84,14 +85,13 @@ class _Op:
 
     def __init__(self, done=False, next_=0, leads=1):
         self.record = np.zeros(layout.HEADER, dtype=np.int64)
+        self.words = memoryview(self.record)   # as ChainedOp.words
         self.record[layout.NEXT], self.record[layout.LEADS] = next_, leads
-        self.done, self.param, self.address = done, None, 0
+        self.record[layout.STATE] = layout.DONE if done else layout.PENDING
+        self.param, self.address, self._address, self.follow = None, 0, id(self), None
 
     def pushed_from(self, thread, priority, after=None):
         self.record[layout.PUSHER], self.record[layout.PRIORITY] = thread, priority
-
-    def linked_after(self, earlier):
-        return False
 
     def let_go(self):
         self.record[layout.STARTED] = 0
@@ -102,7 +102,8 @@ def _pushing(monkeypatch, prev, probing):
     it makes, by kind."""
     pushes = []
     monkeypatch.setattr(chained.engine, 'push_op', lambda *a: pushes.append('chained'))
-    monkeypatch.setattr(chained.engine, 'push_inline', lambda *a: pushes.append('follow'))
+    monkeypatch.setattr(chained.engine, 'inline_push',
+                        lambda *a: lambda: pushes.append('follow') or 0)
     design = object.__new__(chained.Chained)
     design._inflight = collections.deque([prev])
     design._tail, design._probing, design._inline_max = prev, probing, -1

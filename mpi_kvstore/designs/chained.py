@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import debug
-from ..comm.collective import finish_all
+from ..comm.collective import all_done, finish_all
 from ..comm.fusion import BufferPool
 from ..comm.mpiabi import MPI, c_datatype
 from ..comm.progress import AGREEMENT_POLL_US
@@ -38,6 +38,10 @@ _WAIT_SLICE = 0.05         # s: longest sleep of a waiter between looks at the r
 _FOLLOW_NAME = b'mpi_kvstore'   # what push_native names an op by default, encoded
 _LINKED = (('fuse', 'linked'),)  # debug.count_all's key: a plain dict bump a linked call
 _FIRST_HANDLE = layout.HEADER + layout.A_HANDLE   # the record's word of its first array
+# the record's words that a call or a reap reads and writes (through ChainedOp.words)
+(_STATE, _DONE, _FUSED, _NEXT, _CLOSED, _LEADS, _STARTED, _PUSHER, _PRIORITY, _AFTER,
+ _SELF) = (layout.STATE, layout.DONE, layout.FUSED, layout.NEXT, layout.CLOSED, layout.LEADS,
+           layout.STARTED, layout.PUSHER, layout.PRIORITY, layout.AFTER, layout.SELF)
 
 
 class _Kept:
@@ -170,17 +174,25 @@ class Chained(Design):
                     priority=priority, name=op_name(reqs[0].kind),
                     on_error=functools.partial(self._failed_in_engine, reqs))
 
-    def again(self, prepared, models, priority, pending):
+    def again_direct(self, prepared, models, priority, pending):
         """A prepared call repeated (Design.again) at the priority its kept plan was made
-        for: requests renewed from ``models`` numbered and waited on here
-        (Collective.again), entered in ``pending``, and the kept op pushed as
-        :meth:`_submit` pushes it, without Design.submit's and _submit's general paths.
+        for, in one function: Job.again's part (the reap, the done requests out of
+        ``pending``; no synchronous raise: a native op never is), requests renewed from
+        ``models`` numbered and waited on here (Collective.again), entered in ``pending``,
+        and the kept op (:meth:`_kept_op`) pushed as :meth:`_push` pushes it, the one
+        linked after a burst's op in this function. The store calls it straight
+        (Job.again_direct: no elastic world, the store open and the caller's own checks done).
         False where nothing is kept for it yet (its first calls, another priority, a
         Python op): Job submits it the general way, which keeps it."""
         kept = prepared.kept
         if (kept is None or kept.priority != priority or kept.plan is None
                 or prepared.owner is not self):
             return False
+        inflight = self._inflight
+        if inflight and inflight[0].words[_STATE] == _DONE:   # reap's own first test
+            self.reap()
+        if pending and pending[0].done:
+            _drop_done(pending)
         if kept.models is not models:   # signatures numbered once, not once a call
             kept.sigs = [model.numbered_sig(priority) for model in models]
             kept.models = models
@@ -196,8 +208,40 @@ class Chained(Design):
                 reqs.append(model.again(at, priority, sig, wait))
         self.pushed = at + 1
         pending.extend(reqs)
-        self._push(self._kept_op(kept, prepared, reqs), kept.plan, reqs, priority, kept.name)
+        plan_ = kept.plan
+        # _kept_op's body: the kept op (or its spare) taken again once reaped, its record
+        # copied from the plan's (ChainedOp.again's body)
+        op = kept.op
+        if op is None or not op.reaped:
+            spare, kept.spare = kept.spare, op
+            op = spare if spare is not None and spare.reaped else None
+        if op is None:
+            op = kept.op = records.ChainedOp(plan_, reqs, prepared.arrays, self._in_python)
+        else:
+            kept.op = op
+            words = op.words
+            words[:] = plan_.words
+            words[_SELF] = address = op._address
+            op.reqs, op.reaped, op.arrays = reqs, False, prepared.arrays
+            _fallbacks[address] = op
+        # _push's linked call, inline: where no call runs inline (inline_max_bytes) and the
+        # op before it is a burst's, walking; anything else goes through _push
+        prev = inflight[-1] if inflight else None
+        if (prev is None or not plan_.leads or not self._probing or prev is not self._tail
+                or self._inline_max > 0 or plan_.nbytes <= self._inline_max):
+            self._push(op, plan_, reqs, priority, kept.name)
+            return True
+        before = prev.words
+        if before[_STATE] == _DONE or before[_NEXT] == _CLOSED or not before[_LEADS]:
+            self._push(op, plan_, reqs, priority, kept.name)
+            return True
+        inflight.append(op)
+        if not self._follow(op, prev, plan_, priority):
+            engine.push_op(self._chained_fn, op.param, plan_.handles, priority, kept.name)
+            self._tail = op
         return True
+
+    again = again_direct   # Design.again: Job.again's general path calls it too
 
     def _kept_op(self, kept, prepared, reqs):
         """The op of a prepared call's ``reqs``: a kept op's record taken again once
@@ -221,12 +265,12 @@ class Chained(Design):
         whose requests wait with :meth:`_wait`."""
         inflight = self._inflight
         prev = inflight[-1] if inflight else None
-        pending = prev is not None and not prev.done
+        pending = prev is not None and prev.words[_STATE] != _DONE
         # The ops caught up once no walk can take this call: prev's walk closed its link
         # (fuse._run_chained_body), which it does before completing; an op is DONE only
         # after its engine completion, which already woke the caller's wait, so in a
         # loop of burst-then-wait DONE alone lags, and one busy call stopped all fusing.
-        walking = pending and prev.record[layout.NEXT] != layout.CLOSED
+        walking = pending and prev.words[_NEXT] != _CLOSED
         burst = False    # made right after the call before it (_BURST_GAP): not inline
         if self._inline_max > 0:
             now = _clock()
@@ -234,27 +278,9 @@ class Chained(Design):
         inflight.append(op)
         if not walking:
             self._probing = True
-        elif (plan_.leads and self._probing and prev is self._tail
-              and prev.record[layout.LEADS]):
-            # Pushed without the chain: at once exactly when nothing else reads or
-            # writes its arrays, which it then holds, and the walk of the burst the
-            # op before it belongs to runs it (fuse.py). One that finds them busy runs
-            # later on MXNet's compute worker, doing nothing, and the call goes on as a
-            # chained op, which waits for it: one such a burst (the gradients of a
-            # backward pass still being computed), until the ops catch up.
-            op.pushed_from(_pthread_self(), priority, prev)
-            engine.push_inline(self._follow_fn, op.param, plan_.follow_handles, 0,
-                               _FOLLOW_NAME)
-            if op.record[layout.STARTED]:
-                if op.linked_after(prev):   # its follow op linked it (fuse.follow)
-                    self._tail = op
-                    debug.count_all(_LINKED)
-                    return
-                op.let_go()       # the walk ended before the link: a chained op
-            else:
-                self._probing = False
-                debug.count('fuse', 'busy')
-            op.pushed_from(0, priority)
+        elif (plan_.leads and self._probing and prev is self._tail and prev.words[_LEADS]
+              and self._follow(op, prev, plan_, priority)):
+            return
         # Offered inline only when no earlier op is pending: one that is would hold this
         # one back, and an op offered inline whose data is not ready takes a detour
         # through MXNet's compute worker (fuse.py), which slowed per-key training.
@@ -267,6 +293,35 @@ class Chained(Design):
         else:
             engine.push_op(self._chained_fn, op.param, plan_.handles, priority, name)
         self._tail = op
+
+    def _follow(self, op, prev, plan_, priority):
+        """Push ``op`` (appended to the ops in flight) without the chain: at once exactly
+        when nothing else reads or writes its arrays, which it then holds, and the walk of
+        the burst the op before it (``prev``, walking) belongs to runs it (fuse.py) -> True.
+        One that finds them busy runs later on MXNet's compute worker, doing nothing, and
+        the call goes on as a chained op, which waits for it: one such a burst (the
+        gradients of a backward pass still being computed), until the ops catch up ->
+        False: the caller pushes it chained."""
+        words = op.words
+        words[_PUSHER], words[_PRIORITY], words[_AFTER] = (_pthread_self(), priority,
+                                                           prev._address)
+        push = op.follow   # the op's plan is always the same: its push made once
+        if push is None:
+            push = op.follow = engine.inline_push(self._follow_fn, op.param,
+                                                  plan_.follow_handles, 0, _FOLLOW_NAME)
+        if push():
+            engine.push_failed()
+        if words[_STARTED]:
+            if prev.words[_NEXT] == op._address:   # its follow op linked it (fuse.follow)
+                self._tail = op
+                debug.count_all(_LINKED)
+                return True
+            op.let_go()       # the walk ended before the link: a chained op
+        else:
+            self._probing = False
+            debug.count('fuse', 'busy')
+        words[_PUSHER], words[_PRIORITY], words[_AFTER] = 0, priority, 0
+        return False
 
     def _run(self, reqs, completion):
         try:
@@ -365,23 +420,24 @@ class Chained(Design):
 
     def reap(self):
         """Mark the requests of completed native ops done (any thread)."""
-        if not (self._inflight and self._inflight[0].done):  # the common case: no lock
+        inflight = self._inflight
+        if not (inflight and inflight[0].words[_STATE] == _DONE):  # the common case: no lock
             return
         with self._reap_lock:
-            inflight, reqs = self._inflight, []
+            reqs = []
             led = absorbed = 0
-            # a burst's ~100 ops at once: each op's words read here, not through properties
-            state, done, fused_at = layout.STATE, layout.DONE, layout.FUSED
+            # a burst's ~100 ops at once: each op's words read here as Python ints
+            # (ChainedOp.words), not through properties nor numpy scalars
             while inflight:
                 op = inflight[0]
-                rec = op.record
-                if rec[state] != done:
+                words = op.words
+                if words[_STATE] != _DONE:
                     break
                 inflight.popleft()
-                fused = rec[fused_at]
+                fused = words[_FUSED]
                 if fused:   # it ran the first ``fused`` of a round (itself included), so
                     led += 1    # its walk marked the other fused - 1 ABSORBED (fuse.py)
-                    absorbed += int(fused) - 1
+                    absorbed += fused - 1
                 reqs += op.reqs
                 # last: once reaped, the user's thread may take the op again for its next
                 # call (_kept_op), new requests and record, while this thread goes on here
@@ -434,3 +490,16 @@ def _native_can_run(reqs):
         if (req.average or req.factor != 1.0) and req.dtype not in layout.SCALES:
             return False
     return True
+
+
+_fallbacks = records.fallbacks()   # what ChainedOp.again registers, in Chained.again_direct
+
+
+def _drop_done(pending):
+    """Drop the done requests at the head of ``pending`` (Job's), a burst's ~100 at once:
+    all of them in one clear where every one is done (the common case, tested in C)."""
+    if all_done(pending):
+        pending.clear()
+        return
+    while pending and pending[0].done:
+        pending.popleft()

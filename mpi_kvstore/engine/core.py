@@ -28,10 +28,12 @@ from .push import (  # the pushes of compiled ops, re-exported: callers use engi
     NO_SKIP,
     Handles,
     encoded,
+    inline_push,
     native_fn,
     native_push_constants,
     property_address,
     push_async,
+    push_failed,
     push_inline,
     push_inline_reading,
     push_native,
@@ -39,7 +41,7 @@ from .push import (  # the pushes of compiled ops, re-exported: callers use engi
 )
 
 __all__ = ['Completion', 'Countdown', 'Handles', 'push', 'push_native', 'push_inline',
-           'push_inline_reading',
+           'push_inline_reading', 'inline_push', 'push_failed',
            'push_op', 'native_fn', 'encoded', 'native_push_constants', 'python_entry', 'consume_raised',
            'quiesce', 'ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP']
 

@@ -4,11 +4,13 @@ on_complete, param)``), with nothing of Python run when the engine calls them. c
 pushes Python functions through :func:`push_async` and re-exports the rest.
 """
 import ctypes
+import functools
 
 from .libmxnet import bind, bind_plain, last_error
 
 __all__ = ['ASYNC', 'CPU_PRIORITIZED', 'NO_SKIP', 'ASYNC_FN', 'Handles', 'push_async',
            'push_native', 'push_inline', 'push_inline_reading', 'push_op', 'native_fn', 'encoded',
+           'inline_push', 'push_failed',
            'native_push_constants', 'property_address']
 
 # FnProperty values of include/mxnet/engine.h: Horovod and BytePS push their
@@ -145,6 +147,23 @@ def push_inline(fn, param_address, handles, priority, name):
                    _NONE, handles.array, handles.count_arg, _INLINE, priority, name,
                    _NO_WAIT) != 0:
         raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
+
+
+def inline_push(fn, param_address, handles, priority, name):
+    """:func:`push_inline` of these arguments made once: a callable of no arguments (a
+    functools.partial of the C function: no Python frame when called) that pushes the op
+    and returns MXEnginePushAsyncND's code, 0 where pushed (else :func:`push_failed`). For
+    an op pushed again and again with the same arguments (a chained call's follow op)."""
+    if param_address.__class__ is int:
+        param_address = ctypes.c_void_p(param_address)
+    return functools.partial(_push_plain, fn, param_address, None, _CPU_CONTEXT_ARG,
+                             _NO_HANDLES, _NONE, handles.array, handles.count_arg, _INLINE,
+                             priority, name, _NO_WAIT)
+
+
+def push_failed():
+    """Raise what a push refused (a non-zero code of an :func:`inline_push` call)."""
+    raise RuntimeError('MXEnginePushAsyncND failed: ' + last_error())
 
 
 def push_inline_reading(fn, param_address, reads, writes, priority, name):

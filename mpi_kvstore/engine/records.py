@@ -3,7 +3,6 @@ they call through, building a record (layout.py declares it) and reading what th
 The negotiated designs' rounds of ready ops, and the eventfd that wakes the thread waiting
 for them, are takeup.py's."""
 import ctypes
-import functools
 import os
 import threading
 
@@ -16,8 +15,9 @@ from . import layout as L  # the records' words: L.COUNT, L.A_DATA, L.F_MEMCPY..
 from .arrays import copy_into
 from .libmxnet import address_of
 
-__all__ = ['CopyNow', 'mark_ready_address', 'run_chained_address', 'follow_address', 'function_table', 'NativeOp',
-           'Prepared', 'ChainedPlan', 'ChainedOp', 'KINDS']
+__all__ = ['CopyNow', 'fallbacks', 'mark_ready_address', 'run_chained_address',
+           'follow_address', 'function_table', 'NativeOp', 'Prepared', 'ChainedPlan', 'ChainedOp',
+           'KINDS']
 
 # The collective kinds the compiled op runs, and its code for each; the others (Python
 # collectives, the sharded optimizer's reduce-scatter and allgather) run in Python.
@@ -33,15 +33,22 @@ class _State:
         self.table = None      # layout.TABLE_DTYPE in an int64 array, built on first use
         self.address = 0       # the table's address (a record's FNS word): .ctypes costs a few us a call
         self.entry = None      # the Python entry (core.python_entry) the table points to
-        self.fallbacks = {}    # record address -> what finishes its op in Python
+        self.fallbacks = {}    # record address -> its ChainedOp (_on_python finishes it)
         self.mark_ready = 0    # mark_ready_address(), once known: asked on every call
 
 
 _state = _State()
 
 
+def fallbacks():
+    """The dict of record address -> ChainedOp that a hand-over to Python finishes: an op
+    taken again registers itself there (ChainedOp.again; designs/chained.py inlines it)."""
+    return _state.fallbacks
+
+
 def _run_in_python(address):
-    _state.fallbacks.pop(address)()
+    op = _state.fallbacks.pop(address)   # a ChainedOp: no functools.partial made per call
+    op._on_python(op)
 
 
 def _address(fn):
@@ -269,7 +276,8 @@ class ChainedPlan:
     so (``leads``), and be run by an earlier op.
     """
 
-    __slots__ = ('record', 'spans', 'keep', 'handles', 'nbytes', 'leads', 'follow_handles')
+    __slots__ = ('record', 'words', 'spans', 'keep', 'handles', 'nbytes', 'leads',
+                 'follow_handles')
 
     def __init__(self, buckets, comm, message, eventfd, fusion, progress=(0, 0), poll_us=0,
                  fuse=(0, 0)):
@@ -314,6 +322,7 @@ class ChainedPlan:
             spans.append((start, start + len(bucket)))
             start += len(bucket)
         self.record, self.spans, self.keep = rec, spans, keep
+        self.words = memoryview(rec)   # what ChainedOp.again copies (faster than numpy's)
         self.leads = bool(fuse[1] > 0 and rec[L.MSGLEN] and len(buckets) == 1
                           and rec[L.HEADER + L.SLOT * len(arrays) + L.B_KIND] in (
                               L.ALLREDUCE, L.ALLREDUCE_POLLED))
@@ -336,15 +345,19 @@ class ChainedOp(NativeOp):
     # Built on a call: only what the compiled op needs is made now; the buckets, which
     # only the rare Python paths read, are cut from the plan's spans when asked for. A
     # repeated call of a prepared call takes its last op's record again (:meth:`again`).
-    __slots__ = ('_spans', '_on_python', 'reaped', 'param')
+    # ``words``: the record as a memoryview, whose items read and write as Python ints in
+    # a third of numpy's time: the words a call or a reap reads (issue 43)
+    # ``follow``: the push of its follow op, made once (engine.inline_push), or None
+    __slots__ = ('_spans', '_on_python', 'reaped', 'param', 'words', 'follow')
 
     def __init__(self, plan, reqs, arrays, on_python):  # (no super(): a copy)
         rec = plan.record.copy()
         self._address = rec[L.SELF] = rec.ctypes.data
         self.param = ctypes.c_void_p(self._address)   # as a push passes it (engine.push_op)
         self.record, self.arrays, self.reqs, self.keep = rec, arrays, reqs, plan.keep
+        self.words, self.follow = memoryview(rec), None
         self._spans, self._on_python, self.reaped = plan.spans, on_python, False
-        _state.fallbacks[self._address] = functools.partial(on_python, self)
+        _state.fallbacks[self._address] = self
 
     def again(self, plan, reqs):
         """This op for the next call of ``plan`` (the one it was made from) with ``reqs``,
@@ -352,11 +365,11 @@ class ChainedOp(NativeOp):
         so that its address (.ctypes, a few us) is known and no record is allocated. Safe
         as dropping it is: the reaper forgets an op only once it and every op before it are
         DONE, and no compiled code reads a record after that (fuse._complete)."""
-        rec = self.record
-        rec[:] = plan.record
-        rec[L.SELF] = self._address
+        words = self.words
+        words[:] = plan.words
+        words[L.SELF] = self._address
         self.reqs, self.reaped = reqs, False
-        _state.fallbacks[self._address] = functools.partial(self._on_python, self)
+        _state.fallbacks[self._address] = self
         return self
 
     @property

@@ -230,7 +230,9 @@ class Collectives:
         if errors.waiting:   # one test when nothing failed, not a call
             errors.raise_pending()
         debug.count_all(known.hits)
-        job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
+        repeat = job.again_direct   # as again()'s
+        if repeat is None or not repeat(known.prepared, known.models, 0, job.pending):
+            job.again(known.prepared, known.models, 0)
         return True
 
     def again(self, name, tensor, mean, scale=_PLAIN):
@@ -258,7 +260,10 @@ class Collectives:
         if errors.waiting:   # one test when nothing failed, not a call
             errors.raise_pending()
         debug.count_all(HIT)
-        job.again(known.prepared, known.models, 0)   # renewed there, by the design if it can
+        # renewed by the design's one function (Job.again_direct), else by the job
+        repeat = job.again_direct
+        if repeat is None or not repeat(known.prepared, known.models, 0, job.pending):
+            job.again(known.prepared, known.models, 0)
         return True
 
     def again_unnamed(self, tensor, mean, scale=_PLAIN):
@@ -283,7 +288,9 @@ class Collectives:
         if errors.waiting:
             errors.raise_pending()
         debug.count_all(HIT_UNNAMED)
-        job.again(known.prepared, known.models, 0)
+        repeat = job.again_direct   # as again()'s
+        if repeat is None or not repeat(known.prepared, known.models, 0, job.pending):
+            job.again(known.prepared, known.models, 0)
         return True
 
     def remember_unnamed(self, name, tensor):
@@ -336,7 +343,9 @@ class Collectives:
         if prepared is None:   # the name's first repeat (repeats.Copy)
             prepared = known.prepared = Prepared([out], job.design)
         prepared.move_to(out)
-        job.again(prepared, known.models, 0)
+        repeat = job.again_direct   # as again()'s
+        if repeat is None or not repeat(prepared, known.models, 0, job.pending):
+            job.again(prepared, known.models, 0)
         return out
 
     def allreduce_copy(self, name, tensor, average=False):

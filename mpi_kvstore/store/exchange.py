@@ -127,8 +127,10 @@ class Exchange:
             errors.raise_pending()
         debug.count_all(_HITS[entry.call])
         models = entry.models
-        if loop is None and not staged:   # the common call: renewed by the job or design
-            job.again(entry.prepared, models, priority)
+        if loop is None and not staged:   # the common call: renewed by the design or job
+            repeat = job.again_direct   # the design's one function, else the job's
+            if repeat is None or not repeat(entry.prepared, models, priority, job.pending):
+                job.again(entry.prepared, models, priority)
             return True
         reqs = Batch.renewed(models, entry.prepared)
         if loop is not None:

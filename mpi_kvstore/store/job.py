@@ -79,8 +79,17 @@ class Job:
         except BaseException:
             _ELASTIC.discard(self)   # a job never built holds no world's loss
             raise
+        self.again_direct = self._again_direct()
         install_abort_hook()  # a rank that raises must end the job, not hang the others
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
+
+    def _again_direct(self):
+        """The design's one function for a prepared call repeated (Chained.again_direct:
+        ``again_direct(prepared, models, priority, pending) -> bool``), which the store's repeats
+        call straight, once they checked the store open, with ``pending``: Job.again's
+        work in it. None on an elastic world (the general path holds the drain's lock,
+        _pushing) or a design without one: the store calls :meth:`again`."""
+        return None if self.world is not None else getattr(self.design, 'again_direct', None)
 
     def _design(self, design, comm, config, table, shares):
         """The design on ``comm``; on an elastic world its communicators broadcast and wait
@@ -199,6 +208,7 @@ class Job:
         self.errors.keep_types = (type(err),)
         self.errors.record_error('the world', err)
         old, self.design = self.design, _Lost(self.design, err, self.errors)
+        self.again_direct = None
         self._ended = old
         # the lost world's collectives stay MPI's: keep what owns their memory
         abandoned.keep(old, *self.pending)
@@ -273,6 +283,7 @@ class Job:
         self.pending.clear()
         self.lost = None
         self.design = self._design(design, comm, config, table, shares)
+        self.again_direct = self._again_direct()
         self._inspector = StallInspector(comm, config, self.design, self.pending_now)
         settled = getattr(self.world, 'settled', None)
         if settled is not None:   # the reset's waits were bounded by the re-forming's deadline

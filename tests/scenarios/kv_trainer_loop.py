@@ -65,9 +65,10 @@ class OwnLoop(gluon.Trainer):
 
 def count_submits(kv):
     """Count the store's submits (one engine op each) in SUBMITS[kv]: Job.submit's, and a
-    repeated call's that the design takes in one function (Design.again, from Job.again)."""
+    repeated call's that the design takes in one function (Design.again, from Job.again,
+    or the same function the store calls straight, Job.again_direct)."""
     job = kv._job
-    submit, design_again = job.submit, job.design.again
+    submit, design_again, direct = job.submit, job.design.again, job.again_direct
     SUBMITS[kv] = 0
 
     def counted(reqs, priority):
@@ -79,8 +80,15 @@ def count_submits(kv):
         SUBMITS[kv] += bool(taken)
         return taken
 
+    def counted_direct(prepared, models, priority, pending):
+        taken = direct(prepared, models, priority, pending)
+        SUBMITS[kv] += bool(taken)
+        return taken
+
     job.submit = counted
     job.design.again = counted_again
+    if direct is not None:
+        job.again_direct = counted_direct
     return kv
 
 
