@@ -177,3 +177,36 @@ def test_the_updater_pickles_without_its_groups():
     assert ours._plan is not None
     copy = pickle.loads(pickle.dumps(ours))
     assert copy._plan is None and copy.planned == ours.planned
+
+
+@pytest.mark.parametrize('aggregate', [4, 7])
+def test_many_keys_run_60_an_operator_bitwise(aggregate, monkeypatch):
+    """130 keys of two dtypes: each dtype's keys in MXNet's order, 60 an operator (the
+    kernel's limit), asked for MXNet's groups' counts and rates (under a schedule): the very
+    weights and states of MXNet's Updater, whose operators take aggregate_num keys each."""
+    monkeypatch.setenv('MXNET_OPTIMIZER_AGGREGATION_SIZE', str(aggregate))
+    rng = np.random.RandomState(0)
+    shapes = [(rng.randint(1, 5), rng.randint(1, 5)) for _ in range(130)]
+    dtypes = ['float64' if i % 3 == 0 else 'float32' for i in range(130)]
+
+    def weights(seed):
+        r = np.random.RandomState(seed)
+        return [mx.nd.array(r.uniform(-1, 1, shape), dtype=dtype)
+                for shape, dtype in zip(shapes, dtypes)]
+
+    def make():
+        return mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=1e-3,
+                                lr_scheduler=mx.lr_scheduler.FactorScheduler(step=1, factor=0.7))
+
+    updaters = [(mx.optimizer.Updater(make()), weights(1)), (Updater(make()), weights(1))]
+    keys = list(range(130))
+    for seed in range(2, 6):
+        grads = weights(seed)
+        for updater, w in updaters:
+            updater(keys, grads, w)
+        assert_same(updaters, 'aggregate %d step %d' % (aggregate, seed))
+    ours = updaters[1][0]
+    assert ours.planned == 3
+    # float64 first (key 0): its 44 keys one operator; float32's 86: 60 and 26
+    assert [len(group.indices) for group in ours._plan.groups] == [44, 60, 26]
+    assert sum(len(part) for part in ours._plan.parts) == 130

@@ -13,15 +13,15 @@ counts, learning rates and weight decays (``_update_count``, ``_get_lrs``, ``_ge
 as MXNet's SGD does) and pushes the very operator with the very parameter strings MXNet's
 wrapper would give: the same weights, bitwise.
 
-One operator takes MXNet's consecutive groups of a dtype together, up to the operator's
-own limit of 60 weights (MXNet's kernel parameter; the documented maximum of
+One operator takes a dtype's keys in MXNet's order, up to the operator's own limit of 60
+weights (MXNet's kernel parameter; the documented maximum of
 MXNET_OPTIMIZER_AGGREGATION_SIZE): the kernel updates each element of each weight alone,
-so the weights are those of one operator a group, and a step of 200 keys is 4 operators
-instead of 50 (optimizer CPU 1.2 -> 0.4 ms a step; MXNet's Updater: 2.9 ms). The counts
-and rates are asked for as MXNet asks, a group at a time, where a learning-rate schedule
-reads the update count between groups; without one, once for all the keys (the same
-counts and rates), and a group's parameter strings are made again only when its rates
-change.
+so the weights are those of an operator a group of MXNet's, and a step of 200 keys is 4
+operators instead of 50 (the updater's CPU 1.2 -> 0.55 ms a step; MXNet's Updater: 2.9
+ms). The counts and rates are asked for as MXNet asks, a group at a time, where a
+learning-rate schedule reads the update count between groups; without one, once for all
+the keys (the same counts and rates), and an operator's parameter strings are made again
+only when its rates change.
 
 It applies to MXNet's own ``SGD`` (not a subclass, which may update otherwise) with
 ``aggregate_num`` >= 1, dense NDArrays whose states exist (MXNet's Updater makes them at
@@ -56,8 +56,8 @@ KERNEL_WEIGHTS = 60
 
 
 class _Group:
-    """One operator's keys (of one dtype: MXNet's consecutive groups, at most KERNEL_WEIGHTS
-    keys unless one group is larger), its inputs' and outputs' handle arrays (whose NDArrays
+    """One operator's keys (of one dtype, consecutive in MXNet's order, at most
+    KERNEL_WEIGHTS), its inputs' and outputs' handle arrays (whose NDArrays
     the plan holds, so that the handles stay theirs), its slice of the plan's order, and its
     last parameter strings with the rates they were made of."""
 
@@ -86,19 +86,16 @@ class _Plan:
         by_dtype = {}   # MXNet's Updater: by dtype, in order of first appearance
         for i, weight in enumerate(weights):
             by_dtype.setdefault(weight.dtype, []).append(i)
-        # MXNet's groups (the keys of one of its operators), in its order
+        # MXNet's groups (the keys of one of its operators), in its order; each dtype's
+        # keys in that order, KERNEL_WEIGHTS an operator (elementwise: any cut gives the
+        # same weights, and none overruns the kernel, even where MXNet's groups would)
         self.parts = []
-        runs = []       # per dtype, its groups packed into operators
+        runs = []
         for rows in by_dtype.values():
-            ops = []
             for start in range(0, len(rows), self.aggregate):
-                part = rows[start:start + self.aggregate]
-                self.parts.append(tuple(self.keys[i] for i in part))
-                if ops and len(ops[-1]) + len(part) <= KERNEL_WEIGHTS:
-                    ops[-1] = ops[-1] + part
-                else:
-                    ops.append(part)
-            runs += ops
+                self.parts.append(tuple(self.keys[i] for i in rows[start:start + self.aggregate]))
+            runs += [rows[start:start + KERNEL_WEIGHTS]
+                     for start in range(0, len(rows), KERNEL_WEIGHTS)]
         self.order = tuple(key for part in self.parts for key in part)
         self.groups, start = [], 0
         for rows in runs:
