@@ -55,3 +55,23 @@ def test_done_requests_are_dropped_at_the_head_only():
     pending = reqs(False, True)
     chained._drop_done(pending)
     assert [r.done for r in pending] == [False, True]
+
+
+@pytest.mark.unit
+def test_a_done_request_is_renumbered_in_place_only_after_a_clean_run():
+    import numpy as np
+
+    from mpi_kvstore.comm.collective import Collective
+    model = Collective('allreduce', 'k', np.dtype('float32'), (4,))
+    sig = model.numbered_sig(0)
+    req = model.again(5, 0, sig, None)
+    assert not req.again_in_place(6, sig)            # not done yet: its op runs
+    req.finish()
+    assert not req.again_in_place(6, sig + 1)        # another signature
+    assert req.again_in_place(6, sig, array='new')   # a clean run: renumbered, not done
+    assert (req.seq, req.done, req.array, req.sig) == (6, False, 'new', sig)
+    for dirty in ('fail', 'attach', 'use_scratch', 'complete_with'):
+        req = model.again(7, 0, sig, None)
+        getattr(req, dirty)(object())
+        req.finish()
+        assert not req.again_in_place(8, sig) and req.seq == 7, dirty

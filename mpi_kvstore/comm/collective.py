@@ -227,6 +227,24 @@ class Collective:
         new._view = self._view
         return new
 
+    def again_in_place(self, seq, sig, array=None):
+        """:meth:`again` on this request itself, where it is done and its op reaped (the
+        chained design's repeated call takes the op and its request again): numbered
+        ``seq`` (its priority and waiter as they were), not done, ``array`` (a moving
+        call's) in its array's stead. False, nothing changed, where it is not done, its
+        numbered signature is not ``sig`` or anything but a clean run happened to it (an
+        error, a view, scratch, a completion, a result): the caller renews one
+        (:meth:`again`)."""
+        if (not self._done or self._sig != sig or self._error is not None
+                or self._view is not None or self._scratch is not None
+                or self._completion is not None or self._result is not None):
+            return False
+        self._seq = seq
+        if array is not None:
+            self._array = array
+        self._done = False
+        return True
+
     # -- set once, on the user's thread --------------------------------------
     def number(self, seq, priority):
         """Its place in the sequence (Design.submit, in call order). The priority joins the

@@ -196,11 +196,22 @@ class Chained(Design):
         if kept.models is not models:   # signatures numbered once, not once a call
             kept.sigs = [model.numbered_sig(priority) for model in models]
             kept.models = models
+        # _kept_op's body: the kept op (or its spare) taken again once reaped, its record
+        # copied from the plan's (ChainedOp.again's body, below)
+        op = kept.op
+        if op is None or not op.reaped:
+            spare, kept.spare = kept.spare, op
+            op = spare if spare is not None and spare.reaped else None
         wait, seq, sigs = self._wait, self._seq, kept.sigs
         # models is never empty (at is bound): kvstore refuses [] keys, groups keep 2 or more
         if len(models) == 1:   # a key alone, the common call: no loop
             at = next(seq)
-            reqs = [models[0].again(at, priority, sigs[0], wait, prepared.moved)]
+            # a reaped op's request (done: reap finished it before marking the op reaped)
+            # renumbered for this call, else a new one renewed from the model
+            if op is not None and op.reqs[0].again_in_place(at, sigs[0], prepared.moved):
+                reqs = op.reqs
+            else:
+                reqs = [models[0].again(at, priority, sigs[0], wait, prepared.moved)]
         else:
             reqs = []
             for model, sig in zip(models, sigs):
@@ -209,12 +220,6 @@ class Chained(Design):
         self.pushed = at + 1
         pending.extend(reqs)
         plan_ = kept.plan
-        # _kept_op's body: the kept op (or its spare) taken again once reaped, its record
-        # copied from the plan's (ChainedOp.again's body)
-        op = kept.op
-        if op is None or not op.reaped:
-            spare, kept.spare = kept.spare, op
-            op = spare if spare is not None and spare.reaped else None
         if op is None:
             op = kept.op = records.ChainedOp(plan_, reqs, prepared.arrays, self._in_python)
         else:
@@ -424,7 +429,7 @@ class Chained(Design):
         if not (inflight and inflight[0].words[_STATE] == _DONE):  # the common case: no lock
             return
         with self._reap_lock:
-            reqs = []
+            reqs, ops = [], []
             led = absorbed = 0
             # a burst's ~100 ops at once: each op's words read here as Python ints
             # (ChainedOp.words), not through properties nor numpy scalars
@@ -439,15 +444,18 @@ class Chained(Design):
                     led += 1    # its walk marked the other fused - 1 ABSORBED (fuse.py)
                     absorbed += fused - 1
                 reqs += op.reqs
-                # last: once reaped, the user's thread may take the op again for its next
-                # call (_kept_op), new requests and record, while this thread goes on here
-                op.forget()
+                ops.append(op)
             # counted once a reap, not once an op
             if led:
                 debug.count('fuse', 'led', led)
             if absorbed:
                 debug.count('fuse', 'absorbed', absorbed)
             finish_all(reqs)   # the waiters woken once, not once a request
+            # last: once reaped, the user's thread may take an op again for its next call
+            # (again_direct, _kept_op), its record and (done, finished here) its request
+            # renumbered, while this thread goes on here
+            for op in ops:
+                op.forget()
 
     def _wait(self, req, timeout):
         """Collective.wait of a native op's request: reap, else sleep until an op writes
