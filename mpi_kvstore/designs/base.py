@@ -139,12 +139,28 @@ class Design(abc.ABC):
         Every rank of ``comm`` calls it at once (they saw the same MIN), a joined one with
         its mirrors or None, so they can tell each other what they issued.
         """
-        words = mismatch.words(comm, None if self.joined else reqs or [])
+        every = mismatch.described(comm, None if self.joined else reqs or [])
+        words = mismatch.explain(every)
         for req in reqs or ():
             # A request this rank failed first keeps that error: it says why.
             if req.error is None:
                 self.fail(req, RankMismatchError(words))
             req.complete()
+        if reqs and mismatch.parted(every):
+            self.parted(reqs, words)
+
+    def parted(self, reqs, words):
+        """Ranks issued different numbers of collectives in the op of ``reqs`` (rejected
+        with ``words``): one rank cut a call into more engine ops than another. A design
+        that agrees op by op fails the rest of this rank's call without agreeing on it
+        (chained), so the ranks meet again at their next call; one that agrees request by
+        request, or raises the error before the call's next op (blocking), stays in step."""
+        return None
+
+    def call(self, count):
+        """The next ``count`` requests numbered are one call's (Collectives.allreduce, where
+        it submits them as several engine ops): what :meth:`parted` fails together."""
+        return None
 
     def agree_and_execute(self, reqs, comm):
         """Check with one MIN-allreduce that every active rank issued ``reqs``, then run them."""

@@ -15,6 +15,7 @@ from ..comm.progress import AGREEMENT_POLL_US
 from ..comm.timeline import op_name
 from ..engine import core as engine
 from ..engine import layout, records, takeup
+from ..errors import RankMismatchError
 from .base import Design
 from .base import progress as _progress
 
@@ -110,6 +111,7 @@ class Chained(Design):
 
     name = 'chained'
     thread_level = MPI.THREAD_SERIALIZED
+    _skip = None   # see __init__ (here too: _push reads it first thing)
 
     def __init__(self, comm, config, sink, timeline=None, table=None, make_comm=None,
                  shares=None):
@@ -131,6 +133,10 @@ class Chained(Design):
         # (native.py: elsewhere it re-pushes itself to the priority worker).
         self._inline_max = config.inline_max_bytes if self._native else -1
         self._last_push = float('-inf')   # _clock() at the last push, where _inline_max > 0
+        # (first, last) sequence numbers of the last calls of several ops (Design.call), and
+        # (after, last, words): the ops of a parted call's rest, failed unagreed (parted)
+        self._calls = collections.deque(maxlen=64)
+        self._skip = None
         if self._native:
             self._address = records.run_chained_address()   # compiled now, not in step one
             self._chained_fn = engine.native_fn(self._address)
@@ -233,7 +239,8 @@ class Chained(Design):
         # op before it is a burst's, walking; anything else goes through _push
         prev = inflight[-1] if inflight else None
         if (prev is None or not plan_.leads or not self._probing or prev is not self._tail
-                or self._inline_max > 0 or plan_.nbytes <= self._inline_max):
+                or self._inline_max > 0 or plan_.nbytes <= self._inline_max
+                or self._skip is not None):   # _push fails a parted call's rest (parted)
             self._push(op, plan_, reqs, priority, kept.name)
             return True
         before = prev.words
@@ -281,6 +288,9 @@ class Chained(Design):
             now = _clock()
             burst, self._last_push = now - self._last_push < _BURST_GAP, now
         inflight.append(op)
+        skip = self._skip
+        if skip is not None and skip[0] < reqs[0].seq <= skip[1]:
+            self._skip_op(op, skip[2])
         if not walking:
             self._probing = True
         elif (plan_.leads and self._probing and prev is self._tail and prev.words[_LEADS]
@@ -327,6 +337,45 @@ class Chained(Design):
             debug.count('fuse', 'busy')
         words[_PUSHER], words[_PRIORITY], words[_AFTER] = 0, priority, 0
         return False
+
+    def call(self, count):
+        if count > 1:
+            self._calls.append((self.pushed, self.pushed + count - 1))
+
+    def parted(self, reqs, words):
+        """Design.parted, on the engine worker: the ops of this rank's call after ``reqs``
+        fail with ``words`` and agree on nothing, those pushed (marked here) and those to
+        come (_push, agree_and_execute), so that every rank's next agreement is its next
+        call's. Seen from the ranks, each ran one agreement for the call."""
+        after = reqs[-1].seq
+        for first, last in tuple(self._calls):   # a copy: the user's thread appends
+            if first <= after < last:
+                break
+        else:
+            return
+        self._skip = (after, last, words)
+        for op in tuple(self._inflight):
+            if isinstance(op, records.ChainedOp) and after < op.reqs[0].seq <= last:
+                self._skip_op(op, words)
+
+    def _skip_op(self, op, words):
+        """A native op of a parted call's rest: no agreement and no bucket (it completes
+        at once when it runs), its requests failed here (it may run it twice: idempotent)."""
+        rec = op.record
+        rec[layout.MSGLEN] = rec[layout.NBUCKETS] = 0
+        for req in op.reqs:
+            if req.error is None:
+                self.fail(req, RankMismatchError(words))
+
+    def agree_and_execute(self, reqs, comm):
+        skip = self._skip
+        if reqs and skip is not None and skip[0] < reqs[0].seq <= skip[1]:
+            for req in reqs:   # a Python op of a parted call's rest (see parted)
+                if req.error is None:
+                    self.fail(req, RankMismatchError(skip[2]))
+                req.complete()
+            return
+        super().agree_and_execute(reqs, comm)
 
     def _run(self, reqs, completion):
         try:

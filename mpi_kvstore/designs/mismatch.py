@@ -20,7 +20,7 @@ import numpy as np
 
 from ..faults.abort import rank_list
 
-__all__ = ['describe', 'gather', 'explain', 'words']
+__all__ = ['describe', 'gather', 'explain', 'words', 'described', 'parted']
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,25 @@ def gather(comm, mine):
 def words(comm, reqs):
     """The message for a mismatch among ``reqs`` (None on a joined rank), from every rank's
     description; this rank's alone if the gather fails (the message still says why)."""
+    return explain(described(comm, reqs))
+
+
+def described(comm, reqs):
+    """Every rank's descriptions of its ``reqs`` (None: a joined rank), in rank order; only
+    this rank's where the gather fails (:func:`words`)."""
     mine = None if reqs is None else [describe(r) for r in reqs]
     try:
-        every = gather(comm, mine)
+        return gather(comm, mine)
     except Exception as err:  # an MPI failure here must not hide the mismatch itself
         log.error('mpi_kvstore: could not gather what every rank issued: %s', err)
-        every = [mine if r == comm.rank else None for r in range(comm.size)]
-    return explain(every)
+        return [mine if r == comm.rank else None for r in range(comm.size)]
+
+
+def parted(every):
+    """Whether the active ranks of ``every`` (:func:`described`) issued different numbers
+    of collectives in the op that mismatched: their calls were cut into engine ops
+    differently, so ops that follow it on one rank belong to the call the others ended."""
+    return len({len(reqs) for reqs in every if reqs is not None}) > 1
 
 
 def explain(every):

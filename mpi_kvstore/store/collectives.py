@@ -200,6 +200,9 @@ class Collectives:
                 records.append((self._groups, group,
                                 Again(tensors, made, self._job.design, repeat_as)))
         job = self._job
+        if len(reqs) > 1:   # several engine ops: the design may have to fail them together
+            job.design.call(sum(len(r.models) if r.__class__ is Again else len(r)
+                                for r in reqs))
         for req in reqs:
             if req.__class__ is Again:   # a repeat: its models renewed by the job
                 job.again(req.prepared, req.models, 0)
