@@ -204,8 +204,14 @@ def scale(buf, average, factor, size):
     towards zero, as Horovod's integer scaling does."""
     if buf.dtype.kind == 'f':
         if average:
-            buf *= factor / size
-        elif factor != 1.0:
+            factor /= size
+        elif factor == 1.0:
+            return
+        if buf.dtype.itemsize == 2:
+            # float16 in float32, by the factor in float32, as Horovod scales it (numpy would
+            # round the factor to float16 first: 1/3 then differs in 1 element of 3 by an ulp)
+            buf[...] = buf.astype(np.float32) * np.float32(factor)
+        else:
             buf *= factor
         return
     if average:

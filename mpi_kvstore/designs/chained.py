@@ -397,11 +397,13 @@ class Chained(Design):
     # -- the native op's helpers (Python) --------------------------------------
     def _plan(self, reqs, arrays):
         """The native plan of a call of this shape: the same requests (signatures, which
-        include kind, key, shape, dtype, root and priority; sizes; averaging) on the same
-        arrays; None (remembered too) for a call the native op cannot run. Requests keep
-        their call order: fusion.plan sorts one call's requests (one priority) by sequence
-        number."""
-        key = (tuple((r.sig, r.nbytes, r.average) for r in reqs),
+        include kind, key, shape, dtype, root and priority; sizes; averaging; the scale
+        factor itself, which the record carries: two factors' marks in a signature may
+        collide, 1.6689453125 and 16.6162109375 do for 'x' (8,) float32, and the second
+        call took the first's plan and factor) on the same arrays; None (remembered too)
+        for a call the native op cannot run. Requests keep their call order: fusion.plan
+        sorts one call's requests (one priority) by sequence number."""
+        key = (tuple((r.sig, r.nbytes, r.average, r.factor) for r in reqs),
                tuple(a.handle.value for a in arrays))
         found = self._plans.get(key, False)
         if found is False:

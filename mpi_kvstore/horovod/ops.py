@@ -83,13 +83,18 @@ def _copy(tensor):
 
 
 def _scale(tensor, factor):
-    """tensor *= factor, in place, as an engine op (integer tensors scaled in float64), or
-    two (astype and back): debug counter ``hvd``: 'scale_op', once a call, where a factor
-    could not be folded into the reduction (_fold)."""
+    """tensor *= factor, in place, as an engine op, or three (astype, the multiply, astype
+    back: integer tensors scaled in float64, float16 in float32): debug counter ``hvd``:
+    'scale_op', once a call, where a factor could not be folded into the reduction (_fold)."""
     if factor == 1.0:
         return tensor
     debug.count('hvd', 'scale_op')
-    if np.issubdtype(np.dtype(tensor.dtype), np.floating):
+    dtype = np.dtype(tensor.dtype)
+    if dtype == np.float16:
+        # in float32, as Horovod scales float16 (MXNet's float16 op rounds the factor to
+        # float16 first: 0.1 then differs by up to an ulp)
+        tensor[:] = (tensor.astype('float32') * factor).astype(dtype)
+    elif dtype.kind == 'f':
         tensor *= factor
     else:
         tensor[:] = (tensor.astype('float64') * factor).astype(tensor.dtype)
@@ -97,11 +102,13 @@ def _scale(tensor, factor):
 
 
 # -- reductions -------------------------------------------------------------------------------
-def _mpi_reduce(kv, tensor, op):
-    """Min, Max, Product: MPI_Allreduce of a numpy copy in collective order (synchronous)."""
+def _mpi_reduce(kv, tensor, op, pre=1.0, post=1.0):
+    """Min, Max, Product: MPI_Allreduce of a numpy copy in collective order (synchronous),
+    the copy scaled by ``pre`` before and the result by ``post`` after (_scaled: in numpy,
+    as _scale's engine ops would, so the tensor is written once, by the result)."""
     dtype = np.dtype(tensor.dtype)
     wire = np.float32 if dtype == np.float16 else dtype   # MPI has no half type
-    data = np.ascontiguousarray(tensor.asnumpy(), dtype=wire)
+    data = _scaled(np.ascontiguousarray(tensor.asnumpy(), dtype=wire), pre, dtype)
     mpi_op = getattr(MPI, _MPI_OPS[op])
 
     def reduce(comm):
@@ -110,14 +117,35 @@ def _mpi_reduce(kv, tensor, op):
         return out
 
     result = kv.collectives.run(reduce, 'hvd.allreduce.%s' % _OP_NAMES[op].lower())
+    result = _scaled(result, post, dtype)
     tensor[:] = mx.nd.array(result.astype(dtype), ctx=tensor.context, dtype=dtype)
     return tensor
+
+
+def _scaled(data, factor, dtype):
+    """``data`` (the wire's copy of a ``dtype`` tensor) times ``factor`` as _scale scales
+    the tensor: a float in its own precision (float16 in float32, rounded to float16), an
+    integer in float64, truncated."""
+    if factor == 1.0:
+        return data
+    if dtype.kind != 'f':
+        return (data.astype(np.float64) * factor).astype(data.dtype)
+    if dtype == data.dtype:
+        return data * dtype.type(factor)
+    # float16 on a float32 wire: the value the tensor would hold, scaled, then rounded
+    data = data.astype(dtype).astype(data.dtype) * data.dtype.type(factor)
+    return data.astype(dtype).astype(data.dtype)
 
 
 # the scaling of a plain call (Collectives' key for it: its records are found again by
 # identity)
 _PLAIN = (1.0, 1.0)
 _OWN_PRECISION = (np.dtype(np.float32), np.dtype(np.float64))
+# what an Average's records are kept and found under (Collectives.again's ``mean``): not the
+# store's True, whose integer mean floor-divides (functional.allreduce_(average=True)) where
+# Horovod's truncates, so that neither API's repeat takes a record of the other's on one
+# name and store ([-3] and [0] averaged: -2 by the store, -1 by Horovod)
+_AVERAGE = 'hvd.Average'
 
 
 def _scale_of(pre, post):
@@ -151,17 +179,16 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
                        what, again=True, group=None, sources=None):
     """op over the set of each tensor, in place (collectives.allreduce). A Sum or
     Average and its scale factors are the reduction's own (_fold: each tensor's request
-    carries them, one engine op a call); Min/Max/Product are collectives of their own,
-    scaled by engine ops. A call on the very arrays of its names' last calls takes the
-    store's prepared path (their dtypes known, their requests and engine call prepared);
-    ``again=False``: the tensors are fresh copies, which never come again, of ``sources``
-    where given (collectives.allreduce remembers them for its again_copy)."""
+    carries them, one engine op a call); Min/Max/Product are collectives of their own, on
+    a numpy copy, which takes the factors (_mpi_reduce: no engine op of their own). A call
+    on the very arrays of its names' last calls takes the store's prepared path (their
+    dtypes known, their requests and engine call prepared); ``again=False``: the tensors
+    are fresh copies, which never come again, of ``sources`` where given
+    (collectives.allreduce remembers them for its again_copy)."""
     kv = _set_store(process_set, what)
     if op in _MPI_OPS:
         for tensor in tensors:
-            _scale(tensor, prescale_factor)
-            _mpi_reduce(kv, tensor, op)
-            _scale(tensor, postscale_factor)
+            _mpi_reduce(kv, tensor, op, prescale_factor, postscale_factor)
         return tensors
     mean = op == Average
     # the set's store spans exactly its ranks
@@ -181,7 +208,7 @@ def _allreduce_inplace(tensors, op, names, prescale_factor, postscale_factor, pr
     # differently, or prescale an integer differently, fail as Horovod's do
     kv.collectives.allreduce(names, tensors, average=[f[1] for f in folds], again=again,
                              group=group, sources=sources, factors=[f[2] for f in folds],
-                             repeat_as=(mean, scale) if plain else (None, None),
+                             repeat_as=(mean and _AVERAGE, scale) if plain else (None, None),
                              scale=None if scale is _PLAIN else scale)
     for tensor, fold in zip(tensors, folds):
         if fold[3] != 1.0:
@@ -200,8 +227,9 @@ def allreduce_(tensor: NDArray, average: bool | None = None, name: str | None = 
         # a repeated call: the store's prepared path, checked in one function
         kv = getattr(process_set, '_store', None)
         scale = _scale_of(prescale_factor, postscale_factor)
-        if kv is not None and (kv.collectives.again(name, tensor, op != Sum, scale) if name
-                               else kv.collectives.again_unnamed(tensor, op != Sum, scale)):
+        mean = op != Sum and _AVERAGE
+        if kv is not None and (kv.collectives.again(name, tensor, mean, scale) if name
+                               else kv.collectives.again_unnamed(tensor, mean, scale)):
             return tensor
     op = _op_of(op, average, 'allreduce_')
     _allreduce_inplace([tensor], op, [name or _UNNAMED], prescale_factor,
@@ -221,7 +249,7 @@ def allreduce(tensor: NDArray, average: bool | None = None, name: str | None = N
         # one function (Collectives.again_copy)
         kv = getattr(process_set, '_store', None)
         if kv is not None:
-            found = kv.collectives.again_copy(name or _UNNAMED, tensor, op != Sum,
+            found = kv.collectives.again_copy(name or _UNNAMED, tensor, op != Sum and _AVERAGE,
                                               _scale_of(prescale_factor, postscale_factor))
             if found is not None:
                 return found
@@ -243,7 +271,7 @@ def grouped_allreduce_(tensors: list[NDArray], average: bool | None = None,
         # a repeated call: the store's prepared path for the whole list, in one function
         kv = getattr(process_set, '_store', None)
         if kv is not None and kv.collectives.again_group(
-                name or 'hvd.grouped_allreduce', tensors, op != Sum,
+                name or 'hvd.grouped_allreduce', tensors, op != Sum and _AVERAGE,
                 _scale_of(prescale_factor, postscale_factor)):
             return tensors
     op = _op_of(op, average, 'grouped_allreduce_')

@@ -15,12 +15,21 @@ from ..optim import batched
 from ._state import _require_init
 from .basics import (
     NDArray,
+    Sum,
     elastic_world,
     size,
     store,
 )
 from .compression import Compression, _ours, _trainer_store
-from .ops import _OWN_PRECISION, _fold, _scale, _set_root, _set_store, broadcast_
+from .ops import (
+    _OWN_PRECISION,
+    _allreduce_inplace,
+    _fold,
+    _scale,
+    _set_root,
+    _set_store,
+    broadcast_,
+)
 from .process_sets import ProcessSet, global_process_set
 
 
@@ -148,6 +157,7 @@ class DistributedTrainer(gluon.Trainer):
         self._prefix = prefix or ''
         self._num_groups = num_groups
         self._hvd_store = kv
+        self._process_set = process_set
         self._made = None   # _runs': what the last step's pushpulls were made of, and them
 
     def _init_optimizer(self, optimizer, optimizer_params):
@@ -159,7 +169,9 @@ class DistributedTrainer(gluon.Trainer):
     def _allreduce_grads(self):
         entries = [(i, param.list_grad()) for i, param in enumerate(self._params)
                    if param.grad_req != 'null']
-        if self._predivide != 1.0 and self._prescale_ops(entries):
+        # a custom compressor's exchange prescales what it compressed (_allreduce_custom)
+        custom = self._custom is not None and self._kvstore
+        if self._predivide != 1.0 and self._prescale_ops(entries) and not custom:
             # on one process too: rescale_grad holds the factor
             for _, grads in entries:
                 for grad in grads:
@@ -213,12 +225,18 @@ class DistributedTrainer(gluon.Trainer):
         return ops
 
     def _allreduce_custom(self, entries):
-        """A compressor of Horovod's kind: compress, sum, decompress, as Horovod does."""
+        """A compressor of Horovod's kind: compress, sum, decompress, as Horovod does, the
+        compressed tensor summed as Horovod's allreduce_(compressed, prescale_factor=
+        1/gradient_predivide_factor): folded into the sum where its dtype allows
+        (horovod.ops._fold: float32/64; float16 keeps the prescale op, as the overflow
+        guard), never an op on the gradient before it is compressed."""
+        pre = 1.0 / self._predivide
         for key, grads in entries:
             for j, grad in enumerate(grads):
                 compressed, ctx = self._custom.compress(grad)
-                self._hvd_store.collectives.array(
-                    'allreduce', 'hvd.trainer:%s%d.%d' % (self._prefix, key, j), compressed)
+                name = 'hvd.trainer:%s%d.%d' % (self._prefix, key, j)
+                _allreduce_inplace([compressed], Sum, [name], pre, 1.0, self._process_set,
+                                   'DistributedTrainer', again=False)
                 grad[:] = self._custom.decompress(compressed, ctx)
 
 
@@ -270,6 +288,11 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         # scaling where the dtype allows (horovod.ops._fold), in the signature as given
         folds = [_fold(dtype, False, pre, 1.0, size)
                  for dtype in self._hvd_store.collectives.dtypes(names, grads)]
+        if any(fold[0] != 1.0 for fold in folds):
+            # what the store would reject the call for, before a prescale op changes a
+            # gradient (as horovod.ops._allreduce_inplace): a rejected call leaves them as
+            # they were, and a retried one scales them once
+            self._hvd_store.collectives.check(names, grads)
         for g, fold in zip(grads, folds):
             _scale(g, fold[0])
         self._hvd_store.collectives.allreduce(names, grads, factors=[f[2] for f in folds],
