@@ -123,6 +123,18 @@ def pytest_collection_finish(session):
 
 
 @pytest.fixture
+def hvd_chained():
+    """mpi_kvstore.horovod initialised in this process (one rank) on the chained design, the
+    autotuner off: its global set's store; shut down after the test."""
+    import mpi_kvstore.horovod as hvd  # here, not at the top: it loads MXNet and MPI
+    hvd.init(design='chained', autotune='0')
+    try:
+        yield hvd.global_process_set._store
+    finally:
+        hvd.shutdown()
+
+
+@pytest.fixture
 def designs(request):
     """The designs of the tests selected beside this one that differ from it only in
     ``design``: mpi_harness.run_designs runs them in one job."""

@@ -16,17 +16,8 @@ pytestmark = pytest.mark.unit
 VALUES = [1, 2, 3]
 
 
-@pytest.fixture
-def world():
-    hvd.init(design='chained', autotune='0')
-    try:
-        yield hvd.global_process_set._store
-    finally:
-        hvd.shutdown()
-
-
 @pytest.mark.parametrize('dtype', ['float32', 'int32', 'float16'])
-def test_a_list_with_no_ndarray_leaves_the_tensors_unscaled(world, dtype):
+def test_a_list_with_no_ndarray_leaves_the_tensors_unscaled(hvd_chained, dtype):
     a, b = mx.nd.array(VALUES, dtype=dtype), mx.nd.array(VALUES, dtype=dtype)
     with pytest.raises(TypeError, match='tensor 2 of 3'):
         hvd.grouped_allreduce_([a, b, np.ones(3)], prescale_factor=2.0, op=hvd.Sum)
@@ -38,10 +29,10 @@ def test_a_list_with_no_ndarray_leaves_the_tensors_unscaled(world, dtype):
 
 
 @pytest.mark.parametrize('dtype', ['float32', 'int32'])
-def test_a_call_that_raises_an_earlier_error_leaves_its_tensor_unscaled(world, dtype):
+def test_a_call_that_raises_an_earlier_error_leaves_its_tensor_unscaled(hvd_chained, dtype):
     a = mx.nd.array(VALUES, dtype=dtype)
     # an earlier collective's failure, waiting for the user's thread (as a design records it)
-    world._job.errors.record_error('an earlier allreduce', RuntimeError('failed earlier'))
+    hvd_chained._job.errors.record_error('an earlier allreduce', RuntimeError('failed earlier'))
     with pytest.raises(MPIKVStoreError, match='failed earlier'):
         hvd.allreduce_(a, name='a', prescale_factor=3.0, op=hvd.Sum)
     np.testing.assert_array_equal(a.asnumpy(), np.array(VALUES, dtype=dtype))

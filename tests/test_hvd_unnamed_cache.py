@@ -18,15 +18,6 @@ pytestmark = pytest.mark.unit
 N = 16
 
 
-@pytest.fixture
-def world():
-    hvd.init(design='chained', autotune='0')
-    try:
-        yield hvd.global_process_set._store
-    finally:
-        hvd.shutdown()
-
-
 def _call(tensor, step):
     """An unnamed allreduce_ of new values -> its 'again' and 'fastpath' counts."""
     want = np.arange(N, dtype=np.float32) * (step + 1)
@@ -37,15 +28,15 @@ def _call(tensor, step):
     return debug.since(before, 'again'), debug.since(before, 'fastpath')
 
 
-def test_alternating_unnamed_tensors_are_taken_again_by_tensor(world):
+def test_alternating_unnamed_tensors_are_taken_again_by_tensor(hvd_chained):
     a, b = mx.nd.zeros((N,)), mx.nd.zeros((N,))
     assert _call(a, 0) == ({}, {'miss': 1}) and _call(b, 1) == ({}, {'miss': 1})
     for step in range(2, 8):
         assert _call(b if step % 2 else a, step) == ({'unnamed': 1}, {'hit': 1})
 
 
-def test_unnamed_records_are_bounded_by_entries_least_recently_used_first(world):
-    kept = world.collectives
+def test_unnamed_records_are_bounded_by_entries_least_recently_used_first(hvd_chained):
+    kept = hvd_chained.collectives
     kept._unnamed.max = 2
     a, b, c = (mx.nd.zeros((N,)) for _ in range(3))
     for step, t in enumerate((a, b)):
@@ -59,8 +50,8 @@ def test_unnamed_records_are_bounded_by_entries_least_recently_used_first(world)
     assert kept._unnamed.nbytes == 2 * N * 4
 
 
-def test_unnamed_records_are_bounded_by_bytes(world, monkeypatch):
-    kept = world.collectives
+def test_unnamed_records_are_bounded_by_bytes(hvd_chained, monkeypatch):
+    kept = hvd_chained.collectives
     monkeypatch.setattr(repeats, '_UNNAMED_BYTES', 3 * N * 4)
     small = [mx.nd.zeros((N,)) for _ in range(4)]
     for step, t in enumerate(small):
@@ -81,8 +72,8 @@ def test_unnamed_records_are_bounded_by_bytes(world, monkeypatch):
     assert kept._unnamed.nbytes == 3 * N * 4
 
 
-def test_repeated_out_of_place_calls_plan_nothing_new(world):
-    design = world._job.design
+def test_repeated_out_of_place_calls_plan_nothing_new(hvd_chained):
+    design = hvd_chained._job.design
     x = mx.nd.zeros((N,))
     outs = []
     for step in range(10):
