@@ -199,7 +199,8 @@ class Reducer:
 def scale(buf, average, factor, size):
     """The scaling of a reduced buffer in place, after the sum, as the native op's does
     (engine/native.py scale): a float buffer multiplied once by ``factor`` (divided by
-    ``size`` with ``average``) in its own precision; an integer one floor-divided by
+    ``size`` with ``average``) in its own precision, float16 in float32 (as Horovod; the
+    native op runs no float16); an integer one floor-divided by
     ``size`` with ``average``, then multiplied by ``factor`` in float64 and truncated
     towards zero, as Horovod's integer scaling does."""
     if buf.dtype.kind == 'f':

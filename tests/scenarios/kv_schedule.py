@@ -58,7 +58,9 @@ def expected(it, key, count, dtype, average, ranks=range(SIZE)):
     total = sum(data(r, it, key, count, np.float64 if np.dtype(dtype).kind == 'f' else np.int64)
                 for r in ranks).astype(dtype)
     if average:                         # as the reducer averages (reduce.Reducer._average)
-        if total.dtype.kind == 'f':
+        if total.dtype.itemsize == 2:   # float16 in float32, by 1/SIZE in float32 (reduce.scale)
+            total = (total.astype(np.float32) * np.float32(1.0 / SIZE)).astype(total.dtype)
+        elif total.dtype.kind == 'f':
             total *= 1.0 / SIZE
         else:
             total //= SIZE
