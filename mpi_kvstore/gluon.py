@@ -1,5 +1,4 @@
 """Gluon conveniences: broadcast_parameters and DistributedTrainer."""
-import operator
 import types
 
 import numpy as np
@@ -96,7 +95,7 @@ class DistributedTrainer(gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params, kvstore=store,
                          compression_params=compression_params, update_on_kvstore=False)
         self._group_bytes = group_bytes
-        self._made = None   # _runs': what the last step's pushpulls were made of, and them
+        self._calls = batched.StepCalls()   # the step's pushpulls, kept while they hold
 
     def _init_optimizer(self, optimizer, optimizer_params):
         """gluon.Trainer's, with the store's updater (optim.batched.Updater): MXNet's SGD on
@@ -109,23 +108,15 @@ class DistributedTrainer(gluon.Trainer):
             return
         entries = [(i, param.list_grad()) for i, param in reversed(list(enumerate(self._params)))
                    if param.grad_req != 'null']
-        for keys, grads, priority in self._runs(entries):
+        for keys, grads, priority in self._calls.get(self._group_bytes, entries, self._runs):
             self._kvstore.pushpull(keys, grads, priority=priority)
 
     def _runs(self, entries):
-        """The step's pushpulls (keys, gradient lists, priority), made again only where a
-        gradient array (or group_bytes) is not the last step's: sizing 200 gradients by their
-        shapes and dtypes is C calls each (0.4 ms a step), checking them by identity is not."""
-        made = self._made
-        arrays = [grad for _, grads in entries for grad in grads]
-        if (made is not None and made[0] == self._group_bytes and len(made[1]) == len(arrays)
-                and all(map(operator.is_, arrays, made[1]))
-                and [key for key, _ in entries] == made[2]):
-            return made[3]
+        """The step's pushpulls (keys, gradient lists, priority): gradients grouped up to
+        group_bytes (batched.StepCalls keeps them while the arrays are the same)."""
         items = [(i, grads, grads[0].size * np.dtype(grads[0].dtype).itemsize)
                  for i, grads in entries]
         # Gluon's convention: the lower the key, the higher the priority.
         calls = [([key for key, _, _ in run], [grads for _, grads, _ in run], -run[-1][0])
                  for run in _groups(items, self._group_bytes)]
-        self._made = (self._group_bytes, arrays, [key for key, _ in entries], calls)
         return calls

@@ -2,7 +2,6 @@
 Horovod does."""
 from __future__ import annotations
 
-import operator
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -158,7 +157,7 @@ class DistributedTrainer(gluon.Trainer):
         self._num_groups = num_groups
         self._hvd_store = kv
         self._process_set = process_set
-        self._made = None   # _runs': what the last step's pushpulls were made of, and them
+        self._calls = batched.StepCalls()   # the step's pushpulls, kept while they hold
 
     def _init_optimizer(self, optimizer, optimizer_params):
         """gluon.Trainer's, with the store's updater (optim.batched.Updater): MXNet's SGD on
@@ -186,19 +185,12 @@ class DistributedTrainer(gluon.Trainer):
         if self._custom is not None:
             self._allreduce_custom(entries)
             return
-        for keys, grads, priority in self._runs(entries):
+        for keys, grads, priority in self._calls.get(self._num_groups, entries, self._runs):
             self._kvstore.pushpull(keys, grads, priority=priority)
 
     def _runs(self, entries):
-        """The step's pushpulls (keys, gradient lists, priority), made again only where a
-        gradient array (or num_groups) is not the last step's: sizing 200 gradients by their
-        shapes and dtypes is C calls each (0.4 ms a step), checking them by identity is not."""
-        made = self._made
-        arrays = [grad for _, grads in entries for grad in grads]
-        if (made is not None and made[0] == self._num_groups and len(made[1]) == len(arrays)
-                and all(map(operator.is_, arrays, made[1]))
-                and [key for key, _ in entries] == made[2]):
-            return made[3]
+        """The step's pushpulls (keys, gradient lists, priority): num_groups runs, else by
+        bytes (batched.StepCalls keeps them while the arrays are the same)."""
         if self._num_groups > 0:
             runs = [[entries[j] for j in run] for run in _split_list(entries, self._num_groups)]
         else:
@@ -206,7 +198,6 @@ class DistributedTrainer(gluon.Trainer):
         # gluon's convention: the lower the key, the higher the priority
         calls = [([key for key, _ in run], [grads for _, grads in run],
                   -min(key for key, _ in run)) for run in runs]
-        self._made = (self._num_groups, arrays, [key for key, _ in entries], calls)
         return calls
 
     def _prescale_ops(self, entries):

@@ -36,7 +36,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, NDArrayHandle, OpHandle, c_handle_array, c_str_array, check_call
 
-__all__ = ['Updater']
+__all__ = ['Updater', 'StepCalls']
 
 _OPS = {}   # operator name: its handle
 
@@ -213,3 +213,28 @@ class Updater(mx.optimizer.Updater):
         state = dict(self.__dict__)
         state['_plan'] = None   # ctypes arrays: made again at the next call
         return state
+
+
+class StepCalls:
+    """A DistributedTrainer's step of pushpulls (keys, gradient lists, priority), made
+    again (by ``make``) only where a gradient array, the keys or the trainer's grouping
+    ``setting`` is not the last step's: sizing 200 gradients by their shapes and dtypes is
+    C calls each (0.4 ms a step), checking them by identity is not. One for both trainers
+    (mpi_kvstore.gluon's, keyed by group_bytes, and horovod.training's, by num_groups)."""
+
+    __slots__ = ('_made',)
+
+    def __init__(self):
+        self._made = None   # (setting, the gradient arrays, the keys, the calls) of the last
+
+    def get(self, setting, entries, make):
+        """The calls of ``entries`` ((key, gradient list), in the step's order)."""
+        made = self._made
+        arrays = [grad for _, grads in entries for grad in grads]
+        keys = [key for key, _ in entries]
+        if (made is not None and made[0] == setting and len(made[1]) == len(arrays)
+                and all(map(operator.is_, arrays, made[1])) and keys == made[2]):
+            return made[3]
+        calls = make(entries)
+        self._made = (setting, arrays, keys, calls)
+        return calls
