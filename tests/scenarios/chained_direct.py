@@ -16,7 +16,6 @@ kv: a new array of the same shape, a key's shape being fixed): that call takes t
 path (a 'miss') and sums right, and two steps later it is on the one function again.
 """
 import collections
-import threading
 
 import mxnet as mx
 import numpy as np
@@ -25,10 +24,9 @@ import mpi_kvstore
 import mpi_kvstore.horovod as hvd
 from mpi_kvstore import debug
 from mpi_kvstore.designs import chained
-from mpi_kvstore.engine import core as engine
 from mpi_kvstore.store import job as job_module
 
-from common import RANK, SIZE, close, done
+from common import RANK, SIZE, Held, close, done
 
 N, STEPS, CHANGE = 24, 8, 5
 DTYPES = ('float32', 'float64', 'int32')
@@ -55,21 +53,6 @@ def _counted_again(self, *args):
 
 chained.Chained._push = _counted_push
 job_module.Job.again = _counted_again
-
-
-class Held:
-    """An engine op that writes ``arrays`` and completes only when released."""
-
-    def __init__(self, arrays):
-        self.gate = threading.Event()
-
-        def run(completion):
-            self.gate.wait(60)
-            completion.done()
-        engine.push(run, mutable=arrays)
-
-    def release(self):
-        self.gate.set()
 
 
 def base_of(i, count, dtype):

@@ -26,7 +26,6 @@ mismatch  A held burst of 7 pushpulls whose fourth has shape (4 + rank,): the wa
           fused, as did the three after it, and they sum right, as does a fresh key after.
 """
 import sys
-import threading
 import zlib
 
 import mxnet as mx
@@ -37,10 +36,9 @@ from hypothesis import strategies as st
 import mpi_kvstore
 import mpi_kvstore.horovod as hvd
 from mpi_kvstore import debug
-from mpi_kvstore.engine import core as engine
 from mpi_kvstore.engine.layout import FUSE_OPS
 
-from common import RANK, SIZE, WORLD, close, done, report
+from common import RANK, SIZE, WORLD, Held, close, done, report
 
 MAX_EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 DTYPES = ('float32', 'float64', 'int32', 'int64')
@@ -54,21 +52,6 @@ EXAMPLES = iter(range(1 << 30))
 
 def base_of(index, count, dtype):
     return ((np.arange(count) + index) % 7).astype(dtype)
-
-
-class Held:
-    """An engine op that writes ``arrays`` and completes only when released."""
-
-    def __init__(self, arrays):
-        self.gate = threading.Event()
-
-        def run(completion):
-            self.gate.wait(60)
-            completion.done()
-        engine.push(run, mutable=arrays)
-
-    def release(self):
-        self.gate.set()
 
 
 def issue(calls, arrays, tag):

@@ -205,3 +205,35 @@ def elastic_store(**options):
         world.reform()
         kv.reset()
     return world, kv, reset
+
+
+class Held:
+    """An engine op that writes ``arrays`` and completes only when released (the chained
+    scenarios: a burst's first array held busy until every call was made)."""
+
+    def __init__(self, arrays):
+        import threading
+
+        from mpi_kvstore.engine import core as engine  # only the scenarios that hold load it
+        self.gate = threading.Event()
+
+        def run(completion):
+            self.gate.wait(60)
+            completion.done()
+        engine.push(run, mutable=arrays)
+
+    def release(self):
+        self.gate.set()
+
+
+class UserFP16:
+    """A float16 compressor written as a Horovod user would (compress/decompress, no store
+    hint)."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor.astype('float16'), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.astype(ctx)

@@ -29,7 +29,7 @@ import mpi_kvstore.horovod as hvd
 from mpi_kvstore import debug
 from mpi_kvstore.comm.collective import factor_sig, signature
 
-from common import RANK, SIZE, close, design_arg, done
+from common import RANK, SIZE, UserFP16, close, design_arg, done
 
 DESIGN = design_arg()
 hvd.init(design=DESIGN, autotune='0')
@@ -149,18 +149,6 @@ class UserCopy:
     @staticmethod
     def decompress(tensor, ctx):
         return tensor
-
-
-class UserFP16:
-    """A Horovod user's float16 compressor."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor.astype('float16'), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.astype(ctx)
 
 
 def custom():

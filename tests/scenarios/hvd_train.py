@@ -7,7 +7,7 @@ from mxnet import autograd, gluon
 
 import mpi_kvstore.horovod as hvd
 
-from common import RANK, SIZE, close, done, expect_raises, same_on_all_ranks
+from common import RANK, SIZE, UserFP16, close, done, expect_raises, same_on_all_ranks
 
 LOCAL = 4                  # rows of one rank's batch
 STEPS = 3
@@ -40,18 +40,6 @@ def train(net, trainer, rows, batch_size):
         loss.backward()
         trainer.step(batch_size)
     return values(net)
-
-
-class UserFP16:
-    """A compressor written as a Horovod user would (compress/decompress, no store hint)."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor.astype('float16'), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor.astype(ctx)
 
 
 hvd.init()
